@@ -1,0 +1,57 @@
+//! Parse + ICRC verify of a 4 KiB RDMA WRITE packet, beside plain CRC-32 over the same bytes.
+//!
+//! The ratio of the two throughputs is the figure that matters: parsing and the ICRC's masked
+//! headers should cost little beyond the CRC itself. Run with
+//! `cargo bench -p ferroce-proto --bench wire`.
+
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use ferroce_proto::wire::{icrc, Bth, IpHeader, Opcode, Packet, PacketRepr, Qpn, Reth, UdpHeader};
+use ferroce_proto::Psn;
+
+fn write_packet() -> (IpHeader, UdpHeader, Vec<u8>) {
+    let ip = IpHeader::between([10, 0, 0, 1].into(), [10, 0, 0, 2].into()).unwrap();
+    let udp = UdpHeader::to_roce_port(0xd194);
+    let mut bth = Bth::new(
+        Opcode::RC_RDMA_WRITE_ONLY,
+        Qpn::new(0x11).unwrap(),
+        Psn::new(0x123456).unwrap(),
+    );
+    bth.ack_req = true;
+    let mut repr = PacketRepr::new(bth);
+    repr.reth = Some(Reth {
+        va: 0x7f00_1234_5000,
+        rkey: 0x1acf,
+        len: 4096,
+    });
+    repr.payload_len = 4096;
+    let payload: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let mut buf = vec![0; repr.buffer_len()];
+    repr.emit(&payload, &mut buf).unwrap();
+    icrc::seal(&ip, &udp, &mut buf).unwrap();
+    (ip, udp, buf)
+}
+
+fn bench(c: &mut Criterion) {
+    let (ip, udp, packet) = write_packet();
+    let mut group = c.benchmark_group("write_4k");
+    group.throughput(Throughput::Bytes(packet.len() as u64));
+    group.bench_function("crc32_only", |b| {
+        b.iter(|| crc32fast::hash(black_box(&packet)))
+    });
+    group.bench_function("parse_and_verify", |b| {
+        b.iter(|| {
+            let view = Packet::new_checked(black_box(&packet[..])).unwrap();
+            let repr = PacketRepr::parse(&view);
+            assert!(icrc::verify(&ip, &udp, view.as_bytes()));
+            repr
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

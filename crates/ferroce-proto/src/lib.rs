@@ -1,0 +1,17 @@
+//! The pure core of ferroce: everything about RoCEv2 that can be decided without a socket,
+//! a thread or a clock.
+//!
+//! This crate owns the wire format ([`wire`]: every RC, UC, UD and CNP opcode, the Base
+//! Transport Header and its extension headers, IPv4/IPv6 + UDP framing and the invariant CRC)
+//! and 24-bit packet sequence number arithmetic ([`psn`]). It performs no I/O and reads no
+//! clock, so the same code runs in the UDP driver, in captures, in fuzzers and in simulations.
+//!
+//! Everything that parses bytes treats them as hostile: parsing never panics, whatever the
+//! input, and a malformed packet is reported as a [`wire::Error`] that says what is wrong.
+
+#![forbid(unsafe_code)]
+
+pub mod psn;
+pub mod wire;
+
+pub use psn::Psn;

@@ -1,0 +1,174 @@
+//! The invariant CRC that ends every RoCEv2 packet (IBTA annex A17.3.3, Linux `rxe_icrc.c`).
+//!
+//! The ICRC is the CRC-32 of zlib (reflected polynomial 0xEDB88320, initial value and final
+//! XOR 0xFFFFFFFF) over:
+//!
+//! 1. eight 0xFF bytes standing for the masked InfiniBand LRH;
+//! 2. the IP header with the fields routers may change masked to ones: IPv4 TOS, TTL and
+//!    header checksum; IPv6 traffic class, flow label and hop limit. The IPv4 ID and flags
+//!    **are** covered;
+//! 3. the UDP header with its checksum masked to ones;
+//! 4. the BTH with byte 4 (FECN, BECN, reserved) masked to ones;
+//! 5. the extension headers, payload and pad.
+//!
+//! The 32-bit result is appended little-endian. The IP and UDP fields come in as values
+//! ([`IpHeader`], [`UdpHeader`]) because a UDP socket never sees the header bytes; for a whole
+//! captured packet parse it with [`super::Datagram::parse`] first. The CRC itself runs on
+//! `crc32fast`, which uses the CPU's carry-less multiply (PCLMULQDQ, or PMULL on aarch64).
+
+use super::packet::ICRC_LEN;
+use super::{Bth, Error, IpHeader, UdpHeader};
+
+/// The longest prefix the masked headers make: 8 + 40 + 8 + 12 bytes.
+const PREFIX_MAX: usize = 8 + 40 + 8 + Bth::LEN;
+
+/// Computes the ICRC of a packet whose bytes from the BTH up to (not including) the ICRC are
+/// `covered`.
+///
+/// The IP and UDP length fields are derived from `covered.len()`, as the packet on the wire
+/// would carry them. `covered` must hold at least the 12-byte BTH.
+///
+/// # Errors
+///
+/// [`Error::Truncated`] when `covered` is shorter than a BTH, [`Error::Length`] when the
+/// packet would not fit in one IP packet.
+pub fn compute(ip: &IpHeader, udp: &UdpHeader, covered: &[u8]) -> Result<u32, Error> {
+    super::check_len("BTH", covered, Bth::LEN)?;
+    let udp_len = UdpHeader::LEN + covered.len() + ICRC_LEN;
+    let ip_len = match ip {
+        IpHeader::V4(_) => 20 + udp_len,
+        IpHeader::V6(_) => udp_len,
+    };
+    let ip_len = u16::try_from(ip_len).map_err(|_| Error::Length {
+        what: "IP packet length",
+        claimed: ip_len,
+        actual: usize::from(u16::MAX),
+    })?;
+    // Both fit: `udp_len` is at most `ip_len`.
+    let udp_len = udp_len as u16;
+
+    let mut prefix = [0xffu8; PREFIX_MAX];
+    let mut at = 8;
+    match ip {
+        IpHeader::V4(h) => {
+            let p = &mut prefix[at..at + 20];
+            p[0] = 0x45;
+            // p[1]: TOS, masked.
+            p[2..4].copy_from_slice(&ip_len.to_be_bytes());
+            p[4..6].copy_from_slice(&h.id.to_be_bytes());
+            p[6..8].copy_from_slice(&h.flags_fragment.to_be_bytes());
+            // p[8]: TTL, masked.
+            p[9] = 17;
+            // p[10..12]: header checksum, masked.
+            p[12..16].copy_from_slice(&h.src.octets());
+            p[16..20].copy_from_slice(&h.dst.octets());
+            at += 20;
+        }
+        IpHeader::V6(h) => {
+            let p = &mut prefix[at..at + 40];
+            // Version 6, then traffic class and flow label all ones.
+            p[0..4].copy_from_slice(&[0x6f, 0xff, 0xff, 0xff]);
+            p[4..6].copy_from_slice(&ip_len.to_be_bytes());
+            p[6] = 17;
+            // p[7]: hop limit, masked.
+            p[8..24].copy_from_slice(&h.src.octets());
+            p[24..40].copy_from_slice(&h.dst.octets());
+            at += 40;
+        }
+    }
+    let u = &mut prefix[at..at + 8];
+    u[0..2].copy_from_slice(&udp.src_port.to_be_bytes());
+    u[2..4].copy_from_slice(&udp.dst_port.to_be_bytes());
+    u[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    // u[6..8]: UDP checksum, masked.
+    at += 8;
+    prefix[at..at + Bth::LEN].copy_from_slice(&covered[..Bth::LEN]);
+    prefix[at + 4] = 0xff;
+    at += Bth::LEN;
+
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&prefix[..at]);
+    crc.update(&covered[Bth::LEN..]);
+    Ok(crc.finalize())
+}
+
+/// Computes the ICRC of `packet` (BTH through the 4-byte ICRC slot) and writes it into the
+/// last four bytes, little-endian.
+///
+/// # Errors
+///
+/// As [`compute`]; [`Error::Truncated`] when `packet` cannot hold a BTH and an ICRC.
+pub fn seal(ip: &IpHeader, udp: &UdpHeader, packet: &mut [u8]) -> Result<(), Error> {
+    super::check_len("RoCE packet", packet, Bth::LEN + ICRC_LEN)?;
+    let end = packet.len() - ICRC_LEN;
+    let icrc = compute(ip, udp, &packet[..end])?;
+    packet[end..].copy_from_slice(&icrc.to_le_bytes());
+    Ok(())
+}
+
+/// Whether the ICRC at the end of `packet` (BTH through ICRC) is right for these headers.
+/// Bytes too short to hold a BTH and an ICRC never verify.
+#[must_use]
+pub fn verify(ip: &IpHeader, udp: &UdpHeader, packet: &[u8]) -> bool {
+    if packet.len() < Bth::LEN + ICRC_LEN {
+        return false;
+    }
+    let end = packet.len() - ICRC_LEN;
+    let mut carried = [0; 4];
+    carried.copy_from_slice(&packet[end..]);
+    compute(ip, udp, &packet[..end]) == Ok(u32::from_le_bytes(carried))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Datagram;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.chars().filter(char::is_ascii_hexdigit).collect();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// A CNP captured from a ConnectX-4 Lx (scapy's RoCE tests), ICRC bytes `82 fd 00 2a`.
+    #[test]
+    fn connectx_vector() {
+        let frame = hex(
+            "45c2003c718c400040119161 0a001101 0a001201 000012b7 00280000
+             8100ffff 40000118 00000000 00000000000000000000000000000000 82fd002a",
+        );
+        let d = Datagram::parse(&frame).unwrap();
+        assert_eq!(d.udp.dst_port, 4791);
+        assert!(verify(&d.ip, &d.udp, d.payload));
+        let covered = &d.payload[..d.payload.len() - 4];
+        assert_eq!(compute(&d.ip, &d.udp, covered), Ok(0x2a00_fd82));
+    }
+
+    /// The self-computed vector of protocol.md §2: WRITE_ONLY "hello", ID 0.
+    #[test]
+    fn write_only_hello_vector() {
+        let frame = hex("4500004400004000401126a70a0000010a000002 df9412b700300000
+             0a30ffff000000128000010000007f0000001000000005170000000568656c6c6f000000 4e33c4b7");
+        let d = Datagram::parse(&frame).unwrap();
+        assert!(verify(&d.ip, &d.udp, d.payload));
+    }
+
+    #[test]
+    fn masked_fields_do_not_matter() {
+        let frame = hex(
+            "45c2003c718c400040119161 0a001101 0a001201 000012b7 00280000
+             8100ffff 40000118 00000000 00000000000000000000000000000000 82fd002a",
+        );
+        let d = Datagram::parse(&frame).unwrap();
+        let IpHeader::V4(mut v4) = d.ip else { panic!() };
+        v4.tos = 0;
+        v4.ttl = 1;
+        let mut packet = d.payload.to_vec();
+        packet[4] = 0xc0; // FECN and BECN
+        assert!(verify(&IpHeader::V4(v4), &d.udp, &packet));
+        v4.id ^= 1;
+        assert!(!verify(&IpHeader::V4(v4), &d.udp, &packet));
+    }
+}
