@@ -1,1 +1,111 @@
-fn main() {}
+//! `ferroce`: the command-line face of ferroce.
+//!
+//! Thin by design: argument parsing and printing only; the work happens in the `ferroce`
+//! library. Subcommands arrive as the layers under them land: `decode` reads captures today;
+//! `pingpong`, `perf`, `stream`, `stat` and `demo` follow the soft NIC.
+
+#![forbid(unsafe_code)]
+
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ferroce::capture::CaptureReader;
+use ferroce::decode::{decode_frame, IcrcStatus};
+
+/// RDMA over Converged Ethernet v2 in user space.
+#[derive(Parser)]
+#[command(name = "ferroce", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Decode the RoCEv2 packets of a pcap or pcapng capture, one line per packet.
+    ///
+    /// Exit status: 0 when every RoCE packet parsed and its ICRC is right, 1 when any ICRC is
+    /// bad or any RoCE packet failed to parse, 2 when the file cannot be read.
+    Decode {
+        /// The capture file (pcap or pcapng; Ethernet, Linux cooked or raw-IP link types).
+        file: PathBuf,
+        /// The UDP destination port that marks RoCE traffic.
+        #[arg(long, default_value_t = ferroce::proto::wire::ROCE_PORT)]
+        port: u16,
+        /// Print one JSON object per packet instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Decode { file, port, json } => decode(&file, port, json),
+    }
+}
+
+/// Exit status of `decode` when the file cannot be read.
+const EXIT_UNREADABLE: u8 = 2;
+
+fn decode(file: &PathBuf, port: u16, json: bool) -> ExitCode {
+    let reader = match CaptureReader::open(file) {
+        Ok(reader) => reader,
+        Err(e) => {
+            eprintln!("ferroce decode: {e}");
+            return ExitCode::from(EXIT_UNREADABLE);
+        }
+    };
+    let mut out = BufWriter::new(io::stdout().lock());
+    let (mut frames, mut packets, mut bad_icrc, mut errors) = (0u64, 0u64, 0u64, 0u64);
+    let mut unreadable = None;
+    for frame in reader {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => {
+                unreadable = Some(e);
+                break;
+            }
+        };
+        frames += 1;
+        let Some(record) = decode_frame(&frame, port) else {
+            continue;
+        };
+        packets += 1;
+        bad_icrc += u64::from(record.icrc == Some(IcrcStatus::Bad));
+        errors += u64::from(record.error.is_some());
+        let written = if json {
+            serde_json::to_writer(&mut out, &record)
+                .map_err(io::Error::from)
+                .and_then(|()| writeln!(out))
+        } else {
+            writeln!(out, "{record}")
+        };
+        if let Err(e) = written {
+            // A closed pipe (`| head`) is a normal way to stop reading.
+            if e.kind() == io::ErrorKind::BrokenPipe {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("ferroce decode: cannot write output: {e}");
+            return ExitCode::from(EXIT_UNREADABLE);
+        }
+    }
+    if out.flush().is_err() {
+        return ExitCode::from(EXIT_UNREADABLE);
+    }
+    eprintln!(
+        "ferroce decode: {frames} frames, {packets} RoCE packets to UDP port {port}, \
+         {bad_icrc} with a bad ICRC, {errors} that did not parse"
+    );
+    if let Some(e) = unreadable {
+        eprintln!("ferroce decode: {e}");
+        return ExitCode::from(EXIT_UNREADABLE);
+    }
+    if bad_icrc > 0 || errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
