@@ -223,7 +223,13 @@ impl<R: Read> CaptureReader<R> {
         })
     }
 
-    fn frame(&mut self, timestamp: Duration, link: LinkType, orig: u32, data: Cow<'_, [u8]>) -> Frame {
+    fn frame(
+        &mut self,
+        timestamp: Duration,
+        link: LinkType,
+        orig: u32,
+        data: Cow<'_, [u8]>,
+    ) -> Frame {
         self.frames += 1;
         Frame {
             index: self.frames,
@@ -280,7 +286,12 @@ impl<R: Read> Iterator for CaptureReader<R> {
                         }
                         Block::SimplePacket(p) => {
                             let link = link_of(0);
-                            return Some(Ok(self.frame(Duration::ZERO, link, p.original_len, p.data)));
+                            return Some(Ok(self.frame(
+                                Duration::ZERO,
+                                link,
+                                p.original_len,
+                                p.data,
+                            )));
                         }
                         Block::Packet(p) => {
                             let link = link_of(u32::from(p.interface_id));

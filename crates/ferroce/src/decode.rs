@@ -196,7 +196,9 @@ impl Record {
             swap_add: a.swap_add,
             compare: a.compare,
         });
-        self.atomic_ack = packet.atomic_ack().map(|a| AtomicAckFields { orig: a.orig });
+        self.atomic_ack = packet
+            .atomic_ack()
+            .map(|a| AtomicAckFields { orig: a.orig });
         self.ieth = packet.ieth();
         self.deth = packet.deth().map(|d| DethFields {
             qkey: d.qkey,
@@ -313,7 +315,11 @@ impl fmt::Display for Record {
             write!(f, " deth{{qkey=0x{:x} src_qp=0x{:06x}}}", d.qkey, d.src_qp)?;
         }
         if let Some(r) = &self.reth {
-            write!(f, " reth{{va=0x{:x} rkey=0x{:x} len={}}}", r.va, r.rkey, r.len)?;
+            write!(
+                f,
+                " reth{{va=0x{:x} rkey=0x{:x} len={}}}",
+                r.va, r.rkey, r.len
+            )?;
         }
         if let Some(a) = &self.atomic {
             write!(

@@ -18,7 +18,10 @@ fn captures() -> Vec<PathBuf> {
         .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
         .collect();
     files.sort();
-    assert!(files.len() >= 9, "expected the rxe and bridge captures in testdata/");
+    assert!(
+        files.len() >= 9,
+        "expected the rxe and bridge captures in testdata/"
+    );
     files
 }
 
@@ -61,7 +64,12 @@ fn every_captured_packet_parses_and_verifies() {
             icrc::seal(&d.ip, &d.udp, &mut again).unwrap();
             assert_eq!(again[4] & 0xc0, d.payload[4] & 0xc0, "FECN/BECN");
             again[4] = d.payload[4];
-            assert!(again == d.payload, "{} frame {}: re-emitted bytes differ", path.display(), frame.index);
+            assert!(
+                again == d.payload,
+                "{} frame {}: re-emitted bytes differ",
+                path.display(),
+                frame.index
+            );
 
             let record = decode_frame(frame, ROCE_PORT).unwrap();
             assert_eq!(record.icrc, Some(IcrcStatus::Ok));

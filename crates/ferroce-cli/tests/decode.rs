@@ -1,0 +1,513 @@
+//! `ferroce decode` end to end: the real captures, tshark's reading of them, damaged and
+//! re-encapsulated copies, and the exit statuses.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ferroce::capture::{CaptureReader, Frame};
+use ferroce_proto::wire::{icrc, Datagram};
+use serde_json::Value;
+
+fn testdata(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata")
+        .join(name)
+}
+
+/// The rxe and bridge captures with the number of RoCE packets each holds.
+const CAPTURES: &[(&str, usize)] = &[
+    ("hsb_a_f10000_p4.pcap", 160),
+    ("rc_atomic_fadd.pcap", 40),
+    ("rc_read_bw_4KB.pcap", 100),
+    ("rc_rnr_nak.pcap", 110),
+    ("rc_send_64B.pcap", 20),
+    ("rc_send_mtu1024_5000B.pcap", 60),
+    ("rc_write_bw_4KB.pcap", 100),
+    ("uc_send_2500B.pcap", 30),
+    ("ud_send_512B.pcap", 10),
+];
+
+fn ferroce(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(args)
+        .output()
+        .expect("run ferroce")
+}
+
+fn decode_json(path: &Path, extra: &[&str]) -> (i32, Vec<Value>, String) {
+    let mut args = vec!["decode", "--json", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = ferroce(&args);
+    let records = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    (out.status.code().expect("exit code"), records, stderr)
+}
+
+#[test]
+fn every_capture_decodes_with_good_icrcs() {
+    for &(name, count) in CAPTURES {
+        let (code, records, stderr) = decode_json(&testdata(name), &[]);
+        assert_eq!(code, 0, "{name}: {stderr}");
+        assert_eq!(records.len(), count, "{name}");
+        for r in &records {
+            assert_eq!(r["icrc"], "ok", "{name}: {r}");
+            assert!(r.get("error").is_none(), "{name}: {r}");
+        }
+    }
+}
+
+#[test]
+fn json_keys_are_the_documented_ones() {
+    let (_, records, _) = decode_json(&testdata("rc_write_bw_4KB.pcap"), &[]);
+    let first = records
+        .iter()
+        .find(|r| r["opcode_name"] == "RC_RDMA_WRITE_FIRST")
+        .unwrap();
+    let keys: Vec<&str> = first
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut expected = vec![
+        "index",
+        "src",
+        "dst",
+        "udp_src",
+        "opcode",
+        "opcode_name",
+        "dest_qp",
+        "psn",
+        "ack_req",
+        "se",
+        "pad",
+        "pkey",
+        "reth",
+        "payload_len",
+        "icrc",
+    ];
+    expected.sort_unstable();
+    let mut keys = keys;
+    keys.sort_unstable();
+    assert_eq!(keys, expected);
+    assert_eq!(first["opcode"], 6);
+    assert_eq!(first["reth"]["len"], 4096);
+    assert_eq!(first["payload_len"], 1024);
+    assert!(first["dest_qp"].is_u64() && first["psn"].is_u64());
+
+    let (_, records, _) = decode_json(&testdata("rc_atomic_fadd.pcap"), &[]);
+    let ack = records
+        .iter()
+        .find(|r| r["opcode_name"] == "RC_ATOMIC_ACKNOWLEDGE")
+        .unwrap();
+    assert_eq!(ack["aeth"]["syndrome"], 0x1f);
+    assert!(ack["atomic_ack"]["orig"].is_u64());
+    assert!(ack.get("reth").is_none());
+}
+
+#[test]
+fn text_output_is_one_line_per_packet() {
+    let out = ferroce(&["decode", testdata("rc_send_64B.pcap").to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 20);
+    for line in lines {
+        assert!(line.contains(" → "), "{line}");
+        assert!(line.contains(":4791 "), "{line}");
+        assert!(
+            line.contains(" qp=0x") && line.contains(" psn=0x"),
+            "{line}"
+        );
+        assert!(line.ends_with("icrc=ok"), "{line}");
+    }
+    assert!(text.contains("RC_SEND_ONLY") && text.contains("RC_ACKNOWLEDGE"));
+    assert!(text.contains("aeth{ACK credits=31 msn="));
+}
+
+/// tshark's view of each RoCE frame, as the JSON field names `ferroce decode` uses.
+fn tshark_fields(path: &Path) -> Option<BTreeMap<u64, BTreeMap<&'static str, u64>>> {
+    const FIELDS: &[(&str, &str)] = &[
+        ("frame.number", "index"),
+        ("infiniband.bth.opcode", "opcode"),
+        ("infiniband.bth.destqp", "dest_qp"),
+        ("infiniband.bth.psn", "psn"),
+        ("infiniband.reth.va", "va"),
+        ("infiniband.reth.r_key", "rkey"),
+        ("infiniband.reth.dmalen", "reth.len"),
+        ("infiniband.aeth.syndrome", "aeth.syndrome"),
+        ("infiniband.aeth.msn", "aeth.msn"),
+        ("infiniband.atomiceth.swapdt", "atomic.swap_add"),
+        ("infiniband.atomiceth.cmpdt", "atomic.compare"),
+        ("infiniband.atomicacketh.origremdt", "atomic_ack.orig"),
+        ("infiniband.deth.q_key", "deth.qkey"),
+        ("infiniband.deth.srcqp", "deth.src_qp"),
+    ];
+    let mut cmd = Command::new("tshark");
+    cmd.args(["-r", path.to_str()?, "-d", "udp.port==4791,infiniband"])
+        .args(["-Y", "infiniband", "-T", "fields", "-E", "separator=|"]);
+    for (field, _) in FIELDS {
+        cmd.args(["-e", field]);
+    }
+    let out = cmd.output().ok()?;
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut frames = BTreeMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let mut map = BTreeMap::new();
+        for (value, (_, key)) in line.split('|').zip(FIELDS) {
+            if value.is_empty() {
+                continue;
+            }
+            let n = match value.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
+                None => value.parse().unwrap(),
+            };
+            map.insert(*key, n);
+        }
+        frames.insert(map["index"], map);
+    }
+    Some(frames)
+}
+
+fn ours(record: &Value) -> BTreeMap<&'static str, u64> {
+    let mut map = BTreeMap::new();
+    let mut put = |key: &'static str, v: &Value| {
+        if let Some(n) = v.as_u64() {
+            map.insert(key, n);
+        }
+    };
+    for key in ["index", "opcode", "dest_qp", "psn"] {
+        put(key, &record[key]);
+    }
+    // tshark shows the AtomicETH's address and key in the RETH fields.
+    put("va", &record["reth"]["va"]);
+    put("rkey", &record["reth"]["rkey"]);
+    put("va", &record["atomic"]["va"]);
+    put("rkey", &record["atomic"]["rkey"]);
+    put("reth.len", &record["reth"]["len"]);
+    put("aeth.syndrome", &record["aeth"]["syndrome"]);
+    put("aeth.msn", &record["aeth"]["msn"]);
+    put("atomic.swap_add", &record["atomic"]["swap_add"]);
+    put("atomic.compare", &record["atomic"]["compare"]);
+    put("atomic_ack.orig", &record["atomic_ack"]["orig"]);
+    put("deth.qkey", &record["deth"]["qkey"]);
+    put("deth.src_qp", &record["deth"]["src_qp"]);
+    map
+}
+
+#[test]
+fn json_agrees_with_tshark() {
+    let have_tshark = Command::new("tshark").arg("--version").output().is_ok();
+    if !have_tshark {
+        assert!(
+            std::env::var_os("FERROCE_REQUIRE_TSHARK").is_none(),
+            "FERROCE_REQUIRE_TSHARK is set but tshark is not installed (apt-get install tshark)"
+        );
+        eprintln!(
+            "SKIPPED json_agrees_with_tshark: tshark is not installed (apt-get install tshark)"
+        );
+        return;
+    }
+    for &(name, count) in CAPTURES {
+        let path = testdata(name);
+        let theirs = tshark_fields(&path).unwrap();
+        let (_, records, _) = decode_json(&path, &[]);
+        assert_eq!(theirs.len(), count, "{name}: tshark's packet count");
+        for r in &records {
+            let index = r["index"].as_u64().unwrap();
+            assert_eq!(ours(r), theirs[&index], "{name} frame {index}");
+        }
+    }
+}
+
+/// The byte offset in a classic pcap file of the data of frame `index` (from 1).
+fn pcap_frame_offset(bytes: &[u8], index: u64) -> usize {
+    let mut at = 24;
+    for i in 1.. {
+        let incl = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        if i == index {
+            return at + 16;
+        }
+        at += 16 + incl;
+    }
+    unreachable!()
+}
+
+#[test]
+fn a_flipped_payload_byte_is_marked_bad_and_exits_1() {
+    let original = std::fs::read(testdata("rc_write_bw_4KB.pcap")).unwrap();
+    let (_, records, _) = decode_json(&testdata("rc_write_bw_4KB.pcap"), &[]);
+    let target = records
+        .iter()
+        .find(|r| r["opcode_name"] == "RC_RDMA_WRITE_MIDDLE")
+        .unwrap()["index"]
+        .as_u64()
+        .unwrap();
+    let mut damaged = original.clone();
+    // Ethernet 14 + IPv4 20 + UDP 8 + BTH 12, then 100 bytes into the payload.
+    damaged[pcap_frame_offset(&original, target) + 14 + 20 + 8 + 12 + 100] ^= 0x04;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flipped.pcap");
+    std::fs::write(&path, &damaged).unwrap();
+
+    let (code, after, stderr) = decode_json(&path, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(after.len(), records.len());
+    for r in &after {
+        let expect = if r["index"].as_u64() == Some(target) {
+            "bad"
+        } else {
+            "ok"
+        };
+        assert_eq!(r["icrc"], expect, "{r}");
+    }
+    let text = ferroce(&["decode", path.to_str().unwrap()]);
+    assert_eq!(text.status.code(), Some(1));
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert_eq!(text.lines().filter(|l| l.ends_with("icrc=bad")).count(), 1);
+}
+
+/// Writes `frames` (IP packets with the given link header) as a classic pcap.
+fn write_pcap(path: &Path, link_type: u32, frames: &[(Vec<u8>, u32)]) {
+    let mut out = Vec::new();
+    out.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+    out.extend_from_slice(&2u16.to_le_bytes());
+    out.extend_from_slice(&4u16.to_le_bytes());
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&65535u32.to_le_bytes());
+    out.extend_from_slice(&link_type.to_le_bytes());
+    for (i, (data, orig)) in frames.iter().enumerate() {
+        out.extend_from_slice(&(i as u32).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&orig.to_le_bytes());
+        out.extend_from_slice(data);
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+/// Writes `frames` as a pcapng section with one interface of `link_type`.
+fn write_pcapng(path: &Path, link_type: u16, frames: &[(Vec<u8>, u32)]) {
+    fn block(out: &mut Vec<u8>, kind: u32, body: &[u8]) {
+        let len = 12 + body.len().next_multiple_of(4);
+        out.extend_from_slice(&kind.to_le_bytes());
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+        out.extend_from_slice(body);
+        out.resize(out.len() + body.len().next_multiple_of(4) - body.len(), 0);
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+    }
+    let mut out = Vec::new();
+    let mut shb = Vec::new();
+    shb.extend_from_slice(&0x1a2b_3c4du32.to_le_bytes());
+    shb.extend_from_slice(&1u16.to_le_bytes());
+    shb.extend_from_slice(&0u16.to_le_bytes());
+    shb.extend_from_slice(&(-1i64).to_le_bytes());
+    block(&mut out, 0x0a0d_0d0a, &shb);
+    let mut idb = Vec::new();
+    idb.extend_from_slice(&link_type.to_le_bytes());
+    idb.extend_from_slice(&0u16.to_le_bytes());
+    idb.extend_from_slice(&65535u32.to_le_bytes());
+    block(&mut out, 1, &idb);
+    for (i, (data, orig)) in frames.iter().enumerate() {
+        let mut epb = Vec::new();
+        epb.extend_from_slice(&0u32.to_le_bytes());
+        epb.extend_from_slice(&0u32.to_le_bytes());
+        epb.extend_from_slice(&(i as u32).to_le_bytes());
+        epb.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        epb.extend_from_slice(&orig.to_le_bytes());
+        epb.extend_from_slice(data);
+        epb.resize(epb.len().next_multiple_of(4), 0);
+        block(&mut out, 6, &epb);
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+fn frames(name: &str) -> Vec<Frame> {
+    CaptureReader::open(testdata(name))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[test]
+fn pcapng_and_other_link_types_decode_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["rc_read_bw_4KB.pcap", "ud_send_512B.pcap"] {
+        let (_, reference, _) = decode_json(&testdata(name), &[]);
+        let frames = frames(name);
+        // Every frame is Ethernet: 12 address bytes, then the ethertype and the packet.
+        let ethertype = |f: &Frame| f.data[12..14].to_vec();
+        let orig = |f: &Frame, len: usize| (f.original_len as usize - f.data.len() + len) as u32;
+
+        let sll: Vec<_> = frames
+            .iter()
+            .map(|f| {
+                let mut d = vec![0, 0, 0, 1, 0, 6, 2, 0, 0, 0, 0, 1, 0, 0];
+                d.extend_from_slice(&ethertype(f));
+                d.extend_from_slice(&f.data[14..]);
+                let n = d.len();
+                (d, orig(f, n))
+            })
+            .collect();
+        let sll2: Vec<_> = frames
+            .iter()
+            .map(|f| {
+                let mut d = ethertype(f);
+                d.extend_from_slice(&[0, 0, 0, 0, 0, 2, 0, 1, 4, 6, 2, 0, 0, 0, 0, 1, 0, 0]);
+                d.extend_from_slice(&f.data[14..]);
+                let n = d.len();
+                (d, orig(f, n))
+            })
+            .collect();
+        let vlan: Vec<_> = frames
+            .iter()
+            .map(|f| {
+                let mut d = f.data[..12].to_vec();
+                d.extend_from_slice(&[0x81, 0x00, 0x00, 0x07]);
+                d.extend_from_slice(&f.data[12..]);
+                let n = d.len();
+                (d, orig(f, n))
+            })
+            .collect();
+        // Raw IP can only hold IP packets: keep the frame count by replacing the others
+        // (ARP) with an IPv4 TCP packet, which decode skips.
+        let raw: Vec<_> = frames
+            .iter()
+            .map(|f| {
+                let d = match f.ip_packet() {
+                    Some(ip) => ip.to_vec(),
+                    None => {
+                        let mut tcp = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6];
+                        tcp.resize(40, 0);
+                        tcp
+                    }
+                };
+                let n = d.len();
+                (d, orig(f, n))
+            })
+            .collect();
+
+        let variants = [
+            (
+                "pcapng-ethernet.pcapng",
+                None,
+                frames
+                    .iter()
+                    .map(|f| (f.data.clone(), f.original_len))
+                    .collect::<Vec<_>>(),
+            ),
+            ("pcapng-sll.pcapng", None, sll.clone()),
+            ("pcapng-sll2.pcapng", None, sll2),
+            ("pcap-sll.pcap", Some(113), sll),
+            ("pcap-raw.pcap", Some(101), raw),
+            ("pcap-vlan.pcap", Some(1), vlan),
+        ];
+        for (file, pcap_link, data) in variants {
+            let path = dir.path().join(file);
+            match (pcap_link, file) {
+                (Some(link), _) => write_pcap(&path, link, &data),
+                (None, f) if f.contains("sll2") => write_pcapng(&path, 276, &data),
+                (None, f) if f.contains("sll") => write_pcapng(&path, 113, &data),
+                (None, _) => write_pcapng(&path, 1, &data),
+            }
+            let (code, records, stderr) = decode_json(&path, &[]);
+            assert_eq!(code, 0, "{name} as {file}: {stderr}");
+            assert_eq!(records, reference, "{name} as {file}");
+        }
+    }
+}
+
+#[test]
+fn another_port_is_decoded_when_asked() {
+    // Move every RoCE packet to UDP port 5000 and re-seal its ICRC, which covers the port.
+    let frames = frames("rc_send_64B.pcap");
+    let moved: Vec<_> = frames
+        .iter()
+        .map(|f| {
+            let mut data = f.data.clone();
+            let is_roce = f
+                .ip_packet()
+                .and_then(|ip| Datagram::parse(ip).ok())
+                .is_some_and(|d| d.udp.dst_port == 4791);
+            if is_roce {
+                data[14 + 22..14 + 24].copy_from_slice(&5000u16.to_be_bytes());
+                let ip = Datagram::parse(&data[14..]).unwrap();
+                let (ip, udp) = (ip.ip, ip.udp);
+                icrc::seal(&ip, &udp, &mut data[14 + 28..]).unwrap();
+            }
+            (data, f.original_len)
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("port5000.pcap");
+    write_pcap(&path, 1, &moved);
+
+    let (code, records, _) = decode_json(&path, &["--port", "5000"]);
+    assert_eq!(code, 0);
+    assert_eq!(records.len(), 20);
+    assert!(records.iter().all(|r| r["icrc"] == "ok"));
+    let (code, records, _) = decode_json(&path, &[]);
+    assert_eq!((code, records.len()), (0, 0));
+}
+
+#[test]
+fn unparsable_packets_get_an_error_and_decoding_goes_on() {
+    let original = std::fs::read(testdata("rc_send_64B.pcap")).unwrap();
+    let (_, records, _) = decode_json(&testdata("rc_send_64B.pcap"), &[]);
+    let target = records[3]["index"].as_u64().unwrap();
+    let mut damaged = original.clone();
+    // An opcode no transport defines (0x1f), in the BTH's first byte.
+    damaged[pcap_frame_offset(&original, target) + 14 + 28] = 0x1f;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad-opcode.pcap");
+    std::fs::write(&path, &damaged).unwrap();
+    let (code, after, _) = decode_json(&path, &[]);
+    assert_eq!(code, 1);
+    assert_eq!(after.len(), records.len());
+    let bad = &after[3];
+    assert_eq!(bad["error"], "unknown opcode 0x1f");
+    assert_eq!(bad["opcode"], 0x1f);
+    assert_eq!(bad["icrc"], "bad");
+    assert!(bad.get("dest_qp").is_none());
+    assert!(after
+        .iter()
+        .enumerate()
+        .all(|(i, r)| i == 3 || r.get("error").is_none()));
+}
+
+#[test]
+fn unreadable_files_exit_2_with_a_reason() {
+    let out = ferroce(&["decode", "/nonexistent/capture.pcap"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("cannot read /nonexistent/capture.pcap"),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not a capture\n").unwrap();
+    let out = ferroce(&["decode", text.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("is not a pcap or pcapng capture"), "{err}");
+
+    // A capture cut in the middle of a record: the frames before the cut are printed.
+    let whole = std::fs::read(testdata("rc_send_64B.pcap")).unwrap();
+    let cut = dir.path().join("cut.pcap");
+    std::fs::write(&cut, &whole[..whole.len() - 30]).unwrap();
+    let (code, records, stderr) = decode_json(&cut, &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(!records.is_empty() && records.len() < 20);
+    assert!(stderr.contains("is damaged after frame"), "{stderr}");
+}
