@@ -39,6 +39,7 @@ impl Syndrome {
 
     /// Decodes a syndrome byte.
     #[must_use]
+    #[inline]
     pub const fn from_byte(byte: u8) -> Self {
         let low = byte & 0x1f;
         match byte >> 5 {
@@ -195,6 +196,7 @@ impl Aeth {
     /// # Errors
     ///
     /// [`Error::Truncated`] for fewer than 4 bytes.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
         check_len("AETH", bytes, Self::LEN)?;
         Ok(Self {

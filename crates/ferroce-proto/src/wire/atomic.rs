@@ -25,6 +25,7 @@ impl AtomicEth {
     /// # Errors
     ///
     /// [`Error::Truncated`] for fewer than 28 bytes.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
         check_len("AtomicETH", bytes, Self::LEN)?;
         Ok(Self {
@@ -60,6 +61,7 @@ impl AtomicAckEth {
     /// # Errors
     ///
     /// [`Error::Truncated`] for fewer than 8 bytes.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
         check_len("AtomicAckETH", bytes, Self::LEN)?;
         Ok(Self {

@@ -111,6 +111,7 @@ impl Bth {
     ///
     /// [`Error::Truncated`] for fewer than 12 bytes, [`Error::UnknownOpcode`] and
     /// [`Error::TransportVersion`] for headers ferroce cannot interpret.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
         super::check_len("BTH", bytes, Self::LEN)?;
         let opcode = Opcode::try_from(bytes[field::OPCODE])?;
@@ -119,7 +120,14 @@ impl Bth {
         if tver != 0 {
             return Err(Error::TransportVersion(tver));
         }
-        Ok(Self {
+        Ok(Self::read(opcode, bytes))
+    }
+
+    /// Reads the fields of a BTH whose opcode is known and whose 12 bytes are present.
+    #[inline]
+    pub(crate) fn read(opcode: Opcode, bytes: &[u8]) -> Self {
+        let flags = bytes[field::FLAGS];
+        Self {
             opcode,
             solicited: flags & SE != 0,
             mig_req: flags & MIG_REQ != 0,
@@ -129,7 +137,7 @@ impl Bth {
             dest_qp: Qpn::from_low_bits(be_u24(bytes, field::DEST_QP)),
             ack_req: bytes[field::ACK_REQ] & ACK_REQ != 0,
             psn: Psn::from_low_bits(be_u24(bytes, field::PSN)),
-        })
+        }
     }
 
     /// Writes the header into the first 12 bytes of `out`, with pad count `pad`.

@@ -19,8 +19,12 @@
 use super::packet::ICRC_LEN;
 use super::{Bth, Error, IpHeader, UdpHeader};
 
-/// The longest prefix the masked headers make: 8 + 40 + 8 + 12 bytes.
-const PREFIX_MAX: usize = 8 + 40 + 8 + Bth::LEN;
+/// The longest run of masked headers after the LRH stand-in: IPv6 40 + UDP 8 + BTH 12 bytes.
+const PREFIX_MAX: usize = 40 + 8 + Bth::LEN;
+
+/// The CRC-32 of the eight 0xFF bytes that stand for the masked LRH, i.e.
+/// `crc32fast::hash(&[0xff; 8])`: every ICRC starts from this state.
+const LRH_CRC: u32 = 0x2144_df1c;
 
 /// Computes the ICRC of a packet whose bytes from the BTH up to (not including) the ICRC are
 /// `covered`.
@@ -47,8 +51,9 @@ pub fn compute(ip: &IpHeader, udp: &UdpHeader, covered: &[u8]) -> Result<u32, Er
     // Both fit: `udp_len` is at most `ip_len`.
     let udp_len = udp_len as u16;
 
+    // The masked headers; masked bytes stay 0xFF.
     let mut prefix = [0xffu8; PREFIX_MAX];
-    let mut at = 8;
+    let mut at = 0;
     match ip {
         IpHeader::V4(h) => {
             let p = &mut prefix[at..at + 20];
@@ -86,7 +91,7 @@ pub fn compute(ip: &IpHeader, udp: &UdpHeader, covered: &[u8]) -> Result<u32, Er
     prefix[at + 4] = 0xff;
     at += Bth::LEN;
 
-    let mut crc = crc32fast::Hasher::new();
+    let mut crc = crc32fast::Hasher::new_with_initial(LRH_CRC);
     crc.update(&prefix[..at]);
     crc.update(&covered[Bth::LEN..]);
     Ok(crc.finalize())
@@ -109,6 +114,7 @@ pub fn seal(ip: &IpHeader, udp: &UdpHeader, packet: &mut [u8]) -> Result<(), Err
 /// Whether the ICRC at the end of `packet` (BTH through ICRC) is right for these headers.
 /// Bytes too short to hold a BTH and an ICRC never verify.
 #[must_use]
+#[inline]
 pub fn verify(ip: &IpHeader, udp: &UdpHeader, packet: &[u8]) -> bool {
     if packet.len() < Bth::LEN + ICRC_LEN {
         return false;
@@ -123,6 +129,11 @@ pub fn verify(ip: &IpHeader, udp: &UdpHeader, packet: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::wire::Datagram;
+
+    #[test]
+    fn lrh_stand_in_crc() {
+        assert_eq!(crc32fast::hash(&[0xff; 8]), LRH_CRC);
+    }
 
     fn hex(s: &str) -> Vec<u8> {
         let s: String = s.chars().filter(char::is_ascii_hexdigit).collect();

@@ -171,6 +171,7 @@ fn put_u24(bytes: &mut [u8], at: usize, value: u32) {
     bytes[at..at + 3].copy_from_slice(&value.to_be_bytes()[1..]);
 }
 
+#[inline]
 fn check_len(what: &'static str, bytes: &[u8], needed: usize) -> Result<(), Error> {
     if bytes.len() < needed {
         Err(Error::Truncated {

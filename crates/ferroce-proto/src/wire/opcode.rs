@@ -178,6 +178,23 @@ struct Row {
     operation: Operation,
     headers: HeaderSet,
     payload: bool,
+    /// Offset of each header of [`HeaderSet::ALL`] after the BTH, `u8::MAX` when absent:
+    /// computed at compile time so the packet path pays one load per header.
+    offsets: [u8; 9],
+    /// BTH plus extension headers, in bytes.
+    header_len: u8,
+}
+
+const fn offsets(headers: HeaderSet) -> [u8; 9] {
+    let mut out = [u8::MAX; 9];
+    let mut i = 0;
+    while i < HeaderSet::ALL.len() {
+        if let Some(offset) = headers.offset_of(HeaderSet::ALL[i].0) {
+            out[i] = offset as u8;
+        }
+        i += 1;
+    }
+    out
 }
 
 const fn h(a: HeaderSet, b: HeaderSet) -> HeaderSet {
@@ -196,13 +213,15 @@ macro_rules! opcodes {
             pub const ALL: &'static [Self] = &[$(Self::$konst),*];
         }
 
-        const TABLE: &[Row] = &[$(
+        static TABLE: &[Row] = &[$(
             Row {
                 value: $value,
                 name: stringify!($konst),
                 operation: Operation::$op,
                 headers: $headers,
                 payload: $payload,
+                offsets: offsets($headers),
+                header_len: (super::Bth::LEN + $headers.len()) as u8,
             },
         )*];
     };
@@ -257,7 +276,7 @@ opcodes! {
 }
 
 /// Position of each opcode value in `TABLE`, or `u8::MAX` when unknown.
-const INDEX: [u8; 256] = {
+static INDEX: [u8; 256] = {
     let mut index = [u8::MAX; 256];
     let mut i = 0;
     while i < TABLE.len() {
@@ -271,6 +290,7 @@ impl Opcode {
     /// The opcode with this value, or `None` if ferroce does not know it (RD and XRC opcodes,
     /// reserved values).
     #[must_use]
+    #[inline]
     pub const fn new(value: u8) -> Option<Self> {
         if INDEX[value as usize] == u8::MAX {
             None
@@ -289,18 +309,21 @@ impl Opcode {
             .map(|row| Self(row.value))
     }
 
+    #[inline]
     const fn row(self) -> &'static Row {
         &TABLE[INDEX[self.0 as usize] as usize]
     }
 
     /// The opcode's byte value.
     #[must_use]
+    #[inline]
     pub const fn value(self) -> u8 {
         self.0
     }
 
     /// The transport class (the top three bits).
     #[must_use]
+    #[inline]
     pub const fn transport(self) -> Transport {
         match self.0 >> 5 {
             0 => Transport::Rc,
@@ -312,6 +335,7 @@ impl Opcode {
 
     /// The operation, independent of transport.
     #[must_use]
+    #[inline]
     pub const fn operation(self) -> Operation {
         self.row().operation
     }
@@ -324,18 +348,36 @@ impl Opcode {
 
     /// The extension headers that follow the BTH.
     #[must_use]
+    #[inline]
     pub const fn headers(self) -> HeaderSet {
         self.row().headers
     }
 
+    /// The offset after the BTH of extension header `which` (one header, not a set), or
+    /// `None` when this opcode does not carry it.
+    #[must_use]
+    #[inline]
+    pub const fn header_offset(self, which: HeaderSet) -> Option<usize> {
+        let index = which.0.trailing_zeros() as usize;
+        if which.0.count_ones() != 1 || index >= HeaderSet::ALL.len() {
+            return None;
+        }
+        match self.row().offsets[index] {
+            u8::MAX => None,
+            offset => Some(offset as usize),
+        }
+    }
+
     /// The length of the BTH and its extension headers, i.e. the offset of the payload.
     #[must_use]
+    #[inline]
     pub const fn header_len(self) -> usize {
-        super::Bth::LEN + self.headers().len()
+        self.row().header_len as usize
     }
 
     /// Whether packets with this opcode may carry a payload.
     #[must_use]
+    #[inline]
     pub const fn carries_payload(self) -> bool {
         self.row().payload
     }
@@ -478,5 +520,15 @@ mod tests {
         let ud = Opcode::UD_SEND_ONLY_WITH_IMMEDIATE.headers();
         assert_eq!(ud.offset_of(HeaderSet::IMM), Some(8));
         assert_eq!(ud.offset_of(HeaderSet::RETH), None);
+        for &op in Opcode::ALL {
+            for (h, _, _) in HeaderSet::ALL {
+                assert_eq!(
+                    op.header_offset(h),
+                    op.headers().offset_of(h),
+                    "{op:?} {h:?}"
+                );
+            }
+            assert_eq!(op.header_offset(HeaderSet::RETH.with(HeaderSet::IMM)), None);
+        }
     }
 }

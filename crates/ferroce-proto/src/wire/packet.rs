@@ -32,6 +32,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// [`Error::Pad`] when the pad count exceeds the bytes after the headers,
     /// [`Error::Unaligned`] when payload and pad do not end on a 4-byte boundary, and
     /// [`Error::UnexpectedPayload`] when an opcode without payload has one.
+    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self, Error> {
         let bytes = buffer.as_ref();
         super::check_len("BTH", bytes, Bth::LEN)?;
@@ -63,121 +64,138 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// The underlying bytes.
+    #[inline]
     pub fn into_inner(self) -> T {
         self.buffer
     }
 
     /// All the packet's bytes, BTH through ICRC.
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         self.buffer.as_ref()
     }
 
     /// The opcode.
+    #[inline]
     pub fn opcode(&self) -> Opcode {
         self.opcode
     }
 
     /// The parsed BTH.
+    #[inline]
     pub fn bth(&self) -> Bth {
-        let bytes = self.as_bytes();
-        // The layout was checked in `new_checked`, so the 12 BTH bytes are present, the
-        // opcode is known and TVer is 0: the parse cannot fail.
-        match Bth::parse(bytes) {
-            Ok(bth) => bth,
-            Err(_) => unreachable!("BTH validated by new_checked"),
-        }
+        // `new_checked` found the 12 BTH bytes, a known opcode and TVer 0.
+        Bth::read(self.opcode, self.as_bytes())
     }
 
     /// The destination queue pair.
+    #[inline]
     pub fn dest_qp(&self) -> super::Qpn {
         super::Qpn::from_low_bits(super::be_u24(self.as_bytes(), field::DEST_QP))
     }
 
     /// The packet sequence number.
+    #[inline]
     pub fn psn(&self) -> Psn {
         Psn::from_low_bits(super::be_u24(self.as_bytes(), field::PSN))
     }
 
     /// Whether the requester asks for an acknowledgement.
+    #[inline]
     pub fn ack_req(&self) -> bool {
         self.as_bytes()[field::ACK_REQ] & 0x80 != 0
     }
 
     /// The pad count: zero bytes between the payload and the ICRC.
+    #[inline]
     pub fn pad(&self) -> u8 {
         (self.as_bytes()[field::FLAGS] >> 4) & 0x3
     }
 
     /// The extension headers this packet carries.
+    #[inline]
     pub fn headers(&self) -> HeaderSet {
         self.opcode.headers()
     }
 
     /// The length of the BTH and the extension headers.
+    #[inline]
     pub fn header_len(&self) -> usize {
         self.opcode.header_len()
     }
 
+    #[inline]
     fn ext(&self, which: HeaderSet) -> Option<&[u8]> {
-        let offset = self.headers().offset_of(which)?;
+        let offset = self.opcode.header_offset(which)?;
         Some(&self.as_bytes()[Bth::LEN + offset..])
     }
 
     /// The DETH, if the opcode has one (UD).
+    #[inline]
     pub fn deth(&self) -> Option<Deth> {
         self.ext(HeaderSet::DETH).and_then(|b| Deth::parse(b).ok())
     }
 
     /// The FETH, if the opcode has one (FLUSH).
+    #[inline]
     pub fn feth(&self) -> Option<Feth> {
         self.ext(HeaderSet::FETH).and_then(|b| Feth::parse(b).ok())
     }
 
     /// The RETH, if the opcode has one (WRITE FIRST/ONLY, READ request, FLUSH, ATOMIC WRITE).
+    #[inline]
     pub fn reth(&self) -> Option<Reth> {
         self.ext(HeaderSet::RETH).and_then(|b| Reth::parse(b).ok())
     }
 
     /// The AtomicETH, if the opcode has one (COMPARE_SWAP, FETCH_ADD).
+    #[inline]
     pub fn atomic_eth(&self) -> Option<AtomicEth> {
         self.ext(HeaderSet::ATOMIC)
             .and_then(|b| AtomicEth::parse(b).ok())
     }
 
     /// The AETH, if the opcode has one (ACKs, READ responses FIRST/LAST/ONLY).
+    #[inline]
     pub fn aeth(&self) -> Option<Aeth> {
         self.ext(HeaderSet::AETH).and_then(|b| Aeth::parse(b).ok())
     }
 
     /// The AtomicAckETH, if the opcode has one (ATOMIC_ACKNOWLEDGE).
+    #[inline]
     pub fn atomic_ack(&self) -> Option<AtomicAckEth> {
         self.ext(HeaderSet::ATOMIC_ACK)
             .and_then(|b| AtomicAckEth::parse(b).ok())
     }
 
     /// The immediate data, if the opcode carries it, as the big-endian value of its 4 bytes.
+    #[inline]
     pub fn imm(&self) -> Option<u32> {
         self.ext(HeaderSet::IMM).map(|b| be_u32(b, 0))
     }
 
     /// The R_Key to invalidate, if the opcode carries an IETH.
+    #[inline]
     pub fn ieth(&self) -> Option<u32> {
         self.ext(HeaderSet::IETH).map(|b| be_u32(b, 0))
     }
 
     /// The payload, without pad and ICRC.
+    #[inline]
     pub fn payload(&self) -> &[u8] {
         let bytes = self.as_bytes();
         &bytes[self.header_len()..bytes.len() - ICRC_LEN - usize::from(self.pad())]
     }
 
     /// The bytes the ICRC covers beyond the IP and UDP headers: BTH through pad.
+    #[inline]
     pub fn covered(&self) -> &[u8] {
         let bytes = self.as_bytes();
         &bytes[..bytes.len() - ICRC_LEN]
     }
 
     /// The ICRC as carried (the wire holds it little-endian).
+    #[inline]
     pub fn icrc(&self) -> u32 {
         let bytes = self.as_bytes();
         let mut le = [0; 4];
@@ -188,6 +206,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// The payload, writable.
+    #[inline]
     pub fn payload_mut(&mut self) -> &mut [u8] {
         let start = self.header_len();
         let end = self.buffer.as_ref().len() - ICRC_LEN - usize::from(self.pad());
@@ -195,6 +214,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 
     /// Overwrites the ICRC trailer.
+    #[inline]
     pub fn set_icrc(&mut self, icrc: u32) {
         let bytes = self.buffer.as_mut();
         let at = bytes.len() - ICRC_LEN;
@@ -251,16 +271,37 @@ impl PacketRepr {
 
     /// Reads a validated view into a representation.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Self {
+        let bytes = packet.as_bytes();
+        let headers = packet.headers();
+        // Walk the headers in wire order with a running offset: one pass, no table lookups.
+        // `new_checked` verified that all of them fit, so no parse below can fail.
+        let mut at = Bth::LEN;
+        let mut next = |h: HeaderSet, len: usize| {
+            headers.contains(h).then(|| {
+                let start = at;
+                at += len;
+                &bytes[start..]
+            })
+        };
+        let deth = next(HeaderSet::DETH, Deth::LEN).and_then(|b| Deth::parse(b).ok());
+        let feth = next(HeaderSet::FETH, Feth::LEN).and_then(|b| Feth::parse(b).ok());
+        let reth = next(HeaderSet::RETH, Reth::LEN).and_then(|b| Reth::parse(b).ok());
+        let atomic = next(HeaderSet::ATOMIC, AtomicEth::LEN).and_then(|b| AtomicEth::parse(b).ok());
+        let aeth = next(HeaderSet::AETH, Aeth::LEN).and_then(|b| Aeth::parse(b).ok());
+        let atomic_ack = next(HeaderSet::ATOMIC_ACK, AtomicAckEth::LEN)
+            .and_then(|b| AtomicAckEth::parse(b).ok());
+        let imm = next(HeaderSet::IMM, 4).map(|b| be_u32(b, 0));
+        let ieth = next(HeaderSet::IETH, 4).map(|b| be_u32(b, 0));
         Self {
             bth: packet.bth(),
-            deth: packet.deth(),
-            feth: packet.feth(),
-            reth: packet.reth(),
-            atomic: packet.atomic_eth(),
-            aeth: packet.aeth(),
-            atomic_ack: packet.atomic_ack(),
-            imm: packet.imm(),
-            ieth: packet.ieth(),
+            deth,
+            feth,
+            reth,
+            atomic,
+            aeth,
+            atomic_ack,
+            imm,
+            ieth,
             payload_len: packet.payload().len(),
         }
     }

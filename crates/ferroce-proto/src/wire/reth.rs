@@ -24,6 +24,7 @@ impl Reth {
     /// # Errors
     ///
     /// [`Error::Truncated`] for fewer than 16 bytes.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
         check_len("RETH", bytes, Self::LEN)?;
         Ok(Self {
@@ -59,6 +60,7 @@ impl Deth {
     /// # Errors
     ///
     /// [`Error::Truncated`] for fewer than 8 bytes.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
         check_len("DETH", bytes, Self::LEN)?;
         Ok(Self {
@@ -95,6 +97,7 @@ impl Feth {
     /// # Errors
     ///
     /// [`Error::Truncated`] for fewer than 4 bytes.
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
         check_len("FETH", bytes, Self::LEN)?;
         Ok(Self {
