@@ -128,7 +128,7 @@ pub fn verify(ip: &IpHeader, udp: &UdpHeader, packet: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Datagram;
+    use crate::wire::{Datagram, Ipv6Header};
 
     #[test]
     fn lrh_stand_in_crc() {
@@ -164,6 +164,28 @@ mod tests {
              0a30ffff000000128000010000007f0000001000000005170000000568656c6c6f000000 4e33c4b7");
         let d = Datagram::parse(&frame).unwrap();
         assert!(verify(&d.ip, &d.udp, d.payload));
+    }
+
+    /// IPv6: an RC SEND ONLY with traffic class 0x12, flow label 0xabcde and hop limit 7,
+    /// whose ICRC was computed independently (Python's zlib over the header bytes masked as
+    /// the recipe says, not from field values as here).
+    #[test]
+    fn ipv6_vector() {
+        let frame = hex(
+            "612abcde00201107 fd000000000000000000000000000001 fd000000000000000000000000000002
+             c12312b700200000 0400ffff0000001180000102 666572726f636521 57e726da",
+        );
+        let d = Datagram::parse(&frame).unwrap();
+        let IpHeader::V6(v6) = d.ip else { panic!("IPv6") };
+        assert_eq!((v6.traffic_class, v6.flow_label, v6.hop_limit), (0x12, 0xabcde, 7));
+        assert!(verify(&d.ip, &d.udp, d.payload));
+        let covered = &d.payload[..d.payload.len() - 4];
+        assert_eq!(compute(&d.ip, &d.udp, covered), Ok(0xda26_e757));
+        // Traffic class, flow label and hop limit are masked; the addresses are not.
+        let other = IpHeader::V6(Ipv6Header { traffic_class: 0, flow_label: 1, hop_limit: 64, ..v6 });
+        assert!(verify(&other, &d.udp, d.payload));
+        let moved = IpHeader::V6(Ipv6Header { dst: v6.src, ..v6 });
+        assert!(!verify(&moved, &d.udp, d.payload));
     }
 
     #[test]

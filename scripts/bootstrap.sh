@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what ferroce's build and tests need on a fresh Debian 12 machine: a C toolchain,
+# tshark (the tests compare `ferroce decode` with Wireshark's dissector), and Rust by rustup
+# when cargo is missing. Safe to run again: it installs only what is absent.
+set -euo pipefail
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "bootstrap: run as root or install sudo" >&2; exit 1; }
+    sudo="sudo"
+fi
+
+packages=()
+command -v cc >/dev/null || packages+=(build-essential)
+command -v curl >/dev/null || packages+=(curl ca-certificates)
+command -v tshark >/dev/null || packages+=(tshark)
+command -v pkg-config >/dev/null || packages+=(pkg-config)
+if [ ${#packages[@]} -gt 0 ]; then
+    echo "bootstrap: installing ${packages[*]}"
+    $sudo apt-get update -qq
+    # tshark's package asks whether non-root users may capture; answer no without a prompt.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | $sudo debconf-set-selections
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}"
+fi
+
+if ! command -v cargo >/dev/null; then
+    if [ -x "$HOME/.cargo/bin/cargo" ]; then
+        echo "bootstrap: cargo is in ~/.cargo/bin; add it to PATH (source ~/.cargo/env)"
+    else
+        echo "bootstrap: installing Rust with rustup"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c rustfmt,clippy
+        echo "bootstrap: run 'source ~/.cargo/env' (or open a new shell) to put cargo on PATH"
+    fi
+fi

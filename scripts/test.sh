@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, docs, then every test of the
+# workspace. TESTING.md explains how the suite is organised.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+
+# tshark is installed by scripts/bootstrap.sh; the comparison test fails rather than skips.
+export FERROCE_REQUIRE_TSHARK=1
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+echo "== cargo test"
+cargo test --workspace --locked
