@@ -176,13 +176,23 @@ mod tests {
              c12312b700200000 0400ffff0000001180000102 666572726f636521 57e726da",
         );
         let d = Datagram::parse(&frame).unwrap();
-        let IpHeader::V6(v6) = d.ip else { panic!("IPv6") };
-        assert_eq!((v6.traffic_class, v6.flow_label, v6.hop_limit), (0x12, 0xabcde, 7));
+        let IpHeader::V6(v6) = d.ip else {
+            panic!("IPv6")
+        };
+        assert_eq!(
+            (v6.traffic_class, v6.flow_label, v6.hop_limit),
+            (0x12, 0xabcde, 7)
+        );
         assert!(verify(&d.ip, &d.udp, d.payload));
         let covered = &d.payload[..d.payload.len() - 4];
         assert_eq!(compute(&d.ip, &d.udp, covered), Ok(0xda26_e757));
         // Traffic class, flow label and hop limit are masked; the addresses are not.
-        let other = IpHeader::V6(Ipv6Header { traffic_class: 0, flow_label: 1, hop_limit: 64, ..v6 });
+        let other = IpHeader::V6(Ipv6Header {
+            traffic_class: 0,
+            flow_label: 1,
+            hop_limit: 64,
+            ..v6
+        });
         assert!(verify(&other, &d.udp, d.payload));
         let moved = IpHeader::V6(Ipv6Header { dst: v6.src, ..v6 });
         assert!(!verify(&moved, &d.udp, d.payload));
