@@ -1,0 +1,78 @@
+//! Counters: every packet the engine sends, receives, drops or answers with a NAK is counted
+//! under a name. Names that rxe has (`drivers/infiniband/sw/rxe/rxe_hw_counters.c`) are used as
+//! they are, so `ferroce stat` reads like `rdma statistic show`; drops rxe does not count get
+//! names of their own that say why.
+
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        /// The engine's counters. Each field's doc says what it counts.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct Counters {
+            $($(#[doc = $doc])* pub $name: u64,)*
+        }
+
+        impl Counters {
+            /// Every counter with its name, in a fixed order.
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($name), self.$name)),*].into_iter()
+            }
+        }
+    };
+}
+
+counters! {
+    /// Packets sent (rxe).
+    sent_pkts,
+    /// Packets received, whatever became of them (rxe).
+    rcvd_pkts,
+    /// Requests with a PSN already processed: re-ACKed or replayed, not executed again (rxe).
+    duplicate_request,
+    /// Requests ahead of the expected PSN: answered with one sequence NAK, dropped (rxe).
+    out_of_seq_request,
+    /// RNR NAKs received by a requester (rxe).
+    rcvd_rnr_err,
+    /// RNR NAKs sent by a responder: a SEND arrived with no receive posted (rxe).
+    send_rnr_err,
+    /// PSN sequence NAKs received by a requester (rxe).
+    rcvd_seq_err,
+    /// Requests that gave up after `retry_cnt` retries (rxe).
+    retry_exceeded_err,
+    /// Requests that gave up after `rnr_retry` RNR retries (rxe).
+    retry_rnr_exceeded_err,
+    /// Retransmissions started by a timeout, a sequence NAK or an implied NAK (rxe).
+    completer_retry_err,
+    /// Send work requests completed with an error (rxe).
+    send_err,
+    /// SEND messages completed by a requester (rxe).
+    rdma_sends,
+    /// SEND messages received into a receive request (rxe).
+    rdma_recvs,
+    /// Datagrams that are not a well-formed RoCE packet.
+    malformed_pkts,
+    /// Packets whose ICRC did not match.
+    icrc_err,
+    /// Packets for a QP number that does not exist.
+    unknown_qp,
+    /// Packets whose opcode belongs to another transport than the QP's (UD on RC, say).
+    opcode_err,
+    /// Packets from an address other than the QP's peer.
+    wrong_source,
+    /// Packets with a partition key other than the default.
+    pkey_err,
+    /// Packets for a QP whose state does not process them (RESET, INIT, ERR, …).
+    qp_state_drop,
+    /// Congestion notification packets received (ignored, as rxe does).
+    rcvd_cnp,
+    /// Remote access error NAKs sent (key, range, protection domain or rights).
+    resp_access_err,
+    /// Invalid request NAKs sent (opcode sequence, length, unsupported operation).
+    resp_invalid_req,
+    /// Responses (ACKs, READ and atomic responses) that matched nothing outstanding.
+    stale_response,
+    /// UC messages abandoned: a PSN gap, an opcode out of sequence, a refused key or no
+    /// receive request.
+    uc_dropped_msgs,
+    /// Completions that did not fit in a full completion queue (the QP went to ERR).
+    cq_overflow,
+}

@@ -1,0 +1,1916 @@
+//! The RC and UC protocol engine: queue pairs, completion queues and the region table, driven
+//! by datagrams, time and application commands, with no I/O of its own.
+//!
+//! The shape is quinn-proto's. Inputs: [`Engine::handle_datagram`] (a received UDP payload),
+//! [`Engine::handle_timeout`] (time has passed) and the application's commands
+//! ([`Engine::post_send`], [`Engine::post_recv`], [`Engine::modify_qp`], …). Outputs:
+//! [`Engine::poll_transmit`] (the next packet to send), [`Engine::poll_timeout`] (when to call
+//! `handle_timeout` next) and [`Engine::poll_completion`]. Time is passed in as an
+//! [`Instant`]; the engine never reads a clock. After any input, drain `poll_transmit` until it
+//! returns `None`, then ask `poll_timeout`.
+//!
+//! Behaviour follows IBTA Vol. 1 chapter 9 as Linux rxe implements it (`rxe_req.c`,
+//! `rxe_resp.c`, `rxe_comp.c`): go-back-N retransmission, cumulative ACKs, sequence NAKs
+//! re-armed only when the expected PSN arrives, RNR NAKs with the timer table, coalesced ACKs,
+//! duplicate READ and atomic requests replayed from a responder resource ring, and a fatal
+//! error moving the QP to ERR and flushing everything outstanding. Where rxe departs from the
+//! specification, the engine follows the specification: `retry_cnt` 7 means seven retries
+//! (rxe retries forever); `rnr_retry` 7 does mean forever, in both.
+//!
+//! Safety against peers: every remote request is checked against the [`MemoryTable`] (key,
+//! protection domain, rights, bounds) before [`Memory`] is called, so a peer can only touch
+//! bytes of regions that granted it access.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crate::counters::Counters;
+use crate::memory::{
+    Access, AtomicOp, Memory, MemoryTable, PdId, RegionId, RegionInfo, RegisterError, WriteOrder,
+};
+use crate::qp::{
+    ack_timeout, Completion, CqId, ModifyError, Payload, PostError, QpAttr, QpInit, QpState,
+    QpType, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+use crate::wire::{
+    icrc, Aeth, AtomicAckEth, AtomicEth, Bth, IpHeader, NakCode, Opcode, Operation, Packet,
+    PacketRepr, Qpn, Reth, RnrTimer, Syndrome, Transport, UdpHeader, ROCE_PORT,
+};
+use crate::Psn;
+
+/// The most packets a requester sends beyond the oldest unacknowledged one (rxe's
+/// `RXE_MAX_UNACKED_PSNS`).
+pub const MAX_UNACKED_PSNS: u32 = 128;
+/// A requester asks for an ACK at least every this many packets of a long message (rxe's
+/// `RXE_MAX_PKT_PER_ACK`).
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// The largest packet the engine emits: BTH and the longest header set, a 4096-byte payload,
+/// and the ICRC. A transmit buffer of this size always suffices.
+pub const MAX_PACKET: usize = 4096 + 64;
+/// The largest message, 2^31 bytes (IBTA).
+pub const MAX_MESSAGE: u64 = 1 << 31;
+
+/// The engine's fixed configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// The local IP address: the source of every packet and part of its ICRC.
+    pub local_ip: IpAddr,
+    /// Seeds the generator of memory keys.
+    pub seed: u64,
+}
+
+/// A packet ready to send: `len` bytes at the start of the buffer given to
+/// [`Engine::poll_transmit`], to go from UDP port `src_port` to `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Transmit {
+    /// Where to send it.
+    pub dst: SocketAddr,
+    /// The UDP source port: derived from the QPN as rxe does, so flows spread over paths.
+    pub src_port: u16,
+    /// The packet's length (BTH through ICRC).
+    pub len: usize,
+}
+
+/// The UDP source port rxe uses for a QP: 0xC000 plus 14 bits of a multiplicative hash.
+#[must_use]
+pub const fn udp_source_port(qpn: Qpn) -> u16 {
+    let hash = qpn.value().wrapping_mul(0x61C8_8647) >> 18;
+    0xc000 | (hash & 0x3fff) as u16
+}
+
+/// A contiguous piece of a gather/scatter list, resolved against the region table.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    region: RegionId,
+    offset: u64,
+    len: u32,
+}
+
+/// Copies `out.len()` bytes starting `at` bytes into the list.
+fn gather(segs: &[Seg], mut at: u64, out: &mut [u8], mem: &dyn Memory) {
+    let mut done = 0;
+    for seg in segs {
+        if done == out.len() {
+            break;
+        }
+        let len = u64::from(seg.len);
+        if at >= len {
+            at -= len;
+            continue;
+        }
+        let n = ((len - at) as usize).min(out.len() - done);
+        mem.read(seg.region, seg.offset + at, &mut out[done..done + n]);
+        done += n;
+        at = 0;
+    }
+}
+
+/// Copies `data` into the list starting `at` bytes in.
+fn scatter(segs: &[Seg], mut at: u64, data: &[u8], mem: &mut dyn Memory) {
+    let mut done = 0;
+    for seg in segs {
+        if done == data.len() {
+            break;
+        }
+        let len = u64::from(seg.len);
+        if at >= len {
+            at -= len;
+            continue;
+        }
+        let n = ((len - at) as usize).min(data.len() - done);
+        mem.write(seg.region, seg.offset + at, &data[done..done + n]);
+        done += n;
+        at = 0;
+    }
+}
+
+#[derive(Debug)]
+enum WqeData {
+    Segs(Vec<Seg>),
+    Inline(Vec<u8>),
+}
+
+#[derive(Debug)]
+struct SendWqe {
+    wr_id: u64,
+    op: SendOp,
+    signaled: bool,
+    fence: bool,
+    solicited: bool,
+    data: WqeData,
+    len: u32,
+    /// PSNs the message uses: its packets, or for a READ its response packets.
+    npkts: u32,
+    first_psn: Psn,
+    started: bool,
+    /// A local error found at post time, reported when the request reaches the front.
+    fault: Option<WcStatus>,
+    /// For a READ: whether a response of the current request has arrived.
+    resp_started: bool,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts - 1)
+    }
+
+    fn contains(&self, psn: Psn) -> bool {
+        self.started && psn.in_window(self.first_psn, self.npkts)
+    }
+
+    fn wc_opcode(&self) -> WcOpcode {
+        match self.op {
+            SendOp::Send | SendOp::SendWithImm(_) => WcOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
+            SendOp::Read(_) => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    fn segs(&self) -> &[Seg] {
+        match &self.data {
+            WqeData::Segs(segs) => segs,
+            WqeData::Inline(_) => &[],
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RecvWqe {
+    wr_id: u64,
+    segs: Vec<Seg>,
+    len: u64,
+    fault: Option<WcStatus>,
+}
+
+/// A multi-packet request the responder is in the middle of.
+#[derive(Debug)]
+enum InMsg {
+    Send {
+        wqe: RecvWqe,
+        offset: u64,
+    },
+    Write {
+        target: Option<(RegionId, u64)>,
+        written: u32,
+        total: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Resource {
+    Read {
+        first: Psn,
+        last: Psn,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ReadJob {
+    psn: Psn,
+    target: Option<(RegionId, u64)>,
+    sent: u32,
+    len: u32,
+    msn: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Response {
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+    Read(ReadJob),
+}
+
+#[derive(Debug)]
+struct Cq {
+    depth: usize,
+    entries: VecDeque<Completion>,
+}
+
+/// Everything a queue pair's logic needs besides the queue pair itself.
+struct Ctx {
+    local_ip: IpAddr,
+    cqs: HashMap<CqId, Cq>,
+    table: MemoryTable,
+    counters: Counters,
+}
+
+impl Ctx {
+    /// Queues a completion; `false` when the CQ is full (the caller moves the QP to ERR).
+    fn complete(&mut self, cq: CqId, completion: Completion) -> bool {
+        match self.cqs.get_mut(&cq) {
+            Some(cq) if cq.entries.len() < cq.depth => {
+                cq.entries.push_back(completion);
+                true
+            }
+            _ => {
+                self.counters.cq_overflow += 1;
+                false
+            }
+        }
+    }
+}
+
+/// The outcome of a responder check that fails: the NAK to send.
+struct Nak(NakCode);
+
+#[derive(Debug)]
+struct Qp {
+    qpn: Qpn,
+    init: QpInit,
+    state: QpState,
+    access: Access,
+    mtu: u32,
+    dest_qpn: Qpn,
+    peer: Option<SocketAddr>,
+    src_port: u16,
+    timeout: Option<Duration>,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    min_rnr_timer: RnrTimer,
+    max_rd_atomic: u8,
+    max_dest_rd_atomic: u8,
+
+    // Requester and completer.
+    sq: VecDeque<SendWqe>,
+    /// Index in `sq` of the request being transmitted.
+    req_index: usize,
+    /// PSN offset within that request of the next packet.
+    req_pkt: u32,
+    /// The next PSN to send.
+    req_psn: Psn,
+    since_ack_req: u32,
+    /// The oldest PSN not yet acknowledged or answered.
+    comp_psn: Psn,
+    retries_left: u8,
+    rnr_left: u8,
+    retransmit_at: Option<Instant>,
+    rnr_wait_until: Option<Instant>,
+
+    // Responder.
+    rq: VecDeque<RecvWqe>,
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    in_msg: Option<InMsg>,
+    resources: VecDeque<Resource>,
+    responses: VecDeque<Response>,
+}
+
+impl Qp {
+    fn new(qpn: Qpn, init: QpInit) -> Self {
+        Self {
+            qpn,
+            init,
+            state: QpState::Reset,
+            access: Access::NONE,
+            mtu: 1024,
+            dest_qpn: Qpn::default(),
+            peer: None,
+            src_port: udp_source_port(qpn),
+            timeout: None,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            min_rnr_timer: RnrTimer::default(),
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            sq: VecDeque::new(),
+            req_index: 0,
+            req_pkt: 0,
+            req_psn: Psn::default(),
+            since_ack_req: 0,
+            comp_psn: Psn::default(),
+            retries_left: 0,
+            rnr_left: 0,
+            retransmit_at: None,
+            rnr_wait_until: None,
+            rq: VecDeque::new(),
+            epsn: Psn::default(),
+            msn: 0,
+            nak_sent: false,
+            in_msg: None,
+            resources: VecDeque::new(),
+            responses: VecDeque::new(),
+        }
+    }
+
+    fn is_rc(&self) -> bool {
+        self.init.qp_type == QpType::Rc
+    }
+
+    fn transport(&self) -> Transport {
+        match self.init.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+        }
+    }
+
+    fn reset(&mut self) {
+        *self = Self::new(self.qpn, self.init);
+    }
+
+    // ---------------------------------------------------------------- completions, errors
+
+    fn complete_send(&mut self, ctx: &mut Ctx, wqe: &SendWqe, status: WcStatus) {
+        if status == WcStatus::Success {
+            if matches!(wqe.op, SendOp::Send | SendOp::SendWithImm(_)) {
+                ctx.counters.rdma_sends += 1;
+            }
+            if !(wqe.signaled || self.init.sq_sig_all) {
+                return;
+            }
+        } else if status != WcStatus::WrFlushErr {
+            ctx.counters.send_err += 1;
+        }
+        let completion = Completion {
+            wr_id: wqe.wr_id,
+            status,
+            opcode: wqe.wc_opcode(),
+            byte_len: wqe.len,
+            imm: None,
+            qpn: self.qpn,
+        };
+        if !ctx.complete(self.init.send_cq, completion) && self.state != QpState::Err {
+            self.enter_err(ctx);
+        }
+    }
+
+    fn complete_recv(
+        &mut self,
+        ctx: &mut Ctx,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        len: u64,
+        imm: Option<u32>,
+    ) {
+        let completion = Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: u32::try_from(len).unwrap_or(u32::MAX),
+            imm,
+            qpn: self.qpn,
+        };
+        if !ctx.complete(self.init.recv_cq, completion) && self.state != QpState::Err {
+            self.enter_err(ctx);
+        }
+    }
+
+    /// Completes the oldest send request with `status` and moves the QP to ERR.
+    fn fail_front(&mut self, ctx: &mut Ctx, status: WcStatus) {
+        if let Some(wqe) = self.sq.pop_front() {
+            self.complete_send(ctx, &wqe, status);
+        }
+        self.enter_err(ctx);
+    }
+
+    /// Enters ERR: every outstanding request completes with a flush error. A NAK already
+    /// queued is still sent.
+    fn enter_err(&mut self, ctx: &mut Ctx) {
+        self.state = QpState::Err;
+        self.retransmit_at = None;
+        self.rnr_wait_until = None;
+        while let Some(wqe) = self.sq.pop_front() {
+            self.complete_send(ctx, &wqe, WcStatus::WrFlushErr);
+        }
+        self.req_index = 0;
+        self.req_pkt = 0;
+        if let Some(InMsg::Send { wqe, .. }) = self.in_msg.take() {
+            self.rq.push_front(wqe);
+        }
+        while let Some(wqe) = self.rq.pop_front() {
+            self.complete_recv(
+                ctx,
+                wqe.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+                None,
+            );
+        }
+        self.responses.retain(|r| {
+            matches!(
+                r,
+                Response::Ack {
+                    syndrome: Syndrome::Nak(_),
+                    ..
+                }
+            )
+        });
+        self.resources.clear();
+    }
+
+    // ---------------------------------------------------------------- requester
+
+    /// Work requests started ahead of index `upto` that are READs or atomics.
+    fn reads_outstanding(&self, upto: usize) -> usize {
+        self.sq
+            .iter()
+            .take(upto)
+            .filter(|w| w.op.is_read_or_atomic())
+            .count()
+    }
+
+    /// Builds the next request packet into `buf`, if one may be sent now.
+    fn next_request(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if self.state != QpState::Rts {
+            return None;
+        }
+        if let Some(until) = self.rnr_wait_until {
+            if now < until {
+                return None;
+            }
+            self.rnr_wait_until = None;
+        }
+        let index = self.req_index;
+        let wqe = self.sq.get(index)?;
+        if let Some(status) = wqe.fault {
+            // Local errors surface in order, when the request is the oldest.
+            if index == 0 {
+                self.fail_front(ctx, status);
+            }
+            return None;
+        }
+        if self.is_rc() {
+            if self.comp_psn.steps_to(self.req_psn) >= MAX_UNACKED_PSNS {
+                return None;
+            }
+            if self.req_pkt == 0 {
+                let outstanding = self.reads_outstanding(index);
+                if wqe.op.is_read_or_atomic()
+                    && outstanding >= usize::from(self.max_rd_atomic.max(1))
+                {
+                    return None;
+                }
+                if wqe.fence && outstanding > 0 {
+                    return None;
+                }
+            }
+        }
+        let mtu = self.mtu;
+        let transport = self.transport();
+        let wqe = &mut self.sq[index];
+        if !wqe.started {
+            wqe.started = true;
+            wqe.first_psn = self.req_psn;
+        }
+        let k = self.req_pkt;
+        let psn = self.req_psn;
+        let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
+        let (repr, consumed, payload_at) = match wqe.op {
+            SendOp::Read(remote) => {
+                wqe.resp_started = false;
+                let done = u64::from(k) * u64::from(mtu);
+                bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+                bth.ack_req = true;
+                let mut repr = PacketRepr::new(bth);
+                repr.reth = Some(Reth {
+                    va: remote.va.wrapping_add(done),
+                    rkey: remote.rkey,
+                    len: wqe.len - done as u32,
+                });
+                (repr, wqe.npkts - k, None)
+            }
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => {
+                bth.opcode = Opcode::RC_COMPARE_SWAP;
+                bth.ack_req = true;
+                let mut repr = PacketRepr::new(bth);
+                repr.atomic = Some(AtomicEth {
+                    va: remote.va,
+                    rkey: remote.rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                (repr, 1, None)
+            }
+            SendOp::FetchAdd { remote, add } => {
+                bth.opcode = Opcode::RC_FETCH_ADD;
+                bth.ack_req = true;
+                let mut repr = PacketRepr::new(bth);
+                repr.atomic = Some(AtomicEth {
+                    va: remote.va,
+                    rkey: remote.rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                (repr, 1, None)
+            }
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..) => {
+                let offset = u64::from(k) * u64::from(mtu);
+                let n = (u64::from(wqe.len) - offset).min(u64::from(mtu)) as usize;
+                let first = k == 0;
+                let last = k + 1 == wqe.npkts;
+                let (is_write, imm, remote) = match wqe.op {
+                    SendOp::Send => (false, None, None),
+                    SendOp::SendWithImm(imm) => (false, Some(imm), None),
+                    SendOp::Write(r) => (true, None, Some(r)),
+                    SendOp::WriteWithImm(r, imm) => (true, Some(imm), Some(r)),
+                    _ => unreachable!("outer match"),
+                };
+                let imm = if last { imm } else { None };
+                let operation = match (is_write, first, last, imm.is_some()) {
+                    (false, true, true, false) => Operation::SendOnly,
+                    (false, true, true, true) => Operation::SendOnlyWithImmediate,
+                    (false, true, false, _) => Operation::SendFirst,
+                    (false, false, false, _) => Operation::SendMiddle,
+                    (false, false, true, false) => Operation::SendLast,
+                    (false, false, true, true) => Operation::SendLastWithImmediate,
+                    (true, true, true, false) => Operation::RdmaWriteOnly,
+                    (true, true, true, true) => Operation::RdmaWriteOnlyWithImmediate,
+                    (true, true, false, _) => Operation::RdmaWriteFirst,
+                    (true, false, false, _) => Operation::RdmaWriteMiddle,
+                    (true, false, true, false) => Operation::RdmaWriteLast,
+                    (true, false, true, true) => Operation::RdmaWriteLastWithImmediate,
+                };
+                bth.opcode = Opcode::from_parts(transport, operation)?;
+                bth.solicited = last && wqe.solicited && (!is_write || imm.is_some());
+                if transport == Transport::Rc {
+                    bth.ack_req = last || self.since_ack_req + 1 >= MAX_PKT_PER_ACK;
+                }
+                let mut repr = PacketRepr::new(bth);
+                if first {
+                    if let Some(r) = remote {
+                        repr.reth = Some(Reth {
+                            va: r.va,
+                            rkey: r.rkey,
+                            len: wqe.len,
+                        });
+                    }
+                }
+                repr.imm = imm;
+                repr.payload_len = n;
+                (repr, 1, Some(offset))
+            }
+        };
+        let header_len = repr.emit_headers(buf).ok()?;
+        let end = header_len + repr.payload_len;
+        if let Some(offset) = payload_at {
+            match &wqe.data {
+                WqeData::Segs(segs) => gather(segs, offset, &mut buf[header_len..end], mem),
+                WqeData::Inline(bytes) => {
+                    let start = offset as usize;
+                    buf[header_len..end].copy_from_slice(&bytes[start..start + repr.payload_len]);
+                }
+            }
+        }
+        let len = repr.buffer_len();
+        buf[end..len].fill(0);
+
+        if repr.bth.ack_req {
+            self.since_ack_req = 0;
+        } else {
+            self.since_ack_req += 1;
+        }
+        self.req_psn = psn.add(consumed);
+        self.req_pkt = k + consumed;
+        if self.req_pkt >= self.sq[index].npkts {
+            self.req_pkt = 0;
+            if self.is_rc() {
+                self.req_index += 1;
+            } else if let Some(wqe) = self.sq.pop_front() {
+                // UC: nothing will acknowledge it; it is done once sent.
+                self.complete_send(ctx, &wqe, WcStatus::Success);
+            }
+        }
+        if self.is_rc() && self.retransmit_at.is_none() {
+            self.retransmit_at = self.timeout.map(|t| now + t);
+        }
+        Some(len)
+    }
+
+    /// Rewinds the requester to resend from `to` (go-back-N).
+    fn rewind(&mut self, to: Psn) {
+        let index = self
+            .sq
+            .iter()
+            .position(|w| w.contains(to))
+            .or_else(|| self.sq.iter().position(|w| !w.started))
+            .unwrap_or(self.sq.len());
+        self.req_index = index;
+        self.req_pkt = match self.sq.get(index) {
+            Some(w) if w.started => w.first_psn.steps_to(to),
+            _ => 0,
+        };
+        if let Some(w) = self.sq.get_mut(index) {
+            w.resp_started = false;
+        }
+        self.req_psn = to;
+        self.since_ack_req = 0;
+    }
+
+    /// A retry after a timeout, a sequence NAK or an implied NAK: counts it, or gives up.
+    fn retry(&mut self, ctx: &mut Ctx, from: Psn) {
+        if self.retries_left == 0 {
+            ctx.counters.retry_exceeded_err += 1;
+            self.fail_front(ctx, WcStatus::RetryExcErr);
+            return;
+        }
+        self.retries_left -= 1;
+        ctx.counters.completer_retry_err += 1;
+        self.rewind(from);
+        self.retransmit_at = None;
+    }
+
+    /// Completes the SEND and WRITE requests whose packets up to `psn` are acknowledged, and
+    /// moves the completer past `psn`. A READ or atomic in the way whose PSN is covered was
+    /// answered by its peer with an ACK instead: an implied NAK, so it is retried.
+    fn ack_through(&mut self, ctx: &mut Ctx, psn: Psn) {
+        let mut progressed = false;
+        while let Some(front) = self.sq.front() {
+            if !front.started || psn.precedes(front.first_psn) {
+                break;
+            }
+            if front.op.is_read_or_atomic() {
+                if psn.precedes(front.last_psn()) {
+                    // Inside a READ's response PSNs: those responses are counted as they come.
+                    return;
+                }
+                // The responder acknowledged a PSN at or past this request without answering
+                // it: its response was lost (an implied NAK).
+                if progressed {
+                    self.comp_psn = front.first_psn;
+                }
+                self.retry(ctx, self.comp_psn);
+                return;
+            }
+            if psn.precedes(front.last_psn()) {
+                // Part of a long message: the completer moves on, the request stays.
+                break;
+            }
+            let wqe = self.sq.pop_front().expect("front exists");
+            self.req_index = self.req_index.saturating_sub(1);
+            self.complete_send(ctx, &wqe, WcStatus::Success);
+            progressed = true;
+        }
+        if self.comp_psn.precedes(psn.next()) {
+            self.comp_psn = psn.next();
+            progressed = true;
+        }
+        if progressed {
+            self.retries_left = self.retry_cnt;
+            self.rnr_left = self.rnr_retry;
+        }
+    }
+
+    fn ack_before(&mut self, ctx: &mut Ctx, psn: Psn) {
+        let prev = psn.sub(1);
+        if !prev.precedes(self.comp_psn) {
+            self.ack_through(ctx, prev);
+        }
+    }
+
+    fn rearm(&mut self, now: Instant) {
+        self.retransmit_at = if self.comp_psn != self.req_psn && self.state == QpState::Rts {
+            self.timeout.map(|t| now + t)
+        } else {
+            None
+        };
+    }
+
+    /// A response (ACK, NAK, READ response, atomic ACK) reached the requester.
+    fn handle_response(
+        &mut self,
+        now: Instant,
+        packet: &Packet<&[u8]>,
+        ctx: &mut Ctx,
+        mem: &mut dyn Memory,
+    ) {
+        let psn = packet.psn();
+        // Only PSNs that were sent and not yet completed mean anything.
+        let sent = psn.precedes(self.req_psn) && !psn.precedes(self.comp_psn);
+        if !sent || self.sq.is_empty() {
+            ctx.counters.stale_response += 1;
+            return;
+        }
+        match packet.opcode().operation() {
+            Operation::Acknowledge => {
+                let Some(aeth) = packet.aeth() else { return };
+                match aeth.syndrome {
+                    Syndrome::Ack { .. } => self.ack_through(ctx, psn),
+                    Syndrome::RnrNak(timer) => {
+                        self.ack_before(ctx, psn);
+                        ctx.counters.rcvd_rnr_err += 1;
+                        if self.state != QpState::Rts && self.state != QpState::Sqd {
+                            return;
+                        }
+                        if self.rnr_retry != 7 {
+                            if self.rnr_left == 0 {
+                                ctx.counters.retry_rnr_exceeded_err += 1;
+                                self.fail_front(ctx, WcStatus::RnrRetryExcErr);
+                                return;
+                            }
+                            self.rnr_left -= 1;
+                        }
+                        self.rewind(psn);
+                        self.rnr_wait_until = Some(now + timer.duration());
+                    }
+                    Syndrome::Nak(NakCode::PsnSequenceError) => {
+                        self.ack_before(ctx, psn);
+                        ctx.counters.rcvd_seq_err += 1;
+                        if self.state == QpState::Rts || self.state == QpState::Sqd {
+                            self.retry(ctx, psn);
+                        }
+                    }
+                    Syndrome::Nak(code) => {
+                        self.ack_before(ctx, psn);
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                            _ => WcStatus::RemOpErr,
+                        };
+                        if self.state != QpState::Err {
+                            self.fail_front(ctx, status);
+                        }
+                    }
+                    Syndrome::Reserved(_) => ctx.counters.stale_response += 1,
+                }
+            }
+            Operation::AtomicAcknowledge => {
+                self.ack_before(ctx, psn);
+                let Some(front) = self.sq.front() else { return };
+                if !front.op.is_read_or_atomic()
+                    || matches!(front.op, SendOp::Read(_))
+                    || !front.started
+                    || front.first_psn != psn
+                {
+                    ctx.counters.stale_response += 1;
+                    return;
+                }
+                let Some(ack) = packet.atomic_ack() else {
+                    return;
+                };
+                scatter(front.segs(), 0, &ack.orig.to_ne_bytes(), mem);
+                let wqe = self.sq.pop_front().expect("front exists");
+                self.req_index = self.req_index.saturating_sub(1);
+                self.comp_psn = psn.next();
+                self.retries_left = self.retry_cnt;
+                self.rnr_left = self.rnr_retry;
+                self.complete_send(ctx, &wqe, WcStatus::Success);
+            }
+            op @ (Operation::RdmaReadResponseFirst
+            | Operation::RdmaReadResponseMiddle
+            | Operation::RdmaReadResponseLast
+            | Operation::RdmaReadResponseOnly) => {
+                self.ack_before(ctx, psn);
+                if self.state == QpState::Err {
+                    return;
+                }
+                let mtu = self.mtu;
+                let Some(front) = self.sq.front_mut() else {
+                    return;
+                };
+                if !matches!(front.op, SendOp::Read(_)) || !front.contains(psn) {
+                    ctx.counters.stale_response += 1;
+                    return;
+                }
+                if psn != self.comp_psn {
+                    // An earlier response was lost: go back for it.
+                    if self.comp_psn.precedes(psn) {
+                        let from = self.comp_psn;
+                        self.retry(ctx, from);
+                    } else {
+                        ctx.counters.stale_response += 1;
+                    }
+                    return;
+                }
+                let k = front.first_psn.steps_to(psn);
+                let offset = u64::from(k) * u64::from(mtu);
+                let remaining = u64::from(front.len) - offset;
+                let payload = packet.payload();
+                let starts = matches!(
+                    op,
+                    Operation::RdmaReadResponseFirst | Operation::RdmaReadResponseOnly
+                );
+                let ends = matches!(
+                    op,
+                    Operation::RdmaReadResponseLast | Operation::RdmaReadResponseOnly
+                );
+                let len_ok = if ends {
+                    payload.len() as u64 == remaining
+                } else {
+                    payload.len() as u64 == u64::from(mtu) && remaining > u64::from(mtu)
+                };
+                if starts == front.resp_started || !len_ok {
+                    // Out of sequence, or the wrong length: the responder is confused.
+                    self.fail_front(ctx, WcStatus::BadRespErr);
+                    return;
+                }
+                front.resp_started = !ends;
+                scatter(front.segs(), offset, payload, mem);
+                self.comp_psn = psn.next();
+                self.retries_left = self.retry_cnt;
+                self.rnr_left = self.rnr_retry;
+                if ends {
+                    let wqe = self.sq.pop_front().expect("front exists");
+                    self.req_index = self.req_index.saturating_sub(1);
+                    self.complete_send(ctx, &wqe, WcStatus::Success);
+                }
+            }
+            _ => ctx.counters.opcode_err += 1,
+        }
+        self.rearm(now);
+    }
+
+    // ---------------------------------------------------------------- responder
+
+    fn push_ack(&mut self, psn: Psn) {
+        let msn = self.msn;
+        if let Some(Response::Ack {
+            psn: last,
+            syndrome: Syndrome::Ack { .. },
+            msn: m,
+        }) = self.responses.back_mut()
+        {
+            // Coalesce: a later cumulative ACK supersedes one not yet sent.
+            *last = psn;
+            *m = msn;
+            return;
+        }
+        self.responses.push_back(Response::Ack {
+            psn,
+            syndrome: Syndrome::ACK,
+            msn,
+        });
+    }
+
+    fn push_nak(&mut self, psn: Psn, code: NakCode) {
+        self.responses.push_back(Response::Ack {
+            psn,
+            syndrome: Syndrome::Nak(code),
+            msn: self.msn,
+        });
+    }
+
+    /// A request reached the responder.
+    fn handle_request(&mut self, packet: &Packet<&[u8]>, ctx: &mut Ctx, mem: &mut dyn Memory) {
+        let psn = packet.psn();
+        if !self.is_rc() {
+            self.handle_uc_request(packet, ctx, mem);
+            return;
+        }
+        let distance = self.epsn.distance_to(psn);
+        if distance > 0 {
+            ctx.counters.out_of_seq_request += 1;
+            if !self.nak_sent {
+                self.nak_sent = true;
+                self.push_nak(self.epsn, NakCode::PsnSequenceError);
+            }
+            return;
+        }
+        if distance < 0 {
+            ctx.counters.duplicate_request += 1;
+            self.handle_duplicate(packet, ctx);
+            return;
+        }
+        self.nak_sent = false;
+        if let Err(Nak(code)) = self.execute(packet, ctx, mem) {
+            match code {
+                NakCode::RemoteAccessError => ctx.counters.resp_access_err += 1,
+                _ => ctx.counters.resp_invalid_req += 1,
+            }
+            self.push_nak(psn, code);
+            self.enter_err(ctx);
+        }
+    }
+
+    /// Checks the payload length of one packet of a SEND or WRITE message.
+    fn check_len(&self, opcode: Opcode, len: usize) -> Result<(), Nak> {
+        let mtu = self.mtu as usize;
+        let ok = match (opcode.is_first(), opcode.is_last()) {
+            (_, false) => len == mtu,
+            (true, true) => len <= mtu,
+            (false, true) => len >= 1 && len <= mtu,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Nak(NakCode::InvalidRequest))
+        }
+    }
+
+    /// Executes the request at the expected PSN. For RC an `Err` is answered with its NAK
+    /// and moves the QP to ERR; `Ok` covers RNR NAKs, which are not fatal.
+    fn execute(
+        &mut self,
+        packet: &Packet<&[u8]>,
+        ctx: &mut Ctx,
+        mem: &mut dyn Memory,
+    ) -> Result<(), Nak> {
+        let opcode = packet.opcode();
+        let psn = packet.psn();
+        let op = opcode.operation();
+        let payload = packet.payload();
+        let invalid = || Nak(NakCode::InvalidRequest);
+        match op {
+            Operation::SendFirst
+            | Operation::SendMiddle
+            | Operation::SendLast
+            | Operation::SendLastWithImmediate
+            | Operation::SendOnly
+            | Operation::SendOnlyWithImmediate => {
+                match (&self.in_msg, opcode.is_first()) {
+                    (None, true) | (Some(InMsg::Send { .. }), false) => {}
+                    _ => return Err(invalid()),
+                }
+                self.check_len(opcode, payload.len())?;
+                if opcode.is_first() {
+                    let Some(wqe) = self.rq.pop_front() else {
+                        ctx.counters.send_rnr_err += 1;
+                        self.responses.push_back(Response::Ack {
+                            psn,
+                            syndrome: Syndrome::RnrNak(self.min_rnr_timer),
+                            msn: self.msn,
+                        });
+                        return Ok(());
+                    };
+                    self.in_msg = Some(InMsg::Send { wqe, offset: 0 });
+                }
+                let Some(InMsg::Send { wqe, offset }) = &mut self.in_msg else {
+                    return Err(invalid());
+                };
+                let end = *offset + payload.len() as u64;
+                if end > wqe.len || wqe.fault.is_some() {
+                    let (wr_id, status) = (wqe.wr_id, wqe.fault.unwrap_or(WcStatus::LocLenErr));
+                    self.in_msg = None;
+                    self.complete_recv(ctx, wr_id, status, WcOpcode::Recv, 0, None);
+                    return Err(invalid());
+                }
+                scatter(&wqe.segs, *offset, payload, mem);
+                *offset = end;
+                self.epsn = psn.next();
+                if opcode.is_last() {
+                    let Some(InMsg::Send { wqe, offset }) = self.in_msg.take() else {
+                        return Err(invalid());
+                    };
+                    self.msn = (self.msn + 1) & 0x00ff_ffff;
+                    ctx.counters.rdma_recvs += 1;
+                    self.complete_recv(
+                        ctx,
+                        wqe.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        offset,
+                        packet.imm(),
+                    );
+                }
+                if packet.ack_req() {
+                    self.push_ack(psn);
+                }
+                Ok(())
+            }
+            Operation::RdmaWriteFirst
+            | Operation::RdmaWriteMiddle
+            | Operation::RdmaWriteLast
+            | Operation::RdmaWriteLastWithImmediate
+            | Operation::RdmaWriteOnly
+            | Operation::RdmaWriteOnlyWithImmediate => {
+                match (&self.in_msg, opcode.is_first()) {
+                    (None, true) | (Some(InMsg::Write { .. }), false) => {}
+                    _ => return Err(invalid()),
+                }
+                self.check_len(opcode, payload.len())?;
+                let with_imm = packet.imm().is_some();
+                if with_imm && self.rq.is_empty() {
+                    ctx.counters.send_rnr_err += 1;
+                    self.responses.push_back(Response::Ack {
+                        psn,
+                        syndrome: Syndrome::RnrNak(self.min_rnr_timer),
+                        msn: self.msn,
+                    });
+                    return Ok(());
+                }
+                if opcode.is_first() {
+                    let reth = packet.reth().ok_or_else(invalid)?;
+                    if !self.access.contains(Access::REMOTE_WRITE)
+                        || u64::from(reth.len) > MAX_MESSAGE
+                    {
+                        return Err(invalid());
+                    }
+                    let target = if reth.len == 0 {
+                        None
+                    } else {
+                        let pd = self.init.pd;
+                        let found = ctx.table.check_remote(
+                            reth.rkey,
+                            pd,
+                            reth.va,
+                            reth.len.into(),
+                            Access::REMOTE_WRITE,
+                        );
+                        Some(found.map_err(|_| Nak(NakCode::RemoteAccessError))?)
+                    };
+                    self.in_msg = Some(InMsg::Write {
+                        target,
+                        written: 0,
+                        total: reth.len,
+                    });
+                }
+                let Some(InMsg::Write {
+                    target,
+                    written,
+                    total,
+                }) = &mut self.in_msg
+                else {
+                    return Err(invalid());
+                };
+                let end = u64::from(*written) + payload.len() as u64;
+                if end > u64::from(*total) || (opcode.is_last() && end != u64::from(*total)) {
+                    return Err(invalid());
+                }
+                if let Some((region, offset)) = *target {
+                    if !payload.is_empty() {
+                        mem.write(region, offset + u64::from(*written), payload);
+                    }
+                }
+                *written = end as u32;
+                let total = *total;
+                self.epsn = psn.next();
+                if opcode.is_last() {
+                    self.in_msg = None;
+                    self.msn = (self.msn + 1) & 0x00ff_ffff;
+                    if with_imm {
+                        let wqe = self.rq.pop_front().expect("checked above");
+                        self.complete_recv(
+                            ctx,
+                            wqe.wr_id,
+                            WcStatus::Success,
+                            WcOpcode::RecvRdmaWithImm,
+                            total.into(),
+                            packet.imm(),
+                        );
+                    }
+                }
+                if packet.ack_req() {
+                    self.push_ack(psn);
+                }
+                Ok(())
+            }
+            Operation::RdmaReadRequest => {
+                if self.in_msg.is_some() || !self.access.contains(Access::REMOTE_READ) {
+                    return Err(invalid());
+                }
+                let reth = packet.reth().ok_or_else(invalid)?;
+                if u64::from(reth.len) > MAX_MESSAGE {
+                    return Err(invalid());
+                }
+                let target = self.check_read(ctx, reth)?;
+                let n = reth.len.div_ceil(self.mtu).max(1);
+                self.push_resource(Resource::Read {
+                    first: psn,
+                    last: psn.add(n - 1),
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    len: reth.len,
+                });
+                self.msn = (self.msn + 1) & 0x00ff_ffff;
+                self.responses.push_back(Response::Read(ReadJob {
+                    psn,
+                    target,
+                    sent: 0,
+                    len: reth.len,
+                    msn: self.msn,
+                }));
+                self.epsn = psn.add(n);
+                Ok(())
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                if self.in_msg.is_some() || !self.access.contains(Access::REMOTE_ATOMIC) {
+                    return Err(invalid());
+                }
+                let a = packet.atomic_eth().ok_or_else(invalid)?;
+                if a.va % 8 != 0 {
+                    return Err(invalid());
+                }
+                let (region, offset) = ctx
+                    .table
+                    .check_remote(a.rkey, self.init.pd, a.va, 8, Access::REMOTE_ATOMIC)
+                    .map_err(|_| Nak(NakCode::RemoteAccessError))?;
+                let atomic = if op == Operation::CompareSwap {
+                    AtomicOp::CompareSwap {
+                        compare: a.compare,
+                        swap: a.swap_add,
+                    }
+                } else {
+                    AtomicOp::FetchAdd { add: a.swap_add }
+                };
+                let orig = mem.atomic(region, offset, atomic);
+                self.push_resource(Resource::Atomic { psn, orig });
+                self.msn = (self.msn + 1) & 0x00ff_ffff;
+                self.responses.push_back(Response::AtomicAck {
+                    psn,
+                    orig,
+                    msn: self.msn,
+                });
+                self.epsn = psn.next();
+                Ok(())
+            }
+            // Invalidation, FLUSH and ATOMIC WRITE are not implemented: refused as invalid.
+            _ => Err(invalid()),
+        }
+    }
+
+    fn check_read(&self, ctx: &Ctx, reth: Reth) -> Result<Option<(RegionId, u64)>, Nak> {
+        if reth.len == 0 {
+            return Ok(None);
+        }
+        ctx.table
+            .check_remote(
+                reth.rkey,
+                self.init.pd,
+                reth.va,
+                reth.len.into(),
+                Access::REMOTE_READ,
+            )
+            .map(Some)
+            .map_err(|_| Nak(NakCode::RemoteAccessError))
+    }
+
+    fn push_resource(&mut self, resource: Resource) {
+        let capacity = usize::from(self.max_dest_rd_atomic.max(1)).next_power_of_two();
+        while self.resources.len() >= capacity {
+            self.resources.pop_front();
+        }
+        self.resources.push_back(resource);
+    }
+
+    /// A request with a PSN already executed: re-ACK a SEND or WRITE, replay a READ or an
+    /// atomic from the resource ring, drop anything else.
+    fn handle_duplicate(&mut self, packet: &Packet<&[u8]>, ctx: &Ctx) {
+        let psn = packet.psn();
+        match packet.opcode().operation() {
+            Operation::RdmaReadRequest => {
+                let Some(reth) = packet.reth() else { return };
+                let mtu = u64::from(self.mtu);
+                let found = self.resources.iter().rev().find_map(|r| match *r {
+                    Resource::Read {
+                        first,
+                        last,
+                        va,
+                        rkey,
+                        len,
+                    } if psn.in_window(first, first.steps_to(last) + 1) => {
+                        Some((first, va, rkey, len))
+                    }
+                    _ => None,
+                });
+                let Some((first, va, rkey, len)) = found else {
+                    return;
+                };
+                let skip = u64::from(first.steps_to(psn)) * mtu;
+                let expected_va = va.wrapping_add(skip);
+                let fits = rkey == reth.rkey
+                    && reth.va == expected_va
+                    && u64::from(reth.len) + skip == u64::from(len);
+                if !fits {
+                    return;
+                }
+                // The region may have gone since: check again.
+                let Ok(target) = self.check_read(ctx, reth) else {
+                    return;
+                };
+                self.responses.push_back(Response::Read(ReadJob {
+                    psn,
+                    target,
+                    sent: 0,
+                    len: reth.len,
+                    msn: self.msn,
+                }));
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                let orig = self.resources.iter().rev().find_map(|r| match *r {
+                    Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
+                    _ => None,
+                });
+                if let Some(orig) = orig {
+                    self.responses.push_back(Response::AtomicAck {
+                        psn,
+                        orig,
+                        msn: self.msn,
+                    });
+                }
+            }
+            _ => self.push_ack(self.epsn.sub(1)),
+        }
+    }
+
+    /// UC: no ACKs; a gap or an out-of-sequence opcode abandons the message in progress.
+    fn handle_uc_request(&mut self, packet: &Packet<&[u8]>, ctx: &mut Ctx, mem: &mut dyn Memory) {
+        let psn = packet.psn();
+        let opcode = packet.opcode();
+        if psn != self.epsn {
+            ctx.counters.out_of_seq_request += 1;
+            self.abandon_uc(ctx);
+        }
+        self.epsn = psn.next();
+        if self.in_msg.is_none() && !opcode.is_first() {
+            // The rest of a message whose start was lost.
+            return;
+        }
+        let with_imm = packet.imm().is_some();
+        let needs_wqe = (opcode.is_first() && opcode.operation_is_send()) || with_imm;
+        if needs_wqe && self.rq.is_empty() && !matches!(self.in_msg, Some(InMsg::Send { .. })) {
+            ctx.counters.uc_dropped_msgs += 1;
+            self.in_msg = None;
+            return;
+        }
+        // UC reuses the RC execution, minus ACKs; failures drop the message silently.
+        let before = self.responses.len();
+        let result = self.execute(packet, ctx, mem);
+        self.responses.truncate(before);
+        if result.is_err() {
+            ctx.counters.uc_dropped_msgs += 1;
+            self.abandon_uc(ctx);
+            self.epsn = psn.next();
+        }
+    }
+
+    fn abandon_uc(&mut self, ctx: &mut Ctx) {
+        match self.in_msg.take() {
+            Some(InMsg::Send { wqe, .. }) => {
+                // The receive request is reused for the next message.
+                self.rq.push_front(wqe);
+                ctx.counters.uc_dropped_msgs += 1;
+            }
+            Some(InMsg::Write { .. }) => ctx.counters.uc_dropped_msgs += 1,
+            None => {}
+        }
+    }
+
+    /// Builds the next response packet (ACK, NAK, READ response, atomic ACK) into `buf`.
+    fn next_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
+        let response = *self.responses.front()?;
+        let mtu = self.mtu;
+        let (repr, done) = match response {
+            Response::Ack { psn, syndrome, msn } => {
+                let mut repr =
+                    PacketRepr::new(Bth::new(Opcode::RC_ACKNOWLEDGE, self.dest_qpn, psn));
+                repr.aeth = Some(Aeth { syndrome, msn });
+                (repr, true)
+            }
+            Response::AtomicAck { psn, orig, msn } => {
+                let mut repr =
+                    PacketRepr::new(Bth::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, self.dest_qpn, psn));
+                repr.aeth = Some(Aeth {
+                    syndrome: Syndrome::ACK,
+                    msn,
+                });
+                repr.atomic_ack = Some(AtomicAckEth { orig });
+                (repr, true)
+            }
+            Response::Read(job) => {
+                let offset = u64::from(job.sent) * u64::from(mtu);
+                let remaining = u64::from(job.len) - offset;
+                let n = remaining.min(u64::from(mtu)) as usize;
+                let first = job.sent == 0;
+                let last = remaining <= u64::from(mtu);
+                let opcode = match (first, last) {
+                    (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                    (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                };
+                let mut repr =
+                    PacketRepr::new(Bth::new(opcode, self.dest_qpn, job.psn.add(job.sent)));
+                if opcode.headers().contains(crate::wire::HeaderSet::AETH) {
+                    repr.aeth = Some(Aeth {
+                        syndrome: Syndrome::ACK,
+                        msn: job.msn,
+                    });
+                }
+                repr.payload_len = n;
+                let header_len = repr.emit_headers(buf).ok()?;
+                if let Some((region, at)) = job.target {
+                    mem.read(region, at + offset, &mut buf[header_len..header_len + n]);
+                }
+                buf[header_len + n..repr.buffer_len()].fill(0);
+                if let Some(Response::Read(j)) = self.responses.front_mut() {
+                    j.sent += 1;
+                }
+                if last {
+                    self.responses.pop_front();
+                }
+                return Some(repr.buffer_len());
+            }
+        };
+        let len = repr.emit(&[], buf).ok()?;
+        if done {
+            self.responses.pop_front();
+        }
+        Some(len)
+    }
+}
+
+trait OpcodeExt {
+    fn operation_is_send(self) -> bool;
+}
+
+impl OpcodeExt for Opcode {
+    fn operation_is_send(self) -> bool {
+        matches!(
+            self.operation(),
+            Operation::SendFirst
+                | Operation::SendMiddle
+                | Operation::SendLast
+                | Operation::SendLastWithImmediate
+                | Operation::SendOnly
+                | Operation::SendOnlyWithImmediate
+        )
+    }
+}
+
+/// The RoCEv2 protocol engine of one local address: its queue pairs, completion queues and
+/// memory regions. See the module documentation for how to drive it.
+pub struct Engine {
+    ctx: Ctx,
+    qps: BTreeMap<u32, Qp>,
+    next_qpn: u32,
+    next_cq: u32,
+    next_pd: u32,
+    tx_cursor: u32,
+}
+
+impl Engine {
+    /// An engine for `config.local_ip` with no queue pairs.
+    #[must_use]
+    pub fn new(config: EngineConfig) -> Self {
+        Self {
+            ctx: Ctx {
+                local_ip: config.local_ip,
+                cqs: HashMap::new(),
+                table: MemoryTable::new(config.seed),
+                counters: Counters::default(),
+            },
+            qps: BTreeMap::new(),
+            next_qpn: 0x11,
+            next_cq: 1,
+            next_pd: 1,
+            tx_cursor: 0,
+        }
+    }
+
+    /// The local IP address.
+    #[must_use]
+    pub fn local_ip(&self) -> IpAddr {
+        self.ctx.local_ip
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn counters(&self) -> &Counters {
+        &self.ctx.counters
+    }
+
+    /// A new protection domain.
+    pub fn alloc_pd(&mut self) -> PdId {
+        let pd = PdId(self.next_pd);
+        self.next_pd += 1;
+        pd
+    }
+
+    /// Registers a region (see [`MemoryTable::register`]); the I/O layer must then make
+    /// [`RegionInfo::id`] resolve to the bytes in its [`Memory`].
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryTable::register`].
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        access: Access,
+        order: WriteOrder,
+    ) -> Result<RegionInfo, RegisterError> {
+        self.ctx.table.register(pd, va, len, access, order)
+    }
+
+    /// Deregisters a region: its keys stop working at once and the engine never touches its
+    /// bytes again. Returns it, or `None` if unknown.
+    pub fn deregister(&mut self, id: RegionId) -> Option<RegionInfo> {
+        self.ctx.table.deregister(id)
+    }
+
+    /// The region table.
+    #[must_use]
+    pub fn regions(&self) -> &MemoryTable {
+        &self.ctx.table
+    }
+
+    /// A completion queue holding up to `depth` completions.
+    pub fn create_cq(&mut self, depth: usize) -> CqId {
+        let id = CqId(self.next_cq);
+        self.next_cq += 1;
+        self.ctx.cqs.insert(
+            id,
+            Cq {
+                depth: depth.max(1),
+                entries: VecDeque::new(),
+            },
+        );
+        id
+    }
+
+    /// The next completion of `cq`, oldest first.
+    pub fn poll_completion(&mut self, cq: CqId) -> Option<Completion> {
+        self.ctx.cqs.get_mut(&cq)?.entries.pop_front()
+    }
+
+    /// A queue pair in state RESET.
+    pub fn create_qp(&mut self, init: QpInit) -> Qpn {
+        let mut qpn = Qpn::from_low_bits(self.next_qpn);
+        while self.qps.contains_key(&qpn.value()) || qpn.value() < 0x11 {
+            self.next_qpn = self.next_qpn.wrapping_add(1);
+            qpn = Qpn::from_low_bits(self.next_qpn);
+        }
+        self.next_qpn = self.next_qpn.wrapping_add(1);
+        self.qps.insert(qpn.value(), Qp::new(qpn, init));
+        qpn
+    }
+
+    /// Destroys a queue pair; packets for it are dropped from now on. Its outstanding work
+    /// requests are discarded without completions, as `ibv_destroy_qp` does.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
+        self.qps.remove(&qpn.value()).is_some()
+    }
+
+    /// A queue pair's state.
+    #[must_use]
+    pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        self.qps.get(&qpn.value()).map(|qp| qp.state)
+    }
+
+    /// The PSN a queue pair's requester will send next, and the one its responder expects.
+    #[must_use]
+    pub fn qp_psns(&self, qpn: Qpn) -> Option<(Psn, Psn)> {
+        self.qps.get(&qpn.value()).map(|qp| (qp.req_psn, qp.epsn))
+    }
+
+    /// Moves a queue pair through its states (`ibv_modify_qp`); see [`QpAttr`] for what each
+    /// transition requires.
+    ///
+    /// # Errors
+    ///
+    /// [`ModifyError`] names the unknown QP, the forbidden transition, the missing attribute
+    /// or the value out of range; the QP is unchanged.
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(ModifyError::UnknownQp(qpn))?;
+        let from = qp.state;
+        let to = attr.state.unwrap_or(from);
+        let rc = qp.is_rc();
+        let allowed = matches!(
+            (from, to),
+            (_, QpState::Reset | QpState::Err)
+                | (QpState::Reset, QpState::Init)
+                | (QpState::Init, QpState::Init | QpState::Rtr)
+                | (QpState::Rtr, QpState::Rtr | QpState::Rts)
+                | (QpState::Rts, QpState::Rts | QpState::Sqd)
+                | (QpState::Sqd, QpState::Sqd | QpState::Rts)
+        );
+        if !allowed {
+            return Err(ModifyError::InvalidTransition { from, to });
+        }
+        let need = |present: bool, name: &'static str| {
+            if present {
+                Ok(())
+            } else {
+                Err(ModifyError::Missing { to, attr: name })
+            }
+        };
+        if from != to {
+            match to {
+                QpState::Init => need(attr.access.is_some(), "access")?,
+                QpState::Rtr => {
+                    need(attr.peer.is_some(), "peer")?;
+                    need(attr.path_mtu.is_some(), "path_mtu")?;
+                    need(attr.dest_qpn.is_some(), "dest_qpn")?;
+                    need(attr.rq_psn.is_some(), "rq_psn")?;
+                    if rc {
+                        need(attr.max_dest_rd_atomic.is_some(), "max_dest_rd_atomic")?;
+                        need(attr.min_rnr_timer.is_some(), "min_rnr_timer")?;
+                    }
+                }
+                QpState::Rts if from == QpState::Rtr => {
+                    need(attr.sq_psn.is_some(), "sq_psn")?;
+                    if rc {
+                        need(attr.timeout.is_some(), "timeout")?;
+                        need(attr.retry_cnt.is_some(), "retry_cnt")?;
+                        need(attr.rnr_retry.is_some(), "rnr_retry")?;
+                        need(attr.max_rd_atomic.is_some(), "max_rd_atomic")?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let range =
+            |name: &'static str, value: Option<u8>, max: u8, expected: &'static str| match value {
+                Some(v) if v > max => Err(ModifyError::InvalidValue {
+                    attr: name,
+                    value: v.into(),
+                    expected,
+                }),
+                _ => Ok(()),
+            };
+        range("timeout", attr.timeout, 31, "0 to 31")?;
+        range("retry_cnt", attr.retry_cnt, 7, "0 to 7")?;
+        range("rnr_retry", attr.rnr_retry, 7, "0 to 7")?;
+
+        match to {
+            QpState::Reset => {
+                qp.reset();
+                return Ok(());
+            }
+            QpState::Err => {
+                if from != QpState::Err {
+                    qp.enter_err(&mut self.ctx);
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
+        if let Some(access) = attr.access {
+            qp.access = access;
+        }
+        if let Some(mtu) = attr.path_mtu {
+            qp.mtu = mtu.bytes();
+        }
+        if let Some(dest) = attr.dest_qpn {
+            qp.dest_qpn = dest;
+        }
+        if let Some(peer) = attr.peer {
+            qp.peer = Some(peer);
+        }
+        if let Some(psn) = attr.rq_psn {
+            qp.epsn = psn;
+        }
+        if let Some(psn) = attr.sq_psn {
+            qp.req_psn = psn;
+            qp.comp_psn = psn;
+        }
+        if let Some(n) = attr.max_dest_rd_atomic {
+            qp.max_dest_rd_atomic = n;
+        }
+        if let Some(n) = attr.max_rd_atomic {
+            qp.max_rd_atomic = n;
+        }
+        if let Some(timer) = attr.min_rnr_timer {
+            qp.min_rnr_timer = timer;
+        }
+        if let Some(t) = attr.timeout {
+            qp.timeout = ack_timeout(t);
+        }
+        if let Some(n) = attr.retry_cnt {
+            qp.retry_cnt = n;
+            qp.retries_left = n;
+        }
+        if let Some(n) = attr.rnr_retry {
+            qp.rnr_retry = n;
+            qp.rnr_left = n;
+        }
+        qp.state = to;
+        Ok(())
+    }
+
+    fn resolve(
+        table: &MemoryTable,
+        pd: PdId,
+        sges: &[Sge],
+        needed: Access,
+    ) -> (Vec<Seg>, u64, Option<WcStatus>) {
+        let mut segs = Vec::with_capacity(sges.len());
+        let mut total = 0u64;
+        for sge in sges {
+            total += u64::from(sge.len);
+            match table.check_local(sge.lkey, pd, sge.addr, sge.len.into(), needed) {
+                Ok((region, offset)) => segs.push(Seg {
+                    region,
+                    offset,
+                    len: sge.len,
+                }),
+                Err(_) => return (segs, total, Some(WcStatus::LocProtErr)),
+            }
+        }
+        (segs, total, None)
+    }
+
+    /// Posts a send work request (`ibv_post_send`). A bad local key or range is reported as
+    /// a `LocProtErr` completion when the request's turn comes, as verbs do; in ERR the
+    /// request completes at once with a flush error.
+    ///
+    /// # Errors
+    ///
+    /// [`PostError`] when the request cannot be queued at all.
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(PostError::UnknownQp(qpn))?;
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(PostError::InvalidState(qp.state));
+        }
+        if !qp.is_rc() && wr.op.is_read_or_atomic() {
+            return Err(PostError::Unsupported(wr.op));
+        }
+        if qp.sq.len() >= qp.init.caps.sq_depth as usize {
+            return Err(PostError::QueueFull(qp.init.caps.sq_depth));
+        }
+        let needed = if wr.op.is_read_or_atomic() {
+            Access::LOCAL_WRITE
+        } else {
+            Access::NONE
+        };
+        let (data, len, fault) = match wr.local {
+            Payload::Inline(bytes) => {
+                if bytes.len() > qp.init.caps.max_inline as usize || wr.op.is_read_or_atomic() {
+                    return Err(PostError::InlineTooLong {
+                        len: bytes.len(),
+                        max: qp.init.caps.max_inline,
+                    });
+                }
+                let len = bytes.len() as u64;
+                (WqeData::Inline(bytes), len, None)
+            }
+            Payload::Sges(sges) => {
+                let (segs, len, fault) = Self::resolve(&self.ctx.table, qp.init.pd, &sges, needed);
+                (WqeData::Segs(segs), len, fault)
+            }
+        };
+        if len > MAX_MESSAGE
+            || (matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8)
+        {
+            return Err(PostError::Length(len));
+        }
+        let len = len as u32;
+        let npkts = match wr.op {
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+            _ => len.div_ceil(qp.mtu).max(1),
+        };
+        let wqe = SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            signaled: wr.signaled,
+            fence: wr.fence,
+            solicited: wr.solicited,
+            data,
+            len,
+            npkts,
+            first_psn: Psn::default(),
+            started: false,
+            fault,
+            resp_started: false,
+        };
+        if qp.state == QpState::Err {
+            qp.complete_send(&mut self.ctx, &wqe, WcStatus::WrFlushErr);
+            return Ok(());
+        }
+        qp.sq.push_back(wqe);
+        Ok(())
+    }
+
+    /// Posts a receive work request (`ibv_post_recv`); allowed from INIT on. In ERR it
+    /// completes at once with a flush error.
+    ///
+    /// # Errors
+    ///
+    /// [`PostError`] when the request cannot be queued.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), PostError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(PostError::UnknownQp(qpn))?;
+        if qp.state == QpState::Reset {
+            return Err(PostError::InvalidState(qp.state));
+        }
+        if qp.rq.len() >= qp.init.caps.rq_depth as usize {
+            return Err(PostError::QueueFull(qp.init.caps.rq_depth));
+        }
+        let (segs, len, fault) =
+            Self::resolve(&self.ctx.table, qp.init.pd, &wr.sges, Access::LOCAL_WRITE);
+        if qp.state == QpState::Err {
+            qp.complete_recv(
+                &mut self.ctx,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+                None,
+            );
+            return Ok(());
+        }
+        qp.rq.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            segs,
+            len,
+            fault,
+        });
+        Ok(())
+    }
+
+    /// Handles one received UDP payload from `src` to local address `dst`.
+    ///
+    /// The ICRC is checked as an IPv4 packet with ID 0 and DF (what ferroce and sensor
+    /// bridges send) or as IPv6. Every drop is counted under a named counter.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        dst: IpAddr,
+        bytes: &[u8],
+        mem: &mut dyn Memory,
+    ) {
+        let counters = &mut self.ctx.counters;
+        counters.rcvd_pkts += 1;
+        let Ok(packet) = Packet::new_checked(bytes) else {
+            counters.malformed_pkts += 1;
+            return;
+        };
+        let ip = IpHeader::between(src.ip(), dst);
+        let udp = UdpHeader {
+            src_port: src.port(),
+            dst_port: ROCE_PORT,
+        };
+        if !ip.is_some_and(|ip| icrc::verify(&ip, &udp, bytes)) {
+            counters.icrc_err += 1;
+            return;
+        }
+        let opcode = packet.opcode();
+        if opcode.transport() == Transport::Cnp {
+            counters.rcvd_cnp += 1;
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(&packet.dest_qp().value()) else {
+            counters.unknown_qp += 1;
+            return;
+        };
+        if opcode.transport() != qp.transport() {
+            counters.opcode_err += 1;
+            return;
+        }
+        let pkey = packet.bth().pkey;
+        if pkey & 0x7fff != 0x7fff {
+            counters.pkey_err += 1;
+            return;
+        }
+        if qp.peer.map(|p| p.ip()) != Some(src.ip()) {
+            counters.wrong_source += 1;
+            return;
+        }
+        if opcode.is_response() {
+            if matches!(qp.state, QpState::Rts | QpState::Sqd) {
+                qp.handle_response(now, &packet, &mut self.ctx, mem);
+            } else {
+                counters.qp_state_drop += 1;
+            }
+        } else if matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            qp.handle_request(&packet, &mut self.ctx, mem);
+        } else {
+            counters.qp_state_drop += 1;
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (at least [`MAX_PACKET`] bytes), ICRC
+    /// included, and says where it goes; `None` when nothing is ready now.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        if buf.len() < MAX_PACKET || self.qps.is_empty() {
+            return None;
+        }
+        // Round-robin over the QPs, starting after the one served last.
+        let keys: Vec<u32> = self
+            .qps
+            .range(self.tx_cursor.wrapping_add(1)..)
+            .chain(self.qps.range(..=self.tx_cursor))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            let qp = self.qps.get_mut(&key).expect("key from the map");
+            let Some(peer) = qp.peer else { continue };
+            let len = qp
+                .next_response(mem, buf)
+                .or_else(|| qp.next_request(now, &mut self.ctx, mem, buf));
+            let Some(len) = len else { continue };
+            let ip = IpHeader::between(self.ctx.local_ip, peer.ip())?;
+            let udp = UdpHeader {
+                src_port: qp.src_port,
+                dst_port: peer.port(),
+            };
+            icrc::seal(&ip, &udp, &mut buf[..len]).ok()?;
+            self.tx_cursor = key;
+            self.ctx.counters.sent_pkts += 1;
+            return Some(Transmit {
+                dst: peer,
+                src_port: qp.src_port,
+                len,
+            });
+        }
+        None
+    }
+
+    /// When [`Engine::handle_timeout`] should next be called, if any timer is armed.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps
+            .values()
+            .flat_map(|qp| [qp.retransmit_at, qp.rnr_wait_until])
+            .flatten()
+            .min()
+    }
+
+    /// Runs the timers that are due at `now`: retransmission (go-back-N, or retry exhaustion)
+    /// and the end of RNR waits.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for qp in self.qps.values_mut() {
+            if qp.rnr_wait_until.is_some_and(|t| t <= now) {
+                qp.rnr_wait_until = None;
+            }
+            if qp.retransmit_at.is_some_and(|t| t <= now) {
+                qp.retransmit_at = None;
+                if qp.state == QpState::Rts && qp.comp_psn != qp.req_psn {
+                    let from = qp.comp_psn;
+                    qp.retry(&mut self.ctx, from);
+                }
+            }
+        }
+    }
+}
+
+/// An address for a peer on the RoCEv2 port.
+#[must_use]
+pub fn roce_peer(ip: IpAddr) -> SocketAddr {
+    SocketAddr::new(ip, ROCE_PORT)
+}

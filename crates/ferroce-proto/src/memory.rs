@@ -1,0 +1,574 @@
+//! Memory regions: keys, bounds and access rights — the decision, not the bytes.
+//!
+//! The table hands out random 32-bit keys, remembers each region's protection domain, address
+//! range, access rights and write order, and answers one question for every local gather list
+//! and every remote request: may these bytes be touched, and where are they? The bytes
+//! themselves live with the I/O layer, which implements [`Memory`]; the engine calls it only
+//! with ranges this table has approved, so nothing a peer sends can reach outside a region
+//! that granted it access.
+//!
+//! Checks follow IBTA Vol. 1 §10.6 and rxe (`rxe_mr.c`): the full 32-bit key must match, the
+//! protection domain must be the QP's, the requested access bit must be granted, and
+//! `va ≥ base && len ≤ region.len && va − base ≤ region.len − len`.
+
+use std::collections::HashMap;
+use std::fmt;
+
+/// Access rights of a region (the `IBV_ACCESS_*` flags ferroce implements).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u8);
+
+impl Access {
+    /// Local reads only: usable as a source of SEND and WRITE data.
+    pub const NONE: Self = Self(0);
+    /// The local NIC may write: receive buffers, READ and atomic destinations.
+    pub const LOCAL_WRITE: Self = Self(1);
+    /// Peers may RDMA WRITE into the region.
+    pub const REMOTE_WRITE: Self = Self(2);
+    /// Peers may RDMA READ from the region.
+    pub const REMOTE_READ: Self = Self(4);
+    /// Peers may run atomic operations on the region.
+    pub const REMOTE_ATOMIC: Self = Self(8);
+    /// Seed 004's `Local`: the local NIC may read and write, peers nothing.
+    pub const LOCAL: Self = Self::LOCAL_WRITE;
+    /// Seed 004's `RemoteWrite`: local access plus remote WRITE.
+    pub const REMOTE_WRITE_ONLY: Self = Self(1 | 2);
+    /// Seed 004's `Remote`: local access plus remote WRITE, READ and atomics.
+    pub const REMOTE: Self = Self(1 | 2 | 4 | 8);
+
+    /// The union of two sets of rights.
+    #[must_use]
+    pub const fn with(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+
+    /// Whether every right of `other` is granted.
+    #[must_use]
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether any remote right is granted (the region then has an rkey).
+    #[must_use]
+    pub const fn is_remote(self) -> bool {
+        self.0 & (2 | 4 | 8) != 0
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Self::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Self::REMOTE_WRITE, "REMOTE_WRITE"),
+            (Self::REMOTE_READ, "REMOTE_READ"),
+            (Self::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+        ];
+        let mut set = f.debug_set();
+        for (flag, name) in names {
+            if self.contains(flag) {
+                set.entry(&format_args!("{name}"));
+            }
+        }
+        set.finish()
+    }
+}
+
+/// Whether writes into a region must become visible in order (seed 004's write order).
+///
+/// The software engine always places data in PSN order, so both behave the same here; the
+/// value is kept so that a hardware backend can map `AnyOrder` to relaxed ordering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum WriteOrder {
+    /// Writes land in the order they were sent.
+    #[default]
+    InOrder,
+    /// Writes may land in any order (relaxed ordering).
+    AnyOrder,
+}
+
+/// A protection domain: regions and queue pairs of one domain only see each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+
+/// The table's handle for a region, passed to [`Memory`] so the I/O layer finds its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionId(pub u32);
+
+/// What the table knows about one registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// The handle the I/O layer knows the bytes by.
+    pub id: RegionId,
+    /// The protection domain.
+    pub pd: PdId,
+    /// The address peers and gather lists use for the region's first byte.
+    pub va: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Access rights.
+    pub access: Access,
+    /// Write order.
+    pub order: WriteOrder,
+    /// The key for local gather/scatter lists.
+    pub lkey: u32,
+    /// The key peers use; 0 (never valid) when no remote right is granted.
+    pub rkey: u32,
+}
+
+/// Why a region could not be registered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// `va + len` overflows the 64-bit address space.
+    #[error("region at {va:#x} of {len} bytes wraps the address space")]
+    Wraps {
+        /// The start address.
+        va: u64,
+        /// The length.
+        len: u64,
+    },
+    /// Remote access other than atomics without local write is meaningless for atomics:
+    /// IBTA requires LOCAL_WRITE with REMOTE_WRITE or REMOTE_ATOMIC.
+    #[error("remote write and atomic access need local write access too (IBTA 10.6.3.1)")]
+    RemoteWithoutLocalWrite,
+}
+
+/// Why a key and range were refused. Each maps to a remote access error NAK for a peer's
+/// request, or to a local protection error completion for a gather/scatter list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AccessFault {
+    /// No region has this key (never registered, or deregistered).
+    #[error("no region has key {0:#x}")]
+    UnknownKey(u32),
+    /// The region belongs to another protection domain.
+    #[error("key {0:#x} belongs to another protection domain")]
+    WrongPd(u32),
+    /// The region does not grant the access asked for.
+    #[error("key {key:#x} does not grant {needed:?}")]
+    NotPermitted {
+        /// The key.
+        key: u32,
+        /// The access that was needed.
+        needed: Access,
+    },
+    /// The range is not inside the region.
+    #[error("{len} bytes at {va:#x} are outside the region of key {key:#x}")]
+    OutOfBounds {
+        /// The key.
+        key: u32,
+        /// The start of the range.
+        va: u64,
+        /// The length of the range.
+        len: u64,
+    },
+}
+
+/// A small, fast, seedable generator for keys (SplitMix64). Keys need to be unpredictable to
+/// a peer that has not been told them, not cryptographically strong: a peer that guesses
+/// still only reaches regions of the QP's protection domain that grant remote access.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyRng(u64);
+
+impl KeyRng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub(crate) fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+}
+
+/// The region table: keys to regions, with their checks.
+#[derive(Debug)]
+pub struct MemoryTable {
+    regions: HashMap<RegionId, RegionInfo>,
+    by_lkey: HashMap<u32, RegionId>,
+    by_rkey: HashMap<u32, RegionId>,
+    next_id: u32,
+    rng: KeyRng,
+}
+
+impl MemoryTable {
+    /// An empty table whose keys come from a generator seeded with `seed`.
+    #[must_use]
+    pub fn new(seed: u64) -> Self {
+        Self {
+            regions: HashMap::new(),
+            by_lkey: HashMap::new(),
+            by_rkey: HashMap::new(),
+            next_id: 1,
+            rng: KeyRng::new(seed),
+        }
+    }
+
+    fn fresh_key(&mut self) -> u32 {
+        loop {
+            let key = self.rng.next_u32();
+            if key != 0 && !self.by_lkey.contains_key(&key) && !self.by_rkey.contains_key(&key) {
+                return key;
+            }
+        }
+    }
+
+    /// Registers `len` bytes that the I/O layer will find as region id returned, addressed
+    /// by peers and gather lists from `va`.
+    ///
+    /// # Errors
+    ///
+    /// [`RegisterError::Wraps`] when the range overflows, and
+    /// [`RegisterError::RemoteWithoutLocalWrite`] for remote write or atomic rights without
+    /// local write.
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        access: Access,
+        order: WriteOrder,
+    ) -> Result<RegionInfo, RegisterError> {
+        if va.checked_add(len).is_none() {
+            return Err(RegisterError::Wraps { va, len });
+        }
+        let needs_local = Access::REMOTE_WRITE.with(Access::REMOTE_ATOMIC);
+        if access.0 & needs_local.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
+            return Err(RegisterError::RemoteWithoutLocalWrite);
+        }
+        let id = RegionId(self.next_id);
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        let lkey = self.fresh_key();
+        self.by_lkey.insert(lkey, id);
+        let rkey = if access.is_remote() {
+            let rkey = self.fresh_key();
+            self.by_rkey.insert(rkey, id);
+            rkey
+        } else {
+            0
+        };
+        let info = RegionInfo {
+            id,
+            pd,
+            va,
+            len,
+            access,
+            order,
+            lkey,
+            rkey,
+        };
+        self.regions.insert(id, info);
+        Ok(info)
+    }
+
+    /// Removes a region: its keys stop working at once. Returns what it was, or `None` if
+    /// the id is unknown.
+    pub fn deregister(&mut self, id: RegionId) -> Option<RegionInfo> {
+        let info = self.regions.remove(&id)?;
+        self.by_lkey.remove(&info.lkey);
+        if info.rkey != 0 {
+            self.by_rkey.remove(&info.rkey);
+        }
+        Some(info)
+    }
+
+    /// The region with this id.
+    #[must_use]
+    pub fn get(&self, id: RegionId) -> Option<&RegionInfo> {
+        self.regions.get(&id)
+    }
+
+    /// How many regions are registered.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Whether no region is registered.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.regions.is_empty()
+    }
+
+    fn check(
+        info: &RegionInfo,
+        key: u32,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<(RegionId, u64), AccessFault> {
+        if info.pd != pd {
+            return Err(AccessFault::WrongPd(key));
+        }
+        if !info.access.contains(needed) {
+            return Err(AccessFault::NotPermitted { key, needed });
+        }
+        let inside = va >= info.va && len <= info.len && va - info.va <= info.len - len;
+        if !inside {
+            return Err(AccessFault::OutOfBounds { key, va, len });
+        }
+        Ok((info.id, va - info.va))
+    }
+
+    /// Checks a peer's request: `len` bytes at `va` under `rkey`, needing `needed` (one of
+    /// the remote rights). Returns the region and the offset of `va` in it.
+    ///
+    /// # Errors
+    ///
+    /// An [`AccessFault`] saying which check failed.
+    pub fn check_remote(
+        &self,
+        rkey: u32,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<(RegionId, u64), AccessFault> {
+        let id = self
+            .by_rkey
+            .get(&rkey)
+            .ok_or(AccessFault::UnknownKey(rkey))?;
+        let info = self.regions.get(id).ok_or(AccessFault::UnknownKey(rkey))?;
+        Self::check(info, rkey, pd, va, len, needed)
+    }
+
+    /// Checks a local gather/scatter entry: `len` bytes at `va` under `lkey`; `needed` is
+    /// [`Access::LOCAL_WRITE`] when the NIC will write them, [`Access::NONE`] to read.
+    ///
+    /// # Errors
+    ///
+    /// An [`AccessFault`] saying which check failed.
+    pub fn check_local(
+        &self,
+        lkey: u32,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<(RegionId, u64), AccessFault> {
+        let id = self
+            .by_lkey
+            .get(&lkey)
+            .ok_or(AccessFault::UnknownKey(lkey))?;
+        let info = self.regions.get(id).ok_or(AccessFault::UnknownKey(lkey))?;
+        Self::check(info, lkey, pd, va, len, needed)
+    }
+}
+
+/// The bytes behind the regions, supplied by the I/O layer.
+///
+/// The engine calls these only with a region the [`MemoryTable`] knows and a range it has
+/// checked against that region's length, so an implementation may treat an out-of-range call
+/// as a bug; it must still not corrupt memory (slice indexing that panics is acceptable).
+pub trait Memory {
+    /// Copies `out.len()` bytes from `offset` of the region into `out`.
+    fn read(&self, region: RegionId, offset: u64, out: &mut [u8]);
+    /// Copies `data` into the region at `offset`.
+    fn write(&mut self, region: RegionId, offset: u64, data: &[u8]);
+    /// Atomically reads the 8-byte host-endian value at `offset` (8-aligned in the region's
+    /// address space), applies `op`, writes the result and returns the original value.
+    fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64;
+}
+
+/// An atomic operation on an 8-byte target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Store `swap` if the target equals `compare`.
+    CompareSwap {
+        /// The value to compare with.
+        compare: u64,
+        /// The value to store.
+        swap: u64,
+    },
+    /// Add `add`, wrapping.
+    FetchAdd {
+        /// The value to add.
+        add: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The new value of a target that held `old`.
+    #[must_use]
+    pub const fn apply(self, old: u64) -> u64 {
+        match self {
+            Self::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            Self::FetchAdd { add } => old.wrapping_add(add),
+        }
+    }
+}
+
+/// Regions backed by plain vectors: for tests, simulations and fuzzing.
+#[derive(Clone, Debug, Default)]
+pub struct HeapMemory {
+    regions: HashMap<RegionId, Vec<u8>>,
+}
+
+impl HeapMemory {
+    /// No regions.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Gives region `id` its bytes.
+    pub fn insert(&mut self, id: RegionId, bytes: Vec<u8>) {
+        self.regions.insert(id, bytes);
+    }
+
+    /// The bytes of region `id`.
+    #[must_use]
+    pub fn bytes(&self, id: RegionId) -> Option<&[u8]> {
+        self.regions.get(&id).map(Vec::as_slice)
+    }
+
+    /// The bytes of region `id`, writable.
+    pub fn bytes_mut(&mut self, id: RegionId) -> Option<&mut [u8]> {
+        self.regions.get_mut(&id).map(Vec::as_mut_slice)
+    }
+
+    fn range(offset: u64, len: usize) -> std::ops::Range<usize> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        start..start.saturating_add(len)
+    }
+}
+
+impl Memory for HeapMemory {
+    fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
+        let bytes = &self.regions[&region];
+        out.copy_from_slice(&bytes[Self::range(offset, out.len())]);
+    }
+
+    fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
+        let bytes = self.regions.get_mut(&region).expect("region registered");
+        bytes[Self::range(offset, data.len())].copy_from_slice(data);
+    }
+
+    fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64 {
+        let bytes = self.regions.get_mut(&region).expect("region registered");
+        let target = &mut bytes[Self::range(offset, 8)];
+        let mut word = [0; 8];
+        word.copy_from_slice(target);
+        let old = u64::from_ne_bytes(word);
+        target.copy_from_slice(&op.apply(old).to_ne_bytes());
+        old
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_bounds_access_and_pd() {
+        let mut table = MemoryTable::new(7);
+        let pd = PdId(1);
+        let r = table
+            .register(
+                pd,
+                0x1000,
+                256,
+                Access::REMOTE_WRITE_ONLY,
+                WriteOrder::InOrder,
+            )
+            .unwrap();
+        assert_ne!(r.rkey, 0);
+        assert_ne!(r.lkey, r.rkey);
+        let ok = table.check_remote(r.rkey, pd, 0x1010, 16, Access::REMOTE_WRITE);
+        assert_eq!(ok, Ok((r.id, 0x10)));
+        assert_eq!(
+            table.check_remote(r.rkey, pd, 0x10f0, 16, Access::REMOTE_WRITE),
+            Ok((r.id, 0xf0))
+        );
+        assert!(matches!(
+            table.check_remote(r.rkey, pd, 0x10f1, 16, Access::REMOTE_WRITE),
+            Err(AccessFault::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            table.check_remote(r.rkey, pd, 0xfff, 1, Access::REMOTE_WRITE),
+            Err(AccessFault::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            table.check_remote(r.rkey, pd, u64::MAX, 2, Access::REMOTE_WRITE),
+            Err(AccessFault::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            table.check_remote(r.rkey, pd, 0x1000, 8, Access::REMOTE_READ),
+            Err(AccessFault::NotPermitted { .. })
+        ));
+        assert_eq!(
+            table.check_remote(r.rkey, PdId(2), 0x1000, 8, Access::REMOTE_WRITE),
+            Err(AccessFault::WrongPd(r.rkey))
+        );
+        // The lkey is not an rkey, and vice versa.
+        assert_eq!(
+            table.check_remote(r.lkey, pd, 0x1000, 8, Access::REMOTE_WRITE),
+            Err(AccessFault::UnknownKey(r.lkey))
+        );
+        assert_eq!(
+            table.check_local(r.lkey, pd, 0x1000, 256, Access::LOCAL_WRITE),
+            Ok((r.id, 0))
+        );
+        table.deregister(r.id).unwrap();
+        assert_eq!(
+            table.check_remote(r.rkey, pd, 0x1000, 8, Access::REMOTE_WRITE),
+            Err(AccessFault::UnknownKey(r.rkey))
+        );
+    }
+
+    #[test]
+    fn local_only_regions_have_no_rkey() {
+        let mut table = MemoryTable::new(1);
+        let r = table
+            .register(PdId(0), 0, 64, Access::LOCAL, WriteOrder::AnyOrder)
+            .unwrap();
+        assert_eq!(r.rkey, 0);
+        assert_eq!(
+            table.check_remote(0, PdId(0), 0, 1, Access::REMOTE_READ),
+            Err(AccessFault::UnknownKey(0))
+        );
+        assert_eq!(
+            table.register(PdId(0), 0, 64, Access::REMOTE_WRITE, WriteOrder::InOrder),
+            Err(RegisterError::RemoteWithoutLocalWrite)
+        );
+        assert!(matches!(
+            table.register(PdId(0), u64::MAX, 2, Access::LOCAL, WriteOrder::InOrder),
+            Err(RegisterError::Wraps { .. })
+        ));
+    }
+
+    #[test]
+    fn atomics() {
+        assert_eq!(AtomicOp::FetchAdd { add: 2 }.apply(u64::MAX), 1);
+        assert_eq!(
+            AtomicOp::CompareSwap {
+                compare: 5,
+                swap: 9
+            }
+            .apply(5),
+            9
+        );
+        assert_eq!(
+            AtomicOp::CompareSwap {
+                compare: 5,
+                swap: 9
+            }
+            .apply(6),
+            6
+        );
+    }
+}

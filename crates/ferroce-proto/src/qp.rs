@@ -1,0 +1,465 @@
+//! The verbs-level vocabulary of queue pairs: types, states, attributes, work requests and
+//! completions, shared by the engine and every layer above it.
+//!
+//! Names follow `ibv_*` where users look for them (states, `WcStatus` with rdma-core's
+//! strings), in Rust's idiom otherwise.
+
+use core::fmt;
+use core::time::Duration;
+use std::net::SocketAddr;
+
+use crate::memory::{Access, PdId};
+use crate::wire::{Qpn, RnrTimer};
+use crate::Psn;
+
+/// The transport service of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable Connected: acknowledged, retransmitted, every verb.
+    Rc,
+    /// Unreliable Connected: SEND and WRITE only, no acknowledgements, no retransmission.
+    Uc,
+}
+
+/// A queue pair's state (IBTA Vol. 1 §10.3.1; `enum ibv_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Just created or reset: nothing is processed.
+    Reset,
+    /// Initialised: receive requests may be posted, nothing is processed.
+    Init,
+    /// Ready to receive: the responder runs.
+    Rtr,
+    /// Ready to send: requester and responder run.
+    Rts,
+    /// Send queue drained: no new requests start; outstanding ones finish.
+    Sqd,
+    /// Error: every outstanding work request completes with a flush error.
+    Err,
+}
+
+/// A path MTU (`enum ibv_mtu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mtu {
+    /// 256 bytes.
+    M256,
+    /// 512 bytes.
+    M512,
+    /// 1024 bytes.
+    M1024,
+    /// 2048 bytes.
+    M2048,
+    /// 4096 bytes.
+    M4096,
+}
+
+impl Mtu {
+    /// The payload bytes per packet.
+    #[must_use]
+    pub const fn bytes(self) -> u32 {
+        match self {
+            Self::M256 => 256,
+            Self::M512 => 512,
+            Self::M1024 => 1024,
+            Self::M2048 => 2048,
+            Self::M4096 => 4096,
+        }
+    }
+
+    /// The MTU of exactly `bytes`, if it is one of the five.
+    #[must_use]
+    pub const fn from_bytes(bytes: u32) -> Option<Self> {
+        match bytes {
+            256 => Some(Self::M256),
+            512 => Some(Self::M512),
+            1024 => Some(Self::M1024),
+            2048 => Some(Self::M2048),
+            4096 => Some(Self::M4096),
+            _ => None,
+        }
+    }
+
+    /// The `enum ibv_mtu` value (1 for 256 … 5 for 4096), as the out-of-band tools exchange it.
+    #[must_use]
+    pub const fn ibv_value(self) -> u8 {
+        match self {
+            Self::M256 => 1,
+            Self::M512 => 2,
+            Self::M1024 => 3,
+            Self::M2048 => 4,
+            Self::M4096 => 5,
+        }
+    }
+}
+
+/// A completion queue's handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqId(pub u32);
+
+/// The capacities of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send work requests outstanding at once.
+    pub sq_depth: u32,
+    /// Receive work requests outstanding at once.
+    pub rq_depth: u32,
+    /// The largest inline send, in bytes.
+    pub max_inline: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        Self {
+            sq_depth: 128,
+            rq_depth: 128,
+            max_inline: 400,
+        }
+    }
+}
+
+/// What a queue pair is created with (`struct ibv_qp_init_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpInit {
+    /// RC or UC.
+    pub qp_type: QpType,
+    /// The protection domain its work requests and peers' requests are checked against.
+    pub pd: PdId,
+    /// Where send completions go.
+    pub send_cq: CqId,
+    /// Where receive completions go.
+    pub recv_cq: CqId,
+    /// Queue capacities.
+    pub caps: QpCaps,
+    /// Whether every send work request completes with a CQE, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+/// Attributes for [`crate::engine::Engine::modify_qp`] (`struct ibv_qp_attr`); `None` leaves
+/// a value as it is. Each transition requires some of them, as IBTA table 90 (and Linux's
+/// `ib_modify_qp_is_ok`) says:
+///
+/// | transition | RC requires | UC requires |
+/// |---|---|---|
+/// | RESET → INIT | `access` | `access` |
+/// | INIT → RTR | `peer`, `path_mtu`, `dest_qpn`, `rq_psn`, `max_dest_rd_atomic`, `min_rnr_timer` | `peer`, `path_mtu`, `dest_qpn`, `rq_psn` |
+/// | RTR → RTS | `sq_psn`, `timeout`, `retry_cnt`, `rnr_retry`, `max_rd_atomic` | `sq_psn` |
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    /// The state to move to.
+    pub state: Option<QpState>,
+    /// Remote access the responder allows (REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC).
+    pub access: Option<Access>,
+    /// Path MTU.
+    pub path_mtu: Option<Mtu>,
+    /// The peer QP.
+    pub dest_qpn: Option<Qpn>,
+    /// The peer's address and UDP port (the address vector).
+    pub peer: Option<SocketAddr>,
+    /// The first PSN the responder expects.
+    pub rq_psn: Option<Psn>,
+    /// The first PSN the requester sends.
+    pub sq_psn: Option<Psn>,
+    /// READ and atomic requests the responder keeps for replay (rounded up to a power of 2).
+    pub max_dest_rd_atomic: Option<u8>,
+    /// READ and atomic requests the requester keeps outstanding.
+    pub max_rd_atomic: Option<u8>,
+    /// The RNR timer the responder asks the requester to wait.
+    pub min_rnr_timer: Option<RnrTimer>,
+    /// Local ACK timeout: 4.096 µs × 2^timeout; 0 waits forever. At most 31.
+    pub timeout: Option<u8>,
+    /// Retries after a timeout or sequence NAK, 0–7 (7 means seven, as IBTA says).
+    pub retry_cnt: Option<u8>,
+    /// Retries after an RNR NAK, 0–7; 7 means retry forever.
+    pub rnr_retry: Option<u8>,
+}
+
+/// The local ACK timeout for an `ibv_qp_attr.timeout` value: 4.096 µs × 2^`timeout`, or
+/// `None` (wait forever) for 0.
+#[must_use]
+pub fn ack_timeout(timeout: u8) -> Option<Duration> {
+    if timeout == 0 {
+        None
+    } else {
+        Some(Duration::from_nanos(4096u64 << timeout.min(31)))
+    }
+}
+
+/// Why a queue pair could not be modified.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModifyError {
+    /// No queue pair has this number.
+    #[error("no queue pair {0}")]
+    UnknownQp(Qpn),
+    /// IBTA does not allow this transition.
+    #[error("cannot move a queue pair from {from:?} to {to:?}")]
+    InvalidTransition {
+        /// The current state.
+        from: QpState,
+        /// The state asked for.
+        to: QpState,
+    },
+    /// The transition needs an attribute that was not given.
+    #[error("moving to {to:?} needs the {attr} attribute")]
+    Missing {
+        /// The state asked for.
+        to: QpState,
+        /// The attribute's name in `QpAttr`.
+        attr: &'static str,
+    },
+    /// An attribute's value is out of range.
+    #[error("{attr} = {value} is out of range ({expected})")]
+    InvalidValue {
+        /// The attribute.
+        attr: &'static str,
+        /// The value given.
+        value: u64,
+        /// What is allowed.
+        expected: &'static str,
+    },
+}
+
+/// One entry of a gather or scatter list: `len` bytes at `addr` of the region with `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Start address, in the region's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The region's local key.
+    pub lkey: u32,
+}
+
+/// A remote buffer: an address in the peer's region and the key that grants it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteAddr {
+    /// The peer's virtual address.
+    pub va: u64,
+    /// The peer's remote key.
+    pub rkey: u32,
+}
+
+/// The operation of a send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND: consumes a receive request at the peer.
+    Send,
+    /// SEND with 4 bytes of immediate data.
+    SendWithImm(u32),
+    /// RDMA WRITE into the peer's memory.
+    Write(RemoteAddr),
+    /// RDMA WRITE, then immediate data that consumes a receive request at the peer.
+    WriteWithImm(RemoteAddr, u32),
+    /// RDMA READ from the peer's memory into the local scatter list (RC only).
+    Read(RemoteAddr),
+    /// 8-byte compare-and-swap; the original value lands in the local 8-byte entry (RC only).
+    CompareSwap {
+        /// The 8-byte, 8-aligned target.
+        remote: RemoteAddr,
+        /// The value to compare with.
+        compare: u64,
+        /// The value to store when equal.
+        swap: u64,
+    },
+    /// 8-byte fetch-and-add; the original value lands in the local 8-byte entry (RC only).
+    FetchAdd {
+        /// The 8-byte, 8-aligned target.
+        remote: RemoteAddr,
+        /// The value to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// Whether the operation reads from the peer (READ, atomics): it needs a responder
+    /// resource and a read/atomic credit.
+    #[must_use]
+    pub const fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            Self::Read(_) | Self::CompareSwap { .. } | Self::FetchAdd { .. }
+        )
+    }
+}
+
+/// Where a send work request's local bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// A gather list (for SEND and WRITE) or a scatter list (for READ and atomics).
+    Sges(Vec<Sge>),
+    /// Bytes copied at post time (`IBV_SEND_INLINE`), at most the QP's `max_inline`.
+    Inline(Vec<u8>),
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// The local bytes.
+    pub local: Payload,
+    /// Whether it completes with a CQE on success (`IBV_SEND_SIGNALED`).
+    pub signaled: bool,
+    /// Wait for earlier READ and atomic requests to finish first (`IBV_SEND_FENCE`).
+    pub fence: bool,
+    /// Ask the peer for a solicited event (`IBV_SEND_SOLICITED`).
+    pub solicited: bool,
+}
+
+impl SendWr {
+    /// A signaled request with no fence or solicited event.
+    #[must_use]
+    pub fn new(wr_id: u64, op: SendOp, local: Payload) -> Self {
+        Self {
+            wr_id,
+            op,
+            local,
+            signaled: true,
+            fence: false,
+            solicited: false,
+        }
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming SEND's bytes go.
+    pub sges: Vec<Sge>,
+}
+
+/// Why a work request could not be posted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostError {
+    /// No queue pair has this number.
+    #[error("no queue pair {0}")]
+    UnknownQp(Qpn),
+    /// The queue pair's state does not accept this kind of request.
+    #[error("a queue pair in state {0:?} does not accept this request")]
+    InvalidState(QpState),
+    /// The queue is full; wait for completions.
+    #[error("the queue is full ({0} outstanding)")]
+    QueueFull(u32),
+    /// The operation does not exist on this transport (READ or atomics on UC).
+    #[error("{0:?} is not supported on a UC queue pair")]
+    Unsupported(SendOp),
+    /// The inline data is longer than `max_inline`.
+    #[error("{len} inline bytes exceed max_inline {max}")]
+    InlineTooLong {
+        /// The bytes given.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// The message is longer than 2^31 bytes, or an atomic's local entry is not 8 bytes.
+    #[error("bad length {0}")]
+    Length(u64),
+}
+
+/// The status of a completion (`enum ibv_wc_status`); `Display` prints rdma-core's string
+/// (`ibv_wc_status_str`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// The request completed.
+    Success,
+    /// A message was longer than the receive buffer, or a length was wrong.
+    LocLenErr,
+    /// The local queue pair hit an internal inconsistency.
+    LocQpOpErr,
+    /// A local key, range or access right was wrong.
+    LocProtErr,
+    /// The queue pair entered the error state before this request completed.
+    WrFlushErr,
+    /// The responder's answer made no sense.
+    BadRespErr,
+    /// The responder refused the request as invalid (NAK code 1).
+    RemInvReqErr,
+    /// The responder refused the key, range or access (NAK code 2).
+    RemAccessErr,
+    /// The responder failed to execute the request (NAK code 3).
+    RemOpErr,
+    /// No acknowledgement came after `retry_cnt` retries.
+    RetryExcErr,
+    /// The responder stayed not ready after `rnr_retry` retries.
+    RnrRetryExcErr,
+}
+
+impl WcStatus {
+    /// The `enum ibv_wc_status` value.
+    #[must_use]
+    pub const fn ibv_value(self) -> u32 {
+        match self {
+            Self::Success => 0,
+            Self::LocLenErr => 1,
+            Self::LocQpOpErr => 2,
+            Self::LocProtErr => 4,
+            Self::WrFlushErr => 5,
+            Self::BadRespErr => 8,
+            Self::RemInvReqErr => 9,
+            Self::RemAccessErr => 10,
+            Self::RemOpErr => 11,
+            Self::RetryExcErr => 12,
+            Self::RnrRetryExcErr => 13,
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Success => "success",
+            Self::LocLenErr => "local length error",
+            Self::LocQpOpErr => "local QP operation error",
+            Self::LocProtErr => "local protection error",
+            Self::WrFlushErr => "Work Request Flushed Error",
+            Self::BadRespErr => "bad response error",
+            Self::RemInvReqErr => "remote invalid request error",
+            Self::RemAccessErr => "remote access error",
+            Self::RemOpErr => "remote operation error",
+            Self::RetryExcErr => "transport retry counter exceeded",
+            Self::RnrRetryExcErr => "RNR retry counter exceeded",
+        })
+    }
+}
+
+/// What a completion completed (`enum ibv_wc_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A SEND (with or without immediate).
+    Send,
+    /// An RDMA WRITE (with or without immediate).
+    RdmaWrite,
+    /// An RDMA READ.
+    RdmaRead,
+    /// A compare-and-swap.
+    CompSwap,
+    /// A fetch-and-add.
+    FetchAdd,
+    /// A received SEND.
+    Recv,
+    /// A received RDMA WRITE with immediate.
+    RecvRdmaWithImm,
+}
+
+/// A work completion (`struct ibv_wc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// What it was.
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions) or transferred.
+    pub byte_len: u32,
+    /// Immediate data, for receives of SEND or WRITE with immediate.
+    pub imm: Option<u32>,
+    /// The local queue pair.
+    pub qpn: Qpn,
+}

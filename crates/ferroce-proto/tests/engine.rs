@@ -1,0 +1,800 @@
+//! The RC and UC engine on a simulated fabric: one short script per path.
+
+mod fabric;
+
+use std::time::Duration;
+
+use fabric::{ConnectOptions, Fabric};
+use ferroce_proto::memory::Access;
+use ferroce_proto::qp::{
+    Completion, ModifyError, Mtu, Payload, PostError, QpAttr, QpState, QpType, RemoteAddr, SendOp,
+    SendWr, Sge, WcOpcode, WcStatus,
+};
+use ferroce_proto::wire::{NakCode, Operation, RnrTimer, Syndrome};
+use ferroce_proto::Psn;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn sge(region: &ferroce_proto::memory::RegionInfo, at: u64, len: u32) -> Payload {
+    Payload::Sges(vec![Sge {
+        addr: region.va + at,
+        len,
+        lkey: region.lkey,
+    }])
+}
+
+fn remote(region: &ferroce_proto::memory::RegionInfo, at: u64) -> RemoteAddr {
+    RemoteAddr {
+        va: region.va + at,
+        rkey: region.rkey,
+    }
+}
+
+fn only(completions: &[Completion]) -> Completion {
+    assert_eq!(completions.len(), 1, "{completions:?}");
+    completions[0]
+}
+
+#[test]
+fn send_recv_single_and_multi_packet() {
+    let mut f = Fabric::new(2, 1);
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 8192, Access::LOCAL, 0);
+    let dst = f.region(1, 8192, Access::LOCAL, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, 3));
+    f.post_recv(1, qb, 100, &dst, 0, 64);
+    f.post_recv(1, qb, 101, &dst, 64, 8000);
+    let engine = &mut f.nodes[0].engine;
+    engine
+        .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 64)))
+        .unwrap();
+    engine
+        .post_send(
+            qa,
+            SendWr::new(2, SendOp::SendWithImm(0xdead_beef), sge(&src, 64, 5000)),
+        )
+        .unwrap();
+    f.run();
+
+    let sent = f.completions(0);
+    assert_eq!(
+        sent.iter()
+            .map(|c| (c.wr_id, c.status, c.opcode))
+            .collect::<Vec<_>>(),
+        [
+            (1, WcStatus::Success, WcOpcode::Send),
+            (2, WcStatus::Success, WcOpcode::Send),
+        ]
+    );
+    let recvd = f.completions(1);
+    assert_eq!(recvd.len(), 2);
+    assert_eq!(
+        (recvd[0].wr_id, recvd[0].byte_len, recvd[0].imm),
+        (100, 64, None)
+    );
+    assert_eq!(
+        (recvd[1].wr_id, recvd[1].byte_len, recvd[1].imm),
+        (101, 5000, Some(0xdead_beef))
+    );
+    assert!(
+        f.bytes(1, &dst)[..5064] == pattern(8192, 3)[..5064],
+        "bytes differ"
+    );
+    assert_eq!(f.nodes[1].engine.counters().rdma_recvs, 2);
+    // 1 + 5 packets, each MTU-sized but the last.
+    assert_eq!(f.nodes[0].engine.counters().sent_pkts, 6);
+}
+
+#[test]
+fn write_with_and_without_immediate_and_inline() {
+    let mut f = Fabric::new(2, 2);
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 70_000, Access::LOCAL, 0);
+    let dst = f.region(1, 70_000, Access::REMOTE, 0xee);
+    let recv = f.region(1, 16, Access::LOCAL, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(70_000, 9));
+    f.post_recv(1, qb, 7, &recv, 0, 16);
+    let engine = &mut f.nodes[0].engine;
+    engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 100)), sge(&src, 0, 65_536)),
+        )
+        .unwrap();
+    engine
+        .post_send(
+            qa,
+            SendWr::new(
+                2,
+                SendOp::WriteWithImm(remote(&dst, 65_636), 42),
+                sge(&src, 65_536, 3000),
+            ),
+        )
+        .unwrap();
+    engine
+        .post_send(
+            qa,
+            SendWr::new(
+                3,
+                SendOp::Write(remote(&dst, 0)),
+                Payload::Inline(b"inline!".to_vec()),
+            ),
+        )
+        .unwrap();
+    f.run();
+
+    assert_eq!(
+        f.completions(0)
+            .iter()
+            .map(|c| c.status)
+            .collect::<Vec<_>>(),
+        [WcStatus::Success; 3]
+    );
+    let c = only(&f.completions(1));
+    assert_eq!(
+        (c.wr_id, c.opcode, c.byte_len, c.imm),
+        (7, WcOpcode::RecvRdmaWithImm, 3000, Some(42))
+    );
+    let got = f.bytes(1, &dst);
+    assert_eq!(&got[..7], b"inline!");
+    assert!(
+        got[7..100].iter().all(|&b| b == 0xee),
+        "bytes outside the writes are untouched"
+    );
+    assert!(
+        got[100..100 + 68_536] == pattern(70_000, 9)[..68_536],
+        "bytes differ"
+    );
+    assert!(got[68_636..].iter().all(|&b| b == 0xee));
+}
+
+#[test]
+fn read_and_atomics() {
+    let mut f = Fabric::new(2, 3);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let local = f.region(0, 16_384, Access::LOCAL, 0);
+    let target = f.region(1, 16_384, Access::REMOTE, 0);
+    f.bytes_mut(1, &target)
+        .copy_from_slice(&pattern(16_384, 77));
+    f.bytes_mut(1, &target)[..8].copy_from_slice(&5u64.to_ne_bytes());
+    let engine = &mut f.nodes[0].engine;
+    engine
+        .post_send(
+            qa,
+            SendWr::new(
+                1,
+                SendOp::Read(remote(&target, 100)),
+                sge(&local, 100, 10_000),
+            ),
+        )
+        .unwrap();
+    engine
+        .post_send(
+            qa,
+            SendWr::new(
+                2,
+                SendOp::FetchAdd {
+                    remote: remote(&target, 0),
+                    add: 10,
+                },
+                sge(&local, 0, 8),
+            ),
+        )
+        .unwrap();
+    engine
+        .post_send(
+            qa,
+            SendWr::new(
+                3,
+                SendOp::CompareSwap {
+                    remote: remote(&target, 0),
+                    compare: 15,
+                    swap: 99,
+                },
+                sge(&local, 8, 8),
+            ),
+        )
+        .unwrap();
+    engine
+        .post_send(
+            qa,
+            SendWr::new(4, SendOp::Read(remote(&target, 0)), sge(&local, 16, 0)),
+        )
+        .unwrap();
+    f.run();
+
+    let done = f.completions(0);
+    assert_eq!(
+        done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success),
+            (4, WcStatus::Success),
+        ]
+    );
+    assert_eq!(done[1].opcode, WcOpcode::FetchAdd);
+    let local_bytes = f.bytes(0, &local);
+    assert!(
+        local_bytes[100..10_100] == pattern(16_384, 77)[100..10_100],
+        "bytes differ"
+    );
+    assert_eq!(u64::from_ne_bytes(local_bytes[..8].try_into().unwrap()), 5);
+    assert_eq!(
+        u64::from_ne_bytes(local_bytes[8..16].try_into().unwrap()),
+        15
+    );
+    assert_eq!(
+        u64::from_ne_bytes(f.bytes(1, &target)[..8].try_into().unwrap()),
+        99
+    );
+}
+
+#[test]
+fn remote_access_error_naks_flushes_and_writes_nothing() {
+    let mut f = Fabric::new(2, 4);
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 4096, Access::LOCAL, 1);
+    let dst = f.region(1, 4096, Access::REMOTE, 0);
+    let readonly = f.region(1, 4096, Access::LOCAL.with(Access::REMOTE_READ), 0);
+    let recv = f.region(1, 64, Access::LOCAL, 0);
+    f.post_recv(1, qb, 50, &recv, 0, 64);
+    let engine = &mut f.nodes[0].engine;
+    // A wrong key, then a range past the end, then a region that does not grant writes.
+    let bad_key = RemoteAddr {
+        va: dst.va,
+        rkey: dst.rkey ^ 0x5555,
+    };
+    engine
+        .post_send(qa, SendWr::new(1, SendOp::Write(bad_key), sge(&src, 0, 16)))
+        .unwrap();
+    engine
+        .post_send(
+            qa,
+            SendWr::new(2, SendOp::Write(remote(&dst, 4090)), sge(&src, 0, 16)),
+        )
+        .unwrap();
+    engine
+        .post_send(
+            qa,
+            SendWr::new(3, SendOp::Write(remote(&readonly, 0)), sge(&src, 0, 16)),
+        )
+        .unwrap();
+    f.run();
+
+    let done = f.completions(0);
+    assert_eq!(
+        done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [
+            (1, WcStatus::RemAccessErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr),
+        ]
+    );
+    assert_eq!(f.nodes[0].engine.qp_state(qa), Some(QpState::Err));
+    assert_eq!(f.nodes[1].engine.qp_state(qb), Some(QpState::Err));
+    // The responder flushed its receive request too.
+    assert_eq!(only(&f.completions(1)).status, WcStatus::WrFlushErr);
+    assert!(f.bytes(1, &dst).iter().all(|&b| b == 0));
+    assert_eq!(f.nodes[1].engine.counters().resp_access_err, 1);
+
+    // Each kind of access fault, one QP pair each.
+    for (wr, expect) in [
+        (SendOp::Write(remote(&dst, 4090)), WcStatus::RemAccessErr),
+        (SendOp::Write(remote(&readonly, 0)), WcStatus::RemAccessErr),
+        (
+            SendOp::Read(RemoteAddr {
+                va: dst.va,
+                rkey: 0,
+            }),
+            WcStatus::RemAccessErr,
+        ),
+        (
+            SendOp::FetchAdd {
+                remote: remote(&dst, 4),
+                add: 1,
+            },
+            WcStatus::RemInvReqErr,
+        ),
+    ] {
+        let (qa, _) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+        let local = if matches!(wr, SendOp::Write(_)) {
+            sge(&src, 0, 16)
+        } else {
+            sge(&src, 0, 8)
+        };
+        let local_w = f.region(0, 64, Access::LOCAL, 0);
+        let local = if matches!(wr, SendOp::Write(_)) {
+            local
+        } else {
+            sge(&local_w, 0, 8)
+        };
+        f.nodes[0]
+            .engine
+            .post_send(qa, SendWr::new(9, wr, local))
+            .unwrap();
+        f.run();
+        assert_eq!(only(&f.completions(0)).status, expect, "{wr:?}");
+        f.completions(1);
+    }
+    assert!(f.bytes(1, &dst).iter().all(|&b| b == 0));
+    assert!(f.bytes(1, &readonly).iter().all(|&b| b == 0));
+}
+
+#[test]
+fn invalid_requests_nak_and_move_both_sides_to_err() {
+    // A QP whose responder grants no remote write.
+    let mut f = Fabric::new(2, 5);
+    let opts = ConnectOptions {
+        access: Access::NONE,
+        ..ConnectOptions::default()
+    };
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 4096, Access::LOCAL, 1);
+    let dst = f.region(1, 4096, Access::REMOTE, 0);
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::RemInvReqErr);
+    assert_eq!(f.nodes[1].engine.qp_state(qb), Some(QpState::Err));
+    assert_eq!(f.nodes[1].engine.counters().resp_invalid_req, 1);
+
+    // A SEND longer than the receive buffer: invalid request, and a length error on the
+    // receive side.
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let recv = f.region(1, 100, Access::LOCAL, 0);
+    f.post_recv(1, qb, 5, &recv, 0, 100);
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(2, SendOp::Send, sge(&src, 0, 2000)))
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::RemInvReqErr);
+    let c = only(&f.completions(1));
+    assert_eq!((c.wr_id, c.status), (5, WcStatus::LocLenErr));
+}
+
+#[test]
+fn rnr_nak_then_success_when_a_receive_is_posted() {
+    let mut f = Fabric::new(2, 6);
+    let opts = ConnectOptions {
+        min_rnr_timer: RnrTimer::new(14).unwrap(),
+        ..ConnectOptions::default()
+    };
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 64, Access::LOCAL, 0x42);
+    let dst = f.region(1, 64, Access::LOCAL, 0);
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 64)))
+        .unwrap();
+    // Let the first attempt meet an empty receive queue.
+    assert!(!f.run_for(Duration::from_micros(500)));
+    assert!(f.nodes[1].engine.counters().send_rnr_err >= 1);
+    assert!(f.nodes[0].engine.counters().rcvd_rnr_err >= 1);
+    assert!(f.completions(0).is_empty());
+    f.post_recv(1, qb, 9, &dst, 0, 64);
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert_eq!(only(&f.completions(1)).byte_len, 64);
+    assert_eq!(f.bytes(1, &dst), &[0x42; 64]);
+    // Timer code 14 is 1.28 ms: the retry waited at least that long.
+    assert!(f.elapsed() >= Duration::from_micros(1280));
+}
+
+#[test]
+fn rnr_retry_exhaustion() {
+    let mut f = Fabric::new(2, 7);
+    let opts = ConnectOptions {
+        rnr_retry: 2,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 64, Access::LOCAL, 0);
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 64)))
+        .unwrap();
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(2, SendOp::Send, sge(&src, 0, 64)))
+        .unwrap();
+    f.run();
+    let done = f.completions(0);
+    assert_eq!(
+        done.iter().map(|c| c.status).collect::<Vec<_>>(),
+        [WcStatus::RnrRetryExcErr, WcStatus::WrFlushErr]
+    );
+    // The first try and two retries each met an RNR NAK.
+    assert_eq!(f.nodes[0].engine.counters().rcvd_rnr_err, 3);
+    assert_eq!(f.nodes[0].engine.counters().retry_rnr_exceeded_err, 1);
+}
+
+#[test]
+fn retry_exhaustion_against_a_silent_peer_flushes_the_rest() {
+    let mut f = Fabric::new(2, 8);
+    let opts = ConnectOptions {
+        retry_cnt: 3,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 64, Access::LOCAL, 0);
+    f.link.loss = 1.0;
+    for wr_id in 0..3 {
+        f.nodes[0]
+            .engine
+            .post_send(qa, SendWr::new(wr_id, SendOp::Send, sge(&src, 0, 64)))
+            .unwrap();
+    }
+    f.run();
+    let done = f.completions(0);
+    assert_eq!(
+        done.iter().map(|c| c.status).collect::<Vec<_>>(),
+        [
+            WcStatus::RetryExcErr,
+            WcStatus::WrFlushErr,
+            WcStatus::WrFlushErr
+        ]
+    );
+    let c = f.nodes[0].engine.counters();
+    assert_eq!((c.completer_retry_err, c.retry_exceeded_err), (3, 1));
+    // retry_cnt 3 means 3 retries after the first attempt of all three SENDs.
+    assert_eq!(c.sent_pkts, 4 * 3);
+    // 4 timeouts of 4.096 µs × 2^8 each.
+    assert!(f.elapsed() >= Duration::from_nanos(4 * 4096 * 256));
+    assert_eq!(f.nodes[0].engine.qp_state(qa), Some(QpState::Err));
+}
+
+#[test]
+fn lost_packet_gets_a_sequence_nak_and_go_back_n() {
+    let mut f = Fabric::new(2, 9);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 8192, Access::LOCAL, 0);
+    let dst = f.region(1, 8192, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, 1));
+    let mut dropped = false;
+    f.filter = Some(Box::new(move |from, p| {
+        let hit = from == 0 && !dropped && p.opcode().operation() == Operation::RdmaWriteMiddle;
+        dropped |= hit;
+        hit
+    }));
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8192)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert!(f.bytes(1, &dst) == &pattern(8192, 1)[..], "bytes differ");
+    let (a, b) = (f.nodes[0].engine.counters(), f.nodes[1].engine.counters());
+    assert_eq!(a.rcvd_seq_err, 1);
+    assert_eq!(b.out_of_seq_request, 6, "the six packets after the gap");
+    assert_eq!(b.duplicate_request, 0);
+}
+
+#[test]
+fn duplicate_read_is_replayed_and_resumes_mid_message() {
+    let mut f = Fabric::new(2, 10);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let local = f.region(0, 4096, Access::LOCAL, 0);
+    let target = f.region(1, 4096, Access::REMOTE, 0);
+    f.bytes_mut(1, &target).copy_from_slice(&pattern(4096, 5));
+    // Lose the third of four READ responses (the second MIDDLE) once: the requester asks
+    // again for the rest, and the responder replays it from its resource ring.
+    let mut middles = 0;
+    f.filter = Some(Box::new(move |from, p| {
+        if from == 1 && p.opcode().operation() == Operation::RdmaReadResponseMiddle {
+            middles += 1;
+            return middles == 2;
+        }
+        false
+    }));
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Read(remote(&target, 0)), sge(&local, 0, 4096)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert!(f.bytes(0, &local) == &pattern(4096, 5)[..], "bytes differ");
+    // The re-sent request was a duplicate the responder replayed from its resource ring.
+    assert_eq!(f.nodes[1].engine.counters().duplicate_request, 1);
+    assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 1);
+}
+
+#[test]
+fn duplicate_atomic_is_answered_from_the_saved_value() {
+    let mut f = Fabric::new(2, 11);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let local = f.region(0, 8, Access::LOCAL, 0);
+    let target = f.region(1, 8, Access::REMOTE, 0);
+    let mut dropped = false;
+    f.filter = Some(Box::new(move |from, p| {
+        let hit = from == 1 && !dropped && p.opcode().operation() == Operation::AtomicAcknowledge;
+        dropped |= hit;
+        hit
+    }));
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(
+                1,
+                SendOp::FetchAdd {
+                    remote: remote(&target, 0),
+                    add: 3,
+                },
+                sge(&local, 0, 8),
+            ),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    // Executed once, though requested twice.
+    assert_eq!(
+        u64::from_ne_bytes(f.bytes(1, &target).try_into().unwrap()),
+        3
+    );
+    assert_eq!(
+        u64::from_ne_bytes(f.bytes(0, &local).try_into().unwrap()),
+        0
+    );
+    assert_eq!(f.nodes[1].engine.counters().duplicate_request, 1);
+}
+
+#[test]
+fn psn_wraps_around_mid_message() {
+    let mut f = Fabric::new(2, 12);
+    let opts = ConnectOptions {
+        psn_a: Psn::new(0xff_fffd).unwrap(),
+        psn_b: Psn::new(0xff_ffff).unwrap(),
+        ..ConnectOptions::default()
+    };
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 10_000, Access::LOCAL, 0);
+    let dst = f.region(1, 10_000, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(10_000, 8));
+    f.link.loss = 0.1;
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 10_000)),
+        )
+        .unwrap();
+    f.nodes[1]
+        .engine
+        .post_send(
+            qb,
+            SendWr::new(2, SendOp::Read(remote(&src, 0)), sge(&dst, 0, 0)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert_eq!(only(&f.completions(1)).status, WcStatus::Success);
+    assert!(f.bytes(1, &dst) == &pattern(10_000, 8)[..], "bytes differ");
+    let (next, _) = f.nodes[0].engine.qp_psns(qa).unwrap();
+    assert_eq!(next, Psn::new(0xff_fffd).unwrap().add(10));
+}
+
+#[test]
+fn uc_gap_abandons_the_message_and_the_next_one_lands() {
+    let mut f = Fabric::new(2, 13);
+    let (qa, qb) = f.connect(0, 1, QpType::Uc, &ConnectOptions::default());
+    let src = f.region(0, 4096, Access::LOCAL, 0);
+    let dst = f.region(1, 8192, Access::LOCAL, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(4096, 2));
+    f.post_recv(1, qb, 1, &dst, 0, 4096);
+    let mut dropped = false;
+    f.filter = Some(Box::new(move |_, p| {
+        let hit = !dropped && p.opcode().operation() == Operation::SendMiddle;
+        dropped |= hit;
+        hit
+    }));
+    let engine = &mut f.nodes[0].engine;
+    engine
+        .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 4096)))
+        .unwrap();
+    engine
+        .post_send(qa, SendWr::new(2, SendOp::Send, sge(&src, 0, 3000)))
+        .unwrap();
+    assert!(matches!(
+        engine.post_send(
+            qa,
+            SendWr::new(3, SendOp::Read(remote(&dst, 0)), sge(&src, 0, 8))
+        ),
+        Err(PostError::Unsupported(_))
+    ));
+    f.run();
+    // UC completes sends once sent; nothing is acknowledged or retransmitted.
+    assert_eq!(f.completions(0).len(), 2);
+    assert_eq!(f.nodes[1].engine.counters().sent_pkts, 0);
+    // The first message was abandoned; its receive request took the second message.
+    let c = only(&f.completions(1));
+    assert_eq!((c.wr_id, c.byte_len), (1, 3000));
+    assert!(
+        f.bytes(1, &dst)[..3000] == pattern(4096, 2)[..3000],
+        "bytes differ"
+    );
+    assert!(f.nodes[1].engine.counters().uc_dropped_msgs >= 1);
+}
+
+#[test]
+fn modify_to_err_flushes_everything() {
+    let mut f = Fabric::new(2, 14);
+    let (qa, _) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let buf = f.region(0, 64, Access::LOCAL, 0);
+    f.post_recv(0, qa, 10, &buf, 0, 64);
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(11, SendOp::Send, sge(&buf, 0, 8)))
+        .unwrap();
+    f.nodes[0]
+        .engine
+        .modify_qp(
+            qa,
+            &QpAttr {
+                state: Some(QpState::Err),
+                ..QpAttr::default()
+            },
+        )
+        .unwrap();
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(12, SendOp::Send, sge(&buf, 0, 8)))
+        .unwrap();
+    let mut done: Vec<_> = f
+        .completions(0)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    done.sort_unstable_by_key(|d| d.0);
+    assert_eq!(
+        done,
+        [
+            (10, WcStatus::WrFlushErr),
+            (11, WcStatus::WrFlushErr),
+            (12, WcStatus::WrFlushErr)
+        ]
+    );
+}
+
+#[test]
+fn state_transitions_are_checked() {
+    let mut f = Fabric::new(2, 15);
+    let node = &mut f.nodes[0];
+    let qp = node.engine.create_qp(ferroce_proto::qp::QpInit {
+        qp_type: QpType::Rc,
+        pd: node.pd,
+        send_cq: node.cq,
+        recv_cq: node.cq,
+        caps: Default::default(),
+        sq_sig_all: false,
+    });
+    let to = |state| QpAttr {
+        state: Some(state),
+        ..QpAttr::default()
+    };
+    assert_eq!(
+        node.engine.modify_qp(qp, &to(QpState::Rts)),
+        Err(ModifyError::InvalidTransition {
+            from: QpState::Reset,
+            to: QpState::Rts
+        })
+    );
+    assert_eq!(
+        node.engine.modify_qp(qp, &to(QpState::Init)),
+        Err(ModifyError::Missing {
+            to: QpState::Init,
+            attr: "access"
+        })
+    );
+    node.engine
+        .modify_qp(
+            qp,
+            &QpAttr {
+                access: Some(Access::REMOTE),
+                ..to(QpState::Init)
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        node.engine.modify_qp(qp, &to(QpState::Rtr)),
+        Err(ModifyError::Missing {
+            to: QpState::Rtr,
+            attr: "peer"
+        })
+    );
+    let buf_err = node
+        .engine
+        .post_send(qp, SendWr::new(1, SendOp::Send, Payload::Inline(vec![1])));
+    assert_eq!(buf_err, Err(PostError::InvalidState(QpState::Init)));
+    assert!(matches!(
+        node.engine.modify_qp(
+            qp,
+            &QpAttr {
+                retry_cnt: Some(8),
+                ..QpAttr::default()
+            }
+        ),
+        Err(ModifyError::InvalidValue {
+            attr: "retry_cnt",
+            ..
+        })
+    ));
+    node.engine.modify_qp(qp, &to(QpState::Reset)).unwrap();
+    assert_eq!(node.engine.qp_state(qp), Some(QpState::Reset));
+    let _ = Mtu::M256;
+}
+
+#[test]
+fn hostile_packets_are_dropped_and_counted() {
+    let mut f = Fabric::new(3, 16);
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 64, Access::LOCAL, 7);
+    let dst = f.region(1, 64, Access::REMOTE, 0);
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 64)),
+        )
+        .unwrap();
+    // Capture the WRITE as it leaves node 0.
+    let mut buf = vec![0u8; ferroce_proto::engine::MAX_PACKET];
+    let now = f.now;
+    let node = &mut f.nodes[0];
+    let t = node.engine.poll_transmit(now, &node.mem, &mut buf).unwrap();
+    let packet = buf[..t.len].to_vec();
+    let from_a = std::net::SocketAddr::new(f.nodes[0].ip, t.src_port);
+    let from_c = std::net::SocketAddr::new(f.nodes[2].ip, t.src_port);
+    let b = &mut f.nodes[1];
+    let dst_ip = b.ip;
+
+    // From a third host: the wrong source. Its ICRC covers node 2's address, so re-seal it
+    // as node 2 would.
+    let mut spoofed = packet.clone();
+    let ip = ferroce_proto::wire::IpHeader::between(from_c.ip(), dst_ip).unwrap();
+    ferroce_proto::wire::icrc::seal(
+        &ip,
+        &ferroce_proto::wire::UdpHeader {
+            src_port: t.src_port,
+            dst_port: 4791,
+        },
+        &mut spoofed,
+    )
+    .unwrap();
+    b.engine
+        .handle_datagram(now, from_c, dst_ip, &spoofed, &mut b.mem);
+    // A flipped payload byte.
+    let mut corrupt = packet.clone();
+    corrupt[40] ^= 1;
+    b.engine
+        .handle_datagram(now, from_a, dst_ip, &corrupt, &mut b.mem);
+    // Garbage, and a truncated packet.
+    b.engine
+        .handle_datagram(now, from_a, dst_ip, &[0xff; 3], &mut b.mem);
+    b.engine
+        .handle_datagram(now, from_a, dst_ip, &packet[..20], &mut b.mem);
+    let c = b.engine.counters();
+    assert_eq!((c.wrong_source, c.icrc_err, c.malformed_pkts), (1, 1, 2));
+    assert!(b.mem.bytes(dst.id).unwrap().iter().all(|&x| x == 0));
+    // The genuine packet still lands.
+    b.engine
+        .handle_datagram(now, from_a, dst_ip, &packet, &mut b.mem);
+    assert_eq!(b.mem.bytes(dst.id).unwrap(), &[7; 64]);
+    let _ = (qb, Syndrome::ACK, NakCode::InvalidRequest);
+}
