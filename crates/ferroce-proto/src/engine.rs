@@ -34,8 +34,8 @@ use crate::qp::{
     QpType, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use crate::wire::{
-    icrc, Aeth, AtomicAckEth, AtomicEth, Bth, IpHeader, NakCode, Opcode, Operation, Packet,
-    PacketRepr, Qpn, Reth, RnrTimer, Syndrome, Transport, UdpHeader, ROCE_PORT,
+    icrc, Aeth, AtomicAckEth, AtomicEth, Bth, HeaderSet, IpHeader, NakCode, Opcode, Operation,
+    Packet, PacketRepr, Qpn, Reth, RnrTimer, Syndrome, Transport, UdpHeader, ROCE_PORT,
 };
 use crate::Psn;
 
@@ -147,8 +147,6 @@ struct SendWqe {
     started: bool,
     /// A local error found at post time, reported when the request reaches the front.
     fault: Option<WcStatus>,
-    /// For a READ: whether a response of the current request has arrived.
-    resp_started: bool,
 }
 
 impl SendWqe {
@@ -215,16 +213,28 @@ enum Resource {
     },
 }
 
-#[derive(Clone, Copy, Debug)]
+/// Where a READ response's bytes come from.
+#[derive(Clone, Debug)]
+enum ReadSource {
+    /// A zero-length READ.
+    Empty,
+    /// Registered memory, read as each response packet is built.
+    Region(RegionId, u64),
+    /// A copy of the bytes not yet sent, taken when a later request was about to change
+    /// memory (see [`Qp::snapshot_reads`]).
+    Copied(Vec<u8>),
+}
+
+#[derive(Clone, Debug)]
 struct ReadJob {
     psn: Psn,
-    target: Option<(RegionId, u64)>,
+    source: ReadSource,
     sent: u32,
     len: u32,
     msn: u32,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Response {
     Ack {
         psn: Psn,
@@ -524,7 +534,6 @@ impl Qp {
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
         let (repr, consumed, payload_at) = match wqe.op {
             SendOp::Read(remote) => {
-                wqe.resp_started = false;
                 let done = u64::from(k) * u64::from(mtu);
                 bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
                 bth.ack_req = true;
@@ -649,21 +658,20 @@ impl Qp {
 
     /// Rewinds the requester to resend from `to` (go-back-N).
     fn rewind(&mut self, to: Psn) {
+        // The request holding `to`, or else the first one after it (which restarts whole).
         let index = self
             .sq
             .iter()
-            .position(|w| w.contains(to))
-            .or_else(|| self.sq.iter().position(|w| !w.started))
+            .position(|w| w.contains(to) || !w.started || to.precedes(w.first_psn))
             .unwrap_or(self.sq.len());
-        self.req_index = index;
-        self.req_pkt = match self.sq.get(index) {
-            Some(w) if w.started => w.first_psn.steps_to(to),
-            _ => 0,
+        let (pkt, psn) = match self.sq.get(index) {
+            Some(w) if w.contains(to) => (w.first_psn.steps_to(to), to),
+            Some(w) if w.started => (0, w.first_psn),
+            _ => (0, to),
         };
-        if let Some(w) = self.sq.get_mut(index) {
-            w.resp_started = false;
-        }
-        self.req_psn = to;
+        self.req_index = index;
+        self.req_pkt = pkt;
+        self.req_psn = psn;
         self.since_ack_req = 0;
     }
 
@@ -708,6 +716,10 @@ impl Qp {
             }
             let wqe = self.sq.pop_front().expect("front exists");
             self.req_index = self.req_index.saturating_sub(1);
+            let after = wqe.last_psn().next();
+            if self.comp_psn.precedes(after) {
+                self.comp_psn = after;
+            }
             self.complete_send(ctx, &wqe, WcStatus::Success);
             progressed = true;
         }
@@ -845,11 +857,11 @@ impl Qp {
                 let k = front.first_psn.steps_to(psn);
                 let offset = u64::from(k) * u64::from(mtu);
                 let remaining = u64::from(front.len) - offset;
+                // The PSN fixes the offset. Whether the packet says FIRST or MIDDLE depends on
+                // which request (the original or a retry) it answers, so only its length and
+                // whether it ends the message are checked. Anything else is dropped; the
+                // retransmission timer recovers.
                 let payload = packet.payload();
-                let starts = matches!(
-                    op,
-                    Operation::RdmaReadResponseFirst | Operation::RdmaReadResponseOnly
-                );
                 let ends = matches!(
                     op,
                     Operation::RdmaReadResponseLast | Operation::RdmaReadResponseOnly
@@ -859,12 +871,10 @@ impl Qp {
                 } else {
                     payload.len() as u64 == u64::from(mtu) && remaining > u64::from(mtu)
                 };
-                if starts == front.resp_started || !len_ok {
-                    // Out of sequence, or the wrong length: the responder is confused.
-                    self.fail_front(ctx, WcStatus::BadRespErr);
+                if !len_ok {
+                    ctx.counters.stale_response += 1;
                     return;
                 }
-                front.resp_started = !ends;
                 scatter(front.segs(), offset, payload, mem);
                 self.comp_psn = psn.next();
                 self.retries_left = self.retry_cnt;
@@ -957,6 +967,27 @@ impl Qp {
         }
     }
 
+    /// Copies the unsent bytes of every queued READ response out of registered memory. A
+    /// responder executes requests in PSN order, so a READ must return memory as it was
+    /// before any later request changed it; responses are built lazily at transmit time, so
+    /// the bytes are copied only when a later request is about to write while they wait.
+    fn snapshot_reads(&mut self, mem: &dyn Memory) {
+        let mtu = u64::from(self.mtu);
+        for response in &mut self.responses {
+            if let Response::Read(job) = response {
+                if let ReadSource::Region(region, at) = job.source {
+                    let done = u64::from(job.sent) * mtu;
+                    let mut bytes = vec![0; (u64::from(job.len) - done) as usize];
+                    mem.read(region, at + done, &mut bytes);
+                    job.source = ReadSource::Copied(bytes);
+                    job.len -= done as u32;
+                    job.psn = job.psn.add(job.sent);
+                    job.sent = 0;
+                }
+            }
+        }
+    }
+
     /// Executes the request at the expected PSN. For RC an `Err` is answered with its NAK
     /// and moves the QP to ERR; `Ok` covers RNR NAKs, which are not fatal.
     fn execute(
@@ -970,6 +1001,9 @@ impl Qp {
         let op = opcode.operation();
         let payload = packet.payload();
         let invalid = || Nak(NakCode::InvalidRequest);
+        if !matches!(op, Operation::RdmaReadRequest) {
+            self.snapshot_reads(mem);
+        }
         match op {
             Operation::SendFirst
             | Operation::SendMiddle
@@ -1134,7 +1168,7 @@ impl Qp {
                 self.msn = (self.msn + 1) & 0x00ff_ffff;
                 self.responses.push_back(Response::Read(ReadJob {
                     psn,
-                    target,
+                    source: target.into(),
                     sent: 0,
                     len: reth.len,
                     msn: self.msn,
@@ -1239,7 +1273,7 @@ impl Qp {
                 };
                 self.responses.push_back(Response::Read(ReadJob {
                     psn,
-                    target,
+                    source: target.into(),
                     sent: 0,
                     len: reth.len,
                     msn: self.msn,
@@ -1307,24 +1341,26 @@ impl Qp {
 
     /// Builds the next response packet (ACK, NAK, READ response, atomic ACK) into `buf`.
     fn next_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
-        let response = *self.responses.front()?;
         let mtu = self.mtu;
-        let (repr, done) = match response {
+        let dest_qpn = self.dest_qpn;
+        let repr = match self.responses.front_mut()? {
             Response::Ack { psn, syndrome, msn } => {
-                let mut repr =
-                    PacketRepr::new(Bth::new(Opcode::RC_ACKNOWLEDGE, self.dest_qpn, psn));
-                repr.aeth = Some(Aeth { syndrome, msn });
-                (repr, true)
+                let mut repr = PacketRepr::new(Bth::new(Opcode::RC_ACKNOWLEDGE, dest_qpn, *psn));
+                repr.aeth = Some(Aeth {
+                    syndrome: *syndrome,
+                    msn: *msn,
+                });
+                repr
             }
             Response::AtomicAck { psn, orig, msn } => {
                 let mut repr =
-                    PacketRepr::new(Bth::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, self.dest_qpn, psn));
+                    PacketRepr::new(Bth::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest_qpn, *psn));
                 repr.aeth = Some(Aeth {
                     syndrome: Syndrome::ACK,
-                    msn,
+                    msn: *msn,
                 });
-                repr.atomic_ack = Some(AtomicAckEth { orig });
-                (repr, true)
+                repr.atomic_ack = Some(AtomicAckEth { orig: *orig });
+                repr
             }
             Response::Read(job) => {
                 let offset = u64::from(job.sent) * u64::from(mtu);
@@ -1338,9 +1374,8 @@ impl Qp {
                     (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
                     (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
                 };
-                let mut repr =
-                    PacketRepr::new(Bth::new(opcode, self.dest_qpn, job.psn.add(job.sent)));
-                if opcode.headers().contains(crate::wire::HeaderSet::AETH) {
+                let mut repr = PacketRepr::new(Bth::new(opcode, dest_qpn, job.psn.add(job.sent)));
+                if opcode.headers().contains(HeaderSet::AETH) {
                     repr.aeth = Some(Aeth {
                         syndrome: Syndrome::ACK,
                         msn: job.msn,
@@ -1348,13 +1383,17 @@ impl Qp {
                 }
                 repr.payload_len = n;
                 let header_len = repr.emit_headers(buf).ok()?;
-                if let Some((region, at)) = job.target {
-                    mem.read(region, at + offset, &mut buf[header_len..header_len + n]);
+                let out = &mut buf[header_len..header_len + n];
+                match &job.source {
+                    ReadSource::Empty => {}
+                    ReadSource::Region(region, at) => mem.read(*region, at + offset, out),
+                    ReadSource::Copied(bytes) => {
+                        let start = offset as usize;
+                        out.copy_from_slice(&bytes[start..start + n]);
+                    }
                 }
                 buf[header_len + n..repr.buffer_len()].fill(0);
-                if let Some(Response::Read(j)) = self.responses.front_mut() {
-                    j.sent += 1;
-                }
+                job.sent += 1;
                 if last {
                     self.responses.pop_front();
                 }
@@ -1362,10 +1401,17 @@ impl Qp {
             }
         };
         let len = repr.emit(&[], buf).ok()?;
-        if done {
-            self.responses.pop_front();
-        }
+        self.responses.pop_front();
         Some(len)
+    }
+}
+
+impl From<Option<(RegionId, u64)>> for ReadSource {
+    fn from(target: Option<(RegionId, u64)>) -> Self {
+        match target {
+            Some((region, at)) => Self::Region(region, at),
+            None => Self::Empty,
+        }
     }
 }
 
@@ -1500,6 +1546,13 @@ impl Engine {
     /// requests are discarded without completions, as `ibv_destroy_qp` does.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
         self.qps.remove(&qpn.value()).is_some()
+    }
+
+    /// A queue pair's internal state, for debugging.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn qp_debug(&self, qpn: Qpn) -> String {
+        format!("{:#?}", self.qps.get(&qpn.value()))
     }
 
     /// A queue pair's state.
@@ -1728,7 +1781,6 @@ impl Engine {
             first_psn: Psn::default(),
             started: false,
             fault,
-            resp_started: false,
         };
         if qp.state == QpState::Err {
             qp.complete_send(&mut self.ctx, &wqe, WcStatus::WrFlushErr);
