@@ -50,7 +50,7 @@ struct Faults {
 
 fn faults() -> impl Strategy<Value = Faults> {
     (
-        0.0..0.4f64,
+        0.0..0.3f64,
         0.0..0.1f64,
         0.0..0.2f64,
         0.0..0.05f64,
