@@ -1903,13 +1903,12 @@ impl Engine {
             return None;
         }
         // Round-robin over the QPs, starting after the one served last.
-        let keys: Vec<u32> = self
-            .qps
-            .range(self.tx_cursor.wrapping_add(1)..)
-            .chain(self.qps.range(..=self.tx_cursor))
-            .map(|(k, _)| *k)
-            .collect();
-        for key in keys {
+        let mut key = self.tx_cursor;
+        for _ in 0..self.qps.len() {
+            key = match self.qps.range(key.wrapping_add(1)..).next() {
+                Some((k, _)) if key != u32::MAX => *k,
+                _ => *self.qps.keys().next().expect("not empty"),
+            };
             let qp = self.qps.get_mut(&key).expect("key from the map");
             let Some(peer) = qp.peer else { continue };
             let len = qp
