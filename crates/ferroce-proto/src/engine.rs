@@ -88,41 +88,39 @@ struct Seg {
     len: u32,
 }
 
-/// Copies `out.len()` bytes starting `at` bytes into the list.
-fn gather(segs: &[Seg], mut at: u64, out: &mut [u8], mem: &dyn Memory) {
+/// The pieces of `len` bytes starting `at` bytes into a gather/scatter list: for each, the
+/// region, the offset in it, and the range of the caller's buffer it covers.
+fn pieces(
+    segs: &[Seg],
+    mut at: u64,
+    len: usize,
+) -> impl Iterator<Item = (RegionId, u64, std::ops::Range<usize>)> + '_ {
     let mut done = 0;
-    for seg in segs {
-        if done == out.len() {
-            break;
+    segs.iter().filter_map(move |seg| {
+        let seg_len = u64::from(seg.len);
+        if done == len || at >= seg_len {
+            at = at.saturating_sub(seg_len);
+            return None;
         }
-        let len = u64::from(seg.len);
-        if at >= len {
-            at -= len;
-            continue;
-        }
-        let n = ((len - at) as usize).min(out.len() - done);
-        mem.read(seg.region, seg.offset + at, &mut out[done..done + n]);
+        let n = ((seg_len - at) as usize).min(len - done);
+        let piece = (seg.region, seg.offset + at, done..done + n);
         done += n;
         at = 0;
+        Some(piece)
+    })
+}
+
+/// Copies `out.len()` bytes starting `at` bytes into the list.
+fn gather(segs: &[Seg], at: u64, out: &mut [u8], mem: &dyn Memory) {
+    for (region, offset, range) in pieces(segs, at, out.len()) {
+        mem.read(region, offset, &mut out[range]);
     }
 }
 
 /// Copies `data` into the list starting `at` bytes in.
-fn scatter(segs: &[Seg], mut at: u64, data: &[u8], mem: &mut dyn Memory) {
-    let mut done = 0;
-    for seg in segs {
-        if done == data.len() {
-            break;
-        }
-        let len = u64::from(seg.len);
-        if at >= len {
-            at -= len;
-            continue;
-        }
-        let n = ((len - at) as usize).min(data.len() - done);
-        mem.write(seg.region, seg.offset + at, &data[done..done + n]);
-        done += n;
-        at = 0;
+fn scatter(segs: &[Seg], at: u64, data: &[u8], mem: &mut dyn Memory) {
+    for (region, offset, range) in pieces(segs, at, data.len()) {
+        mem.write(region, offset, &data[range]);
     }
 }
 
@@ -1964,4 +1962,42 @@ impl Engine {
 #[must_use]
 pub fn roce_peer(ip: IpAddr) -> SocketAddr {
     SocketAddr::new(ip, ROCE_PORT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::HeapMemory;
+
+    #[test]
+    fn gather_lists_split_across_entries() {
+        let seg = |region, offset, len| Seg {
+            region: RegionId(region),
+            offset,
+            len,
+        };
+        let segs = [seg(1, 100, 10), seg(2, 0, 5), seg(3, 50, 20)];
+        let got: Vec<_> = pieces(&segs, 8, 12).collect();
+        assert_eq!(
+            got,
+            [
+                (RegionId(1), 108, 0..2),
+                (RegionId(2), 0, 2..7),
+                (RegionId(3), 50, 7..12)
+            ]
+        );
+        let got: Vec<_> = pieces(&segs, 15, 4).collect();
+        assert_eq!(got, [(RegionId(3), 50, 0..4)]);
+        assert_eq!(pieces(&segs, 0, 0).count(), 0);
+
+        let mut mem = HeapMemory::new();
+        for id in 1..=3 {
+            mem.insert(RegionId(id), vec![0; 128]);
+        }
+        scatter(&segs, 3, b"0123456789abcdefghijklmnopqrstu", &mut mem);
+        let mut out = [0u8; 31];
+        gather(&segs, 3, &mut out, &mem);
+        assert_eq!(&out, b"0123456789abcdefghijklmnopqrstu");
+        assert_eq!(&mem.bytes(RegionId(2)).unwrap()[..5], b"789ab");
+    }
 }
