@@ -6,6 +6,9 @@
 //! byte for byte except where the wire format says bits are reserved (sent as zero), the pad
 //! (sent as zero) and the ICRC (emitted as zero, then sealed). [`check_datagram`] does the
 //! same for a whole IP packet, after checking that its IP and UDP headers re-emit.
+//! [`engine::run`] drives a protocol engine with a sequence of datagrams (the `engine` target).
+
+pub mod engine;
 
 use std::net::{IpAddr, Ipv4Addr};
 

@@ -809,12 +809,17 @@ fn remote_operational_error_and_stale_responses() {
     let mut f = Fabric::new(2, 17);
     let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
     let src = f.region(0, 64, Access::LOCAL, 0);
-    f.nodes[0].engine.post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 8))).unwrap();
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 8)))
+        .unwrap();
     let mut buf = vec![0u8; ferroce_proto::engine::MAX_PACKET];
     let now = f.now;
     let node = &mut f.nodes[0];
     let sent = node.engine.poll_transmit(now, &node.mem, &mut buf).unwrap();
-    let sent_psn = ferroce_proto::wire::Packet::new_checked(&buf[..sent.len]).unwrap().psn();
+    let sent_psn = ferroce_proto::wire::Packet::new_checked(&buf[..sent.len])
+        .unwrap()
+        .psn();
 
     let (a_ip, b_ip) = (f.nodes[0].ip, f.nodes[1].ip);
     let respond = |psn: Psn, syndrome: Syndrome| {
@@ -822,19 +827,27 @@ fn remote_operational_error_and_stale_responses() {
         repr.aeth = Some(Aeth { syndrome, msn: 0 });
         let mut bytes = vec![0; repr.buffer_len()];
         repr.emit(&[], &mut bytes).unwrap();
-        let udp = UdpHeader { src_port: 0xc001, dst_port: 4791 };
+        let udp = UdpHeader {
+            src_port: 0xc001,
+            dst_port: 4791,
+        };
         icrc::seal(&IpHeader::between(b_ip, a_ip).unwrap(), &udp, &mut bytes).unwrap();
         bytes
     };
     let from_b = std::net::SocketAddr::new(b_ip, 0xc001);
     let node = &mut f.nodes[0];
-    for stale in [respond(sent_psn.add(5), Syndrome::ACK), respond(sent_psn.sub(1), Syndrome::ACK)] {
-        node.engine.handle_datagram(now, from_b, a_ip, &stale, &mut node.mem);
+    for stale in [
+        respond(sent_psn.add(5), Syndrome::ACK),
+        respond(sent_psn.sub(1), Syndrome::ACK),
+    ] {
+        node.engine
+            .handle_datagram(now, from_b, a_ip, &stale, &mut node.mem);
     }
     assert_eq!(node.engine.counters().stale_response, 2);
     assert!(node.engine.poll_completion(node.cq).is_none());
     let nak = respond(sent_psn, Syndrome::Nak(NakCode::RemoteOperationalError));
-    node.engine.handle_datagram(now, from_b, a_ip, &nak, &mut node.mem);
+    node.engine
+        .handle_datagram(now, from_b, a_ip, &nak, &mut node.mem);
     assert_eq!(only(&f.completions(0)).status, WcStatus::RemOpErr);
     assert_eq!(f.nodes[0].engine.qp_state(qa), Some(QpState::Err));
     let _ = qb;
