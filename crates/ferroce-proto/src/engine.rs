@@ -73,7 +73,9 @@ pub struct Transmit {
     pub len: usize,
 }
 
-/// The UDP source port rxe uses for a QP: 0xC000 plus 14 bits of a multiplicative hash.
+/// The UDP source port rxe uses for a QP: 0xC000 plus 14 bits of a multiplicative hash. The
+/// engine sends from its socket's port instead (a UDP socket cannot choose per packet); this
+/// is for paths that build their own UDP headers.
 #[must_use]
 pub const fn udp_source_port(qpn: Qpn) -> u16 {
     let hash = qpn.value().wrapping_mul(0x61C8_8647) >> 18;
@@ -256,6 +258,8 @@ struct Cq {
 /// Everything a queue pair's logic needs besides the queue pair itself.
 struct Ctx {
     local_ip: IpAddr,
+    /// The UDP port packets arrive on; part of their ICRC.
+    local_port: u16,
     cqs: HashMap<CqId, Cq>,
     table: MemoryTable,
     counters: Counters,
@@ -289,7 +293,6 @@ struct Qp {
     mtu: u32,
     dest_qpn: Qpn,
     peer: Option<SocketAddr>,
-    src_port: u16,
     timeout: Option<Duration>,
     retry_cnt: u8,
     rnr_retry: u8,
@@ -333,7 +336,6 @@ impl Qp {
             mtu: 1024,
             dest_qpn: Qpn::default(),
             peer: None,
-            src_port: udp_source_port(qpn),
             timeout: None,
             retry_cnt: 0,
             rnr_retry: 0,
@@ -1449,6 +1451,7 @@ impl Engine {
         Self {
             ctx: Ctx {
                 local_ip: config.local_ip,
+                local_port: ROCE_PORT,
                 cqs: HashMap::new(),
                 table: MemoryTable::new(config.seed),
                 counters: Counters::default(),
@@ -1465,6 +1468,12 @@ impl Engine {
     #[must_use]
     pub fn local_ip(&self) -> IpAddr {
         self.ctx.local_ip
+    }
+
+    /// Sets the UDP port this engine receives on (4791 unless changed). The ICRC covers the
+    /// destination port, so it must be the port peers send to.
+    pub fn set_local_port(&mut self, port: u16) {
+        self.ctx.local_port = port;
     }
 
     /// The counters.
@@ -1848,7 +1857,7 @@ impl Engine {
         let ip = IpHeader::between(src.ip(), dst);
         let udp = UdpHeader {
             src_port: src.port(),
-            dst_port: ROCE_PORT,
+            dst_port: self.ctx.local_port,
         };
         if !ip.is_some_and(|ip| icrc::verify(&ip, &udp, bytes)) {
             counters.icrc_err += 1;
@@ -1914,8 +1923,10 @@ impl Engine {
                 .or_else(|| qp.next_request(now, &mut self.ctx, mem, buf));
             let Some(len) = len else { continue };
             let ip = IpHeader::between(self.ctx.local_ip, peer.ip())?;
+            // A UDP socket sends from its own port, not the per-QP port rxe picks when it
+            // builds the IP header itself; the ICRC must cover the port actually used.
             let udp = UdpHeader {
-                src_port: qp.src_port,
+                src_port: self.ctx.local_port,
                 dst_port: peer.port(),
             };
             icrc::seal(&ip, &udp, &mut buf[..len]).ok()?;
@@ -1923,7 +1934,7 @@ impl Engine {
             self.ctx.counters.sent_pkts += 1;
             return Some(Transmit {
                 dst: peer,
-                src_port: qp.src_port,
+                src_port: self.ctx.local_port,
                 len,
             });
         }

@@ -1,13 +1,25 @@
 //! ferroce: RDMA over Converged Ethernet v2 in Rust.
 //!
-//! This crate is what applications depend on. Today it holds the pieces that sit directly on
-//! the wire layer of [`ferroce_proto`]: reading packet captures ([`capture`]) and decoding the
-//! RoCEv2 packets in them ([`decode`]), which the `ferroce decode` tool prints. The software
-//! NIC, regions, queue pairs and the faces built on them arrive on top of the protocol engine.
+//! This crate is what applications depend on: the soft [`Nic`] (the protocol engine of
+//! [`ferroce_proto`] over a UDP socket), registered [`Region`]s (seed 004), completion queues
+//! ([`Cq`]) and queue pairs ([`Qp`]); and, for tools, reading packet captures ([`capture`]) and
+//! decoding their RoCEv2 packets ([`decode`]).
+//!
+//! `unsafe` is denied everywhere but `soft::sys`, the few system calls std lacks (`mlock`,
+//! `getrlimit`, socket options), each with its reason.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod capture;
+pub mod cq;
 pub mod decode;
+pub mod nic;
+pub mod qp;
+pub mod region;
+mod soft;
 
+pub use cq::Cq;
 pub use ferroce_proto as proto;
+pub use nic::{Nic, NicConfig, NicError};
+pub use qp::{ConnectOptions, Qp, QpEndpoint};
+pub use region::{Region, RegionAccess, RegionError, RegionMemory};

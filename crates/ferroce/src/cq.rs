@@ -1,0 +1,58 @@
+//! Completion queues: where finished work requests are reported. A CQ can be polled, or a
+//! thread can block on it until a completion arrives (the completion-channel idea).
+
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
+
+use ferroce_proto::qp::CqId;
+pub use ferroce_proto::qp::{Completion, WcOpcode, WcStatus};
+
+use crate::Nic;
+
+/// A completion queue of a [`Nic`].
+#[derive(Clone, Debug)]
+pub struct Cq {
+    pub(crate) nic: Nic,
+    pub(crate) id: CqId,
+}
+
+impl Cq {
+    /// A completion queue holding up to `depth` completions; when it overflows, the queue
+    /// pairs feeding it go to the error state.
+    #[must_use]
+    pub fn new(nic: &Nic, depth: usize) -> Self {
+        let id = nic.shared.lock().engine.create_cq(depth);
+        Self {
+            nic: nic.clone(),
+            id,
+        }
+    }
+
+    /// The oldest completion, if any (`ibv_poll_cq` for one entry).
+    #[must_use]
+    pub fn poll(&self) -> Option<Completion> {
+        self.nic.shared.lock().engine.poll_completion(self.id)
+    }
+
+    /// Waits up to `timeout` for a completion.
+    #[must_use]
+    pub fn wait(&self, timeout: Duration) -> Option<Completion> {
+        let deadline = Instant::now() + timeout;
+        let shared = &self.nic.shared;
+        let mut state = shared.lock();
+        loop {
+            if let Some(c) = state.engine.poll_completion(self.id) {
+                return Some(c);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            state = shared
+                .completions
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The NIC: where regions, completion queues and queue pairs live.
+//!
+//! [`Nic::open`] with the soft backend binds a UDP socket (port 4791 unless configured) on a
+//! local IPv4 or IPv6 address and starts the engine's progress thread; no privileges and no
+//! kernel module are needed. Dropping the last handle, or [`Nic::close`], stops it.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ferroce_proto::memory::PdId;
+use ferroce_proto::wire::ROCE_PORT;
+use ferroce_proto::{Counters, Engine, EngineConfig};
+
+use crate::soft::{sys, Shared};
+
+/// How to open a NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NicConfig {
+    /// The local address and UDP port; RoCEv2 peers send to port 4791.
+    pub addr: SocketAddr,
+}
+
+impl Default for NicConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), ROCE_PORT),
+        }
+    }
+}
+
+impl NicConfig {
+    /// The RoCEv2 port on `ip`.
+    #[must_use]
+    pub fn on(ip: IpAddr) -> Self {
+        Self {
+            addr: SocketAddr::new(ip, ROCE_PORT),
+        }
+    }
+}
+
+/// Why a NIC could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NicError {
+    /// Another socket (another NIC, kernel rxe in this network namespace, another program)
+    /// holds the address and port.
+    #[error("{addr} is already in use (another ferroce NIC, kernel rxe or another program holds UDP port {port} on that address)")]
+    AddressInUse {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Its port.
+        port: u16,
+    },
+    /// The address is not one of this host's.
+    #[error("{0} is not an address of this host (bind failed: address not available)")]
+    AddressNotAvailable(SocketAddr),
+    /// Any other socket failure.
+    #[error("cannot open a UDP socket on {addr}: {source}")]
+    Socket {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A RoCEv2 NIC: the soft backend over a UDP socket. Cheap to clone; every clone is the same
+/// NIC.
+#[derive(Clone)]
+pub struct Nic {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) pd: PdId,
+    _owner: Arc<Owner>,
+}
+
+/// Stops the progress thread when the last user handle goes.
+struct Owner(Arc<Shared>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+impl Nic {
+    /// Opens the soft NIC on `config.addr` and starts its progress thread.
+    ///
+    /// # Errors
+    ///
+    /// [`NicError::AddressInUse`] and [`NicError::AddressNotAvailable`] name the address;
+    /// [`NicError::Socket`] carries any other failure.
+    pub fn open(config: NicConfig) -> Result<Self, NicError> {
+        let addr = config.addr;
+        let socket = UdpSocket::bind(addr).map_err(|source| match source.kind() {
+            io::ErrorKind::AddrInUse => NicError::AddressInUse {
+                addr,
+                port: addr.port(),
+            },
+            io::ErrorKind::AddrNotAvailable => NicError::AddressNotAvailable(addr),
+            _ => NicError::Socket { addr, source },
+        })?;
+        let local = socket
+            .local_addr()
+            .map_err(|source| NicError::Socket { addr, source })?;
+        let options = match addr {
+            SocketAddr::V4(_) => sys::set_dont_fragment(&socket),
+            SocketAddr::V6(_) => {
+                sys::accept_zero_checksum6(&socket).and_then(|()| sys::send_zero_checksum6(&socket))
+            }
+        };
+        options.map_err(|source| NicError::Socket { addr, source })?;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()) << 32;
+        let mut engine = Engine::new(EngineConfig {
+            local_ip: local.ip(),
+            seed,
+        });
+        engine.set_local_port(local.port());
+        let pd = engine.alloc_pd();
+        let shared = Shared::new(socket, local, engine);
+        shared
+            .start()
+            .map_err(|source| NicError::Socket { addr, source })?;
+        Ok(Self {
+            _owner: Arc::new(Owner(Arc::clone(&shared))),
+            shared,
+            pd,
+        })
+    }
+
+    /// The local address and port.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.local
+    }
+
+    /// A snapshot of the engine's counters (rxe's names where rxe has them).
+    #[must_use]
+    pub fn counters(&self) -> Counters {
+        *self.shared.lock().engine.counters()
+    }
+
+    /// The counters as `rdma statistic show` prints them: `link <dev>/1 name value …`.
+    #[must_use]
+    pub fn statistics_line(&self, device: &str) -> String {
+        let mut line = format!("link {device}/1");
+        for (name, value) in self.counters().iter() {
+            line.push_str(&format!(" {name} {value}"));
+        }
+        let c = &self.shared.counters;
+        line.push_str(&format!(
+            " udp_send_errors {} udp_recv_errors {}",
+            c.send_errors.load(Ordering::Relaxed),
+            c.recv_errors.load(Ordering::Relaxed)
+        ));
+        line
+    }
+
+    /// Why the receive path stopped, if it did (the socket failed).
+    #[must_use]
+    pub fn failure(&self) -> Option<String> {
+        self.shared
+            .failure
+            .lock()
+            .ok()?
+            .as_ref()
+            .map(ToString::to_string)
+    }
+
+    /// Stops the progress thread and releases the socket once every handle is dropped.
+    /// Idempotent; outstanding work requests never complete afterwards.
+    pub fn close(&self) {
+        self.shared.stop();
+    }
+}
+
+impl std::fmt::Debug for Nic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nic")
+            .field("addr", &self.shared.local)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,307 @@
+//! Registered memory (seed 004, `Rig_mlx5.Region`): bytes the NIC may read and write, with the
+//! access peers get and the order in which writes land.
+//!
+//! The region owns its bytes while registered; they are locked in RAM (`mlock`), so the
+//! process's `RLIMIT_MEMLOCK` is a real limit and a refusal comes back as
+//! [`RegionError::MemlockLimit`]. Peers may write at any time, so the bytes are never handed
+//! out as `&[u8]`: [`Region::read`] and [`Region::write`] copy, under the same lock the engine
+//! takes. [`Region::deregister`] returns the bytes once nothing can touch them any more.
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use ferroce_proto::memory::{Access, RegionInfo, WriteOrder};
+use ferroce_proto::qp::{RemoteAddr, Sge};
+
+use crate::soft::{sys, HostBuf};
+use crate::Nic;
+
+/// What peers may do to a region (seed 004's `access`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RegionAccess {
+    /// Peers neither read nor write (`Local`).
+    Local,
+    /// Peers write (`Remote_write`).
+    RemoteWrite,
+    /// Peers read, write and run atomics (`Remote`).
+    Remote,
+}
+
+impl RegionAccess {
+    pub(crate) fn rights(self) -> Access {
+        match self {
+            Self::Local => Access::LOCAL,
+            Self::RemoteWrite => Access::REMOTE_WRITE_ONLY,
+            Self::Remote => Access::REMOTE,
+        }
+    }
+}
+
+/// The memory to register (seed 004's `memory`).
+#[derive(Debug)]
+pub enum RegionMemory {
+    /// Host bytes; the region owns them until [`Region::deregister`] gives them back.
+    Host(Vec<u8>),
+    /// `bytes` bytes at `offset` of a dma-buf a driver exported.
+    Dmabuf {
+        /// The dma-buf's file descriptor.
+        fd: RawFd,
+        /// Offset into it.
+        offset: u64,
+        /// Length.
+        bytes: u64,
+    },
+}
+
+/// Why a region could not be registered, used or deregistered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegionError {
+    /// The memory has no bytes (seed 004 refuses it).
+    #[error("a region needs at least one byte")]
+    Empty,
+    /// `mlock` refused: the process's locked-memory limit cannot hold the region.
+    #[error(
+        "cannot lock {bytes} bytes in memory: RLIMIT_MEMLOCK is {limit} ({reason}); raise it with \
+         `ulimit -l unlimited`, a memlock line in /etc/security/limits.conf, or LimitMEMLOCK= in a \
+         systemd unit"
+    )]
+    MemlockLimit {
+        /// The region's size.
+        bytes: usize,
+        /// The limit, as text ("unlimited" or a byte count).
+        limit: String,
+        /// What the kernel said.
+        reason: std::io::Error,
+    },
+    /// The soft backend cannot use this dma-buf.
+    #[error("cannot map dma-buf fd {fd} ({bytes} bytes at offset {offset}) for the soft backend: {reason}")]
+    Dmabuf {
+        /// The descriptor.
+        fd: RawFd,
+        /// The offset asked for.
+        offset: u64,
+        /// The length asked for.
+        bytes: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The engine refused the region.
+    #[error("the NIC refused the region: {0}")]
+    Refused(#[from] ferroce_proto::memory::RegisterError),
+    /// A range outside the region.
+    #[error("{len} bytes at offset {at} are outside the region of {size} bytes")]
+    OutOfRange {
+        /// The offset asked for.
+        at: u64,
+        /// The length asked for.
+        len: u64,
+        /// The region's size.
+        size: u64,
+    },
+    /// A remote entry into a region that peers may not access.
+    #[error("the region is Local: peers cannot address it")]
+    NotRemote,
+}
+
+/// A registered region. Dropping it without [`Region::deregister`] deregisters it too.
+#[derive(Debug)]
+pub struct Region {
+    nic: Nic,
+    info: RegionInfo,
+    buf: Option<Arc<HostBuf>>,
+}
+
+impl Region {
+    /// Registers `memory` with `nic` for `access` and write order `order` (seed 004's
+    /// `register`). Host bytes are locked in RAM.
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::Empty`] for no bytes, [`RegionError::MemlockLimit`] when the
+    /// locked-memory limit cannot hold the bytes, [`RegionError::Dmabuf`] for dma-buf memory
+    /// (not yet mapped by the soft backend).
+    pub fn register(
+        nic: &Nic,
+        access: RegionAccess,
+        order: WriteOrder,
+        memory: RegionMemory,
+    ) -> Result<Self, RegionError> {
+        let bytes = match memory {
+            RegionMemory::Host(bytes) => bytes.into_boxed_slice(),
+            RegionMemory::Dmabuf { fd, offset, bytes } => return Err(RegionError::Dmabuf {
+                fd,
+                offset,
+                bytes,
+                reason:
+                    "the soft backend does not map dma-bufs yet; stage the data through host memory"
+                        .into(),
+            }),
+        };
+        if bytes.is_empty() {
+            return Err(RegionError::Empty);
+        }
+        if let Err(reason) = sys::mlock(&bytes) {
+            let limit = sys::memlock_limit()
+                .map_or_else(|| "unlimited".to_owned(), |l| format!("{l} bytes"));
+            return Err(RegionError::MemlockLimit {
+                bytes: bytes.len(),
+                limit,
+                reason,
+            });
+        }
+        // Peers address the region by where its bytes are, as verbs do.
+        let va = bytes.as_ptr() as u64;
+        let len = bytes.len() as u64;
+        let buf = Arc::new(HostBuf::new(bytes, true));
+        let mut state = nic.shared.lock();
+        let info = match state
+            .engine
+            .register(nic.pd, va, len, access.rights(), order)
+        {
+            Ok(info) => info,
+            Err(e) => {
+                drop(state);
+                if let Ok(buf) = Arc::try_unwrap(buf) {
+                    drop(buf.into_bytes());
+                }
+                return Err(e.into());
+            }
+        };
+        state.mem.regions.insert(info.id, Arc::clone(&buf));
+        Ok(Self {
+            nic: nic.clone(),
+            info,
+            buf: Some(buf),
+        })
+    }
+
+    /// Deregisters the region (seed 004's `deregister`): once this returns, the NIC reads and
+    /// writes it no more, and its bytes come back.
+    ///
+    /// # Errors
+    ///
+    /// None today; the `Result` keeps the seed's contract for backends that can fail.
+    pub fn deregister(mut self) -> Result<Vec<u8>, RegionError> {
+        Ok(self.release().map(Vec::from).unwrap_or_default())
+    }
+
+    fn release(&mut self) -> Option<Box<[u8]>> {
+        let buf = self.buf.take()?;
+        {
+            let mut state = self.nic.shared.lock();
+            state.engine.deregister(self.info.id);
+            state.mem.regions.remove(&self.info.id);
+        }
+        // The engine's reference is gone with the table entry; ours is the last one.
+        Arc::try_unwrap(buf).ok().map(HostBuf::into_bytes)
+    }
+
+    /// The region's length in bytes.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.info.len
+    }
+
+    /// Always false: a region has at least one byte.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.info.len == 0
+    }
+
+    /// The key peers use, 0 for a Local region.
+    #[must_use]
+    pub fn rkey(&self) -> u32 {
+        self.info.rkey
+    }
+
+    /// The address peers and entries use for the first byte.
+    #[must_use]
+    pub fn va(&self) -> u64 {
+        self.info.va
+    }
+
+    fn check(&self, at: u64, len: u64) -> Result<(), RegionError> {
+        if at.checked_add(len).is_none_or(|end| end > self.info.len) {
+            return Err(RegionError::OutOfRange {
+                at,
+                len,
+                size: self.info.len,
+            });
+        }
+        Ok(())
+    }
+
+    /// The `n` bytes at offset `at`, as this process's work requests name them (seed 004's
+    /// `local`).
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::OutOfRange`] when they are not all in the region.
+    pub fn local(&self, at: u64, n: u32) -> Result<Sge, RegionError> {
+        self.check(at, n.into())?;
+        Ok(Sge {
+            addr: self.info.va + at,
+            len: n,
+            lkey: self.info.lkey,
+        })
+    }
+
+    /// Offset `at`, as a peer's work requests name it (seed 004's `remote`).
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::OutOfRange`] when `at` is not in the region, [`RegionError::NotRemote`]
+    /// for a Local region.
+    pub fn remote(&self, at: u64) -> Result<RemoteAddr, RegionError> {
+        if self.info.rkey == 0 {
+            return Err(RegionError::NotRemote);
+        }
+        if at >= self.info.len {
+            return Err(RegionError::OutOfRange {
+                at,
+                len: 1,
+                size: self.info.len,
+            });
+        }
+        Ok(RemoteAddr {
+            va: self.info.va + at,
+            rkey: self.info.rkey,
+        })
+    }
+
+    /// Copies `out.len()` bytes from offset `at` (taking the NIC's lock, so never a torn view
+    /// of one packet's placement).
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::OutOfRange`].
+    pub fn read(&self, at: u64, out: &mut [u8]) -> Result<(), RegionError> {
+        self.check(at, out.len() as u64)?;
+        if let Some(buf) = &self.buf {
+            let start = at as usize;
+            out.copy_from_slice(&buf.lock()[start..start + out.len()]);
+        }
+        Ok(())
+    }
+
+    /// Copies `data` to offset `at`.
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::OutOfRange`].
+    pub fn write(&self, at: u64, data: &[u8]) -> Result<(), RegionError> {
+        self.check(at, data.len() as u64)?;
+        if let Some(buf) = &self.buf {
+            let start = at as usize;
+            buf.lock()[start..start + data.len()].copy_from_slice(data);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        drop(self.release());
+    }
+}

@@ -1,0 +1,272 @@
+//! The soft backend: the `ferroce-proto` engine driven over a UDP socket.
+//!
+//! One progress thread per NIC receives datagrams, runs timers and sends what the engine has
+//! ready; application threads post work and send the packets it produces themselves, so a post
+//! does not wait for the progress thread. The thread sleeps in `recv` until a datagram or the
+//! engine's next timer; when a post arms an earlier timer than the one it sleeps for, a
+//! zero-length datagram to the NIC's own address (the doorbell) wakes it. An idle NIC costs no
+//! CPU.
+
+pub(crate) mod sys;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferroce_proto::engine::MAX_PACKET;
+use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
+use ferroce_proto::Engine;
+
+/// The bytes of one host region, shared by the application's handle and the engine. They are
+/// only ever reached through this lock, by copying: never as a `&[u8]` a peer could change.
+#[derive(Debug)]
+pub(crate) struct HostBuf {
+    bytes: Mutex<Box<[u8]>>,
+    locked: bool,
+}
+
+impl HostBuf {
+    pub(crate) fn new(bytes: Box<[u8]>, locked: bool) -> Self {
+        Self {
+            bytes: Mutex::new(bytes),
+            locked,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Box<[u8]>> {
+        self.bytes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives the bytes back, unlocked from RAM.
+    pub(crate) fn into_bytes(self) -> Box<[u8]> {
+        let bytes = self
+            .bytes
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.locked {
+            sys::munlock(&bytes);
+        }
+        bytes
+    }
+}
+
+/// The engine's view of the NIC's regions.
+#[derive(Debug, Default)]
+pub(crate) struct HostMemory {
+    pub(crate) regions: HashMap<RegionId, Arc<HostBuf>>,
+}
+
+impl HostMemory {
+    fn range(offset: u64, len: usize) -> std::ops::Range<usize> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        start..start.saturating_add(len)
+    }
+}
+
+impl Memory for HostMemory {
+    fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
+        if let Some(buf) = self.regions.get(&region) {
+            out.copy_from_slice(&buf.lock()[Self::range(offset, out.len())]);
+        }
+    }
+
+    fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
+        if let Some(buf) = self.regions.get(&region) {
+            buf.lock()[Self::range(offset, data.len())].copy_from_slice(data);
+        }
+    }
+
+    fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64 {
+        let Some(buf) = self.regions.get(&region) else {
+            return 0;
+        };
+        let mut bytes = buf.lock();
+        let target = &mut bytes[Self::range(offset, 8)];
+        let mut word = [0; 8];
+        word.copy_from_slice(target);
+        let old = u64::from_ne_bytes(word);
+        target.copy_from_slice(&op.apply(old).to_ne_bytes());
+        old
+    }
+}
+
+/// The engine and its memory, behind the NIC's lock.
+pub(crate) struct State {
+    pub(crate) engine: Engine,
+    pub(crate) mem: HostMemory,
+    tx: Vec<u8>,
+}
+
+/// Counters of the UDP driver itself (the engine counts the protocol).
+#[derive(Debug, Default)]
+pub(crate) struct DriverCounters {
+    pub(crate) send_errors: AtomicU64,
+    pub(crate) recv_errors: AtomicU64,
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    pub(crate) completions: Condvar,
+    pub(crate) socket: UdpSocket,
+    pub(crate) local: SocketAddr,
+    stop: AtomicBool,
+    /// When the progress thread will wake by itself; `None` while it sleeps without limit.
+    sleeping_until: Mutex<Option<Instant>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    pub(crate) counters: DriverCounters,
+    /// Why the receive path died, if it did.
+    pub(crate) failure: Mutex<Option<io::Error>>,
+}
+
+impl Shared {
+    pub(crate) fn new(socket: UdpSocket, local: SocketAddr, engine: Engine) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                engine,
+                mem: HostMemory::default(),
+                tx: vec![0; MAX_PACKET],
+            }),
+            completions: Condvar::new(),
+            socket,
+            local,
+            stop: AtomicBool::new(false),
+            sleeping_until: Mutex::new(None),
+            thread: Mutex::new(None),
+            counters: DriverCounters::default(),
+            failure: Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends everything the engine has ready.
+    pub(crate) fn flush(&self, state: &mut State, now: Instant) {
+        let State { engine, mem, tx } = state;
+        while let Some(t) = engine.poll_transmit(now, mem, tx) {
+            if self.socket.send_to(&tx[..t.len], t.dst).is_err() {
+                self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// After the application changed the engine: send what it produced, wake waiters, and
+    /// ring the doorbell if a timer now fires before the progress thread would wake.
+    pub(crate) fn after_command(&self, mut state: MutexGuard<'_, State>) {
+        let now = Instant::now();
+        self.flush(&mut state, now);
+        let next = state.engine.poll_timeout();
+        drop(state);
+        self.completions.notify_all();
+        let sleeping = *self
+            .sleeping_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(next) = next {
+            if sleeping.is_none_or(|s| next < s) {
+                self.ring();
+            }
+        }
+    }
+
+    fn ring(&self) {
+        if self.socket.send_to(&[], self.local).is_err() {
+            self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn start(self: &Arc<Self>) -> io::Result<()> {
+        let shared = Arc::clone(self);
+        let handle = std::thread::Builder::new()
+            .name(format!("ferroce {}", self.local))
+            .spawn(move || shared.progress())?;
+        *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        Ok(())
+    }
+
+    /// Stops and joins the progress thread. Idempotent.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.ring();
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+        self.completions.notify_all();
+    }
+
+    fn progress(&self) {
+        let mut buf = vec![0u8; 65_536];
+        while !self.stop.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            let next = {
+                let mut state = self.lock();
+                state.engine.handle_timeout(now);
+                self.flush(&mut state, now);
+                state.engine.poll_timeout()
+            };
+            self.completions.notify_all();
+            *self
+                .sleeping_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = next;
+            let wait = next.map(|t| {
+                t.saturating_duration_since(Instant::now())
+                    .max(Duration::from_micros(1))
+            });
+            if self.socket.set_read_timeout(wait).is_err() {
+                self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            match self.socket.recv_from(&mut buf) {
+                Ok((0, from)) if from == self.local => {}
+                Ok((n, from)) => {
+                    let now = Instant::now();
+                    let mut state = self.lock();
+                    let dst = self.local.ip();
+                    let State { engine, mem, .. } = &mut *state;
+                    engine.handle_datagram(now, from, dst, &buf[..n], mem);
+                    // Take whatever else has arrived before answering, up to a batch.
+                    let _ = self.socket.set_nonblocking(true);
+                    for _ in 0..64 {
+                        match self.socket.recv_from(&mut buf) {
+                            Ok((0, from)) if from == self.local => {}
+                            Ok((n, from)) => engine.handle_datagram(now, from, dst, &buf[..n], mem),
+                            Err(_) => break,
+                        }
+                    }
+                    let _ = self.socket.set_nonblocking(false);
+                    self.flush(&mut state, now);
+                    drop(state);
+                    self.completions.notify_all();
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    // ICMP port unreachable from an earlier send: the peer is gone; retries
+                    // and timeouts will say so.
+                }
+                Err(e) => {
+                    self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
+                    *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    break;
+                }
+            }
+        }
+    }
+}
