@@ -1,8 +1,8 @@
 //! `ferroce`: the command-line face of ferroce.
 //!
-//! Thin by design: argument parsing and printing only; the work happens in the `ferroce`
-//! library. Subcommands arrive as the layers under them land: `decode` reads captures today;
-//! `pingpong`, `perf`, `stream`, `stat` and `demo` follow the soft NIC.
+//! Thin by design: argument parsing, the tools' loops and printing; the protocol work happens
+//! in the `ferroce` library. `decode` reads captures; `pingpong` is `ibv_rc_pingpong` over the
+//! soft NIC; `perf`, `stream`, `stat` and `demo` follow.
 
 #![forbid(unsafe_code)]
 
@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+mod pingpong;
 use ferroce::capture::CaptureReader;
 use ferroce::decode::{decode_frame, IcrcStatus};
 
@@ -38,6 +40,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A SEND/RECV ping-pong, flag- and wire-compatible with rdma-core's `ibv_rc_pingpong`.
+    Pingpong(pingpong::PingpongArgs),
     /// The loopback demo: not built yet (it needs the soft NIC); says so and what runs today.
     Demo,
 }
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Decode { file, port, json } => decode(&file, port, json),
+        Command::Pingpong(args) => pingpong::run(&args),
         Command::Demo => {
             eprintln!(
                 "ferroce demo: the loopback demo (a sensor-frame stream between two soft NICs on \

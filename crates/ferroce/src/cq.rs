@@ -28,10 +28,19 @@ impl Cq {
         }
     }
 
-    /// The oldest completion, if any (`ibv_poll_cq` for one entry).
+    /// The oldest completion, if any (`ibv_poll_cq` for one entry). When there is none, the
+    /// call first drives the engine on this thread (receives what has arrived, runs timers,
+    /// sends what is ready), so a polling application makes progress without waiting for the
+    /// NIC's progress thread to be scheduled.
     #[must_use]
     pub fn poll(&self) -> Option<Completion> {
-        self.nic.shared.lock().engine.poll_completion(self.id)
+        let shared = &self.nic.shared;
+        let mut state = shared.lock();
+        if let Some(c) = state.engine.poll_completion(self.id) {
+            return Some(c);
+        }
+        shared.progress_here(&mut state);
+        state.engine.poll_completion(self.id)
     }
 
     /// Waits up to `timeout` for a completion.

@@ -13,6 +13,7 @@
 pub mod capture;
 pub mod cq;
 pub mod decode;
+pub mod exchange;
 pub mod nic;
 pub mod qp;
 pub mod region;

@@ -69,8 +69,9 @@ pub struct Qp {
 }
 
 impl Qp {
-    /// A queue pair of `qp_type` whose completions go to `send_cq` and `recv_cq`. Its first
-    /// PSN is random, as `ibv_rc_pingpong` chooses it.
+    /// A queue pair of `qp_type` whose completions go to `send_cq` and `recv_cq`, in INIT:
+    /// receives may be posted before [`Qp::connect`]. Its first PSN is random, as
+    /// `ibv_rc_pingpong` chooses it.
     #[must_use]
     pub fn new(nic: &Nic, qp_type: QpType, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Self {
         let mut state = nic.shared.lock();
@@ -87,6 +88,14 @@ impl Qp {
             .map_or(1, |d| d.subsec_nanos())
             .wrapping_mul(0x9e37_79b9)
             ^ qpn.value();
+        // INIT at once, so receives can be posted before connecting (as ibv_rc_pingpong does);
+        // the access peers get is set by `connect`. RESET → INIT with an access cannot fail.
+        let init = QpAttr {
+            state: Some(QpState::Init),
+            access: Some(Access::NONE),
+            ..QpAttr::default()
+        };
+        let _ = state.engine.modify_qp(qpn, &init);
         drop(state);
         Self {
             nic: nic.clone(),
@@ -117,11 +126,11 @@ impl Qp {
         self.nic.shared.lock().engine.qp_state(self.qpn)
     }
 
-    /// Connects to `peer`: RESET → INIT → RTR → RTS with `options`.
+    /// Connects to `peer`: INIT → RTR → RTS with `options`.
     ///
     /// # Errors
     ///
-    /// [`ModifyError`] when the queue pair is not in RESET or an option is out of range.
+    /// [`ModifyError`] when the queue pair is not in INIT or an option is out of range.
     pub fn connect(&self, peer: &QpEndpoint, options: &ConnectOptions) -> Result<(), ModifyError> {
         let mut state = self.nic.shared.lock();
         let engine = &mut state.engine;

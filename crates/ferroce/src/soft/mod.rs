@@ -15,7 +15,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ferroce_proto::engine::MAX_PACKET;
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
@@ -206,6 +206,49 @@ impl Shared {
         self.completions.notify_all();
     }
 
+    /// Handles up to a batch of datagrams that have already arrived, without blocking. The
+    /// caller holds the lock, so datagrams are handled in the order they arrived.
+    fn drain(
+        &self,
+        engine: &mut Engine,
+        mem: &mut HostMemory,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> usize {
+        let dst = self.local.ip();
+        let mut handled = 0;
+        for _ in 0..64 {
+            match sys::recv_dontwait(&self.socket, buf) {
+                Ok((0, from)) if from == self.local => {}
+                Ok((n, from)) => {
+                    engine.handle_datagram(now, from, dst, &buf[..n], mem);
+                    handled += 1;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // ICMP port unreachable from an earlier send: the peer is gone; retries and
+                // timeouts will say so.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
+                Err(_) => {
+                    self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+        handled
+    }
+
+    /// Drives the engine on the caller's thread: takes what has arrived, runs due timers and
+    /// sends what is ready. Polling a CQ calls this, so an application that polls needs no
+    /// other thread to make progress (the lowest latency on few cores).
+    pub(crate) fn progress_here(&self, state: &mut State) {
+        let now = Instant::now();
+        let mut buf = [0u8; 9216];
+        let State { engine, mem, .. } = state;
+        self.drain(engine, mem, now, &mut buf);
+        engine.handle_timeout(now);
+        self.flush(state, now);
+    }
+
     fn progress(&self) {
         let mut buf = vec![0u8; 65_536];
         while !self.stop.load(Ordering::SeqCst) {
@@ -221,45 +264,19 @@ impl Shared {
                 .sleeping_until
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = next;
-            let wait = next.map(|t| {
-                t.saturating_duration_since(Instant::now())
-                    .max(Duration::from_micros(1))
-            });
-            if self.socket.set_read_timeout(wait).is_err() {
-                self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            match self.socket.recv_from(&mut buf) {
-                Ok((0, from)) if from == self.local => {}
-                Ok((n, from)) => {
+            let wait = next.map(|t| t.saturating_duration_since(Instant::now()));
+            match sys::wait_readable(&self.socket, wait) {
+                Ok(false) => {}
+                Ok(true) => {
+                    // Receive only under the lock: two threads taking datagrams and then
+                    // racing for the lock would reorder them.
                     let now = Instant::now();
                     let mut state = self.lock();
-                    let dst = self.local.ip();
                     let State { engine, mem, .. } = &mut *state;
-                    engine.handle_datagram(now, from, dst, &buf[..n], mem);
-                    // Take whatever else has arrived before answering, up to a batch.
-                    let _ = self.socket.set_nonblocking(true);
-                    for _ in 0..64 {
-                        match self.socket.recv_from(&mut buf) {
-                            Ok((0, from)) if from == self.local => {}
-                            Ok((n, from)) => engine.handle_datagram(now, from, dst, &buf[..n], mem),
-                            Err(_) => break,
-                        }
-                    }
-                    let _ = self.socket.set_nonblocking(false);
+                    self.drain(engine, mem, now, &mut buf);
                     self.flush(&mut state, now);
                     drop(state);
                     self.completions.notify_all();
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                    // ICMP port unreachable from an earlier send: the peer is gone; retries
-                    // and timeouts will say so.
                 }
                 Err(e) => {
                     self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);

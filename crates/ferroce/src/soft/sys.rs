@@ -93,3 +93,89 @@ pub(crate) fn send_zero_checksum6(socket: &UdpSocket) -> io::Result<()> {
     const UDP_NO_CHECK6_TX: libc::c_int = 101;
     set_int_option(socket, libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
 }
+
+/// Receives one datagram without blocking (`recvfrom` with `MSG_DONTWAIT`), whatever the
+/// socket's mode, so several threads can share the socket without toggling it.
+pub(crate) fn recv_dontwait(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<(usize, std::net::SocketAddr)> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `buf` is writable for `buf.len()` bytes; `storage` and `len` live on this frame
+    // and `len` holds the size of `storage`, so the kernel writes within both.
+    let n = unsafe {
+        libc::recvfrom(
+            socket.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+            (&raw mut storage).cast(),
+            &mut len,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let addr = match libc::c_int::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the kernel wrote a sockaddr_in, which fits in storage.
+            let sin: libc::sockaddr_in = unsafe { std::ptr::read((&raw const storage).cast()) };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the kernel wrote a sockaddr_in6, which fits in storage.
+            let sin6: libc::sockaddr_in6 = unsafe { std::ptr::read((&raw const storage).cast()) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            ))
+        }
+        family => {
+            return Err(io::Error::other(format!(
+                "datagram from address family {family}"
+            )))
+        }
+    };
+    Ok((n as usize, addr))
+}
+
+/// Waits until the socket has a datagram to read or `timeout` passes (`poll(2)`); `None`
+/// waits without limit. Returns whether it is readable. The datagram stays queued, so the
+/// caller can take it under its own lock and keep datagrams in arrival order.
+pub(crate) fn wait_readable(
+    socket: &UdpSocket,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<bool> {
+    let mut fd = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.map_or(-1, |t| {
+        // Round up, so a wait of a few microseconds does not become a busy loop of zero waits.
+        let ms = t.as_nanos().div_ceil(1_000_000);
+        libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+    });
+    // SAFETY: one pollfd on this stack frame, and the count passed is 1.
+    let rc = unsafe { libc::poll(&raw mut fd, 1, ms) };
+    match rc {
+        0 => Ok(false),
+        n if n > 0 => Ok(true),
+        _ => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}

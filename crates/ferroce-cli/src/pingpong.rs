@@ -1,0 +1,293 @@
+//! `ferroce pingpong`: rdma-core's `ibv_rc_pingpong`, same flags, same out-of-band message on
+//! TCP 18515, same output, over the soft NIC.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use ferroce::cq::WcStatus;
+use ferroce::exchange::PingpongDest;
+use ferroce::proto::memory::WriteOrder;
+use ferroce::qp::{Mtu, Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
+use ferroce::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+const PAGE: usize = 4096;
+
+/// Flags of `ibv_rc_pingpong`, with its defaults.
+#[derive(Args, Debug)]
+pub(crate) struct PingpongArgs {
+    /// The server to connect to; without it, wait for a client.
+    server: Option<String>,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// Device name (the soft NIC has one; accepted for compatibility).
+    #[arg(short = 'd', long = "ib-dev", default_value = "ferroce0")]
+    ib_dev: String,
+    /// Port of the device (accepted for compatibility).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// Message size in bytes.
+    #[arg(short = 's', long = "size", default_value_t = 4096)]
+    size: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
+    mtu: u32,
+    /// Receives to keep posted.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: u32,
+    /// Iterations.
+    #[arg(short = 'n', long = "iters", default_value_t = 1000)]
+    iters: u32,
+    /// Service level (accepted for compatibility).
+    #[arg(short = 'l', long = "sl", default_value_t = 0)]
+    sl: u8,
+    /// Sleep on completion events instead of polling.
+    #[arg(short = 'e', long = "events")]
+    events: bool,
+    /// GID index (the soft NIC's GID is its address; accepted for compatibility).
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u32>,
+    /// Check the content of every received message.
+    #[arg(short = 'c', long = "chk")]
+    chk: bool,
+    /// The soft NIC's local address.
+    #[arg(long = "local", default_value = "127.0.0.1")]
+    local: IpAddr,
+    /// Print the NIC's counters at exit, as `rdma statistic show` does.
+    #[arg(long = "stats")]
+    stats: bool,
+}
+
+/// The buffer `ibv_rc_pingpong` sends: 0x7b everywhere, 0 at every page start when checking.
+fn pingpong_buffer(size: usize, chk: bool) -> Vec<u8> {
+    let mut buf = vec![0x7b; size.max(1)];
+    if chk {
+        for byte in buf.iter_mut().step_by(PAGE) {
+            *byte = 0;
+        }
+    }
+    buf
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::FAILURE
+}
+
+pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
+    let Some(mtu) = Mtu::from_bytes(args.mtu) else {
+        return fail(format!(
+            "Invalid MTU {}: use 256, 512, 1024, 2048 or 4096",
+            args.mtu
+        ));
+    };
+    let nic = match Nic::open(NicConfig::on(args.local)) {
+        Ok(nic) => nic,
+        Err(e) => return fail(format!("Couldn't open the soft NIC: {e}")),
+    };
+    let size = args.size as usize;
+    let cq = Cq::new(&nic, args.rx_depth as usize + 1);
+    let caps = QpCaps {
+        sq_depth: 1,
+        rq_depth: args.rx_depth.max(1),
+        max_inline: 0,
+    };
+    let qp = Qp::new(&nic, QpType::Rc, &cq, &cq, caps);
+    let register = |bytes| {
+        Region::register(
+            &nic,
+            RegionAccess::Local,
+            WriteOrder::InOrder,
+            RegionMemory::Host(bytes),
+        )
+    };
+    let (send_buf, recv_buf) = match (
+        register(pingpong_buffer(size, args.chk)),
+        register(vec![0; size.max(1)]),
+    ) {
+        (Ok(s), Ok(r)) => (s, r),
+        (Err(e), _) | (_, Err(e)) => return fail(format!("Couldn't register MR: {e}")),
+    };
+    let Ok(recv_sge) = recv_buf.local(0, args.size) else {
+        return fail("Couldn't register MR");
+    };
+    let Ok(send_sge) = send_buf.local(0, args.size) else {
+        return fail("Couldn't register MR");
+    };
+    let post_recv = |n: u32| -> u32 {
+        (0..n)
+            .take_while(|_| {
+                qp.post_recv(RecvWr {
+                    wr_id: RECV_WRID,
+                    sges: vec![recv_sge],
+                })
+                .is_ok()
+            })
+            .count() as u32
+    };
+    let mut routs = post_recv(args.rx_depth);
+    if routs < args.rx_depth {
+        return fail(format!("Couldn't post receive ({routs})"));
+    }
+
+    let local = PingpongDest::from_endpoint(&qp.endpoint());
+    println!("  local address:  {local}");
+    let remote = match &args.server {
+        Some(server) => client_exchange(server, args.port, &local),
+        None => server_exchange(args.port, &local, |remote| connect(&qp, remote, mtu)),
+    };
+    let remote = match remote {
+        Ok(remote) => remote,
+        Err(e) => return fail(e),
+    };
+    println!("  remote address: {remote}");
+    if args.server.is_some() {
+        if let Err(e) = connect(&qp, &remote, mtu) {
+            return fail(e);
+        }
+    }
+
+    let send = || {
+        qp.post_send(SendWr::new(
+            SEND_WRID,
+            SendOp::Send,
+            Payload::Sges(vec![send_sge]),
+        ))
+    };
+    let mut pending = RECV_WRID;
+    if args.server.is_some() {
+        if send().is_err() {
+            return fail("Couldn't post send");
+        }
+        pending |= SEND_WRID;
+    }
+    let expected = pingpong_buffer(size, true);
+    let mut received = vec![0u8; size];
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    let start = Instant::now();
+    let mut last_progress = Instant::now();
+    while rcnt < args.iters || scnt < args.iters {
+        let completion = if args.events {
+            cq.wait(Duration::from_millis(100))
+        } else {
+            cq.poll()
+        };
+        let Some(wc) = completion else {
+            if last_progress.elapsed() > Duration::from_secs(30) {
+                return fail("No completion for 30 s: is the peer still there?");
+            }
+            if !args.events {
+                // Busy polling, as ibv_rc_pingpong does, but giving the core away between
+                // polls: on a machine with fewer cores than busy threads, a spinning poller
+                // otherwise holds the core its peer's packets need.
+                std::thread::yield_now();
+            }
+            continue;
+        };
+        last_progress = Instant::now();
+        if wc.status != WcStatus::Success {
+            return fail(format!(
+                "Failed status {} ({}) for wr_id {}",
+                wc.status,
+                wc.status.ibv_value(),
+                wc.wr_id
+            ));
+        }
+        match wc.wr_id {
+            SEND_WRID => scnt += 1,
+            RECV_WRID => {
+                if args.chk && size > 0 {
+                    let _ = recv_buf.read(0, &mut received);
+                    if let Some(at) = (0..size).find(|&i| received[i] != expected[i]) {
+                        return fail(format!("invalid data at byte {at} of message {rcnt}"));
+                    }
+                }
+                routs -= 1;
+                if routs <= 1 {
+                    routs += post_recv(args.rx_depth - routs);
+                }
+                rcnt += 1;
+            }
+            other => return fail(format!("Completion for unknown wr_id {other}")),
+        }
+        pending &= !wc.wr_id;
+        if scnt < args.iters && pending == 0 {
+            if send().is_err() {
+                return fail("Couldn't post send");
+            }
+            pending = RECV_WRID | SEND_WRID;
+        }
+    }
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = u64::from(args.size) * u64::from(args.iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        args.iters,
+        usec / 1e6,
+        usec / f64::from(args.iters)
+    );
+    if args.stats {
+        println!("{}", nic.statistics_line(&args.ib_dev));
+    }
+    let _ = (args.ib_port, args.sl, args.gid_idx);
+    ExitCode::SUCCESS
+}
+
+fn connect(qp: &Qp, remote: &PingpongDest, mtu: Mtu) -> Result<(), String> {
+    let options = ConnectOptions {
+        mtu,
+        max_rd_atomic: 1,
+        ..ConnectOptions::default()
+    };
+    qp.connect(&remote.endpoint(), &options)
+        .map_err(|e| format!("Failed to modify QP to RTR/RTS: {e}"))
+}
+
+/// The client's half: connect, send ours, read theirs, say "done".
+fn client_exchange(server: &str, port: u16, local: &PingpongDest) -> Result<PingpongDest, String> {
+    let mut stream = TcpStream::connect((server, port))
+        .map_err(|e| format!("Couldn't connect to {server}:{port}: {e}"))?;
+    local
+        .send(&mut stream)
+        .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    let remote = PingpongDest::receive(&mut stream)
+        .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    stream
+        .write_all(b"done\0")
+        .map_err(|e| format!("Couldn't send \"done\": {e}"))?;
+    Ok(remote)
+}
+
+/// The server's half: accept, read theirs, connect the QP, send ours, wait for "done".
+fn server_exchange(
+    port: u16,
+    local: &PingpongDest,
+    connect: impl FnOnce(&PingpongDest) -> Result<(), String>,
+) -> Result<PingpongDest, String> {
+    let listener = TcpListener::bind(("0.0.0.0", port))
+        .map_err(|e| format!("Couldn't listen to port {port}: {e}"))?;
+    let (mut stream, _) = listener
+        .accept()
+        .map_err(|e| format!("accept() failed: {e}"))?;
+    let remote = PingpongDest::receive(&mut stream)
+        .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    connect(&remote)?;
+    local
+        .send(&mut stream)
+        .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    let mut done = [0u8; 5];
+    stream
+        .read_exact(&mut done)
+        .map_err(|e| format!("Couldn't read \"done\": {e}"))?;
+    Ok(remote)
+}

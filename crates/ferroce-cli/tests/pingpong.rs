@@ -1,0 +1,108 @@
+//! `ferroce pingpong` against itself, in two processes on 127.0.0.2 and 127.0.0.3, as
+//! `ibv_rc_pingpong` runs: a server, then a client naming it.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn pingpong(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferroce"));
+    cmd.arg("pingpong")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn check_output(text: &str, size: u64, iters: u64) {
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("  local address:  LID 0x0000, QPN 0x"),
+        "{text}"
+    );
+    assert!(lines[0].contains(", GID ::ffff:127.0.0."), "{text}");
+    assert!(
+        lines[1].starts_with("  remote address: LID 0x0000, QPN 0x"),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("{} bytes in ", size * iters * 2)),
+        "{text}"
+    );
+    assert!(lines[2].ends_with(" Mbit/sec"), "{text}");
+    assert!(
+        lines[3].starts_with(&format!("{iters} iters in ")),
+        "{text}"
+    );
+    assert!(lines[3].ends_with(" usec/iter"), "{text}");
+}
+
+#[test]
+fn two_processes_ping_pong_with_checked_content() {
+    for (port, extra, size) in [
+        ("19101", "-e", "4096"),
+        ("19102", "-c", "5000"),
+        ("19103", "-c", "1"),
+    ] {
+        let server = pingpong(&[
+            "--local",
+            "127.0.0.2",
+            "-p",
+            port,
+            "-n",
+            "200",
+            "-s",
+            size,
+            extra,
+        ])
+        .spawn()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let client = pingpong(&[
+            "--local",
+            "127.0.0.3",
+            "-p",
+            port,
+            "-n",
+            "200",
+            "-s",
+            size,
+            extra,
+            "--stats",
+            "127.0.0.2",
+        ])
+        .output()
+        .unwrap();
+        let server = server.wait_with_output().unwrap();
+        let (c, s) = (
+            String::from_utf8_lossy(&client.stdout),
+            String::from_utf8_lossy(&server.stdout),
+        );
+        assert!(
+            client.status.success(),
+            "client: {c}{}",
+            String::from_utf8_lossy(&client.stderr)
+        );
+        assert!(
+            server.status.success(),
+            "server: {s}{}",
+            String::from_utf8_lossy(&server.stderr)
+        );
+        let size: u64 = size.parse().unwrap();
+        check_output(&c, size, 200);
+        check_output(&s, size, 200);
+        // --stats prints the counters in the shape of `rdma statistic show`.
+        let stats = c.lines().last().unwrap();
+        assert!(stats.starts_with("link ferroce0/1 sent_pkts "), "{stats}");
+        assert!(stats.contains(" icrc_err 0 "), "{stats}");
+    }
+}
+
+#[test]
+fn a_missing_server_is_reported() {
+    let out = pingpong(&["--local", "127.0.0.3", "-p", "19104", "127.0.0.2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Couldn't connect to 127.0.0.2:19104"), "{err}");
+}
