@@ -52,6 +52,10 @@ counters! {
     malformed_pkts,
     /// Packets whose ICRC did not match.
     icrc_err,
+    /// IPv4 packets whose ICRC matched only with a non-zero IP ID, recovered from the ICRC
+    /// (rxe and NICs send such IDs; a UDP socket cannot see them). 16 bits of the ICRC still
+    /// checked the packet.
+    icrc_id_recovered,
     /// Packets for a QP number that does not exist.
     unknown_qp,
     /// Packets whose opcode belongs to another transport than the QP's (UD on RC, say).

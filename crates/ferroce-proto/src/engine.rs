@@ -1838,8 +1838,9 @@ impl Engine {
 
     /// Handles one received UDP payload from `src` to local address `dst`.
     ///
-    /// The ICRC is checked as an IPv4 packet with ID 0 and DF (what ferroce and sensor
-    /// bridges send) or as IPv6. Every drop is counted under a named counter.
+    /// The ICRC is checked as an IPv4 packet with DF and ID 0 (what ferroce and sensor bridges
+    /// send), else with the IP ID recovered from the ICRC (what rxe and NICs send; counted
+    /// as `icrc_id_recovered`), or as IPv6. Every drop is counted under a named counter.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
@@ -1854,14 +1855,27 @@ impl Engine {
             counters.malformed_pkts += 1;
             return;
         };
-        let ip = IpHeader::between(src.ip(), dst);
+        let Some(ip) = IpHeader::between(src.ip(), dst) else {
+            counters.icrc_err += 1;
+            return;
+        };
         let udp = UdpHeader {
             src_port: src.port(),
             dst_port: self.ctx.local_port,
         };
-        if !ip.is_some_and(|ip| icrc::verify(&ip, &udp, bytes)) {
-            counters.icrc_err += 1;
-            return;
+        if !icrc::verify(&ip, &udp, bytes) {
+            // An IPv4 peer other than ferroce or a sensor bridge sent a non-zero IP ID, which
+            // the ICRC covers and the socket does not show: recover it, keeping 16 bits of
+            // the ICRC as the check.
+            match ip {
+                IpHeader::V4(v4) if icrc::recover_ipv4_id(&v4, &udp, bytes).is_some() => {
+                    counters.icrc_id_recovered += 1;
+                }
+                _ => {
+                    counters.icrc_err += 1;
+                    return;
+                }
+            }
         }
         let opcode = packet.opcode();
         if opcode.transport() == Transport::Cnp {

@@ -135,7 +135,7 @@ mod tests {
         assert_eq!(crc32fast::hash(&[0xff; 8]), LRH_CRC);
     }
 
-    fn hex(s: &str) -> Vec<u8> {
+    pub(super) fn hex(s: &str) -> Vec<u8> {
         let s: String = s.chars().filter(char::is_ascii_hexdigit).collect();
         (0..s.len())
             .step_by(2)
@@ -213,5 +213,154 @@ mod tests {
         assert!(verify(&IpHeader::V4(v4), &d.udp, &packet));
         v4.id ^= 1;
         assert!(!verify(&IpHeader::V4(v4), &d.udp, &packet));
+    }
+}
+
+/// CRC-32 polynomial arithmetic modulo P in zlib's reflected representation (bit 31 is the
+/// coefficient of x^0), for reasoning about how the ICRC changes when bytes change.
+mod gf2 {
+    /// The CRC-32 polynomial, reflected.
+    const POLY: u32 = 0xedb8_8320;
+    /// x^0.
+    pub(super) const ONE: u32 = 1 << 31;
+
+    /// a·b mod P.
+    pub(super) const fn mul(a: u32, mut b: u32) -> u32 {
+        let mut m = ONE;
+        let mut p = 0;
+        while m != 0 {
+            if a & m != 0 {
+                p ^= b;
+            }
+            m >>= 1;
+            b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+        }
+        p
+    }
+
+    /// base^n mod P.
+    pub(super) const fn pow(mut base: u32, mut n: u64) -> u32 {
+        let mut p = ONE;
+        while n != 0 {
+            if n & 1 != 0 {
+                p = mul(p, base);
+            }
+            base = mul(base, base);
+            n >>= 1;
+        }
+        p
+    }
+
+    /// x^-1 mod P: P's constant term is 1, so x·((P − 1)/x) ≡ 1.
+    pub(super) const X_INV: u32 = ((POLY & 0x7fff_ffff) << 1) | 1;
+
+    /// The raw CRC register (zero initial value, no final XOR) after the two bytes `[hi, lo]`.
+    pub(super) const fn raw2(hi: u8, lo: u8) -> u32 {
+        let mut reg = (hi as u32) | ((lo as u32) << 8);
+        let mut i = 0;
+        while i < 16 {
+            reg = if reg & 1 != 0 {
+                (reg >> 1) ^ POLY
+            } else {
+                reg >> 1
+            };
+            i += 1;
+        }
+        reg
+    }
+
+    /// A reduced basis for solving `raw2(id) = t` for the 16-bit `id`: rows of (pivot bit,
+    /// row, the id bits that produce it), each pivot cleared from every other row.
+    pub(super) const BASIS: [(u32, u32, u16); 16] = {
+        let mut rows = [(0u32, 0u32, 0u16); 16];
+        let mut b = 0;
+        while b < 16 {
+            let id = 1u16 << b;
+            rows[b] = (0, raw2((id >> 8) as u8, id as u8), id);
+            b += 1;
+        }
+        let mut r = 0;
+        while r < 16 {
+            // Pivot on the row's highest set bit, then clear it from every other row.
+            let pivot = 1u32 << (31 - rows[r].1.leading_zeros());
+            rows[r].0 = pivot;
+            let mut o = 0;
+            while o < 16 {
+                if o != r && rows[o].1 & pivot != 0 {
+                    rows[o].1 ^= rows[r].1;
+                    rows[o].2 ^= rows[r].2;
+                }
+                o += 1;
+            }
+            r += 1;
+        }
+        rows
+    };
+}
+
+/// Recovers the IPv4 identification a packet was sent with, from its ICRC alone.
+///
+/// A UDP socket does not show the IP ID, and the ICRC covers it: Linux rxe and RoCE NICs send
+/// non-zero IDs. CRC-32 is linear, so the carried ICRC XOR the ICRC computed with ID 0 depends
+/// only on the ID and the packet's length; solving for the 16-bit ID leaves the other 16 bits
+/// of the difference as a check. Returns the ID when one explains the ICRC (a corrupted
+/// packet passes with probability 2^-16), `None` otherwise. `ip.id` is ignored.
+#[must_use]
+pub fn recover_ipv4_id(ip: &super::Ipv4Header, udp: &UdpHeader, packet: &[u8]) -> Option<u16> {
+    if packet.len() < Bth::LEN + ICRC_LEN {
+        return None;
+    }
+    let end = packet.len() - ICRC_LEN;
+    let mut carried = [0; 4];
+    carried.copy_from_slice(&packet[end..]);
+    let zero_id = IpHeader::V4(super::Ipv4Header { id: 0, ..*ip });
+    let diff = u32::from_le_bytes(carried) ^ compute(&zero_id, udp, &packet[..end]).ok()?;
+    // The ID's two bytes sit 12 bytes into the CRC's input (8 LRH bytes + 4 of the IP
+    // header); `tail` bytes follow them.
+    let tail = (8 + 20 + UdpHeader::LEN + end - 14) as u64;
+    let target = gf2::mul(gf2::pow(gf2::X_INV, 8 * tail), diff);
+    let mut rest = target;
+    let mut id = 0u16;
+    for (pivot, row, bits) in gf2::BASIS {
+        if rest & pivot != 0 {
+            rest ^= row;
+            id ^= bits;
+        }
+    }
+    (rest == 0).then_some(id)
+}
+
+#[cfg(test)]
+mod recover_tests {
+    use super::*;
+    use crate::wire::{Datagram, Ipv4Header};
+
+    #[test]
+    fn x_inverse_and_raw_crc() {
+        // x · x^-1 = 1.
+        assert_eq!(gf2::mul(gf2::X_INV, 1 << 30), gf2::ONE);
+        // The raw CRC of two bytes equals zlib's with the pre- and post-inversion undone:
+        // crc(m) = raw(m) ^ raw(init effect) ^ !0, so differences agree.
+        let a = crc32fast::hash(&[0x12, 0x34]) ^ crc32fast::hash(&[0, 0]);
+        assert_eq!(a, gf2::raw2(0x12, 0x34));
+    }
+
+    #[test]
+    fn recovers_the_id_of_the_write_only_vector() {
+        // protocol.md's WRITE ONLY "hello", re-sealed with ID 0x1234.
+        let mut frame = tests::hex(
+            "4500004412344000401126a70a0000010a000002 df9412b700300000
+             0a30ffff000000128000010000007f0000001000000005170000000568656c6c6f000000 00000000",
+        );
+        let d = Datagram::parse(&frame).unwrap();
+        let (ip, udp) = (d.ip, d.udp);
+        let start = 28;
+        seal(&ip, &udp, &mut frame[start..]).unwrap();
+        let IpHeader::V4(v4) = ip else { panic!() };
+        assert_eq!(v4.id, 0x1234);
+        let blind = Ipv4Header { id: 0, ..v4 };
+        assert_eq!(recover_ipv4_id(&blind, &udp, &frame[start..]), Some(0x1234));
+        frame[start + 30] ^= 0x40;
+        assert_eq!(recover_ipv4_id(&blind, &udp, &frame[start..]), None);
     }
 }
