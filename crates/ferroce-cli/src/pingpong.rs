@@ -61,6 +61,12 @@ pub(crate) struct PingpongArgs {
     /// Print the NIC's counters at exit, as `rdma statistic show` does.
     #[arg(long = "stats")]
     stats: bool,
+    /// Write every packet sent and received to this pcap file.
+    #[arg(long = "pcap")]
+    pcap: Option<std::path::PathBuf>,
+    /// Inject faults on every packet sent: loss=P,dup=P,reorder=P,corrupt=P,delay=US,seed=N.
+    #[arg(long = "fault")]
+    fault: Option<ferroce::nic::Faults>,
 }
 
 /// The buffer `ibv_rc_pingpong` sends: 0x7b everywhere, 0 at every page start when checking.
@@ -86,7 +92,12 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
             args.mtu
         ));
     };
-    let nic = match Nic::open(NicConfig::on(args.local)) {
+    let config = NicConfig {
+        faults: args.fault,
+        pcap: args.pcap.clone(),
+        ..NicConfig::on(args.local)
+    };
+    let nic = match Nic::open(&config) {
         Ok(nic) => nic,
         Err(e) => return fail(format!("Couldn't open the soft NIC: {e}")),
     };

@@ -21,6 +21,6 @@ mod soft;
 
 pub use cq::Cq;
 pub use ferroce_proto as proto;
-pub use nic::{Nic, NicConfig, NicError};
+pub use nic::{Faults, Nic, NicConfig, NicError};
 pub use qp::{ConnectOptions, Qp, QpEndpoint};
 pub use region::{Region, RegionAccess, RegionError, RegionMemory};

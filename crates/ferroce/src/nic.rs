@@ -13,29 +13,36 @@ use ferroce_proto::memory::PdId;
 use ferroce_proto::wire::ROCE_PORT;
 use ferroce_proto::{Counters, Engine, EngineConfig};
 
-use crate::soft::{sys, Shared};
+use std::path::PathBuf;
+
+pub use crate::soft::tap::{Faults, FaultsError};
+use crate::soft::{sys, tap, Shared};
 
 /// How to open a NIC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NicConfig {
     /// The local address and UDP port; RoCEv2 peers send to port 4791.
     pub addr: SocketAddr,
+    /// Faults to inject on every packet sent (`--fault`).
+    pub faults: Option<Faults>,
+    /// Where to write every packet sent and received as a pcap capture (`--pcap`).
+    pub pcap: Option<PathBuf>,
 }
 
 impl Default for NicConfig {
     fn default() -> Self {
-        Self {
-            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), ROCE_PORT),
-        }
+        Self::on(IpAddr::V4(Ipv4Addr::LOCALHOST))
     }
 }
 
 impl NicConfig {
-    /// The RoCEv2 port on `ip`.
+    /// The RoCEv2 port on `ip`, no faults, no capture.
     #[must_use]
     pub fn on(ip: IpAddr) -> Self {
         Self {
             addr: SocketAddr::new(ip, ROCE_PORT),
+            faults: None,
+            pcap: None,
         }
     }
 }
@@ -56,6 +63,15 @@ pub enum NicError {
     /// The address is not one of this host's.
     #[error("{0} is not an address of this host (bind failed: address not available)")]
     AddressNotAvailable(SocketAddr),
+    /// The capture file could not be created.
+    #[error("cannot write the capture {}: {source}", path.display())]
+    Pcap {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
     /// Any other socket failure.
     #[error("cannot open a UDP socket on {addr}: {source}")]
     Socket {
@@ -92,7 +108,7 @@ impl Nic {
     ///
     /// [`NicError::AddressInUse`] and [`NicError::AddressNotAvailable`] name the address;
     /// [`NicError::Socket`] carries any other failure.
-    pub fn open(config: NicConfig) -> Result<Self, NicError> {
+    pub fn open(config: &NicConfig) -> Result<Self, NicError> {
         let addr = config.addr;
         let socket = UdpSocket::bind(addr).map_err(|source| match source.kind() {
             io::ErrorKind::AddrInUse => NicError::AddressInUse {
@@ -122,7 +138,16 @@ impl Nic {
         });
         engine.set_local_port(local.port());
         let pd = engine.alloc_pd();
-        let shared = Shared::new(socket, local, engine);
+        let pcap = match &config.pcap {
+            Some(path) => Some(
+                tap::PcapWriter::create(path).map_err(|source| NicError::Pcap {
+                    path: path.to_path_buf(),
+                    source,
+                })?,
+            ),
+            None => None,
+        };
+        let shared = Shared::new(socket, local, engine, config.faults, pcap);
         shared
             .start()
             .map_err(|source| NicError::Socket { addr, source })?;
@@ -154,9 +179,10 @@ impl Nic {
         }
         let c = &self.shared.counters;
         line.push_str(&format!(
-            " udp_send_errors {} udp_recv_errors {}",
+            " udp_send_errors {} udp_recv_errors {} pcap_errors {}",
             c.send_errors.load(Ordering::Relaxed),
-            c.recv_errors.load(Ordering::Relaxed)
+            c.recv_errors.load(Ordering::Relaxed),
+            c.pcap_errors.load(Ordering::Relaxed)
         ));
         line
     }

@@ -15,7 +15,11 @@ use ferroce::{
 /// A port of its own per test, so the tests of this file can run in parallel.
 fn nic(host: u8, port: u16) -> Nic {
     let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, host)), port);
-    Nic::open(NicConfig { addr }).expect("open a soft NIC on loopback")
+    Nic::open(&NicConfig {
+        addr,
+        ..NicConfig::default()
+    })
+    .expect("open a soft NIC on loopback")
 }
 
 struct Side {
@@ -213,7 +217,11 @@ fn a_peer_that_disappears_ends_in_retry_exceeded() {
 #[test]
 fn an_address_in_use_is_named() {
     let first = nic(2, 24794);
-    let err = Nic::open(NicConfig { addr: first.addr() }).unwrap_err();
+    let err = Nic::open(&NicConfig {
+        addr: first.addr(),
+        ..NicConfig::default()
+    })
+    .unwrap_err();
     assert!(matches!(err, NicError::AddressInUse { .. }));
     let text = err.to_string();
     assert!(

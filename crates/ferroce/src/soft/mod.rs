@@ -8,6 +8,7 @@
 //! CPU.
 
 pub(crate) mod sys;
+pub(crate) mod tap;
 
 use std::collections::HashMap;
 use std::io;
@@ -94,11 +95,24 @@ impl Memory for HostMemory {
     }
 }
 
-/// The engine and its memory, behind the NIC's lock.
+/// The engine and its memory, behind the NIC's lock, with the taps on its I/O path.
 pub(crate) struct State {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
     tx: Vec<u8>,
+    faults: Option<tap::FaultInjector>,
+    pcap: Option<tap::PcapWriter>,
+}
+
+impl State {
+    /// When something is next due: an engine timer or a delayed packet.
+    fn next_due(&self) -> Option<Instant> {
+        let held = self.faults.as_ref().and_then(tap::FaultInjector::next_due);
+        match (self.engine.poll_timeout(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// Counters of the UDP driver itself (the engine counts the protocol).
@@ -106,6 +120,7 @@ pub(crate) struct State {
 pub(crate) struct DriverCounters {
     pub(crate) send_errors: AtomicU64,
     pub(crate) recv_errors: AtomicU64,
+    pub(crate) pcap_errors: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -123,12 +138,20 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(socket: UdpSocket, local: SocketAddr, engine: Engine) -> Arc<Self> {
+    pub(crate) fn new(
+        socket: UdpSocket,
+        local: SocketAddr,
+        engine: Engine,
+        faults: Option<tap::Faults>,
+        pcap: Option<tap::PcapWriter>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 engine,
                 mem: HostMemory::default(),
                 tx: vec![0; MAX_PACKET],
+                faults: faults.map(tap::FaultInjector::new),
+                pcap,
             }),
             completions: Condvar::new(),
             socket,
@@ -145,12 +168,33 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends everything the engine has ready.
+    /// Sends everything the engine has ready (and held packets now due), through the taps.
     pub(crate) fn flush(&self, state: &mut State, now: Instant) {
-        let State { engine, mem, tx } = state;
-        while let Some(t) = engine.poll_transmit(now, mem, tx) {
-            if self.socket.send_to(&tx[..t.len], t.dst).is_err() {
+        let State {
+            engine,
+            mem,
+            tx,
+            faults,
+            pcap,
+        } = state;
+        let mut send = |dst: SocketAddr, bytes: &[u8]| {
+            if self.socket.send_to(bytes, dst).is_err() {
                 self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        if let Some(faults) = faults.as_mut() {
+            faults.release(now, &mut send);
+        }
+        while let Some(t) = engine.poll_transmit(now, mem, tx) {
+            let bytes = &tx[..t.len];
+            if let Some(pcap) = pcap.as_mut() {
+                if pcap.record(self.local, t.dst, bytes).is_err() {
+                    self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            match faults.as_mut() {
+                Some(faults) => faults.submit(now, t.dst, bytes, &mut send),
+                None => send(t.dst, bytes),
             }
         }
     }
@@ -160,7 +204,7 @@ impl Shared {
     pub(crate) fn after_command(&self, mut state: MutexGuard<'_, State>) {
         let now = Instant::now();
         self.flush(&mut state, now);
-        let next = state.engine.poll_timeout();
+        let next = state.next_due();
         drop(state);
         self.completions.notify_all();
         let sleeping = *self
@@ -189,8 +233,13 @@ impl Shared {
         Ok(())
     }
 
-    /// Stops and joins the progress thread. Idempotent.
+    /// Stops and joins the progress thread, and flushes the capture. Idempotent.
     pub(crate) fn stop(&self) {
+        if let Some(pcap) = self.lock().pcap.as_mut() {
+            if pcap.flush().is_err() {
+                self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         self.stop.store(true, Ordering::SeqCst);
         self.ring();
         let handle = self
@@ -208,19 +257,21 @@ impl Shared {
 
     /// Handles up to a batch of datagrams that have already arrived, without blocking. The
     /// caller holds the lock, so datagrams are handled in the order they arrived.
-    fn drain(
-        &self,
-        engine: &mut Engine,
-        mem: &mut HostMemory,
-        now: Instant,
-        buf: &mut [u8],
-    ) -> usize {
+    fn drain(&self, state: &mut State, now: Instant, buf: &mut [u8]) -> usize {
+        let State {
+            engine, mem, pcap, ..
+        } = state;
         let dst = self.local.ip();
         let mut handled = 0;
         for _ in 0..64 {
             match sys::recv_dontwait(&self.socket, buf) {
                 Ok((0, from)) if from == self.local => {}
                 Ok((n, from)) => {
+                    if let Some(pcap) = pcap.as_mut() {
+                        if pcap.record(from, self.local, &buf[..n]).is_err() {
+                            self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                     engine.handle_datagram(now, from, dst, &buf[..n], mem);
                     handled += 1;
                 }
@@ -243,9 +294,8 @@ impl Shared {
     pub(crate) fn progress_here(&self, state: &mut State) {
         let now = Instant::now();
         let mut buf = [0u8; 9216];
-        let State { engine, mem, .. } = state;
-        self.drain(engine, mem, now, &mut buf);
-        engine.handle_timeout(now);
+        self.drain(state, now, &mut buf);
+        state.engine.handle_timeout(now);
         self.flush(state, now);
     }
 
@@ -257,7 +307,7 @@ impl Shared {
                 let mut state = self.lock();
                 state.engine.handle_timeout(now);
                 self.flush(&mut state, now);
-                state.engine.poll_timeout()
+                state.next_due()
             };
             self.completions.notify_all();
             *self
@@ -272,8 +322,7 @@ impl Shared {
                     // racing for the lock would reorder them.
                     let now = Instant::now();
                     let mut state = self.lock();
-                    let State { engine, mem, .. } = &mut *state;
-                    self.drain(engine, mem, now, &mut buf);
+                    self.drain(&mut state, now, &mut buf);
                     self.flush(&mut state, now);
                     drop(state);
                     self.completions.notify_all();
