@@ -15,6 +15,7 @@ command -v cc >/dev/null || packages+=(build-essential)
 command -v curl >/dev/null || packages+=(curl ca-certificates)
 command -v tshark >/dev/null || packages+=(tshark)
 command -v pkg-config >/dev/null || packages+=(pkg-config)
+command -v ip >/dev/null || packages+=(iproute2)
 if [ ${#packages[@]} -gt 0 ]; then
     echo "bootstrap: installing ${packages[*]}"
     $sudo apt-get update -qq

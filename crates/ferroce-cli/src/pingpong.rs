@@ -285,7 +285,9 @@ fn server_exchange(
     local: &PingpongDest,
     connect: impl FnOnce(&PingpongDest) -> Result<(), String>,
 ) -> Result<PingpongDest, String> {
-    let listener = TcpListener::bind(("0.0.0.0", port))
+    // Every address, IPv6 and IPv4 alike where the host allows dual-stack sockets.
+    let listener = TcpListener::bind(("::", port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
         .map_err(|e| format!("Couldn't listen to port {port}: {e}"))?;
     let (mut stream, _) = listener
         .accept()

@@ -1,0 +1,161 @@
+//! `ferroce pingpong` between two network namespaces joined by a veth pair that the test
+//! creates and removes, over IPv4 and IPv6: a real link, not loopback. Needs root and
+//! iproute2; without them the test says why it skips, and `scripts/test.sh` sets
+//! `FERROCE_REQUIRE_NETNS=1` so CI fails instead of skipping.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// Two namespaces and a veth pair, removed on drop whatever happens.
+struct Link {
+    a: String,
+    b: String,
+}
+
+fn ip(args: &[&str]) -> Output {
+    Command::new("ip").args(args).output().expect("run ip")
+}
+
+fn must(args: &[&str]) {
+    let out = ip(args);
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Link {
+    fn new(tag: &str) -> Self {
+        let pid = std::process::id();
+        let link = Self {
+            a: format!("ferroce-{tag}-{pid}-a"),
+            b: format!("ferroce-{tag}-{pid}-b"),
+        };
+        must(&["netns", "add", &link.a]);
+        must(&["netns", "add", &link.b]);
+        must(&[
+            "link",
+            "add",
+            "fr-veth-a",
+            "netns",
+            &link.a,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "fr-veth-b",
+            "netns",
+            &link.b,
+        ]);
+        for (ns, dev, v4, v6) in [
+            (&link.a, "fr-veth-a", "10.199.7.1/24", "fd00:199::1/64"),
+            (&link.b, "fr-veth-b", "10.199.7.2/24", "fd00:199::2/64"),
+        ] {
+            must(&["-n", ns, "addr", "add", v4, "dev", dev]);
+            must(&["-n", ns, "addr", "add", v6, "dev", dev, "nodad"]);
+            must(&["-n", ns, "link", "set", dev, "up"]);
+            must(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        link
+    }
+
+    fn ferroce(&self, ns: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_ferroce")])
+            .args(args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and with it the pair.
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+fn can_run() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let has_ip = Command::new("ip").arg("-V").output().is_ok();
+    if root && has_ip {
+        return true;
+    }
+    assert!(
+        std::env::var_os("FERROCE_REQUIRE_NETNS").is_none(),
+        "FERROCE_REQUIRE_NETNS is set but this test needs root and iproute2 (root: {root}, ip: {has_ip})"
+    );
+    eprintln!(
+        "SKIPPED pingpong_across_namespaces: needs root and iproute2 to create network namespaces"
+    );
+    false
+}
+
+#[test]
+fn pingpong_across_namespaces() {
+    if !can_run() {
+        return;
+    }
+    let link = Link::new("pp");
+    for (server_ip, client_ip, size) in [
+        ("10.199.7.1", "10.199.7.2", "4096"),
+        ("fd00:199::1", "fd00:199::2", "3000"),
+    ] {
+        let server = link
+            .ferroce(
+                &link.a,
+                &[
+                    "pingpong", "--local", server_ip, "-n", "300", "-s", size, "-c", "--stats",
+                ],
+            )
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let client = link
+            .ferroce(
+                &link.b,
+                &[
+                    "pingpong", "--local", client_ip, "-n", "300", "-s", size, "-c", "--stats",
+                    server_ip,
+                ],
+            )
+            .output()
+            .unwrap();
+        let server = server.wait_with_output().unwrap();
+        let (c, s) = (
+            String::from_utf8_lossy(&client.stdout),
+            String::from_utf8_lossy(&server.stdout),
+        );
+        assert!(
+            client.status.success(),
+            "client: {c}{}",
+            String::from_utf8_lossy(&client.stderr)
+        );
+        assert!(
+            server.status.success(),
+            "server: {s}{}",
+            String::from_utf8_lossy(&server.stderr)
+        );
+        assert!(c.contains("300 iters in "), "{c}");
+        assert!(
+            c.contains(&format!(
+                "GID {}",
+                if server_ip.contains(':') {
+                    server_ip.to_owned()
+                } else {
+                    format!("::ffff:{server_ip}")
+                }
+            )),
+            "{c}"
+        );
+        for out in [&c, &s] {
+            assert!(out.contains(" icrc_err 0 "), "{out}");
+        }
+    }
+}
