@@ -184,3 +184,52 @@ fn faults_and_captures() {
         assert!(text.lines().all(|l| l.ends_with("icrc=ok")));
     }
 }
+
+/// A peer whose process is killed mid-run. If the survivor had a SEND outstanding, it exhausts
+/// its retries (7 × 67 ms) and the tool reports the failed status as `ibv_rc_pingpong` does;
+/// if it was only waiting for the peer's SEND, nothing can retry, and the tool says the peer
+/// stopped answering after 10 s, where `ibv_rc_pingpong` would wait forever. Never a hang.
+#[test]
+fn a_killed_peer_ends_in_retry_exceeded() {
+    let mut server = pingpong(&[
+        "--local",
+        "127.0.0.7",
+        "-p",
+        "19106",
+        "-n",
+        "1000000",
+        "-s",
+        "64",
+    ])
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let client = pingpong(&[
+        "--local",
+        "127.0.0.8",
+        "-p",
+        "19106",
+        "-n",
+        "1000000",
+        "-s",
+        "64",
+        "127.0.0.7",
+    ])
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let started = std::time::Instant::now();
+    let out = client.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let retried = err.contains("Failed status transport retry counter exceeded (12) for wr_id 2");
+    let silent = err.contains("No completion for 10 s: the peer stopped answering");
+    assert!(retried || silent, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
