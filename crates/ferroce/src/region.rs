@@ -3,7 +3,8 @@
 //!
 //! The region owns its bytes while registered; they are locked in RAM (`mlock`), so the
 //! process's `RLIMIT_MEMLOCK` is a real limit and a refusal comes back as
-//! [`RegionError::MemlockLimit`]. Peers may write at any time, so the bytes are never handed
+//! [`RegionError::MemlockLimit`]. A dma-buf is mapped (the soft backend reaches device memory
+//! as the CPU does; only a verbs backend can DMA into it directly). Peers may write at any time, so the bytes are never handed
 //! out as `&[u8]`: [`Region::read`] and [`Region::write`] copy, under the same lock the engine
 //! takes. [`Region::deregister`] returns the bytes once nothing can touch them any more.
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use ferroce_proto::memory::{Access, RegionInfo, WriteOrder};
 use ferroce_proto::qp::{RemoteAddr, Sge};
 
-use crate::soft::{sys, HostBuf};
+use crate::soft::{sys, HostBuf, Storage};
 use crate::Nic;
 
 /// What peers may do to a region (seed 004's `access`).
@@ -42,7 +43,9 @@ impl RegionAccess {
 pub enum RegionMemory {
     /// Host bytes; the region owns them until [`Region::deregister`] gives them back.
     Host(Vec<u8>),
-    /// `bytes` bytes at `offset` of a dma-buf a driver exported.
+    /// `bytes` bytes at `offset` of a dma-buf a driver exported (any descriptor `mmap` can map
+    /// shared, such as a memfd, works the same for the soft backend). The descriptor may be
+    /// closed once `register` returns: the mapping keeps the memory.
     Dmabuf {
         /// The dma-buf's file descriptor.
         fd: RawFd,
@@ -104,12 +107,24 @@ pub enum RegionError {
     NotRemote,
 }
 
+fn memlock_error(bytes: usize, reason: std::io::Error) -> RegionError {
+    let limit =
+        sys::memlock_limit().map_or_else(|| "unlimited".to_owned(), |l| format!("{l} bytes"));
+    RegionError::MemlockLimit {
+        bytes,
+        limit,
+        reason,
+    }
+}
+
 /// A registered region. Dropping it without [`Region::deregister`] deregisters it too.
 #[derive(Debug)]
 pub struct Region {
     nic: Nic,
     info: RegionInfo,
     buf: Option<Arc<HostBuf>>,
+    /// The descriptor and offset of a dma-buf region.
+    dmabuf: Option<(RawFd, u64)>,
 }
 
 impl Region {
@@ -120,73 +135,90 @@ impl Region {
     ///
     /// [`RegionError::Empty`] for no bytes, [`RegionError::MemlockLimit`] when the
     /// locked-memory limit cannot hold the bytes, [`RegionError::Dmabuf`] for dma-buf memory
-    /// (not yet mapped by the soft backend).
+    /// that cannot be mapped (with the reason).
     pub fn register(
         nic: &Nic,
         access: RegionAccess,
         order: WriteOrder,
         memory: RegionMemory,
     ) -> Result<Self, RegionError> {
-        let bytes = match memory {
-            RegionMemory::Host(bytes) => bytes.into_boxed_slice(),
-            RegionMemory::Dmabuf { fd, offset, bytes } => return Err(RegionError::Dmabuf {
-                fd,
-                offset,
-                bytes,
-                reason:
-                    "the soft backend does not map dma-bufs yet; stage the data through host memory"
-                        .into(),
-            }),
-        };
-        if bytes.is_empty() {
-            return Err(RegionError::Empty);
-        }
-        if let Err(reason) = sys::mlock(&bytes) {
-            let limit = sys::memlock_limit()
-                .map_or_else(|| "unlimited".to_owned(), |l| format!("{l} bytes"));
-            return Err(RegionError::MemlockLimit {
-                bytes: bytes.len(),
-                limit,
-                reason,
-            });
-        }
-        // Peers address the region by where its bytes are, as verbs do.
-        let va = bytes.as_ptr() as u64;
-        let len = bytes.len() as u64;
-        let buf = Arc::new(HostBuf::new(bytes, true));
-        let mut state = nic.shared.lock();
-        let info = match state
-            .engine
-            .register(nic.pd, va, len, access.rights(), order)
-        {
-            Ok(info) => info,
-            Err(e) => {
-                drop(state);
-                if let Ok(buf) = Arc::try_unwrap(buf) {
-                    drop(buf.into_bytes());
+        let (storage, va, len, dmabuf) = match memory {
+            RegionMemory::Host(bytes) => {
+                let bytes = bytes.into_boxed_slice();
+                if bytes.is_empty() {
+                    return Err(RegionError::Empty);
                 }
-                return Err(e.into());
+                if let Err(reason) = sys::mlock(&bytes) {
+                    return Err(memlock_error(bytes.len(), reason));
+                }
+                // Peers address the region by where its bytes are, as verbs do.
+                let (va, len) = (bytes.as_ptr() as u64, bytes.len() as u64);
+                (Storage::Heap(bytes), va, len, None)
+            }
+            RegionMemory::Dmabuf { fd, offset, bytes } => {
+                let refuse = |reason: String| RegionError::Dmabuf {
+                    fd,
+                    offset,
+                    bytes,
+                    reason,
+                };
+                if fd < 0 {
+                    return Err(refuse("the descriptor is negative".into()));
+                }
+                if bytes == 0 {
+                    return Err(RegionError::Empty);
+                }
+                let len =
+                    usize::try_from(bytes).map_err(|_| refuse("too large for this host".into()))?;
+                // The soft backend reaches device memory by mapping it, as a CPU would.
+                let map = sys::Mapping::new(fd, offset, len).map_err(|e| {
+                    refuse(format!(
+                        "mmap failed: {e} (is it a dma-buf its exporter lets the CPU map?)"
+                    ))
+                })?;
+                if let Err(reason) = map.mlock() {
+                    return Err(memlock_error(map.len(), reason));
+                }
+                let va = map.addr();
+                (Storage::Mapped(map), va, bytes, Some((fd, offset)))
             }
         };
+        let buf = Arc::new(HostBuf::new(storage, true));
+        let mut state = nic.shared.lock();
+        let info = state
+            .engine
+            .register(nic.pd, va, len, access.rights(), order)?;
         state.mem.regions.insert(info.id, Arc::clone(&buf));
         Ok(Self {
             nic: nic.clone(),
             info,
             buf: Some(buf),
+            dmabuf,
         })
     }
 
     /// Deregisters the region (seed 004's `deregister`): once this returns, the NIC reads and
-    /// writes it no more, and its bytes come back.
+    /// writes it no more, and the memory comes back as it was registered: host bytes with
+    /// what peers wrote, or the dma-buf's descriptor and range (now unmapped).
     ///
     /// # Errors
     ///
     /// None today; the `Result` keeps the seed's contract for backends that can fail.
-    pub fn deregister(mut self) -> Result<Vec<u8>, RegionError> {
-        Ok(self.release().map(Vec::from).unwrap_or_default())
+    pub fn deregister(mut self) -> Result<RegionMemory, RegionError> {
+        let len = self.info.len;
+        let dmabuf = self.dmabuf;
+        Ok(match (self.release(), dmabuf) {
+            (Some(Storage::Heap(bytes)), _) => RegionMemory::Host(bytes.into_vec()),
+            (_, Some((fd, offset))) => RegionMemory::Dmabuf {
+                fd,
+                offset,
+                bytes: len,
+            },
+            _ => RegionMemory::Host(Vec::new()),
+        })
     }
 
-    fn release(&mut self) -> Option<Box<[u8]>> {
+    fn release(&mut self) -> Option<Storage> {
         let buf = self.buf.take()?;
         {
             let mut state = self.nic.shared.lock();
@@ -194,7 +226,7 @@ impl Region {
             state.mem.regions.remove(&self.info.id);
         }
         // The engine's reference is gone with the table entry; ours is the last one.
-        Arc::try_unwrap(buf).ok().map(HostBuf::into_bytes)
+        Arc::try_unwrap(buf).ok().map(HostBuf::into_storage)
     }
 
     /// The region's length in bytes.
@@ -279,8 +311,7 @@ impl Region {
     pub fn read(&self, at: u64, out: &mut [u8]) -> Result<(), RegionError> {
         self.check(at, out.len() as u64)?;
         if let Some(buf) = &self.buf {
-            let start = at as usize;
-            out.copy_from_slice(&buf.lock()[start..start + out.len()]);
+            buf.read(at, out);
         }
         Ok(())
     }
@@ -293,8 +324,7 @@ impl Region {
     pub fn write(&self, at: u64, data: &[u8]) -> Result<(), RegionError> {
         self.check(at, data.len() as u64)?;
         if let Some(buf) = &self.buf {
-            let start = at as usize;
-            buf.lock()[start..start + data.len()].copy_from_slice(data);
+            buf.write(at, data);
         }
         Ok(())
     }

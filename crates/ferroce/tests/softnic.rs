@@ -269,8 +269,78 @@ fn regions_check_ranges_and_give_their_bytes_back() {
         Err(RegionError::Dmabuf { .. })
     ));
     r.write(0, &[7, 7]).unwrap();
-    let bytes = r.deregister().unwrap();
+    let RegionMemory::Host(bytes) = r.deregister().unwrap() else {
+        panic!("host memory comes back")
+    };
     assert_eq!(&bytes[..3], &[7, 7, 5]);
+}
+
+/// A dma-buf region is mapped by the soft backend: a peer's WRITE lands in the exporter's
+/// memory (here a plain file, which maps the same way), at the registered offset, and a READ
+/// returns it; a descriptor that cannot be mapped is refused with the reason.
+#[test]
+fn dmabuf_regions_are_mapped() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::fd::AsRawFd;
+
+    let (a, b) = pair(24797, QpType::Rc, &ConnectOptions::default());
+    let mut file = tempfile::tempfile().unwrap();
+    file.write_all(&vec![0xaa; 3 * 4096]).unwrap();
+    let memory = RegionMemory::Dmabuf {
+        fd: file.as_raw_fd(),
+        offset: 4096 + 100,
+        bytes: 2000,
+    };
+    let device =
+        Region::register(&b.nic, RegionAccess::Remote, WriteOrder::InOrder, memory).unwrap();
+    let src = region(&a.nic, RegionAccess::Local, pattern(2000, 6));
+    let write = SendOp::Write(device.remote(0).unwrap());
+    a.qp.post_send(SendWr::new(
+        1,
+        write,
+        Payload::Sges(vec![src.local(0, 2000).unwrap()]),
+    ))
+    .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+
+    let mut landed = vec![0; 3 * 4096];
+    file.seek(SeekFrom::Start(0)).unwrap();
+    file.read_exact(&mut landed).unwrap();
+    assert!(
+        landed[4196..6196] == pattern(2000, 6)[..],
+        "the WRITE landed in the mapped file"
+    );
+    assert!(
+        landed[..4196]
+            .iter()
+            .chain(&landed[6196..])
+            .all(|&x| x == 0xaa),
+        "nothing else changed"
+    );
+    let mut through_region = vec![0; 2000];
+    device.read(0, &mut through_region).unwrap();
+    assert!(through_region == pattern(2000, 6));
+
+    let back = device.deregister().unwrap();
+    assert!(matches!(
+        back,
+        RegionMemory::Dmabuf {
+            offset: 4196,
+            bytes: 2000,
+            ..
+        }
+    ));
+    // A socket cannot be mapped.
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unmappable = RegionMemory::Dmabuf {
+        fd: socket.as_raw_fd(),
+        offset: 0,
+        bytes: 8,
+    };
+    let err =
+        Region::register(&a.nic, RegionAccess::Local, WriteOrder::InOrder, unmappable).unwrap_err();
+    assert!(matches!(err, RegionError::Dmabuf { .. }));
+    assert!(err.to_string().contains("mmap failed"), "{err}");
 }
 
 #[test]

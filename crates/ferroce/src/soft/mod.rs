@@ -22,36 +22,95 @@ use ferroce_proto::engine::MAX_PACKET;
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
 use ferroce_proto::Engine;
 
-/// The bytes of one host region, shared by the application's handle and the engine. They are
-/// only ever reached through this lock, by copying: never as a `&[u8]` a peer could change.
+/// Where a region's bytes live.
+#[derive(Debug)]
+pub(crate) enum Storage {
+    /// Host memory the region owns.
+    Heap(Box<[u8]>),
+    /// A shared mapping of a dma-buf (or any mappable descriptor).
+    Mapped(sys::Mapping),
+}
+
+impl Storage {
+    fn read(&self, at: usize, out: &mut [u8]) {
+        match self {
+            Self::Heap(bytes) => {
+                if let Some(src) = at.checked_add(out.len()).and_then(|end| bytes.get(at..end)) {
+                    out.copy_from_slice(src);
+                }
+            }
+            Self::Mapped(map) => map.read(at, out),
+        }
+    }
+
+    fn write(&mut self, at: usize, data: &[u8]) {
+        match self {
+            Self::Heap(bytes) => {
+                if let Some(dst) = at
+                    .checked_add(data.len())
+                    .and_then(|end| bytes.get_mut(at..end))
+                {
+                    dst.copy_from_slice(data);
+                }
+            }
+            Self::Mapped(map) => map.write(at, data),
+        }
+    }
+}
+
+/// The bytes of one region, shared by the application's handle and the engine. They are only
+/// ever reached through this lock, by copying: never as a `&[u8]` a peer could change.
 #[derive(Debug)]
 pub(crate) struct HostBuf {
-    bytes: Mutex<Box<[u8]>>,
+    storage: Mutex<Storage>,
     locked: bool,
 }
 
 impl HostBuf {
-    pub(crate) fn new(bytes: Box<[u8]>, locked: bool) -> Self {
+    pub(crate) fn new(storage: Storage, locked: bool) -> Self {
         Self {
-            bytes: Mutex::new(bytes),
+            storage: Mutex::new(storage),
             locked,
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Box<[u8]>> {
-        self.bytes.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Storage> {
+        self.storage.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Gives the bytes back, unlocked from RAM.
-    pub(crate) fn into_bytes(self) -> Box<[u8]> {
-        let bytes = self
-            .bytes
+    /// Copies `out.len()` bytes from offset `at`; the caller has checked the range.
+    pub(crate) fn read(&self, at: u64, out: &mut [u8]) {
+        self.lock()
+            .read(usize::try_from(at).unwrap_or(usize::MAX), out);
+    }
+
+    /// Copies `data` to offset `at`; the caller has checked the range.
+    pub(crate) fn write(&self, at: u64, data: &[u8]) {
+        self.lock()
+            .write(usize::try_from(at).unwrap_or(usize::MAX), data);
+    }
+
+    /// Applies an atomic operation to the 8 bytes at `at`, under the lock.
+    fn atomic(&self, at: u64, op: AtomicOp) -> u64 {
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        let mut storage = self.lock();
+        let mut word = [0; 8];
+        storage.read(at, &mut word);
+        let old = u64::from_ne_bytes(word);
+        storage.write(at, &op.apply(old).to_ne_bytes());
+        old
+    }
+
+    /// Gives the storage back, unlocked from RAM (a mapping is unmapped when dropped).
+    pub(crate) fn into_storage(self) -> Storage {
+        let storage = self
+            .storage
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner);
-        if self.locked {
-            sys::munlock(&bytes);
+        if let (true, Storage::Heap(bytes)) = (self.locked, &storage) {
+            sys::munlock(bytes);
         }
-        bytes
+        storage
     }
 }
 
@@ -61,37 +120,23 @@ pub(crate) struct HostMemory {
     pub(crate) regions: HashMap<RegionId, Arc<HostBuf>>,
 }
 
-impl HostMemory {
-    fn range(offset: u64, len: usize) -> std::ops::Range<usize> {
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        start..start.saturating_add(len)
-    }
-}
-
 impl Memory for HostMemory {
     fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
         if let Some(buf) = self.regions.get(&region) {
-            out.copy_from_slice(&buf.lock()[Self::range(offset, out.len())]);
+            buf.read(offset, out);
         }
     }
 
     fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
         if let Some(buf) = self.regions.get(&region) {
-            buf.lock()[Self::range(offset, data.len())].copy_from_slice(data);
+            buf.write(offset, data);
         }
     }
 
     fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64 {
-        let Some(buf) = self.regions.get(&region) else {
-            return 0;
-        };
-        let mut bytes = buf.lock();
-        let target = &mut bytes[Self::range(offset, 8)];
-        let mut word = [0; 8];
-        word.copy_from_slice(target);
-        let old = u64::from_ne_bytes(word);
-        target.copy_from_slice(&op.apply(old).to_ne_bytes());
-        old
+        self.regions
+            .get(&region)
+            .map_or(0, |buf| buf.atomic(offset, op))
     }
 }
 

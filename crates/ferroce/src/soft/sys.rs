@@ -179,3 +179,127 @@ pub(crate) fn wait_readable(
         }
     }
 }
+
+/// A shared mapping of `len` bytes of a file descriptor (a dma-buf, a memfd), unmapped on
+/// drop. Its bytes are only ever copied in and out with raw copies: no Rust reference to them
+/// exists, since the exporting device may change them at any time.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    base: std::ptr::NonNull<u8>,
+    map_len: usize,
+    /// Where the caller's offset lands inside the page-aligned mapping.
+    skew: usize,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; every access goes through
+// `read`/`write`, which the owner serialises behind a lock.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` offers no access that is not serialised by its owner's lock.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes at `offset` of `fd`, readable and writable, shared.
+    pub(crate) fn new(fd: std::os::fd::RawFd, offset: u64, len: usize) -> io::Result<Self> {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .unwrap_or(4096)
+            .max(1);
+        let offset =
+            usize::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let skew = offset % page;
+        let map_len = skew
+            .checked_add(len)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let file_offset = libc::off_t::try_from(offset - skew)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a fresh mapping chosen by the kernel (no fixed address), so no existing
+        // memory is affected; failure is reported as MAP_FAILED and handled below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                file_offset,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = std::ptr::NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))?;
+        Ok(Self {
+            base,
+            map_len,
+            skew,
+            len,
+        })
+    }
+
+    /// The address of the first mapped byte the caller asked for.
+    pub(crate) fn addr(&self) -> u64 {
+        self.base.as_ptr() as u64 + self.skew as u64
+    }
+
+    /// The length the caller asked for.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn check(&self, at: usize, n: usize) -> bool {
+        at.checked_add(n).is_some_and(|end| end <= self.len)
+    }
+
+    /// Copies `out.len()` bytes from `at`. Out-of-range requests copy nothing.
+    pub(crate) fn read(&self, at: usize, out: &mut [u8]) {
+        if self.check(at, out.len()) {
+            // SAFETY: `at + out.len() <= len`, so the source lies inside the live mapping;
+            // `out` is a distinct Rust buffer, so the ranges do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.base.as_ptr().add(self.skew + at),
+                    out.as_mut_ptr(),
+                    out.len(),
+                )
+            }
+        }
+    }
+
+    /// Copies `data` to `at`. Out-of-range requests copy nothing.
+    pub(crate) fn write(&self, at: usize, data: &[u8]) {
+        if self.check(at, data.len()) {
+            // SAFETY: `at + data.len() <= len`, so the destination lies inside the live,
+            // writable mapping; `data` is a distinct Rust buffer.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    self.base.as_ptr().add(self.skew + at),
+                    data.len(),
+                )
+            }
+        }
+    }
+
+    /// Locks the mapped pages in RAM.
+    pub(crate) fn mlock(&self) -> io::Result<()> {
+        // SAFETY: the range is the live mapping; mlock changes residency only.
+        let rc = unsafe { libc::mlock(self.base.as_ptr().cast(), self.map_len) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`map_len` are exactly what mmap returned; nothing refers to the
+        // mapping once its owner drops it.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.map_len);
+        }
+    }
+}
