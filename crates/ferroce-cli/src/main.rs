@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod perf;
 mod pingpong;
 use ferroce::capture::CaptureReader;
 use ferroce::decode::{decode_frame, IcrcStatus};
@@ -42,6 +43,10 @@ enum Command {
     },
     /// A SEND/RECV ping-pong, flag- and wire-compatible with rdma-core's `ibv_rc_pingpong`.
     Pingpong(pingpong::PingpongArgs),
+    /// perftest's bandwidth and latency tests (`ib_write_bw`, `ib_send_lat`, …), flag-,
+    /// output- and wire-compatible with perftest 6.06.
+    #[command(subcommand)]
+    Perf(perf::PerfCommand),
     /// The loopback demo: not built yet (it needs the soft NIC); says so and what runs today.
     Demo,
 }
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Decode { file, port, json } => decode(&file, port, json),
         Command::Pingpong(args) => pingpong::run(&args),
+        Command::Perf(command) => perf::run(&command),
         Command::Demo => {
             eprintln!(
                 "ferroce demo: the loopback demo (a sensor-frame stream between two soft NICs on \

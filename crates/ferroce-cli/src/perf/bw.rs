@@ -1,0 +1,537 @@
+//! The bandwidth loops: the client keeps up to `tx-depth` requests in flight per queue pair
+//! and asks for a completion every `cq-mod` requests (`run_iter_bw`); the SEND server keeps
+//! receives posted and counts them (`run_iter_bw_server`).
+
+use std::time::{Duration, Instant};
+
+use ferroce::cq::{Completion, WcStatus};
+use ferroce::qp::{Payload, RecvWr, RemoteAddr, SendOp, SendWr};
+
+use super::oob::{BwReport, Comm, KeyLine};
+use super::{mismatch, AtomicType, Rig, Settings, Verb};
+
+/// How long a loop waits without any progress before it gives up on the peer.
+pub(super) const STALL: Duration = Duration::from_secs(30);
+
+/// How often an idle loop looks at the TCP connection.
+const PEEK_EVERY: Duration = Duration::from_millis(2);
+
+/// The `wr_id`s of the extra requests `--check` posts, above any traffic's.
+const CHECK_WRID: u64 = u64::MAX - 1;
+
+/// perftest's `NOTIFY_COMP_ERROR_SEND`, with rdma-core's name of the status.
+pub(super) fn send_error(wc: &Completion, scnt: u64, ccnt: u64) -> String {
+    format!(
+        " Completion with error at client\n Failed status {}: wr_id {} syndrom 0x0 ({})\nscnt={scnt}, ccnt={ccnt}",
+        wc.status.ibv_value(),
+        wc.wr_id,
+        wc.status
+    )
+}
+
+/// perftest's `NOTIFY_COMP_ERROR_RECV`, with rdma-core's name of the status.
+pub(super) fn recv_error(wc: &Completion, rcnt: u64) -> String {
+    format!(
+        " Completion with error at server\n Failed status {}: wr_id {} syndrom 0x0 ({})\n rcnt={rcnt}",
+        wc.status.ibv_value(),
+        wc.wr_id,
+        wc.status
+    )
+}
+
+fn stalled(what: &str) -> String {
+    format!(
+        " No completion for {} s while {what}: is the peer still there?",
+        STALL.as_secs()
+    )
+}
+
+/// The operation a request of queue pair `peer` carries.
+fn operation(s: &Settings, peer: &KeyLine) -> SendOp {
+    let remote = RemoteAddr {
+        va: peer.vaddr,
+        rkey: peer.rkey,
+    };
+    match (s.verb, s.atomic) {
+        (Verb::Send, _) => SendOp::Send,
+        (Verb::Write, _) => SendOp::Write(remote),
+        (Verb::Read, _) => SendOp::Read(remote),
+        (Verb::Atomic, AtomicType::FetchAdd) => SendOp::FetchAdd { remote, add: 1 },
+        (Verb::Atomic, AtomicType::CmpSwap) => SendOp::CompareSwap {
+            remote,
+            compare: 0,
+            swap: 0,
+        },
+    }
+}
+
+/// A request of queue pair `i`: its local area as the gather (or scatter) list.
+pub(super) fn request(
+    rig: &Rig,
+    i: usize,
+    op: SendOp,
+    len: u64,
+    wr_id: u64,
+    signaled: bool,
+) -> Result<SendWr, String> {
+    let sge = rig
+        .region
+        .local(rig.local_off(i), len as u32)
+        .map_err(|e| e.to_string())?;
+    Ok(SendWr {
+        wr_id,
+        op,
+        local: Payload::Sges(vec![sge]),
+        signaled,
+        fence: false,
+        solicited: false,
+    })
+}
+
+/// Posts one signaled request on queue pair `i` and waits for its completion; the traffic
+/// of that queue pair must have completed.
+fn post_and_wait(rig: &Rig, i: usize, wr: SendWr) -> Result<(), String> {
+    let wr_id = wr.wr_id;
+    rig.qps[i]
+        .post_send(wr)
+        .map_err(|e| format!(" Couldn't post send: {e}"))?;
+    let since = Instant::now();
+    loop {
+        match rig.send_cq.poll() {
+            Some(wc) if wc.status != WcStatus::Success => return Err(send_error(&wc, 1, 0)),
+            Some(wc) if wc.wr_id == wr_id => return Ok(()),
+            Some(_) => {}
+            None if since.elapsed() > STALL => return Err(stalled("checking")),
+            None => std::thread::yield_now(),
+        }
+    }
+}
+
+/// The 8-byte counter at the peer's target, read with a fetch-and-add of 0.
+fn remote_counter(rig: &Rig, i: usize, peer: &KeyLine) -> Result<u64, String> {
+    let remote = RemoteAddr {
+        va: peer.vaddr,
+        rkey: peer.rkey,
+    };
+    let op = SendOp::FetchAdd { remote, add: 0 };
+    post_and_wait(rig, i, request(rig, i, op, 8, CHECK_WRID, true)?)?;
+    let bytes = rig.read(rig.local_off(i), 8)?;
+    Ok(u64::from_ne_bytes(bytes.try_into().expect("8 bytes")))
+}
+
+/// Reads the peer's target area back, a chunk at a time (a READ of megabytes would arrive as
+/// one burst of thousands of packets), into our own target area, and compares it with the
+/// pattern.
+fn read_back(rig: &Rig, i: usize, peer: &KeyLine, len: u64) -> Result<(), String> {
+    const CHUNK: u64 = 32 * 1024;
+    let scratch = rig.target_off(i);
+    let mut at = 0;
+    while at < len {
+        let n = CHUNK.min(len - at);
+        rig.fill(scratch, &vec![0; n as usize])?;
+        let sge = rig
+            .region
+            .local(scratch, n as u32)
+            .map_err(|e| e.to_string())?;
+        let op = SendOp::Read(RemoteAddr {
+            va: peer.vaddr + at,
+            rkey: peer.rkey,
+        });
+        let wr = SendWr {
+            wr_id: CHECK_WRID,
+            op,
+            local: Payload::Sges(vec![sge]),
+            signaled: true,
+            fence: false,
+            solicited: false,
+        };
+        post_and_wait(rig, i, wr)?;
+        let back = rig.read(scratch, n)?;
+        if let Some(k) = mismatch(&back, at) {
+            return Err(check_failed(
+                "remote target",
+                i,
+                at as usize + k,
+                back[k],
+                0,
+            ));
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+fn check_failed(what: &str, i: usize, at: usize, got: u8, start: u64) -> String {
+    format!(
+        " Data check failed: byte {at} of queue pair {i}'s {what} is {got:#04x}, expected {:#04x}",
+        super::pattern_byte(start + at as u64)
+    )
+}
+
+/// The client's bandwidth run of one message size.
+pub(super) fn client(
+    s: &Settings,
+    rig: &Rig,
+    peers: &[KeyLine],
+    size: u64,
+) -> Result<BwReport, String> {
+    let q = rig.qps.len();
+    let len = if s.verb == Verb::Atomic { 8 } else { size };
+    let fetch_add = s.verb == Verb::Atomic && s.atomic == AtomicType::FetchAdd;
+    let mut counters_before = Vec::new();
+    if s.check {
+        for (i, peer) in peers.iter().enumerate() {
+            match s.verb {
+                Verb::Read => rig.fill(rig.local_off(i), &vec![0; len as usize])?,
+                Verb::Atomic if fetch_add => counters_before.push(remote_counter(rig, i, peer)?),
+                _ => {}
+            }
+        }
+    }
+    let ops: Vec<SendOp> = peers.iter().map(|p| operation(s, p)).collect();
+    let iters = if s.duration.is_some() {
+        u64::MAX
+    } else {
+        s.iters
+    };
+    let (depth, moderation) = (u64::from(s.tx_depth), u64::from(s.cq_mod));
+    let record = s.duration.is_none();
+    let capacity = if record { (s.iters as usize) * q } else { 0 };
+    let mut tposted: Vec<Instant> = Vec::with_capacity(capacity);
+    let mut tcompleted: Vec<Instant> = Vec::with_capacity(capacity);
+    let (mut posted, mut completed) = (vec![0u64; q], vec![0u64; q]);
+    let mut last_signaled = vec![0u64; q];
+    let (mut scnt, mut ccnt) = (0u64, 0u64);
+    let start = Instant::now();
+    let deadline = s.duration.map(|d| start + d);
+    let mut last_progress = start;
+    loop {
+        let now = Instant::now();
+        let stop = deadline.is_some_and(|d| now >= d);
+        if !stop {
+            for i in 0..q {
+                while posted[i] < iters && posted[i] - completed[i] < depth {
+                    let seq = posted[i];
+                    let signaled = (seq + 1) % moderation == 0 || seq + 1 == iters;
+                    let wr_id = (i as u64) << 32 | (seq & 0xffff_ffff);
+                    let wr = request(rig, i, ops[i], len, wr_id, signaled)?;
+                    rig.qps[i]
+                        .post_send(wr)
+                        .map_err(|e| format!(" Couldn't post send: qp {i} scnt={scnt} ({e})"))?;
+                    if record {
+                        tposted.push(Instant::now());
+                    }
+                    if signaled {
+                        last_signaled[i] = seq + 1;
+                    }
+                    posted[i] += 1;
+                    scnt += 1;
+                }
+            }
+        }
+        let mut progressed = false;
+        while let Some(wc) = rig.send_cq.poll() {
+            if wc.status != WcStatus::Success {
+                return Err(send_error(&wc, scnt, ccnt));
+            }
+            let i = (wc.wr_id >> 32) as usize;
+            let seq = wc.wr_id & 0xffff_ffff;
+            let Some(done) = completed.get_mut(i) else {
+                continue;
+            };
+            let newly = (seq + 1).saturating_sub(*done);
+            *done = seq + 1;
+            ccnt += newly;
+            if record {
+                let now = Instant::now();
+                tcompleted.extend(std::iter::repeat_n(now, newly as usize));
+            }
+            progressed = true;
+        }
+        let finished = if stop {
+            (0..q).all(|i| completed[i] >= last_signaled[i])
+        } else {
+            deadline.is_none() && completed.iter().all(|&c| c >= iters)
+        };
+        if finished {
+            break;
+        }
+        if progressed {
+            last_progress = Instant::now();
+        } else {
+            if last_progress.elapsed() > STALL {
+                return Err(stalled("sending"));
+            }
+            std::thread::yield_now();
+        }
+    }
+    let end = Instant::now();
+
+    if s.check {
+        for (i, peer) in peers.iter().enumerate() {
+            match s.verb {
+                Verb::Write if !s.uc => read_back(rig, i, peer, len)?,
+                Verb::Read => {
+                    let got = rig.read(rig.local_off(i), len)?;
+                    if let Some(at) = mismatch(&got, 0) {
+                        return Err(check_failed("READ destination", i, at, got[at], 0));
+                    }
+                }
+                Verb::Atomic if fetch_add => {
+                    // The probe completes after every request before it, signaled or not.
+                    let after = remote_counter(rig, i, peer)?;
+                    let added = after.wrapping_sub(counters_before[i]);
+                    if added != posted[i] {
+                        return Err(format!(
+                            " Data check failed: queue pair {i}'s remote counter went up by {added}, \
+                             expected {}",
+                            posted[i]
+                        ));
+                    }
+                }
+                Verb::Atomic => {
+                    let fetched = rig.read(rig.local_off(i), 8)?;
+                    let value = u64::from_ne_bytes(fetched.try_into().expect("8 bytes"));
+                    if value != 0 {
+                        return Err(format!(
+                            " Data check failed: compare-and-swap on queue pair {i} fetched {value}, expected 0"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    let total: u64 = completed.iter().sum();
+    let secs = if record {
+        match (tposted.first(), tcompleted.last()) {
+            (Some(first), Some(last)) => last.duration_since(*first).as_secs_f64(),
+            _ => 0.0,
+        }
+    } else {
+        end.duration_since(start).as_secs_f64()
+    };
+    let peak_ops = if record && !s.no_peak {
+        peak_rate(&tposted, &tcompleted)
+    } else {
+        0.0
+    };
+    Ok(make_report(
+        s,
+        size,
+        if record { s.iters } else { total },
+        total,
+        secs,
+        peak_ops,
+    ))
+}
+
+fn make_report(
+    s: &Settings,
+    size: u64,
+    iters: u64,
+    total: u64,
+    secs: f64,
+    peak_ops: f64,
+) -> BwReport {
+    let factor = if s.gbits { 125_000_000.0 } else { 1_048_576.0 };
+    let secs = secs.max(1e-9);
+    BwReport {
+        size,
+        iters,
+        peak: peak_ops * size as f64 / factor,
+        avg: (size * total) as f64 / secs / factor,
+        msg_rate: total as f64 / secs / 1e6,
+    }
+}
+
+/// The best rate, in operations per second, over any run of consecutive operations: from
+/// the posting of the first to the completion of the last, as perftest's peak is (on a
+/// sample of the operations when there are many).
+fn peak_rate(tposted: &[Instant], tcompleted: &[Instant]) -> f64 {
+    let n = tposted.len().min(tcompleted.len());
+    if n == 0 {
+        return 0.0;
+    }
+    let stride = n.div_ceil(2048);
+    let mut best = f64::MAX;
+    for i in (0..n).step_by(stride) {
+        for j in (i..n).step_by(stride) {
+            let dt = tcompleted[j]
+                .saturating_duration_since(tposted[i])
+                .as_secs_f64()
+                .max(1e-9);
+            best = best.min(dt / (j - i + 1) as f64);
+        }
+    }
+    1.0 / best
+}
+
+/// What the server of write-bw and atomic-bw can check once the client is done: its target
+/// areas hold the pattern, or the counter the client's fetch-and-adds built.
+pub(super) fn check_target(s: &Settings, rig: &Rig) -> Result<(), String> {
+    for i in 0..rig.qps.len() {
+        match s.verb {
+            Verb::Write => {
+                // On UC the last packets may still be on their way: give them a moment.
+                let since = Instant::now();
+                let len = s.sizes.iter().copied().max().unwrap_or(1);
+                loop {
+                    let got = rig.read(rig.target_off(i), len)?;
+                    match mismatch(&got, 0) {
+                        None => break,
+                        Some(_) if s.uc && since.elapsed() < Duration::from_secs(1) => {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        Some(at) => return Err(check_failed("target area", i, at, got[at], 0)),
+                    }
+                }
+            }
+            Verb::Atomic if s.duration.is_none() => {
+                let got = rig.read(rig.target_off(i), 8)?;
+                let value = u64::from_ne_bytes(got.try_into().expect("8 bytes"));
+                let expected = match s.atomic {
+                    AtomicType::FetchAdd => s.iters,
+                    AtomicType::CmpSwap => 0,
+                };
+                if value != expected {
+                    return Err(format!(
+                        " Data check failed: queue pair {i}'s counter is {value}, expected {expected}"
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The SEND server's receives: posted before the sync key line, counted and re-posted while
+/// the client sends.
+pub(super) struct Receiver {
+    posted: Vec<u64>,
+}
+
+fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
+    let sge = rig
+        .region
+        .local(rig.target_off(i), rig.area() as u32)
+        .map_err(|e| e.to_string())?;
+    rig.qps[i]
+        .post_recv(RecvWr {
+            wr_id: i as u64,
+            sges: vec![sge],
+        })
+        .map_err(|e| format!(" Couldn't post receive: {e}"))
+}
+
+impl Receiver {
+    /// Posts the first receives of every queue pair (`ctx_set_recv_wqes`).
+    pub(super) fn post(s: &Settings, rig: &Rig) -> Result<Self, String> {
+        let first = if s.duration.is_some() {
+            u64::from(s.rx_depth)
+        } else {
+            u64::from(s.rx_depth).min(s.iters)
+        };
+        for i in 0..rig.qps.len() {
+            for _ in 0..first {
+                post_recv(rig, i)?;
+            }
+        }
+        Ok(Self {
+            posted: vec![first; rig.qps.len()],
+        })
+    }
+
+    /// Receives one message size's messages; `comm` says when a client that ran for a
+    /// duration has stopped.
+    pub(super) fn run(
+        &mut self,
+        s: &Settings,
+        rig: &Rig,
+        size: u64,
+        comm: &Comm,
+    ) -> Result<BwReport, String> {
+        let q = rig.qps.len();
+        let qp_of = |qpn: u32| rig.qps.iter().position(|qp| qp.qpn().value() == qpn);
+        let mut received = vec![0u64; q];
+        let mut rcnt = 0u64;
+        let record = s.duration.is_none();
+        let mut tcompleted: Vec<Instant> =
+            Vec::with_capacity(if record { s.iters as usize * q } else { 0 });
+        let start = Instant::now();
+        let mut last = start;
+        let mut last_progress = start;
+        let mut last_peek = start;
+        loop {
+            let mut progressed = false;
+            while let Some(wc) = rig.recv_cq.poll() {
+                if wc.status != WcStatus::Success {
+                    return Err(recv_error(&wc, rcnt));
+                }
+                let Some(i) = qp_of(wc.qpn.value()) else {
+                    continue;
+                };
+                if s.check {
+                    if u64::from(wc.byte_len) != size {
+                        return Err(format!(
+                            " Data check failed: message {rcnt} on queue pair {i} has {} bytes, expected {size}",
+                            wc.byte_len
+                        ));
+                    }
+                    let got = rig.read(rig.target_off(i), size)?;
+                    if let Some(at) = mismatch(&got, 0) {
+                        return Err(check_failed("receive buffer", i, at, got[at], 0));
+                    }
+                }
+                received[i] += 1;
+                rcnt += 1;
+                last = Instant::now();
+                if record {
+                    tcompleted.push(last);
+                }
+                if !record || self.posted[i] < s.iters {
+                    post_recv(rig, i)?;
+                    self.posted[i] += 1;
+                }
+                progressed = true;
+            }
+            if record && received.iter().all(|&r| r >= s.iters) {
+                break;
+            }
+            if progressed {
+                last_progress = Instant::now();
+                continue;
+            }
+            if last_peek.elapsed() >= PEEK_EVERY {
+                last_peek = Instant::now();
+                if comm.peer_spoke() {
+                    if record && !s.uc {
+                        return Err(format!(
+                            " The client stopped after {rcnt} of {} messages",
+                            s.iters * q as u64
+                        ));
+                    }
+                    break;
+                }
+            }
+            if record && last_progress.elapsed() > STALL {
+                return Err(stalled("receiving"));
+            }
+            std::thread::yield_now();
+        }
+        let secs = last.duration_since(start).as_secs_f64();
+        let peak_ops = if record && !s.no_peak && !tcompleted.is_empty() {
+            let tposted: Vec<Instant> = std::iter::once(start)
+                .chain(tcompleted.iter().copied())
+                .take(tcompleted.len())
+                .collect();
+            peak_rate(&tposted, &tcompleted)
+        } else {
+            0.0
+        };
+        let iters = if record { s.iters } else { rcnt };
+        Ok(make_report(s, size, iters, rcnt, secs, peak_ops))
+    }
+}

@@ -1,0 +1,422 @@
+//! The latency loops: WRITE ping-pong (`run_iter_lat_write`: each side writes into the
+//! other's buffer and polls the last byte of its own for the peer's counter), SEND
+//! ping-pong (`run_iter_lat_send`), and one READ or atomic at a time (`run_iter_lat`).
+//!
+//! The soft NIC never hands out its buffer's bytes, so "polling the last byte" is a
+//! `Region::read` of that byte, between polls of the send CQ that drive the engine.
+
+use std::time::{Duration, Instant};
+
+use ferroce::cq::WcStatus;
+use ferroce::qp::{RecvWr, RemoteAddr, SendOp};
+
+use super::bw::{recv_error, request, send_error, STALL};
+use super::oob::{Comm, KeyLine};
+use super::report::{lat_report, LatReport};
+use super::{mismatch, pattern, pattern_byte, AtomicType, Rig, Settings, Verb};
+
+const PEEK_EVERY: Duration = Duration::from_millis(2);
+
+/// Round trips are halved for the ping-pong tests, as perftest does.
+const PINGPONG_FACTOR: u64 = 2;
+
+fn stalled(what: &str) -> String {
+    format!(
+        " No progress for {} s while {what}: is the peer still there?",
+        STALL.as_secs()
+    )
+}
+
+/// Samples (round trips or operations, in ns) from consecutive posting times.
+fn samples(tposted: &[Instant]) -> Vec<u64> {
+    tposted
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_nanos() as u64)
+        .collect()
+}
+
+/// The report of a duration run: only the average.
+fn duration_report(size: u64, count: u64, elapsed: Duration, factor: u64) -> LatReport {
+    let avg = if count == 0 {
+        0.0
+    } else {
+        elapsed.as_secs_f64() * 1e6 / count as f64 / factor as f64
+    };
+    LatReport {
+        size,
+        iters: count,
+        avg,
+        duration: true,
+        ..LatReport::default()
+    }
+}
+
+/// Tracks the send completions of a latency loop.
+struct Sends {
+    posted: u64,
+    completed: u64,
+}
+
+impl Sends {
+    /// Reaps what has completed; drives the engine when nothing has.
+    fn reap(&mut self, rig: &Rig) -> Result<bool, String> {
+        let mut any = false;
+        while let Some(wc) = rig.send_cq.poll() {
+            if wc.status != WcStatus::Success {
+                return Err(send_error(&wc, self.posted, self.completed));
+            }
+            self.completed += 1;
+            any = true;
+        }
+        Ok(any)
+    }
+
+    /// Waits until fewer than `depth` sends are outstanding.
+    fn make_room(&mut self, rig: &Rig, depth: u64) -> Result<(), String> {
+        let since = Instant::now();
+        while self.posted - self.completed >= depth {
+            if !self.reap(rig)? {
+                if since.elapsed() > STALL {
+                    return Err(stalled("waiting for a send to complete"));
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// write-lat for one message size. The server writes first (perftest's order).
+pub(super) fn write_pingpong(
+    s: &Settings,
+    rig: &Rig,
+    peer: &KeyLine,
+    size: u64,
+    comm: &Comm,
+) -> Result<LatReport, String> {
+    let (local, target, last) = (rig.local_off(0), rig.target_off(0), size - 1);
+    // Earlier sizes left counters in the local area: lay the pattern down again.
+    rig.fill(local, &pattern(size))?;
+    let op = SendOp::Write(RemoteAddr {
+        va: peer.vaddr,
+        rkey: peer.rkey,
+    });
+    let server = !s.is_client();
+    let iters = if s.duration.is_some() {
+        u64::MAX
+    } else {
+        s.iters
+    };
+    let record = s.duration.is_none();
+    let mut tposted = Vec::with_capacity(if record { s.iters as usize } else { 0 });
+    let mut sends = Sends {
+        posted: 0,
+        completed: 0,
+    };
+    let mut rcnt = 0u64;
+    let start = Instant::now();
+    let deadline = s.duration.map(|d| start + d);
+    let depth = u64::from(s.tx_depth);
+    'run: while sends.posted < iters || rcnt < iters {
+        if rcnt < iters && !(sends.posted < 1 && server) {
+            let want = (rcnt + 1) as u8;
+            let since = Instant::now();
+            let mut last_peek = since;
+            let mut byte = [0u8; 1];
+            loop {
+                rig.region
+                    .read(target + last, &mut byte)
+                    .map_err(|e| e.to_string())?;
+                if byte[0] == want {
+                    break;
+                }
+                if !sends.reap(rig)? {
+                    if !record && last_peek.elapsed() >= PEEK_EVERY {
+                        last_peek = Instant::now();
+                        if comm.peer_spoke() {
+                            break 'run;
+                        }
+                    }
+                    if since.elapsed() > STALL {
+                        return Err(stalled(&format!(
+                            "waiting for the peer's write {}",
+                            rcnt + 1
+                        )));
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            rcnt += 1;
+            if s.check && last > 0 {
+                let got = rig.read(target, last)?;
+                if let Some(at) = mismatch(&got, 0) {
+                    return Err(format!(
+                        " Data check failed: byte {at} of write {rcnt} is {:#04x}, expected {:#04x}",
+                        got[at],
+                        pattern_byte(at as u64)
+                    ));
+                }
+            }
+        }
+        if !server && deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        if sends.posted < iters {
+            sends.make_room(rig, depth)?;
+            if record {
+                tposted.push(Instant::now());
+            }
+            rig.fill(local + last, &[(sends.posted + 1) as u8])?;
+            let wr = request(rig, 0, op, size, sends.posted, true)?;
+            rig.qps[0]
+                .post_send(wr)
+                .map_err(|e| format!(" Couldn't post send: scnt={} ({e})", sends.posted))?;
+            sends.posted += 1;
+        }
+        sends.reap(rig)?;
+    }
+    sends.make_room(rig, 1)?;
+    if record {
+        Ok(lat_report(
+            size,
+            s.iters,
+            &samples(&tposted),
+            PINGPONG_FACTOR,
+        ))
+    } else {
+        Ok(duration_report(
+            size,
+            sends.posted,
+            start.elapsed(),
+            PINGPONG_FACTOR,
+        ))
+    }
+}
+
+/// read-lat and atomic-lat for one message size: one request at a time, the next posted as
+/// soon as the last completed.
+pub(super) fn one_at_a_time(
+    s: &Settings,
+    rig: &Rig,
+    peer: &KeyLine,
+    size: u64,
+) -> Result<LatReport, String> {
+    let remote = RemoteAddr {
+        va: peer.vaddr,
+        rkey: peer.rkey,
+    };
+    let (op, len) = match (s.verb, s.atomic) {
+        (Verb::Atomic, AtomicType::FetchAdd) => (SendOp::FetchAdd { remote, add: 1 }, 8),
+        (Verb::Atomic, AtomicType::CmpSwap) => (
+            SendOp::CompareSwap {
+                remote,
+                compare: 0,
+                swap: 0,
+            },
+            8,
+        ),
+        _ => (SendOp::Read(remote), size),
+    };
+    let record = s.duration.is_none();
+    let mut tposted = Vec::with_capacity(if record { s.iters as usize } else { 0 });
+    let local = rig.local_off(0);
+    let zeros = vec![0u8; len as usize];
+    let start = Instant::now();
+    let deadline = s.duration.map(|d| start + d);
+    let mut first_fetched = None;
+    let mut count = 0u64;
+    while if record {
+        count < s.iters
+    } else {
+        deadline.is_some_and(|d| Instant::now() < d)
+    } {
+        if s.check {
+            rig.fill(local, &zeros)?;
+        }
+        if record {
+            tposted.push(Instant::now());
+        }
+        let wr = request(rig, 0, op, len, count, true)?;
+        rig.qps[0]
+            .post_send(wr)
+            .map_err(|e| format!(" Couldn't post send: scnt={count} ({e})"))?;
+        let since = Instant::now();
+        loop {
+            match rig.send_cq.poll() {
+                Some(wc) if wc.status != WcStatus::Success => {
+                    return Err(send_error(&wc, count + 1, count))
+                }
+                Some(_) => break,
+                None if since.elapsed() > STALL => return Err(stalled("waiting for a completion")),
+                None => std::thread::yield_now(),
+            }
+        }
+        if s.check {
+            let got = rig.read(local, len)?;
+            if s.verb == Verb::Read {
+                if let Some(at) = mismatch(&got, 0) {
+                    return Err(format!(
+                        " Data check failed: byte {at} of READ {count} is {:#04x}, expected {:#04x}",
+                        got[at],
+                        pattern_byte(at as u64)
+                    ));
+                }
+            } else {
+                let value = u64::from_ne_bytes(got.try_into().expect("8 bytes"));
+                let expected = match s.atomic {
+                    AtomicType::FetchAdd => *first_fetched.get_or_insert(value) + count,
+                    AtomicType::CmpSwap => 0,
+                };
+                if value != expected {
+                    return Err(format!(
+                        " Data check failed: atomic {count} fetched {value}, expected {expected}"
+                    ));
+                }
+            }
+        }
+        count += 1;
+    }
+    if record {
+        Ok(lat_report(size, s.iters, &samples(&tposted), 1))
+    } else {
+        Ok(duration_report(size, count, start.elapsed(), 1))
+    }
+}
+
+/// send-lat: receives posted before the sync key line, then SEND ping-pong. The client
+/// sends first (perftest's order).
+pub(super) struct SendPingpong {
+    posted: u64,
+}
+
+fn post_recv(rig: &Rig) -> Result<(), String> {
+    let sge = rig
+        .region
+        .local(rig.target_off(0), rig.area() as u32)
+        .map_err(|e| e.to_string())?;
+    rig.qps[0]
+        .post_recv(RecvWr {
+            wr_id: 0,
+            sges: vec![sge],
+        })
+        .map_err(|e| format!(" Couldn't post receive: {e}"))
+}
+
+impl SendPingpong {
+    /// Posts the first receives (`ctx_set_recv_wqes`).
+    pub(super) fn post(s: &Settings, rig: &Rig) -> Result<Self, String> {
+        let first = if s.duration.is_some() {
+            u64::from(s.rx_depth)
+        } else {
+            u64::from(s.rx_depth).min(s.iters)
+        };
+        for _ in 0..first {
+            post_recv(rig)?;
+        }
+        Ok(Self { posted: first })
+    }
+
+    /// The ping-pong of one message size.
+    pub(super) fn run(
+        &mut self,
+        s: &Settings,
+        rig: &Rig,
+        size: u64,
+        comm: &Comm,
+    ) -> Result<LatReport, String> {
+        let client = s.is_client();
+        let iters = if s.duration.is_some() {
+            u64::MAX
+        } else {
+            s.iters
+        };
+        let record = s.duration.is_none();
+        let mut tposted = Vec::with_capacity(if record { s.iters as usize } else { 0 });
+        let mut sends = Sends {
+            posted: 0,
+            completed: 0,
+        };
+        let mut rcnt = 0u64;
+        let start = Instant::now();
+        let deadline = s.duration.map(|d| start + d);
+        let depth = u64::from(s.tx_depth);
+        'run: while sends.posted < iters || rcnt < iters {
+            if rcnt < iters && !(sends.posted < 1 && client) {
+                let since = Instant::now();
+                let mut last_peek = since;
+                let wc = loop {
+                    if let Some(wc) = rig.recv_cq.poll() {
+                        break wc;
+                    }
+                    if !sends.reap(rig)? {
+                        if !record && last_peek.elapsed() >= PEEK_EVERY {
+                            last_peek = Instant::now();
+                            if comm.peer_spoke() {
+                                break 'run;
+                            }
+                        }
+                        if since.elapsed() > STALL {
+                            return Err(stalled(&format!("waiting for message {}", rcnt + 1)));
+                        }
+                        std::thread::yield_now();
+                    }
+                };
+                if wc.status != WcStatus::Success {
+                    return Err(recv_error(&wc, rcnt));
+                }
+                if s.check {
+                    if u64::from(wc.byte_len) != size {
+                        return Err(format!(
+                            " Data check failed: message {rcnt} has {} bytes, expected {size}",
+                            wc.byte_len
+                        ));
+                    }
+                    let got = rig.read(rig.target_off(0), size)?;
+                    if let Some(at) = mismatch(&got, 0) {
+                        return Err(format!(
+                            " Data check failed: byte {at} of message {rcnt} is {:#04x}, expected {:#04x}",
+                            got[at],
+                            pattern_byte(at as u64)
+                        ));
+                    }
+                }
+                rcnt += 1;
+                if !record || self.posted < s.iters {
+                    post_recv(rig)?;
+                    self.posted += 1;
+                }
+            }
+            if client && deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            if sends.posted < iters {
+                sends.make_room(rig, depth)?;
+                if record {
+                    tposted.push(Instant::now());
+                }
+                let wr = request(rig, 0, SendOp::Send, size, sends.posted, true)?;
+                rig.qps[0]
+                    .post_send(wr)
+                    .map_err(|e| format!(" Couldn't post send: scnt={} ({e})", sends.posted))?;
+                sends.posted += 1;
+            }
+            sends.reap(rig)?;
+        }
+        sends.make_room(rig, 1)?;
+        if record {
+            Ok(lat_report(
+                size,
+                s.iters,
+                &samples(&tposted),
+                PINGPONG_FACTOR,
+            ))
+        } else {
+            Ok(duration_report(
+                size,
+                sends.posted,
+                start.elapsed(),
+                PINGPONG_FACTOR,
+            ))
+        }
+    }
+}

@@ -1,0 +1,782 @@
+//! `ferroce perf`: perftest's bandwidth and latency tools (`ib_write_bw`, `ib_read_lat`, …)
+//! over the soft NIC, with perftest's flags, defaults, output and out-of-band exchange as
+//! Debian 12's perftest (version 6.06) does it, so that the peer may be the real perftest.
+//! The exchange of write-bw, read-bw and atomic-bw is the one captured between two perftest
+//! 6.06 (testdata/rc_*_bw_4KB.pcap, rc_atomic_fadd.pcap); the other tests follow perftest's
+//! source.
+//!
+//! The run of every test, in the order perftest's `main()` does it:
+//!
+//! 1. TCP connection (the server prints its "Waiting for client" banner once listening);
+//!    versions; cycle buffer and cache line; MTU (the smaller wins).
+//! 2. The header block.
+//! 3. write-lat, read-lat and atomic-lat only: one key line each way.
+//! 4. One key line per queue pair each way; the queue pairs go to RTR and RTS; the local
+//!    address lines; one key line per queue pair again, with the remote address lines; one
+//!    more key line ("after RTR").
+//! 5. The traffic, and the end each test has:
+//!    - write-bw, read-bw, atomic-bw: the server waits in a key line while the client runs;
+//!      then the client's report goes over (`xchg_bw_reports`) and the closing handshake.
+//!    - send-bw: per message size, the server posts receives, a key line syncs both, both
+//!      run (and, with `-a`, a key line follows each size); then the closing handshake.
+//!    - write-lat: both sides ping-pong; no closing handshake.
+//!    - send-lat: per size, receives are posted and a key line syncs; both ping-pong; then
+//!      the closing handshake.
+//!    - read-lat, atomic-lat: the server goes straight to the closing handshake, where it
+//!      waits while the client runs.
+
+mod bw;
+mod lat;
+mod oob;
+mod report;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use ferroce::proto::memory::WriteOrder;
+use ferroce::proto::wire::{Qpn, ROCE_PORT};
+use ferroce::proto::Psn;
+use ferroce::qp::{Mtu, QpCaps, QpType};
+use ferroce::{
+    ConnectOptions, Cq, Nic, NicConfig, Qp, QpEndpoint, Region, RegionAccess, RegionMemory,
+};
+
+use oob::{BwReport, Comm, KeyLine};
+use report::{Outcome, RESULT_LINE};
+
+/// perftest's bandwidth and latency tests.
+#[derive(Subcommand, Debug)]
+pub(crate) enum PerfCommand {
+    /// RDMA WRITE bandwidth (`ib_write_bw`).
+    WriteBw(PerfArgs),
+    /// RDMA WRITE latency, ping-pong (`ib_write_lat`).
+    WriteLat(PerfArgs),
+    /// RDMA READ bandwidth (`ib_read_bw`).
+    ReadBw(PerfArgs),
+    /// RDMA READ latency (`ib_read_lat`).
+    ReadLat(PerfArgs),
+    /// SEND bandwidth (`ib_send_bw`).
+    SendBw(PerfArgs),
+    /// SEND latency, ping-pong (`ib_send_lat`).
+    SendLat(PerfArgs),
+    /// Atomic bandwidth (`ib_atomic_bw`).
+    AtomicBw(PerfArgs),
+    /// Atomic latency (`ib_atomic_lat`).
+    AtomicLat(PerfArgs),
+}
+
+/// perftest's flags (those that mean something for the soft NIC, and a few accepted for
+/// compatibility), and ferroce's own.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct PerfArgs {
+    /// The server to connect to; without it, wait for a client.
+    server: Option<String>,
+    /// Message size in bytes (default 65536 for bandwidth, 2 for latency; atomics are 8).
+    #[arg(short = 's', long = "size")]
+    size: Option<u64>,
+    /// Iterations (default 5000 for write-bw, 1000 otherwise).
+    #[arg(short = 'n', long = "iters")]
+    iters: Option<u64>,
+    /// Run sizes from 2 to 2^23 bytes.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long = "duration")]
+    duration: Option<u64>,
+    /// Number of queue pairs (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Send queue depth: requests in flight (default 128 for bandwidth, 1 for latency).
+    #[arg(short = 't', long = "tx-depth")]
+    tx_depth: Option<u32>,
+    /// Receive queue depth of the SEND tests.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
+    rx_depth: u32,
+    /// Ask for a completion every this many requests (CQ moderation).
+    #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
+    cq_mod: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (the smaller of both sides' wins).
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
+    mtu: u32,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// Report bandwidth in Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// Write the results as JSON (to --out_json_file).
+    #[arg(long = "out_json")]
+    out_json: bool,
+    /// The JSON file (implies --out_json).
+    #[arg(long = "out_json_file")]
+    out_json_file: Option<PathBuf>,
+    /// Device name (the soft NIC has one; accepted for compatibility).
+    #[arg(short = 'd', long = "ib-dev", default_value = "ferroce0")]
+    ib_dev: String,
+    /// Port of the device (accepted for compatibility).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// GID index (the soft NIC's GID is its address; accepted and printed).
+    #[arg(short = 'x', long = "gid-index")]
+    gid_index: Option<u32>,
+    /// Do not fail on CPU frequency scaling (accepted; nothing to check).
+    #[arg(short = 'F', long = "CPU-freq")]
+    cpu_freq: bool,
+    /// Connection type: RC, or UC for the WRITE and SEND tests.
+    #[arg(short = 'c', long = "connection", default_value = "RC")]
+    connection: String,
+    /// Atomic operation: FETCH_AND_ADD or CMP_AND_SWAP.
+    #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD")]
+    atomic_type: String,
+    /// READs and atomics outstanding at once.
+    #[arg(short = 'o', long = "outs", default_value_t = 16)]
+    outs: u8,
+    /// ACK timeout exponent: 4.096 µs × 2^timeout.
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
+    qp_timeout: u8,
+    /// Do not compute the peak bandwidth.
+    #[arg(short = 'N', long = "no_peak")]
+    no_peak: bool,
+    /// The soft NIC's local address.
+    #[arg(long = "local", default_value = "127.0.0.1")]
+    local: IpAddr,
+    /// Verify every byte that arrived: receive buffers, targets of WRITEs (read back),
+    /// destinations of READs, atomic results.
+    #[arg(long = "check")]
+    check: bool,
+    /// Write every packet sent and received to this pcap file.
+    #[arg(long = "pcap")]
+    pcap: Option<PathBuf>,
+    /// Inject faults on every packet sent: loss=P,dup=P,reorder=P,corrupt=P,delay=US,seed=N.
+    #[arg(long = "fault")]
+    fault: Option<ferroce::nic::Faults>,
+    /// Print the NIC's counters at exit, as `rdma statistic show` does.
+    #[arg(long = "stats")]
+    stats: bool,
+}
+
+/// The verb a test exercises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verb {
+    /// SEND/RECV.
+    Send,
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+    /// Atomics.
+    Atomic,
+}
+
+/// Bandwidth or latency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Bandwidth: many requests in flight.
+    Bw,
+    /// Latency: one at a time.
+    Lat,
+}
+
+/// The atomic operation of the atomic tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AtomicType {
+    /// Fetch-and-add of 1.
+    FetchAdd,
+    /// Compare-and-swap of 0 with 0 (the value stays).
+    CmpSwap,
+}
+
+impl AtomicType {
+    /// perftest's name.
+    fn name(self) -> &'static str {
+        match self {
+            Self::FetchAdd => "FETCH_AND_ADD",
+            Self::CmpSwap => "CMP_AND_SWAP",
+        }
+    }
+}
+
+/// The resolved parameters of a run.
+#[derive(Debug)]
+struct Settings {
+    verb: Verb,
+    kind: Kind,
+    server: Option<String>,
+    sizes: Vec<u64>,
+    iters: u64,
+    duration: Option<Duration>,
+    qps: usize,
+    tx_depth: u32,
+    rx_depth: u32,
+    cq_mod: u32,
+    mtu: Mtu,
+    port: u16,
+    gbits: bool,
+    json: Option<PathBuf>,
+    device: String,
+    gid_index: u32,
+    uc: bool,
+    atomic: AtomicType,
+    out_reads: u8,
+    timeout: u8,
+    no_peak: bool,
+    local: IpAddr,
+    check: bool,
+    pcap: Option<PathBuf>,
+    fault: Option<ferroce::nic::Faults>,
+    stats: bool,
+}
+
+/// perftest's `MIN_ITER`.
+const MIN_ITERS: u64 = 5;
+/// The largest size of `-a`: 2^23.
+const MAX_SWEEP_EXP: u32 = 23;
+/// The largest message the soft NIC takes.
+const MAX_SIZE: u64 = 1 << 31;
+/// perftest's cycle buffer (the page size) and cache line, as exchanged.
+const CYCLE_BUFFER: u32 = 4096;
+const CACHE_LINE: u32 = 64;
+
+impl Settings {
+    fn resolve(verb: Verb, kind: Kind, a: &PerfArgs) -> Result<Self, String> {
+        let sizes = if a.all {
+            if verb == Verb::Atomic {
+                return Err(" -a (all sizes) is not available for atomic tests".into());
+            }
+            if a.duration.is_some() {
+                return Err(" -a (all sizes) and -D (duration) cannot be used together".into());
+            }
+            (1..=MAX_SWEEP_EXP).map(|e| 1u64 << e).collect()
+        } else if verb == Verb::Atomic {
+            if a.size.is_some_and(|s| s != 8) {
+                eprintln!(" Atomic operations are 8 bytes: ignoring -s");
+            }
+            vec![8]
+        } else {
+            vec![a.size.unwrap_or(match kind {
+                Kind::Bw => 65536,
+                Kind::Lat => 2,
+            })]
+        };
+        if sizes.iter().any(|&s| s == 0 || s > MAX_SIZE) {
+            return Err(format!(" Message size must be 1 to {MAX_SIZE} bytes"));
+        }
+        let iters = a
+            .iters
+            .unwrap_or(if verb == Verb::Write && kind == Kind::Bw {
+                5000
+            } else {
+                1000
+            });
+        if iters < MIN_ITERS {
+            return Err(format!(" Iterations must be at least {MIN_ITERS}"));
+        }
+        if iters >= 1 << 32 {
+            return Err(" Iterations must be below 2^32".into());
+        }
+        let duration = match a.duration {
+            Some(0) => return Err(" Duration must be at least 1 second".into()),
+            d => d.map(Duration::from_secs),
+        };
+        if a.qps == 0 || (kind == Kind::Lat && a.qps != 1) {
+            return Err(" Latency tests use one queue pair; bandwidth tests at least one".into());
+        }
+        let Some(mtu) = Mtu::from_bytes(a.mtu) else {
+            return Err(format!(
+                " Invalid MTU {}: use 256, 512, 1024, 2048 or 4096",
+                a.mtu
+            ));
+        };
+        let uc = match a.connection.to_ascii_uppercase().as_str() {
+            "RC" => false,
+            "UC" if matches!(verb, Verb::Write | Verb::Send) => true,
+            "UC" => return Err(" UC has no RDMA READ or atomics: use -c RC".into()),
+            other => {
+                return Err(format!(
+                    " Unsupported connection type {other}: the soft NIC runs RC and UC"
+                ))
+            }
+        };
+        let atomic = match a.atomic_type.to_ascii_uppercase().as_str() {
+            "FETCH_AND_ADD" => AtomicType::FetchAdd,
+            "CMP_AND_SWAP" => AtomicType::CmpSwap,
+            other => return Err(format!(" Unknown atomic type {other}")),
+        };
+        // perftest clips the queue depths to the iterations, and moderation to the depth.
+        let mut tx_depth = a.tx_depth.unwrap_or(match kind {
+            Kind::Bw => 128,
+            Kind::Lat => 1,
+        });
+        let mut rx_depth = a.rx_depth;
+        if duration.is_none() {
+            tx_depth = tx_depth.min(iters as u32);
+            rx_depth = rx_depth.min(iters as u32);
+        }
+        if tx_depth == 0 || rx_depth == 0 {
+            return Err(" Queue depths must be at least 1".into());
+        }
+        let cq_mod = a.cq_mod.clamp(1, tx_depth);
+        let json = match (&a.out_json_file, a.out_json) {
+            (Some(path), _) => Some(path.clone()),
+            (None, true) => return Err(" --out_json needs --out_json_file FILE".into()),
+            (None, false) => None,
+        };
+        let _ = (a.ib_port, a.cpu_freq);
+        Ok(Self {
+            verb,
+            kind,
+            server: a.server.clone(),
+            sizes,
+            iters,
+            duration,
+            qps: a.qps as usize,
+            tx_depth,
+            rx_depth,
+            cq_mod,
+            mtu,
+            port: a.port,
+            gbits: a.report_gbits,
+            json,
+            device: a.ib_dev.clone(),
+            gid_index: a.gid_index.unwrap_or(0),
+            uc,
+            atomic,
+            out_reads: a.outs.max(1),
+            timeout: a.qp_timeout,
+            no_peak: a.no_peak,
+            local: a.local,
+            check: a.check,
+            pcap: a.pcap.clone(),
+            fault: a.fault,
+            stats: a.stats,
+        })
+    }
+
+    /// Whether this side connects (names a server).
+    fn is_client(&self) -> bool {
+        self.server.is_some()
+    }
+
+    /// "RC" or "UC".
+    fn connection_name(&self) -> &'static str {
+        if self.uc {
+            "UC"
+        } else {
+            "RC"
+        }
+    }
+
+    fn max_size(&self) -> u64 {
+        self.sizes.iter().copied().max().unwrap_or(8)
+    }
+}
+
+/// The byte at offset `at` of a buffer both sides agree on, so that each can check what
+/// the other sent without being told.
+fn pattern_byte(at: u64) -> u8 {
+    ((at % 251) as u8) ^ 0x5a
+}
+
+/// `len` bytes of the pattern from offset 0.
+fn pattern(len: u64) -> Vec<u8> {
+    (0..len).map(pattern_byte).collect()
+}
+
+/// The NIC and everything a test runs on: a send and a receive CQ, the queue pairs, and one
+/// registered buffer holding, per queue pair, a local area (what is sent, or where READs
+/// and atomic results land) and a target area (what the peer addresses), as perftest lays
+/// out its buffer.
+struct Rig {
+    nic: Nic,
+    send_cq: Cq,
+    recv_cq: Cq,
+    qps: Vec<Qp>,
+    region: Region,
+    base: u64,
+    area: u64,
+}
+
+impl Rig {
+    fn new(s: &Settings) -> Result<Self, String> {
+        let config = NicConfig {
+            faults: s.fault,
+            pcap: s.pcap.clone(),
+            ..NicConfig::on(s.local)
+        };
+        let nic = Nic::open(&config)
+            .map_err(|e| format!(" Couldn't open the soft NIC on {}: {e}", s.local))?;
+        let q = s.qps;
+        let area = s.max_size().max(u64::from(CYCLE_BUFFER));
+        let send_cq = Cq::new(&nic, q * (s.tx_depth as usize + 2) + 16);
+        let recv_cq = Cq::new(&nic, q * (s.rx_depth as usize + 2) + 16);
+        let caps = QpCaps {
+            sq_depth: s.tx_depth + 1,
+            rq_depth: if s.verb == Verb::Send { s.rx_depth } else { 1 },
+            max_inline: 0,
+        };
+        let qp_type = if s.uc { QpType::Uc } else { QpType::Rc };
+        let qps = (0..q)
+            .map(|_| Qp::new(&nic, qp_type, &send_cq, &recv_cq, caps))
+            .collect();
+        let len = 64 + 2 * q as u64 * area;
+        let len = usize::try_from(len).map_err(|_| " Buffer too large".to_owned())?;
+        let region = Region::register(
+            &nic,
+            RegionAccess::Remote,
+            WriteOrder::InOrder,
+            RegionMemory::Host(vec![0; len]),
+        )
+        .map_err(|e| format!(" Couldn't allocate MR: {e}"))?;
+        // Atomic targets must be 8-aligned; start the areas on a cache line.
+        let base = (64 - region.va() % 64) % 64;
+        let rig = Self {
+            nic,
+            send_cq,
+            recv_cq,
+            qps,
+            region,
+            base,
+            area,
+        };
+        let pat = pattern(area);
+        for i in 0..q {
+            match s.verb {
+                Verb::Write | Verb::Send => rig.fill(rig.local_off(i), &pat)?,
+                Verb::Read => rig.fill(rig.target_off(i), &pat)?,
+                Verb::Atomic => {}
+            }
+        }
+        Ok(rig)
+    }
+
+    /// Offset of queue pair `i`'s local area.
+    fn local_off(&self, i: usize) -> u64 {
+        self.base + i as u64 * self.area
+    }
+
+    /// Offset of queue pair `i`'s target area, which the peer addresses.
+    fn target_off(&self, i: usize) -> u64 {
+        self.base + (self.qps.len() + i) as u64 * self.area
+    }
+
+    /// Size of one area.
+    fn area(&self) -> u64 {
+        self.area
+    }
+
+    /// Copies `bytes` to offset `at`.
+    fn fill(&self, at: u64, bytes: &[u8]) -> Result<(), String> {
+        self.region.write(at, bytes).map_err(|e| e.to_string())
+    }
+
+    /// Copies `len` bytes from offset `at`.
+    fn read(&self, at: u64, len: u64) -> Result<Vec<u8>, String> {
+        let mut out = vec![0u8; len as usize];
+        self.region.read(at, &mut out).map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+}
+
+/// Where the first difference from the pattern is, if any.
+fn mismatch(bytes: &[u8], start: u64) -> Option<usize> {
+    bytes
+        .iter()
+        .enumerate()
+        .find(|&(i, &b)| b != pattern_byte(start + i as u64))
+        .map(|(i, _)| i)
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::FAILURE
+}
+
+/// Runs one of the tests.
+pub(crate) fn run(command: &PerfCommand) -> ExitCode {
+    let (verb, kind, args) = match command {
+        PerfCommand::WriteBw(a) => (Verb::Write, Kind::Bw, a),
+        PerfCommand::WriteLat(a) => (Verb::Write, Kind::Lat, a),
+        PerfCommand::ReadBw(a) => (Verb::Read, Kind::Bw, a),
+        PerfCommand::ReadLat(a) => (Verb::Read, Kind::Lat, a),
+        PerfCommand::SendBw(a) => (Verb::Send, Kind::Bw, a),
+        PerfCommand::SendLat(a) => (Verb::Send, Kind::Lat, a),
+        PerfCommand::AtomicBw(a) => (Verb::Atomic, Kind::Bw, a),
+        PerfCommand::AtomicLat(a) => (Verb::Atomic, Kind::Lat, a),
+    };
+    let settings = match Settings::resolve(verb, kind, args) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("{e}\n Parser function exited with Error")),
+    };
+    match execute(&settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+/// What the exchange and the connection leave for the traffic.
+struct Session {
+    comm: Comm,
+    local: Vec<KeyLine>,
+    remote: Vec<KeyLine>,
+}
+
+fn execute(s: &Settings) -> Result<(), String> {
+    let rig = Rig::new(s)?;
+    let mut comm = match &s.server {
+        Some(server) => Comm::connect(server, s.port),
+        None => Comm::accept(s.port),
+    }
+    .map_err(|e| format!("{e}\n Unable to init the socket connection"))?;
+    comm.exchange_versions()?;
+    comm.check_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
+    let mtu = comm.check_mtu(s.mtu)?;
+    report::print_header(s, mtu.bytes());
+
+    let gid = match s.local {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+    .octets();
+    let out_reads = if matches!(s.verb, Verb::Read | Verb::Atomic) {
+        u32::from(s.out_reads)
+    } else {
+        1
+    };
+    let local: Vec<KeyLine> = rig
+        .qps
+        .iter()
+        .enumerate()
+        .map(|(i, qp)| {
+            let endpoint = qp.endpoint();
+            KeyLine {
+                lid: 0,
+                out_reads,
+                qpn: endpoint.qpn.value(),
+                psn: endpoint.psn.value(),
+                rkey: rig.region.rkey(),
+                vaddr: rig.region.va() + rig.target_off(i),
+                gid,
+                srqn: 0,
+            }
+        })
+        .collect();
+
+    // ib_write_lat, ib_read_lat and ib_atomic_lat shake hands once more first; ib_send_lat
+    // does not.
+    if s.kind == Kind::Lat && s.verb != Verb::Send {
+        comm.hand_shake(&local[0])?;
+    }
+    let mut remote = Vec::with_capacity(local.len());
+    for key in &local {
+        remote.push(comm.hand_shake(key)?);
+    }
+    let mapped = |g: &[u8; 16]| std::net::Ipv6Addr::from(*g).to_ipv4_mapped().is_some();
+    if mapped(&local[0].gid) != mapped(&remote[0].gid) {
+        return Err(
+            "\n Found Incompatibility issue with GID types.\n Please Try to use a different IP version.\n"
+                .into(),
+        );
+    }
+    for (qp, peer) in rig.qps.iter().zip(&remote) {
+        connect(qp, peer, s, mtu, out_reads)?;
+    }
+    for key in &local {
+        println!("{}", report::address_lines("local", key, s.verb));
+    }
+    for (i, key) in local.iter().enumerate() {
+        remote[i] = comm.hand_shake(key)?;
+        println!("{}", report::address_lines("remote", &remote[i], s.verb));
+    }
+    // An additional handshake is required after moving the queue pairs to RTR.
+    comm.hand_shake(&local[0])?;
+
+    let session = Session {
+        comm,
+        local,
+        remote,
+    };
+    let results = match (s.kind, s.verb) {
+        (Kind::Bw, Verb::Send) => send_bw(s, &rig, session),
+        (Kind::Bw, _) => one_sided_bw(s, &rig, session),
+        (Kind::Lat, Verb::Write) => write_lat(s, &rig, session),
+        (Kind::Lat, Verb::Send) => send_lat(s, &rig, session),
+        (Kind::Lat, _) => one_sided_lat(s, &rig, session),
+    }?;
+    if let Some(path) = &s.json {
+        report::write_json(path, s, mtu.bytes(), &results)?;
+    }
+    if s.stats {
+        println!("{}", rig.nic.statistics_line(&s.device));
+    }
+    Ok(())
+}
+
+/// Moves a queue pair to RTR and RTS towards the peer its key line names.
+fn connect(qp: &Qp, peer: &KeyLine, s: &Settings, mtu: Mtu, out_reads: u32) -> Result<(), String> {
+    let gid = peer.gid_addr();
+    let ip = gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4);
+    let endpoint = QpEndpoint {
+        qpn: Qpn::from_low_bits(peer.qpn),
+        psn: Psn::from_low_bits(peer.psn),
+        addr: SocketAddr::new(ip, ROCE_PORT),
+    };
+    let rd_atomic = out_reads.min(peer.out_reads.max(1)).min(255) as u8;
+    let options = ConnectOptions {
+        mtu,
+        access: RegionAccess::Remote,
+        timeout: s.timeout,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 12,
+        max_rd_atomic: rd_atomic,
+    };
+    qp.connect(&endpoint, &options).map_err(|e| {
+        format!(
+            " Failed to modify QP to RTR/RTS: {e}\n Unable to Connect the HCA's through the link"
+        )
+    })
+}
+
+/// The bandwidth report of a run, and its line.
+fn print_bw(s: &Settings, r: &BwReport) {
+    println!("{}", report::bw_line(r, s.gbits));
+}
+
+/// write-bw, read-bw, atomic-bw: the client runs, the server waits in a key line; then the
+/// client's report goes over and the connection closes.
+fn one_sided_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
+    let Session {
+        mut comm,
+        local,
+        remote,
+        ..
+    } = session;
+    println!("{RESULT_LINE}");
+    println!("{}", report::bw_columns(s.gbits));
+    if !s.is_client() {
+        comm.hand_shake(&local[0])?;
+        if s.check {
+            bw::check_target(s, rig)?;
+        }
+        let theirs = comm.xchg_bw_reports(&BwReport::default())?;
+        print_bw(s, &theirs);
+        comm.close_connection(&local[0])?;
+        println!("{RESULT_LINE}");
+        return Ok(vec![Outcome::Bw(theirs)]);
+    }
+    let mut results = Vec::new();
+    let mut last = BwReport::default();
+    for &size in &s.sizes {
+        last = bw::client(s, rig, &remote, size)?;
+        print_bw(s, &last);
+        results.push(Outcome::Bw(last));
+    }
+    println!("{RESULT_LINE}");
+    comm.hand_shake(&local[0])?;
+    comm.xchg_bw_reports(&last)?;
+    comm.close_connection(&local[0])?;
+    Ok(results)
+}
+
+/// send-bw: per size, the server posts its receives, a key line syncs both sides, the
+/// client sends and the server counts; both report.
+fn send_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
+    let Session {
+        mut comm,
+        local,
+        remote,
+        ..
+    } = session;
+    println!("{RESULT_LINE}");
+    println!("{}", report::bw_columns(s.gbits));
+    let mut results = Vec::new();
+    let sweep = s.sizes.len() > 1;
+    for &size in &s.sizes {
+        let mut receiver = if s.is_client() {
+            None
+        } else {
+            Some(bw::Receiver::post(s, rig)?)
+        };
+        comm.hand_shake(&local[0])?;
+        let r = match receiver.as_mut() {
+            None => bw::client(s, rig, &remote, size)?,
+            Some(receiver) => receiver.run(s, rig, size, &comm)?,
+        };
+        print_bw(s, &r);
+        results.push(Outcome::Bw(r));
+        if sweep {
+            comm.hand_shake(&local[0])?;
+        }
+    }
+    println!("{RESULT_LINE}");
+    comm.close_connection(&local[0])?;
+    Ok(results)
+}
+
+/// write-lat: both sides ping-pong by writing into each other's buffer; no closing
+/// handshake.
+fn write_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
+    let Session { comm, remote, .. } = session;
+    println!("{RESULT_LINE}");
+    println!("{}", report::lat_columns(s.duration.is_some()));
+    let mut results = Vec::new();
+    for &size in &s.sizes {
+        let r = lat::write_pingpong(s, rig, &remote[0], size, &comm)?;
+        println!("{}", report::lat_line(&r));
+        results.push(Outcome::Lat(r));
+    }
+    println!("{RESULT_LINE}");
+    comm.finish();
+    Ok(results)
+}
+
+/// send-lat: per size, receives are posted and a key line syncs both sides; then SEND
+/// ping-pong.
+fn send_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
+    let Session {
+        mut comm, local, ..
+    } = session;
+    println!("{RESULT_LINE}");
+    println!("{}", report::lat_columns(s.duration.is_some()));
+    let mut results = Vec::new();
+    for &size in &s.sizes {
+        let mut pingpong = lat::SendPingpong::post(s, rig)?;
+        comm.hand_shake(&local[0])?;
+        let r = pingpong.run(s, rig, size, &comm)?;
+        println!("{}", report::lat_line(&r));
+        results.push(Outcome::Lat(r));
+    }
+    println!("{RESULT_LINE}");
+    comm.close_connection(&local[0])?;
+    Ok(results)
+}
+
+/// read-lat, atomic-lat: the client issues one request at a time; the server waits in the
+/// closing handshake.
+fn one_sided_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
+    let Session {
+        comm,
+        local,
+        remote,
+        ..
+    } = session;
+    if !s.is_client() {
+        comm.close_connection(&local[0])?;
+        println!("{RESULT_LINE}");
+        return Ok(Vec::new());
+    }
+    println!("{RESULT_LINE}");
+    println!("{}", report::lat_columns(s.duration.is_some()));
+    let mut results = Vec::new();
+    for &size in &s.sizes {
+        let r = lat::one_at_a_time(s, rig, &remote[0], size)?;
+        println!("{}", report::lat_line(&r));
+        results.push(Outcome::Lat(r));
+    }
+    println!("{RESULT_LINE}");
+    comm.close_connection(&local[0])?;
+    Ok(results)
+}

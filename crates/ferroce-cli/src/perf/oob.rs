@@ -1,0 +1,373 @@
+//! perftest's out-of-band exchange over TCP (protocol.md §6, as perftest 6.06 does it).
+//!
+//! Every step is symmetric and of the same length both ways: the client writes and then
+//! reads, the server reads and then writes. The steps are the version (16 bytes), the cycle
+//! buffer and cache line size (4 bytes each, big-endian, when the peer is 5.32 or newer), the
+//! MTU (`"%d"` of `enum ibv_mtu`, 2 bytes from 5.31 on), the 108-byte key lines
+//! (`ctx_hand_shake`), the bandwidth report (`xchg_bw_reports`) and the closing key line
+//! followed by `"done\0"` (`ctx_close_connection`).
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv6Addr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use ferroce::qp::Mtu;
+
+/// The version we advertise: Debian 12's perftest, older than 6.28, so that peers skip
+/// `negotiate_params`.
+pub(super) const VERSION: &str = "6.06";
+
+/// The length of a key line with a GID: 107 characters and a NUL.
+pub(super) const KEY_LINE_LEN: usize = 108;
+
+/// What `ctx_close_connection` writes after its last key line.
+const DONE: &[u8; 5] = b"done\0";
+
+/// One side's key line (`struct pingpong_dest` as `ethernet_write_keys` prints it):
+/// `LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID(16 × %02x:):SRQN:`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct KeyLine {
+    /// The LID; 0 on RoCE.
+    pub(super) lid: u16,
+    /// READs and atomics this side lets the peer keep outstanding.
+    pub(super) out_reads: u32,
+    /// The queue pair number.
+    pub(super) qpn: u32,
+    /// The first PSN.
+    pub(super) psn: u32,
+    /// The remote key of the buffer.
+    pub(super) rkey: u32,
+    /// The buffer address peers target.
+    pub(super) vaddr: u64,
+    /// The GID: IPv4-mapped or IPv6.
+    pub(super) gid: [u8; 16],
+    /// The SRQ number (0: none).
+    pub(super) srqn: u32,
+}
+
+impl KeyLine {
+    /// The 108 bytes on the wire.
+    pub(super) fn to_wire(self) -> [u8; KEY_LINE_LEN] {
+        let mut text = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid, self.out_reads, self.qpn, self.psn, self.rkey, self.vaddr
+        );
+        for byte in self.gid {
+            text.push_str(&format!("{byte:02x}:"));
+        }
+        text.push_str(&format!("{:08x}:", self.srqn));
+        let mut out = [0u8; KEY_LINE_LEN];
+        let n = text.len().min(KEY_LINE_LEN - 1);
+        out[..n].copy_from_slice(&text.as_bytes()[..n]);
+        out
+    }
+
+    /// Parses a peer's key line, as leniently as perftest's `strtol` does.
+    pub(super) fn parse(bytes: &[u8]) -> Result<Self, String> {
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        let text = String::from_utf8_lossy(&bytes[..end]).into_owned();
+        let fields: Vec<&str> = text.split(':').collect();
+        let bad = || format!("Couldn't parse line <{text}>");
+        if fields.len() < 23 {
+            return Err(bad());
+        }
+        let hex = |s: &str| u64::from_str_radix(s.trim(), 16).map_err(|_| bad());
+        let mut gid = [0u8; 16];
+        for (i, byte) in gid.iter_mut().enumerate() {
+            *byte = hex(fields[6 + i])? as u8;
+        }
+        Ok(Self {
+            lid: hex(fields[0])? as u16,
+            out_reads: hex(fields[1])? as u32,
+            qpn: hex(fields[2])? as u32 & 0x00ff_ffff,
+            psn: hex(fields[3])? as u32 & 0x00ff_ffff,
+            rkey: hex(fields[4])? as u32,
+            vaddr: hex(fields[5])?,
+            gid,
+            srqn: hex(fields[22])? as u32,
+        })
+    }
+
+    /// The GID as an address.
+    pub(super) fn gid_addr(&self) -> Ipv6Addr {
+        Ipv6Addr::from(self.gid)
+    }
+}
+
+/// A bandwidth report as `xchg_bw_reports` sends it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct BwReport {
+    /// Message size in bytes.
+    pub(super) size: u64,
+    /// Iterations (per queue pair).
+    pub(super) iters: u64,
+    /// Peak bandwidth, in the report's unit.
+    pub(super) peak: f64,
+    /// Average bandwidth, in the report's unit.
+    pub(super) avg: f64,
+    /// Message rate in Mpps.
+    pub(super) msg_rate: f64,
+}
+
+/// The TCP connection of the exchange and what it learnt about the peer.
+#[derive(Debug)]
+pub(super) struct Comm {
+    stream: TcpStream,
+    client: bool,
+    remote_version: String,
+}
+
+const XCHG_FAILED: &str = "Failed to exchange data between server and clients";
+
+impl Comm {
+    /// The client's side: connects to the server.
+    pub(super) fn connect(server: &str, port: u16) -> Result<Self, String> {
+        let stream = TcpStream::connect((server, port))
+            .map_err(|e| format!("Couldn't connect to {server}:{port} ({e})"))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Self {
+            stream,
+            client: true,
+            remote_version: String::new(),
+        })
+    }
+
+    /// The server's side: listens on `port` (printing perftest's banner once listening) and
+    /// takes one client.
+    pub(super) fn accept(port: u16) -> Result<Self, String> {
+        let listener = TcpListener::bind(("::", port))
+            .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+            .map_err(|e| format!("Couldn't listen to port {port} ({e})"))?;
+        println!();
+        println!("************************************");
+        println!("* Waiting for client to connect... *");
+        println!("************************************");
+        let _ = io::stdout().flush();
+        let (stream, _) = listener
+            .accept()
+            .map_err(|e| format!("accept() failed ({e})"))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Self {
+            stream,
+            client: false,
+            remote_version: String::new(),
+        })
+    }
+
+    fn remote_at_least(&self, version: f64) -> bool {
+        atof(&self.remote_version) >= version - 1e-9
+    }
+
+    /// `ctx_xchg_data`: the client writes then reads, the server reads then writes.
+    fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> io::Result<()> {
+        if self.client {
+            self.stream.write_all(mine)?;
+            self.stream.read_exact(theirs)
+        } else {
+            self.stream.read_exact(theirs)?;
+            self.stream.write_all(mine)
+        }
+    }
+
+    /// `exchange_versions`: 16 bytes, NUL-padded.
+    pub(super) fn exchange_versions(&mut self) -> Result<(), String> {
+        let mut mine = [0u8; 16];
+        mine[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+        let mut theirs = [0u8; 16];
+        self.xchg(&mine, &mut theirs)
+            .map_err(|e| format!(" {XCHG_FAILED} (versions: {e})"))?;
+        let end = theirs.iter().position(|&b| b == 0).unwrap_or(16);
+        self.remote_version = String::from_utf8_lossy(&theirs[..end]).into_owned();
+        Ok(())
+    }
+
+    /// `check_sys_data`: cycle buffer and cache line size, each side takes the larger, when
+    /// the peer is 5.32 or newer.
+    pub(super) fn check_sys_data(&mut self, cycle: u32, cache: u32) -> Result<(u32, u32), String> {
+        if !self.remote_at_least(5.32) {
+            return Ok((cycle, cache));
+        }
+        let mut theirs = [0u8; 4];
+        self.xchg(&cycle.to_be_bytes(), &mut theirs).map_err(|e| {
+            format!(" Failed to exchange Page Size data between server and client ({e})")
+        })?;
+        let rem_cycle = u32::from_be_bytes(theirs);
+        self.xchg(&cache.to_be_bytes(), &mut theirs).map_err(|e| {
+            format!(" Failed to exchange Cache Line Size data between server and client ({e})")
+        })?;
+        let rem_cache = u32::from_be_bytes(theirs);
+        Ok((cycle.max(rem_cycle), cache.max(rem_cache)))
+    }
+
+    /// `check_mtu`: the MTU enum as text, the smaller valid one wins (from 5.1 on; 2 bytes
+    /// from 5.31 on, `sizeof(int)` before).
+    pub(super) fn check_mtu(&mut self, mine: Mtu) -> Result<Mtu, String> {
+        if !self.remote_at_least(5.1) {
+            return Ok(mine);
+        }
+        let len = if self.remote_at_least(5.31) { 2 } else { 4 };
+        let mut out = [0u8; 4];
+        out[0] = b'0' + mine.ibv_value();
+        let mut theirs = [0u8; 4];
+        self.xchg(&out[..len], &mut theirs[..len])
+            .map_err(|e| format!(" {XCHG_FAILED} (MTU: {e})"))?;
+        let end = theirs[..len].iter().position(|&b| b == 0).unwrap_or(len);
+        let rem: i64 = String::from_utf8_lossy(&theirs[..end])
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        let theirs = match rem {
+            1 => Some(Mtu::M256),
+            2 => Some(Mtu::M512),
+            3 => Some(Mtu::M1024),
+            4 => Some(Mtu::M2048),
+            5 => Some(Mtu::M4096),
+            _ => None,
+        };
+        Ok(theirs.map_or(mine, |t| t.min(mine)))
+    }
+
+    /// `ctx_hand_shake`: one key line each way.
+    pub(super) fn hand_shake(&mut self, mine: &KeyLine) -> Result<KeyLine, String> {
+        let mut theirs = [0u8; KEY_LINE_LEN];
+        self.xchg(&mine.to_wire(), &mut theirs).map_err(|e| {
+            let what = if e.kind() == io::ErrorKind::UnexpectedEof {
+                "the peer closed the connection".to_owned()
+            } else {
+                e.to_string()
+            };
+            format!(" {XCHG_FAILED} ({what})")
+        })?;
+        KeyLine::parse(&theirs)
+    }
+
+    /// `xchg_bw_reports`: size, iterations, peak, average and message rate, each a big-endian
+    /// 8-byte value (iterations 4 bytes for peers older than 5.33).
+    pub(super) fn xchg_bw_reports(&mut self, mine: &BwReport) -> Result<BwReport, String> {
+        let fail = |e: io::Error| format!(" {XCHG_FAILED} (reports: {e})");
+        let mut theirs = [0u8; 8];
+        self.xchg(&mine.size.to_be_bytes(), &mut theirs)
+            .map_err(fail)?;
+        let size = u64::from_be_bytes(theirs);
+        let iters = if self.remote_at_least(5.33) {
+            self.xchg(&mine.iters.to_be_bytes(), &mut theirs)
+                .map_err(fail)?;
+            u64::from_be_bytes(theirs)
+        } else {
+            let mut four = [0u8; 4];
+            self.xchg(&(mine.iters as u32).to_be_bytes(), &mut four)
+                .map_err(fail)?;
+            u64::from(u32::from_be_bytes(four))
+        };
+        let mut double = |value: f64| -> Result<f64, String> {
+            let mut theirs = [0u8; 8];
+            self.xchg(&value.to_bits().to_be_bytes(), &mut theirs)
+                .map_err(fail)?;
+            Ok(f64::from_bits(u64::from_be_bytes(theirs)))
+        };
+        let peak = double(mine.peak)?;
+        let avg = double(mine.avg)?;
+        let msg_rate = double(mine.msg_rate)?;
+        Ok(BwReport {
+            size,
+            iters,
+            peak,
+            avg,
+            msg_rate,
+        })
+    }
+
+    /// `ctx_close_connection`: a last key line each way, then `"done\0"` and close. perftest
+    /// never reads the peer's `"done"`; we drain it (briefly) so that closing sends no reset.
+    pub(super) fn close_connection(mut self, mine: &KeyLine) -> Result<(), String> {
+        self.hand_shake(mine)
+            .map_err(|e| format!("{e}\nFailed to close connection between server and client"))?;
+        self.stream
+            .write_all(DONE)
+            .map_err(|e| format!("Couldn't write to socket ({e})"))?;
+        self.finish();
+        Ok(())
+    }
+
+    /// Ends the connection without a closing handshake (the latency tests that have none):
+    /// says we are done (FIN) and waits, a while at most, for the peer to say so too, so that
+    /// neither side's NIC goes away while the other still needs its acknowledgements.
+    pub(super) fn finish(self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        let _ = self
+            .stream
+            .set_read_timeout(Some(Duration::from_millis(200)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut sink = [0u8; 256];
+        let mut stream = &self.stream;
+        while Instant::now() < deadline {
+            match stream.read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Whether the peer has written something or closed the connection: how a side that
+    /// cannot know the iteration count (duration mode, an echoing server) learns that the
+    /// other side has stopped.
+    pub(super) fn peer_spoke(&self) -> bool {
+        if self.stream.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut byte = [0u8; 1];
+        let spoke = match self.stream.peek(&mut byte) {
+            Ok(_) => true,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        };
+        let _ = self.stream.set_nonblocking(false);
+        spoke
+    }
+}
+
+/// C's `atof` for version strings: the leading number, 0 if none.
+fn atof(text: &str) -> f64 {
+    let end = text
+        .char_indices()
+        .take_while(|&(i, c)| c.is_ascii_digit() || (c == '.' && !text[..i].contains('.')))
+        .last()
+        .map_or(0, |(i, c)| i + c.len_utf8());
+    text[..end].parse().unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_line_of_the_capture() {
+        let wire = b"0000:0001:000035:b0f50e:00001acf:000055ba7c2e5000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:4d:00:0c:00000000:";
+        let key = KeyLine::parse(wire).unwrap();
+        assert_eq!(key.qpn, 0x35);
+        assert_eq!(key.psn, 0xb0f50e);
+        assert_eq!(key.rkey, 0x1acf);
+        assert_eq!(key.vaddr, 0x55ba_7c2e_5000);
+        assert_eq!(key.out_reads, 1);
+        assert_eq!(
+            key.gid_addr().to_ipv4_mapped(),
+            Some("10.77.0.12".parse().unwrap())
+        );
+        let round = key.to_wire();
+        assert_eq!(&round[..107], &wire[..]);
+        assert_eq!(round[107], 0);
+    }
+
+    #[test]
+    fn versions_compare_as_perftest_does() {
+        assert!((atof("6.06") - 6.06).abs() < 1e-9);
+        assert!((atof("5.33\0") - 5.33).abs() < 1e-9);
+        assert!(atof("junk") == 0.0);
+        assert!((atof("6.1.2") - 6.1).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,420 @@
+//! `ferroce perf` against itself: for each of perftest's eight tests a server and a client
+//! in two processes, with `--check` (every byte that arrived is verified), as `ib_write_bw`
+//! and friends are run. Every NIC holds UDP port 4791 on its address, so each test has
+//! addresses (127.0.0.20 and up) and a TCP port of its own and the tests can run in parallel.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Longest a process may run before the test gives up on it.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn perf(test: &str, local: &str, port: u16, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferroce"));
+    cmd.args(["perf", test, "--local", local, "-p", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Waits for a child at most `LIMIT`, killing it past that.
+fn wait(child: &mut Child, who: &str) -> ExitStatus {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the {who} ran for more than {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct Run {
+    server: String,
+    client: String,
+}
+
+/// Starts a server, waits until it listens, runs a client against it; both must succeed.
+fn pair(
+    test: &str,
+    addrs: (&str, &str),
+    port: u16,
+    server_args: &[&str],
+    client_args: &[&str],
+) -> Run {
+    let (srv_ip, cli_ip) = addrs;
+    let mut server = perf(test, srv_ip, port, server_args).spawn().unwrap();
+    // The server prints its banner once it listens; read its output on a thread.
+    let stdout = server.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let mut lines = BufReader::new(stdout);
+        let mut line = String::new();
+        let mut told = false;
+        while lines.read_line(&mut line).unwrap_or(0) > 0 {
+            if !told && line.contains("Waiting for client to connect") {
+                let _ = tx.send(());
+                told = true;
+            }
+            out.push_str(&line);
+            line.clear();
+        }
+        out
+    });
+    let mut server_err = server.stderr.take().unwrap();
+    if rx.recv_timeout(LIMIT).is_err() {
+        let _ = server.kill();
+        let mut err = String::new();
+        let _ = server_err.read_to_string(&mut err);
+        panic!("the {test} server never listened: {err}");
+    }
+    let mut client_args = client_args.to_vec();
+    client_args.push(srv_ip);
+    let mut client = perf(test, cli_ip, port, &client_args).spawn().unwrap();
+    let client_status = wait(&mut client, "client");
+    let server_status = wait(&mut server, "server");
+    let mut client_out = String::new();
+    let mut client_err = String::new();
+    client
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut client_out)
+        .unwrap();
+    client
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut client_err)
+        .unwrap();
+    let server_out = reader.join().unwrap();
+    let mut server_err_text = String::new();
+    server_err.read_to_string(&mut server_err_text).unwrap();
+    assert!(
+        client_status.success() && server_status.success(),
+        "{test}: client {client_status}, server {server_status}\n--- client:\n{client_out}{client_err}\n--- server:\n{server_out}{server_err_text}"
+    );
+    Run {
+        server: server_out,
+        client: client_out,
+    }
+}
+
+/// The result lines under the table's column line, split into fields.
+fn result_rows(text: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        if line.starts_with(" #bytes") {
+            in_table = true;
+            continue;
+        }
+        if in_table {
+            if line.starts_with("---") {
+                break;
+            }
+            rows.push(line.split_whitespace().map(str::to_owned).collect());
+        }
+    }
+    rows
+}
+
+/// The one result line: the right size and iterations, and positive numbers.
+fn check_row(text: &str, size: u64, iters: u64, columns: usize) {
+    let rows = result_rows(text);
+    assert_eq!(rows.len(), 1, "one result line expected:\n{text}");
+    let row = &rows[0];
+    assert_eq!(row.len(), columns, "{row:?}\n{text}");
+    assert_eq!(row[0].parse::<u64>().unwrap(), size, "{text}");
+    assert_eq!(row[1].parse::<u64>().unwrap(), iters, "{text}");
+    // Every number parses and none is negative; a slow run of 8-byte atomics may well show
+    // 0.00 MB/s, but its message rate (the last column of a bandwidth line) and every
+    // latency is above zero.
+    let values: Vec<f64> = row[2..].iter().map(|v| v.parse().unwrap()).collect();
+    assert!(values.iter().all(|&v| v >= 0.0), "{row:?}\n{text}");
+    let positive = if columns == 5 {
+        &values[2..]
+    } else {
+        &values[..]
+    };
+    assert!(positive.iter().all(|&v| v > 0.0), "{row:?}\n{text}");
+}
+
+/// perftest's header block and address lines.
+fn check_header(text: &str, title: &str) {
+    assert!(
+        text.contains(&format!("                    {title}\n")),
+        "{title}:\n{text}"
+    );
+    assert!(
+        text.contains(" Dual-port       : OFF\t\tDevice         : ferroce0\n"),
+        "{text}"
+    );
+    assert!(text.contains(" local address: LID 0000 QPN 0x"), "{text}");
+    assert!(text.contains(" remote address: LID 0000 QPN 0x"), "{text}");
+    assert!(
+        text.contains(" GID: 00:00:00:00:00:00:00:00:00:00:255:255:127:00:00:"),
+        "{text}"
+    );
+}
+
+fn check_json(path: &Path, title: &str, size: u64, iters: u64, keys: &[&str]) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["test_info"]["test"], title.replace(' ', "_"), "{text}");
+    assert_eq!(doc["test_info"]["Device"], "ferroce0", "{text}");
+    let results = &doc["results"];
+    assert_eq!(results["MsgSize"], size, "{text}");
+    assert_eq!(results["n_iterations"], iters, "{text}");
+    for key in keys {
+        assert!(
+            results[*key].as_f64().is_some_and(|v| v >= 0.0),
+            "{key} in {text}"
+        );
+    }
+}
+
+const BW_KEYS: &[&str] = &["BW_peak", "BW_average", "MsgRate"];
+const LAT_KEYS: &[&str] = &[
+    "t_min",
+    "t_max",
+    "t_typical",
+    "t_avg",
+    "t_stdev",
+    "percentile_99",
+    "percentile_99.9",
+];
+
+/// One of the eight tests: `-n 200`, 4096-byte messages (atomics: 8), `--check` on both
+/// sides, and the client's results as JSON.
+fn run_test(test: &str, title: &str, addrs: (&str, &str), port: u16) {
+    let size = if test.starts_with("atomic") { 8 } else { 4096 };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("client.json");
+    let size_arg = size.to_string();
+    let common = ["-n", "200", "-s", &size_arg, "--check", "-F", "-x", "1"];
+    let mut client_args = common.to_vec();
+    client_args.extend(["--out_json", "--out_json_file", json.to_str().unwrap()]);
+    let run = pair(test, addrs, port, &common, &client_args);
+    check_header(&run.client, title);
+    check_header(&run.server, title);
+    assert!(
+        run.client.contains(" GID index       : 1\n"),
+        "{}",
+        run.client
+    );
+    let bw = test.ends_with("-bw");
+    let (columns, keys) = if bw { (5, BW_KEYS) } else { (9, LAT_KEYS) };
+    check_row(&run.client, size, 200, columns);
+    check_json(&json, title, size, 200, keys);
+    // The bandwidth servers print the client's report (write, read, atomic) or their own
+    // (send); the ping-pong servers measure too; the read and atomic latency servers only
+    // wait.
+    if bw || matches!(test, "write-lat" | "send-lat") {
+        check_row(&run.server, size, 200, columns);
+    } else {
+        assert!(result_rows(&run.server).is_empty(), "{}", run.server);
+    }
+}
+
+#[test]
+fn write_bw() {
+    run_test(
+        "write-bw",
+        "RDMA_Write BW Test",
+        ("127.0.0.20", "127.0.0.21"),
+        19401,
+    );
+}
+
+#[test]
+fn write_lat() {
+    run_test(
+        "write-lat",
+        "RDMA_Write Latency Test",
+        ("127.0.0.22", "127.0.0.23"),
+        19402,
+    );
+}
+
+#[test]
+fn read_bw() {
+    run_test(
+        "read-bw",
+        "RDMA_Read BW Test",
+        ("127.0.0.24", "127.0.0.25"),
+        19403,
+    );
+}
+
+#[test]
+fn read_lat() {
+    run_test(
+        "read-lat",
+        "RDMA_Read Latency Test",
+        ("127.0.0.26", "127.0.0.27"),
+        19404,
+    );
+}
+
+#[test]
+fn send_bw() {
+    run_test(
+        "send-bw",
+        "Send BW Test",
+        ("127.0.0.28", "127.0.0.29"),
+        19405,
+    );
+}
+
+#[test]
+fn send_lat() {
+    run_test(
+        "send-lat",
+        "Send Latency Test",
+        ("127.0.0.30", "127.0.0.31"),
+        19406,
+    );
+}
+
+#[test]
+fn atomic_bw() {
+    run_test(
+        "atomic-bw",
+        "Atomic FETCH_AND_ADD BW Test",
+        ("127.0.0.32", "127.0.0.33"),
+        19407,
+    );
+}
+
+#[test]
+fn atomic_lat() {
+    run_test(
+        "atomic-lat",
+        "Atomic FETCH_AND_ADD Latency Test",
+        ("127.0.0.34", "127.0.0.35"),
+        19408,
+    );
+}
+
+/// 2 % of the packets each side sends are lost: RC retransmits and every byte still checks.
+#[test]
+fn write_bw_survives_loss() {
+    let args = [
+        "-n",
+        "200",
+        "-s",
+        "4096",
+        "--check",
+        "--fault",
+        "loss=0.02,seed=1",
+        "--stats",
+    ];
+    let run = pair(
+        "write-bw",
+        ("127.0.0.36", "127.0.0.37"),
+        19409,
+        &args,
+        &args,
+    );
+    check_row(&run.client, 4096, 200, 5);
+    check_row(&run.server, 4096, 200, 5);
+    let stats = run.client.lines().last().unwrap();
+    assert!(stats.starts_with("link ferroce0/1 sent_pkts "), "{stats}");
+}
+
+/// `-a`: every power of two from 2 bytes to 8 MiB, one line each (5 iterations each,
+/// perftest's least, to stay quick).
+#[test]
+fn write_bw_all_sizes() {
+    let args = ["-a", "-n", "5", "--check"];
+    let run = pair(
+        "write-bw",
+        ("127.0.0.38", "127.0.0.39"),
+        19410,
+        &args,
+        &args,
+    );
+    let rows = result_rows(&run.client);
+    assert_eq!(rows.len(), 23, "{}", run.client);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row[0].parse::<u64>().unwrap(), 2 << i, "{}", run.client);
+        assert_eq!(row[1], "5");
+    }
+    // The server prints the client's last report.
+    check_row(&run.server, 1 << 23, 5, 5);
+}
+
+/// Two queue pairs, Gb/s, and a UC connection.
+#[test]
+fn two_queue_pairs_in_gbits_over_uc() {
+    let args = [
+        "-q",
+        "2",
+        "-c",
+        "UC",
+        "-t",
+        "16",
+        "-n",
+        "200",
+        "-s",
+        "2048",
+        "--check",
+        "--report_gbits",
+    ];
+    let run = pair("send-bw", ("127.0.0.40", "127.0.0.41"), 19411, &args, &args);
+    assert!(run.client.contains("BW average[Gb/sec]"), "{}", run.client);
+    assert!(
+        run.client.contains(" Connection type : UC"),
+        "{}",
+        run.client
+    );
+    assert_eq!(run.client.matches(" local address: ").count(), 2);
+    assert_eq!(run.client.matches(" remote address: ").count(), 2);
+    check_row(&run.client, 2048, 200, 5);
+    check_row(&run.server, 2048, 200, 5);
+}
+
+#[test]
+fn a_missing_server_is_named() {
+    let out = perf("write-bw", "127.0.0.42", 19412, &["127.0.0.43"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Couldn't connect to 127.0.0.43:19412"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_flags_are_refused() {
+    for (test, args, says) in [
+        ("read-bw", &["-c", "UC"][..], "UC has no RDMA READ"),
+        ("atomic-bw", &["-a"][..], "-a (all sizes)"),
+        (
+            "write-lat",
+            &["-q", "2"][..],
+            "Latency tests use one queue pair",
+        ),
+        (
+            "write-bw",
+            &["--out_json"][..],
+            "--out_json needs --out_json_file",
+        ),
+    ] {
+        let out = perf(test, "127.0.0.44", 19413, args).output().unwrap();
+        assert!(!out.status.success(), "{test} {args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{test} {args:?}: {err}");
+    }
+}
