@@ -852,3 +852,39 @@ fn remote_operational_error_and_stale_responses() {
     assert_eq!(f.nodes[0].engine.qp_state(qa), Some(QpState::Err));
     let _ = qb;
 }
+
+/// A long READ (1 MiB, 1024 responses) with one response lost: every response after the gap
+/// is out of sequence, but the requester goes back once, not once per response (which would
+/// exhaust retry_cnt within a single burst).
+#[test]
+fn a_gap_in_a_long_read_costs_one_retry() {
+    let mut f = Fabric::new(2, 18);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let len = 1 << 20;
+    let local = f.region(0, len, Access::LOCAL, 0);
+    let target = f.region(1, len, Access::REMOTE, 0);
+    f.bytes_mut(1, &target).copy_from_slice(&pattern(len, 11));
+    let mut middles = 0;
+    f.filter = Some(Box::new(move |from, p| {
+        if from == 1 && p.opcode().operation() == Operation::RdmaReadResponseMiddle {
+            middles += 1;
+            return middles == 100;
+        }
+        false
+    }));
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(
+                1,
+                SendOp::Read(remote(&target, 0)),
+                sge(&local, 0, len as u32),
+            ),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert!(f.bytes(0, &local) == &pattern(len, 11)[..], "bytes differ");
+    assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 1);
+}

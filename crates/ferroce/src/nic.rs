@@ -128,6 +128,11 @@ impl Nic {
             }
         };
         options.map_err(|source| NicError::Socket { addr, source })?;
+        // A READ response or a window of WRITEs arrives as a burst of up to hundreds of
+        // packets; the default 208 KiB receive buffer drops the tail of it whenever the
+        // progress thread is not scheduled at once. Ask for 8 MiB (granted in full to root;
+        // capped by net.core.rmem_max otherwise).
+        sys::grow_buffers(&socket, 8 << 20).map_err(|source| NicError::Socket { addr, source })?;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)

@@ -373,3 +373,24 @@ fn uc_send_and_write() {
     dst.read(0, &mut got).unwrap();
     assert!(got == pattern(5000, 4));
 }
+
+/// A READ of 4 MiB arrives as one burst of 4096 responses: the NIC's enlarged socket buffers
+/// absorb it (the default 208 KiB would drop its tail every time and exhaust the retries).
+#[test]
+fn a_large_read_arrives_whole() {
+    let (a, b) = pair(24798, QpType::Rc, &ConnectOptions::default());
+    let len = 4 << 20;
+    let target = region(&b.nic, RegionAccess::Remote, pattern(len, 21));
+    let sink = region(&a.nic, RegionAccess::Local, vec![0; len]);
+    let read = SendOp::Read(target.remote(0).unwrap());
+    a.qp.post_send(SendWr::new(
+        1,
+        read,
+        Payload::Sges(vec![sink.local(0, len as u32).unwrap()]),
+    ))
+    .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let mut got = vec![0; len];
+    sink.read(0, &mut got).unwrap();
+    assert!(got == pattern(len, 21));
+}

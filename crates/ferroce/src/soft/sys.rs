@@ -303,3 +303,35 @@ impl Drop for Mapping {
         }
     }
 }
+
+/// Asks for `bytes` of socket receive and send buffer. Root (CAP_NET_ADMIN) gets it whatever
+/// `net.core.rmem_max` says (`SO_RCVBUFFORCE`); others get at most that limit. Returns the
+/// receive buffer the kernel granted.
+pub(crate) fn grow_buffers(socket: &UdpSocket, bytes: usize) -> io::Result<usize> {
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        if set_int_option(socket, libc::SOL_SOCKET, force, want).is_err() {
+            set_int_option(socket, libc::SOL_SOCKET, plain, want)?;
+        }
+    }
+    let mut granted: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `granted`, a c_int on this frame.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&raw mut granted).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(usize::try_from(granted).unwrap_or(0))
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
