@@ -912,6 +912,17 @@ impl Qp {
         });
     }
 
+    /// No receive request for a SEND or a WRITE with immediate: ask the requester to wait
+    /// the QP's RNR timer and retry from `psn`. Not fatal, and the packet is not executed.
+    fn push_rnr_nak(&mut self, ctx: &mut Ctx, psn: Psn) {
+        ctx.counters.send_rnr_err += 1;
+        self.responses.push_back(Response::Ack {
+            psn,
+            syndrome: Syndrome::RnrNak(self.min_rnr_timer),
+            msn: self.msn,
+        });
+    }
+
     fn push_nak(&mut self, psn: Psn, code: NakCode) {
         self.responses.push_back(Response::Ack {
             psn,
@@ -1018,12 +1029,7 @@ impl Qp {
                 self.check_len(opcode, payload.len())?;
                 if opcode.is_first() {
                     let Some(wqe) = self.rq.pop_front() else {
-                        ctx.counters.send_rnr_err += 1;
-                        self.responses.push_back(Response::Ack {
-                            psn,
-                            syndrome: Syndrome::RnrNak(self.min_rnr_timer),
-                            msn: self.msn,
-                        });
+                        self.push_rnr_nak(ctx, psn);
                         return Ok(());
                     };
                     self.in_msg = Some(InMsg::Send { wqe, offset: 0 });
@@ -1074,12 +1080,7 @@ impl Qp {
                 self.check_len(opcode, payload.len())?;
                 let with_imm = packet.imm().is_some();
                 if with_imm && self.rq.is_empty() {
-                    ctx.counters.send_rnr_err += 1;
-                    self.responses.push_back(Response::Ack {
-                        psn,
-                        syndrome: Syndrome::RnrNak(self.min_rnr_timer),
-                        msn: self.msn,
-                    });
+                    self.push_rnr_nak(ctx, psn);
                     return Ok(());
                 }
                 if opcode.is_first() {
