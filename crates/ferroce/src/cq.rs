@@ -1,6 +1,7 @@
 //! Completion queues: where finished work requests are reported. A CQ can be polled, or a
 //! thread can block on it until a completion arrives (the completion-channel idea).
 
+use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
@@ -57,11 +58,15 @@ impl Cq {
             if now >= deadline {
                 return None;
             }
+            // Counted while holding the lock, so a completion queued after the check above
+            // cannot be announced to nobody: its producer takes the lock first.
+            shared.waiters.fetch_add(1, Ordering::SeqCst);
             state = shared
                 .completions
                 .wait_timeout(state, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            shared.waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

@@ -171,6 +171,8 @@ pub(crate) struct DriverCounters {
 pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) completions: Condvar,
+    /// Threads blocked in `Cq::wait`: without any, waking costs a system call for nothing.
+    pub(crate) waiters: std::sync::atomic::AtomicUsize,
     pub(crate) socket: UdpSocket,
     pub(crate) local: SocketAddr,
     stop: AtomicBool,
@@ -199,6 +201,7 @@ impl Shared {
                 pcap,
             }),
             completions: Condvar::new(),
+            waiters: std::sync::atomic::AtomicUsize::new(0),
             socket,
             local,
             stop: AtomicBool::new(false),
@@ -207,6 +210,13 @@ impl Shared {
             counters: DriverCounters::default(),
             failure: Mutex::new(None),
         })
+    }
+
+    /// Wakes threads blocked on a CQ, if there are any.
+    pub(crate) fn wake_waiters(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.completions.notify_all();
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -251,7 +261,7 @@ impl Shared {
         self.flush(&mut state, now);
         let next = state.next_due();
         drop(state);
-        self.completions.notify_all();
+        self.wake_waiters();
         let sleeping = *self
             .sleeping_until
             .lock()
@@ -297,7 +307,7 @@ impl Shared {
                 let _ = handle.join();
             }
         }
-        self.completions.notify_all();
+        self.wake_waiters();
     }
 
     /// Handles up to a batch of datagrams that have already arrived, without blocking. The
@@ -354,7 +364,7 @@ impl Shared {
                 self.flush(&mut state, now);
                 state.next_due()
             };
-            self.completions.notify_all();
+            self.wake_waiters();
             *self
                 .sleeping_until
                 .lock()
@@ -370,7 +380,7 @@ impl Shared {
                     self.drain(&mut state, now, &mut buf);
                     self.flush(&mut state, now);
                     drop(state);
-                    self.completions.notify_all();
+                    self.wake_waiters();
                 }
                 Err(e) => {
                     self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
