@@ -1,8 +1,8 @@
 //! `ferroce`: the command-line face of ferroce.
 //!
 //! Thin by design: argument parsing, the tools' loops and printing; the protocol work happens
-//! in the `ferroce` library. `decode` reads captures; `pingpong` is `ibv_rc_pingpong` over the
-//! soft NIC; `perf`, `stream`, `stat` and `demo` follow.
+//! in the `ferroce` library. `decode` reads captures; `pingpong` is `ibv_rc_pingpong` and
+//! `perf` is perftest's `ib_*` tools over the soft NIC; `stream`, `stat` and `demo` follow.
 
 #![forbid(unsafe_code)]
 
@@ -47,7 +47,8 @@ enum Command {
     /// output- and wire-compatible with perftest 6.06.
     #[command(subcommand)]
     Perf(perf::PerfCommand),
-    /// The loopback demo: not built yet (it needs the soft NIC); says so and what runs today.
+    /// The loopback demo: not built yet (it needs the frame receiver and sender); says so and
+    /// what runs today.
     Demo,
 }
 
@@ -60,8 +61,8 @@ fn main() -> ExitCode {
         Command::Demo => {
             eprintln!(
                 "ferroce demo: the loopback demo (a sensor-frame stream between two soft NICs on \
-                 127.0.0.2 and 127.0.0.3) needs the soft NIC, which is not built yet.\n\
-                 What runs today: ferroce decode testdata/rc_write_bw_4KB.pcap"
+                 127.0.0.2 and 127.0.0.3) arrives with the frame receiver and sender.\n\
+                 What runs today: ferroce pingpong, ferroce perf, ferroce decode (see README.md)."
             );
             ExitCode::from(EXIT_UNREADABLE)
         }
