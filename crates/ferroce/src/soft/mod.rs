@@ -16,7 +16,10 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long after its last poll an application is taken to be still polling.
+const POLLER_GRACE: Duration = Duration::from_millis(2);
 
 use ferroce_proto::engine::MAX_PACKET;
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
@@ -171,6 +174,10 @@ pub(crate) struct DriverCounters {
 pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) completions: Condvar,
+    /// The time base of `poller_until`.
+    epoch: Instant,
+    /// Until when (nanoseconds after `epoch`) an application is taken to be polling.
+    poller_until: AtomicU64,
     /// Threads blocked in `Cq::wait`: without any, waking costs a system call for nothing.
     pub(crate) waiters: std::sync::atomic::AtomicUsize,
     pub(crate) socket: UdpSocket,
@@ -202,6 +209,8 @@ impl Shared {
             }),
             completions: Condvar::new(),
             waiters: std::sync::atomic::AtomicUsize::new(0),
+            epoch: Instant::now(),
+            poller_until: AtomicU64::new(0),
             socket,
             local,
             stop: AtomicBool::new(false),
@@ -348,6 +357,11 @@ impl Shared {
     /// other thread to make progress (the lowest latency on few cores).
     pub(crate) fn progress_here(&self, state: &mut State) {
         let now = Instant::now();
+        // While the application polls, the progress thread keeps off the socket (see
+        // `progress`): one thread woken per packet instead of two.
+        let until = now.saturating_duration_since(self.epoch) + POLLER_GRACE;
+        self.poller_until
+            .store(until.as_nanos() as u64, Ordering::Relaxed);
         let mut buf = [0u8; 9216];
         self.drain(state, now, &mut buf);
         state.engine.handle_timeout(now);
@@ -370,6 +384,15 @@ impl Shared {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = next;
             let wait = next.map(|t| t.saturating_duration_since(Instant::now()));
+            // An application polling its CQ receives for itself; waking this thread too for
+            // every packet only adds a context switch and a contended lock. Stay off the
+            // socket until the poller has been quiet for POLLER_GRACE, or a timer is due.
+            let poller_left = Duration::from_nanos(self.poller_until.load(Ordering::Relaxed))
+                .saturating_sub(Instant::now().saturating_duration_since(self.epoch));
+            if !poller_left.is_zero() {
+                std::thread::sleep(wait.map_or(poller_left, |w| w.min(poller_left)));
+                continue;
+            }
             match sys::wait_readable(&self.socket, wait) {
                 Ok(false) => {}
                 Ok(true) => {
