@@ -297,6 +297,23 @@ impl MemoryTable {
         self.regions.is_empty()
     }
 
+    /// Finds `key` in one of the key maps, then checks the range and rights against its region.
+    fn lookup(
+        &self,
+        keys: &HashMap<u32, RegionId>,
+        key: u32,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<(RegionId, u64), AccessFault> {
+        let info = keys
+            .get(&key)
+            .and_then(|id| self.regions.get(id))
+            .ok_or(AccessFault::UnknownKey(key))?;
+        Self::check(info, key, pd, va, len, needed)
+    }
+
     fn check(
         info: &RegionInfo,
         key: u32,
@@ -332,12 +349,7 @@ impl MemoryTable {
         len: u64,
         needed: Access,
     ) -> Result<(RegionId, u64), AccessFault> {
-        let id = self
-            .by_rkey
-            .get(&rkey)
-            .ok_or(AccessFault::UnknownKey(rkey))?;
-        let info = self.regions.get(id).ok_or(AccessFault::UnknownKey(rkey))?;
-        Self::check(info, rkey, pd, va, len, needed)
+        self.lookup(&self.by_rkey, rkey, pd, va, len, needed)
     }
 
     /// Checks a local gather/scatter entry: `len` bytes at `va` under `lkey`; `needed` is
@@ -354,12 +366,7 @@ impl MemoryTable {
         len: u64,
         needed: Access,
     ) -> Result<(RegionId, u64), AccessFault> {
-        let id = self
-            .by_lkey
-            .get(&lkey)
-            .ok_or(AccessFault::UnknownKey(lkey))?;
-        let info = self.regions.get(id).ok_or(AccessFault::UnknownKey(lkey))?;
-        Self::check(info, lkey, pd, va, len, needed)
+        self.lookup(&self.by_lkey, lkey, pd, va, len, needed)
     }
 }
 
