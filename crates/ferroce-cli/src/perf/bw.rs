@@ -407,13 +407,24 @@ pub(super) fn check_target(s: &Settings, rig: &Rig) -> Result<(), String> {
     Ok(())
 }
 
+/// How many receives to post before a SEND test starts (`ctx_set_recv_wqes`): the receive
+/// depth, or fewer when the run has fewer iterations.
+pub(super) fn first_receives(s: &Settings) -> u64 {
+    if s.duration.is_some() {
+        u64::from(s.rx_depth)
+    } else {
+        u64::from(s.rx_depth).min(s.iters)
+    }
+}
+
 /// The SEND server's receives: posted before the sync key line, counted and re-posted while
 /// the client sends.
 pub(super) struct Receiver {
     posted: Vec<u64>,
 }
 
-fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
+/// Posts one receive on queue pair `i`, into its share of the target region.
+pub(super) fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
     let sge = rig
         .region
         .local(rig.target_off(i), rig.area() as u32)
@@ -429,11 +440,7 @@ fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
 impl Receiver {
     /// Posts the first receives of every queue pair (`ctx_set_recv_wqes`).
     pub(super) fn post(s: &Settings, rig: &Rig) -> Result<Self, String> {
-        let first = if s.duration.is_some() {
-            u64::from(s.rx_depth)
-        } else {
-            u64::from(s.rx_depth).min(s.iters)
-        };
+        let first = first_receives(s);
         for i in 0..rig.qps.len() {
             for _ in 0..first {
                 post_recv(rig, i)?;

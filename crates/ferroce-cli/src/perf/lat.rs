@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use ferroce::cq::WcStatus;
-use ferroce::qp::{RecvWr, RemoteAddr, SendOp};
+use ferroce::qp::{RemoteAddr, SendOp};
 
 use super::bw::{recv_error, request, send_error, STALL};
 use super::oob::{Comm, KeyLine};
@@ -33,6 +33,24 @@ fn samples(tposted: &[Instant]) -> Vec<u64> {
         .windows(2)
         .map(|w| w[1].duration_since(w[0]).as_nanos() as u64)
         .collect()
+}
+
+/// The report of a run: from every recorded sample for a fixed number of iterations, or only
+/// the average for a run of a fixed duration (`tposted` is then empty).
+fn finish(
+    record: bool,
+    size: u64,
+    iters: u64,
+    tposted: &[Instant],
+    count: u64,
+    elapsed: Duration,
+    factor: u64,
+) -> LatReport {
+    if record {
+        lat_report(size, iters, &samples(tposted), factor)
+    } else {
+        duration_report(size, count, elapsed, factor)
+    }
 }
 
 /// The report of a duration run: only the average.
@@ -176,21 +194,15 @@ pub(super) fn write_pingpong(
         sends.reap(rig)?;
     }
     sends.make_room(rig, 1)?;
-    if record {
-        Ok(lat_report(
-            size,
-            s.iters,
-            &samples(&tposted),
-            PINGPONG_FACTOR,
-        ))
-    } else {
-        Ok(duration_report(
-            size,
-            sends.posted,
-            start.elapsed(),
-            PINGPONG_FACTOR,
-        ))
-    }
+    Ok(finish(
+        record,
+        size,
+        s.iters,
+        &tposted,
+        sends.posted,
+        start.elapsed(),
+        PINGPONG_FACTOR,
+    ))
 }
 
 /// read-lat and atomic-lat for one message size: one request at a time, the next posted as
@@ -276,11 +288,15 @@ pub(super) fn one_at_a_time(
         }
         count += 1;
     }
-    if record {
-        Ok(lat_report(size, s.iters, &samples(&tposted), 1))
-    } else {
-        Ok(duration_report(size, count, start.elapsed(), 1))
-    }
+    Ok(finish(
+        record,
+        size,
+        s.iters,
+        &tposted,
+        count,
+        start.elapsed(),
+        1,
+    ))
 }
 
 /// send-lat: receives posted before the sync key line, then SEND ping-pong. The client
@@ -289,29 +305,12 @@ pub(super) struct SendPingpong {
     posted: u64,
 }
 
-fn post_recv(rig: &Rig) -> Result<(), String> {
-    let sge = rig
-        .region
-        .local(rig.target_off(0), rig.area() as u32)
-        .map_err(|e| e.to_string())?;
-    rig.qps[0]
-        .post_recv(RecvWr {
-            wr_id: 0,
-            sges: vec![sge],
-        })
-        .map_err(|e| format!(" Couldn't post receive: {e}"))
-}
-
 impl SendPingpong {
     /// Posts the first receives (`ctx_set_recv_wqes`).
     pub(super) fn post(s: &Settings, rig: &Rig) -> Result<Self, String> {
-        let first = if s.duration.is_some() {
-            u64::from(s.rx_depth)
-        } else {
-            u64::from(s.rx_depth).min(s.iters)
-        };
+        let first = super::bw::first_receives(s);
         for _ in 0..first {
-            post_recv(rig)?;
+            super::bw::post_recv(rig, 0)?;
         }
         Ok(Self { posted: first })
     }
@@ -382,7 +381,7 @@ impl SendPingpong {
                 }
                 rcnt += 1;
                 if !record || self.posted < s.iters {
-                    post_recv(rig)?;
+                    super::bw::post_recv(rig, 0)?;
                     self.posted += 1;
                 }
             }
@@ -403,20 +402,14 @@ impl SendPingpong {
             sends.reap(rig)?;
         }
         sends.make_room(rig, 1)?;
-        if record {
-            Ok(lat_report(
-                size,
-                s.iters,
-                &samples(&tposted),
-                PINGPONG_FACTOR,
-            ))
-        } else {
-            Ok(duration_report(
-                size,
-                sends.posted,
-                start.elapsed(),
-                PINGPONG_FACTOR,
-            ))
-        }
+        Ok(finish(
+            record,
+            size,
+            s.iters,
+            &tposted,
+            sends.posted,
+            start.elapsed(),
+            PINGPONG_FACTOR,
+        ))
     }
 }
