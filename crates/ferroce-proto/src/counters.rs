@@ -77,6 +77,11 @@ counters! {
     /// UC messages abandoned: a PSN gap, an opcode out of sequence, a refused key or no
     /// receive request.
     uc_dropped_msgs,
+    /// UC messages refused for their key, range or rights (RC answers these with a NAK,
+    /// counted as `resp_access_err`).
+    uc_access_err,
+    /// WRITE packets an application's filter refused (a frame receiver's page bounds, say).
+    write_filtered,
     /// Completions that did not fit in a full completion queue (the QP went to ERR).
     cq_overflow,
 }

@@ -193,9 +193,45 @@ enum InMsg {
     },
     Write {
         target: Option<(RegionId, u64)>,
+        /// The address of the message's first byte, as the RETH named it.
+        va: u64,
         written: u32,
         total: u32,
     },
+}
+
+/// One inbound RDMA WRITE packet, as a [`WriteFilter`] sees it: it has passed every check of
+/// the protocol (ICRC, QP, source, PSN, key, range and rights) and is about to be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InboundWrite {
+    /// The packet's PSN.
+    pub psn: Psn,
+    /// Where its payload lands, in the address space the RETH uses.
+    pub va: u64,
+    /// Payload bytes.
+    pub len: u32,
+    /// The immediate, on a WRITE that carries one.
+    pub imm: Option<u32>,
+    /// Whether the packet ends its message (LAST or ONLY).
+    pub last: bool,
+}
+
+/// A queue pair's [`WriteFilter`], if it has one (filters need not be `Debug`).
+struct FilterSlot(Option<Box<dyn WriteFilter>>);
+
+impl std::fmt::Debug for FilterSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Some(..)" } else { "None" })
+    }
+}
+
+/// A check an application adds to a queue pair's inbound RDMA WRITEs, beyond what the
+/// region's key and bounds already enforce (the frame receiver keeps each packet inside one
+/// page, and tallies packets per frame). It runs on the thread driving the engine.
+pub trait WriteFilter: Send {
+    /// Whether `write` may land. A refusal is handled like a refused key: RC answers with a
+    /// remote access error NAK, UC drops the message; either way nothing is written.
+    fn admit(&mut self, write: &InboundWrite) -> bool;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -324,6 +360,7 @@ struct Qp {
     in_msg: Option<InMsg>,
     resources: VecDeque<Resource>,
     responses: VecDeque<Response>,
+    write_filter: FilterSlot,
 }
 
 impl Qp {
@@ -359,6 +396,7 @@ impl Qp {
             in_msg: None,
             resources: VecDeque::new(),
             responses: VecDeque::new(),
+            write_filter: FilterSlot(None),
         }
     }
 
@@ -1105,12 +1143,14 @@ impl Qp {
                     };
                     self.in_msg = Some(InMsg::Write {
                         target,
+                        va: reth.va,
                         written: 0,
                         total: reth.len,
                     });
                 }
                 let Some(InMsg::Write {
                     target,
+                    va,
                     written,
                     total,
                 }) = &mut self.in_msg
@@ -1120,6 +1160,19 @@ impl Qp {
                 let end = u64::from(*written) + payload.len() as u64;
                 if end > u64::from(*total) || (opcode.is_last() && end != u64::from(*total)) {
                     return Err(invalid());
+                }
+                if let Some(filter) = self.write_filter.0.as_mut() {
+                    let write = InboundWrite {
+                        psn,
+                        va: va.wrapping_add(u64::from(*written)),
+                        len: payload.len() as u32,
+                        imm: packet.imm(),
+                        last: opcode.is_last(),
+                    };
+                    if !filter.admit(&write) {
+                        ctx.counters.write_filtered += 1;
+                        return Err(Nak(NakCode::RemoteAccessError));
+                    }
                 }
                 if let Some((region, offset)) = *target {
                     if !payload.is_empty() {
@@ -1319,9 +1372,14 @@ impl Qp {
         }
         // UC reuses the RC execution, minus ACKs; failures drop the message silently.
         let before = self.responses.len();
+        let filtered = ctx.counters.write_filtered;
         let result = self.execute(packet, ctx, mem);
         self.responses.truncate(before);
-        if result.is_err() {
+        if let Err(nak) = result {
+            // A filter's refusal is counted as `write_filtered` already.
+            if nak.0 == NakCode::RemoteAccessError && ctx.counters.write_filtered == filtered {
+                ctx.counters.uc_access_err += 1;
+            }
             ctx.counters.uc_dropped_msgs += 1;
             self.abandon_uc(ctx);
             self.epsn = psn.next();
@@ -1554,6 +1612,18 @@ impl Engine {
     /// requests are discarded without completions, as `ibv_destroy_qp` does.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
         self.qps.remove(&qpn.value()).is_some()
+    }
+
+    /// Adds `filter` to the inbound RDMA WRITEs of queue pair `qpn` (replacing any earlier
+    /// one; `None` removes it). Returns `false` when there is no such queue pair.
+    pub fn set_write_filter(&mut self, qpn: Qpn, filter: Option<Box<dyn WriteFilter>>) -> bool {
+        match self.qps.get_mut(&qpn.value()) {
+            Some(qp) => {
+                qp.write_filter = FilterSlot(filter);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A queue pair's internal state, for debugging.

@@ -21,5 +21,5 @@ pub mod qp;
 pub mod wire;
 
 pub use counters::Counters;
-pub use engine::{Engine, EngineConfig, Transmit};
+pub use engine::{Engine, EngineConfig, InboundWrite, Transmit, WriteFilter};
 pub use psn::Psn;
