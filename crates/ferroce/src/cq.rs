@@ -44,6 +44,41 @@ impl Cq {
         state.engine.poll_completion(self.id)
     }
 
+    /// Waits up to `timeout` for a completion, driving the engine on this thread meanwhile:
+    /// it waits on the NIC's socket itself and handles what arrives, so the thread that waits
+    /// is the thread that receives (the frame receiver's `blocking_monitor`). While it is
+    /// busy, the progress thread stays off the socket; after 20 ms without a completion it
+    /// waits in longer steps, so an idle stream costs next to no CPU.
+    #[must_use]
+    pub fn drive(&self, timeout: Duration) -> Option<Completion> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        loop {
+            if let Some(c) = self.poll() {
+                return Some(c);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let step = if now - start < Duration::from_millis(20) {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_millis(50)
+            };
+            // Readable or not, the next poll takes what there is; a failed socket is the
+            // progress thread's to report (`Nic::failure`), so only pace the loop here.
+            if crate::soft::sys::wait_readable(
+                &self.nic.shared.socket,
+                Some(step.min(deadline - now)),
+            )
+            .is_err()
+            {
+                std::thread::sleep(step.min(deadline - now));
+            }
+        }
+    }
+
     /// Waits up to `timeout` for a completion.
     #[must_use]
     pub fn wait(&self, timeout: Duration) -> Option<Completion> {

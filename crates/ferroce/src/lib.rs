@@ -14,6 +14,7 @@ pub mod capture;
 pub mod cq;
 pub mod decode;
 pub mod exchange;
+pub mod frames;
 pub mod nic;
 pub mod qp;
 pub mod region;

@@ -203,6 +203,23 @@ impl Nic {
             .map(ToString::to_string)
     }
 
+    /// Whether the NIC's address has gone from the host (an interface taken down, an
+    /// address deleted): the socket stays open but nothing reaches it any more. Checked by
+    /// binding a throw-away socket to the address, which costs a few microseconds.
+    #[must_use]
+    pub fn address_gone(&self) -> bool {
+        let probe = SocketAddr::new(self.shared.local.ip(), 0);
+        matches!(
+            UdpSocket::bind(probe),
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable
+        )
+    }
+
+    /// Wakes whichever thread waits on the NIC's socket (a zero-length datagram to itself).
+    pub(crate) fn wake(&self) {
+        self.shared.ring();
+    }
+
     /// Stops the progress thread and releases the socket once every handle is dropped.
     /// Idempotent; outstanding work requests never complete afterwards.
     pub fn close(&self) {

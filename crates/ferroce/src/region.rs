@@ -41,8 +41,13 @@ impl RegionAccess {
 /// The memory to register (seed 004's `memory`).
 #[derive(Debug)]
 pub enum RegionMemory {
-    /// Host bytes; the region owns them until [`Region::deregister`] gives them back.
+    /// Host bytes; the region owns them until [`Region::deregister`] gives them back. They
+    /// are locked in RAM (`mlock`), as a NIC that DMAs into them needs.
     Host(Vec<u8>),
+    /// Host bytes that stay pageable: the soft backend copies into them under a lock and
+    /// needs no pinning, so large buffers (frame rings, say) work without raising
+    /// `RLIMIT_MEMLOCK`. A hardware backend would refuse them.
+    Pageable(Vec<u8>),
     /// `bytes` bytes at `offset` of a dma-buf a driver exported (any descriptor `mmap` can map
     /// shared, such as a memfd, works the same for the soft backend). The descriptor may be
     /// closed once `register` returns: the mapping keeps the memory.
@@ -125,6 +130,8 @@ pub struct Region {
     buf: Option<Arc<HostBuf>>,
     /// The descriptor and offset of a dma-buf region.
     dmabuf: Option<(RawFd, u64)>,
+    /// Whether the bytes are locked in RAM.
+    pinned: bool,
 }
 
 impl Region {
@@ -142,14 +149,17 @@ impl Region {
         order: WriteOrder,
         memory: RegionMemory,
     ) -> Result<Self, RegionError> {
+        let pinned = !matches!(memory, RegionMemory::Pageable(_));
         let (storage, va, len, dmabuf) = match memory {
-            RegionMemory::Host(bytes) => {
+            RegionMemory::Host(bytes) | RegionMemory::Pageable(bytes) => {
                 let bytes = bytes.into_boxed_slice();
                 if bytes.is_empty() {
                     return Err(RegionError::Empty);
                 }
-                if let Err(reason) = sys::mlock(&bytes) {
-                    return Err(memlock_error(bytes.len(), reason));
+                if pinned {
+                    if let Err(reason) = sys::mlock(&bytes) {
+                        return Err(memlock_error(bytes.len(), reason));
+                    }
                 }
                 // Peers address the region by where its bytes are, as verbs do.
                 let (va, len) = (bytes.as_ptr() as u64, bytes.len() as u64);
@@ -183,7 +193,7 @@ impl Region {
                 (Storage::Mapped(map), va, bytes, Some((fd, offset)))
             }
         };
-        let buf = Arc::new(HostBuf::new(storage, true));
+        let buf = Arc::new(HostBuf::new(storage, pinned));
         let mut state = nic.shared.lock();
         let info = state
             .engine
@@ -194,6 +204,7 @@ impl Region {
             info,
             buf: Some(buf),
             dmabuf,
+            pinned,
         })
     }
 
@@ -208,7 +219,8 @@ impl Region {
         let len = self.info.len;
         let dmabuf = self.dmabuf;
         Ok(match (self.release(), dmabuf) {
-            (Some(Storage::Heap(bytes)), _) => RegionMemory::Host(bytes.into_vec()),
+            (Some(Storage::Heap(bytes)), _) if self.pinned => RegionMemory::Host(bytes.into_vec()),
+            (Some(Storage::Heap(bytes)), _) => RegionMemory::Pageable(bytes.into_vec()),
             (_, Some((fd, offset))) => RegionMemory::Dmabuf {
                 fd,
                 offset,

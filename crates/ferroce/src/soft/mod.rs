@@ -282,7 +282,7 @@ impl Shared {
         }
     }
 
-    fn ring(&self) {
+    pub(crate) fn ring(&self) {
         if self.socket.send_to(&[], self.local).is_err() {
             self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
         }

@@ -1,0 +1,474 @@
+//! The device side: a [`Sender`] streams frames into a receiver's pages exactly as a sensor
+//! bridge does (hololink.md §1), so the whole pipeline runs and is tested without hardware.
+//!
+//! Each packet is a UC RDMA WRITE ONLY with its own RETH; the frame ends with a WRITE ONLY
+//! WITH IMMEDIATE carrying the metadata block at `round_up(frame_size, 128)` of the page,
+//! either alone (as the FPGA sends it) or folded behind the frame's tail (as the bridge's
+//! emulator does). PSNs run on across frames and pages rotate. Packets leave an unconnected
+//! socket with DF set, so IPv4 carries ID 0 and the ICRC is computed over exactly what the
+//! receiver sees.
+
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ferroce_proto::wire::{icrc, Bth, IpHeader, Opcode, PacketRepr, Qpn, Reth, UdpHeader};
+use ferroce_proto::Psn;
+
+use super::metadata::{round_up, ImmediateLayout, Metadata, FLAG_EARLY_END, METADATA_SIZE};
+use crate::soft::{sys, tap};
+use crate::Faults;
+
+/// The largest payload a RoCE path carries in one packet (IB MTU 4096).
+const MAX_PAYLOAD: usize = 4096;
+
+/// Bytes a bridge's data packet adds to its payload on Ethernet: Ethernet 14, IPv4 20, UDP 8,
+/// BTH 12, RETH 16, ICRC 4.
+const PACKET_OVERHEAD: usize = 74;
+
+/// Where and how a [`Sender`] writes frames: what a device's data channel is programmed with
+/// (`DP_QP`, `DP_RKEY`, `DP_PAGE_*`, `DP_MAX_BUFF`, `DP_BUFFER_LENGTH`, `DP_HOST_IP` and
+/// `DP_HOST_UDP_PORT`, `DP_PACKET_SIZE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The receiver's NIC: its address and UDP port (4791).
+    pub dest: SocketAddr,
+    /// The receiver's queue pair.
+    pub qp: u32,
+    /// The receiver's key.
+    pub rkey: u32,
+    /// Where page 0 begins in the receiver's address space.
+    pub address: u64,
+    /// Bytes from one page to the next.
+    pub page_size: usize,
+    /// Pages to rotate through.
+    pub pages: u32,
+    /// Bytes of data per frame; the metadata goes at this rounded up to 128.
+    pub frame_size: usize,
+    /// Payload bytes per packet, a multiple of 128 ([`Target::payload_for_mtu`]).
+    pub payload: usize,
+    /// How the immediate names the page.
+    pub immediate: ImmediateLayout,
+    /// Fold the frame's tail, padding and metadata into the frame-ending packet when they
+    /// fit (the emulator's habit); otherwise the metadata goes alone (the FPGA's).
+    pub fold_metadata: bool,
+}
+
+impl Target {
+    /// The payload a bridge puts in each packet on a link of `link_mtu` bytes: what is left
+    /// after the headers, in 128-byte units, at most the 4096 bytes of a RoCE path MTU
+    /// (1408 on a 1500-byte link).
+    #[must_use]
+    pub const fn payload_for_mtu(link_mtu: usize) -> usize {
+        let fit = link_mtu.saturating_sub(PACKET_OVERHEAD) / METADATA_SIZE * METADATA_SIZE;
+        if fit > MAX_PAYLOAD {
+            MAX_PAYLOAD
+        } else {
+            fit
+        }
+    }
+
+    /// Where the metadata block goes in each page.
+    #[must_use]
+    pub const fn metadata_offset(&self) -> usize {
+        round_up(self.frame_size)
+    }
+}
+
+/// Why a [`Sender`] could not send.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The target cannot be written as a bridge writes.
+    #[error("invalid target: {0}")]
+    Target(String),
+    /// More data than the target's frame size.
+    #[error("a frame of {len} bytes exceeds the target's frame size of {frame_size}")]
+    FrameTooLarge {
+        /// The data offered.
+        len: usize,
+        /// The target's frame size.
+        frame_size: usize,
+    },
+    /// The socket failed.
+    #[error("cannot send from {local}: {source}")]
+    Io {
+        /// The sender's address.
+        local: SocketAddr,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What [`Sender::send_frame`] sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameSent {
+    /// The page written.
+    pub page: u32,
+    /// The frame number in the metadata.
+    pub frame_number: u32,
+    /// The PSN of the frame-ending packet.
+    pub psn: u32,
+    /// Packets sent, the frame-ending one included.
+    pub packets: u64,
+    /// Data bytes sent.
+    pub bytes: u64,
+    /// The frame's CRC-32 (`crc32fast`'s, over the data bytes).
+    pub crc32: u32,
+}
+
+/// Test patterns a [`Sender`] fills frames with: each frame's bytes are a function of its
+/// frame number, so any receiver can recompute them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pattern {
+    /// A counter mixed with the frame number (the default).
+    #[default]
+    Counter,
+    /// Every byte 0.
+    Zeros,
+}
+
+impl Pattern {
+    /// Fills `out` with frame `frame_number`'s bytes.
+    pub fn fill(self, frame_number: u32, out: &mut [u8]) {
+        match self {
+            Self::Zeros => out.fill(0),
+            Self::Counter => {
+                let seed = u64::from(frame_number).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                for (i, chunk) in out.chunks_mut(8).enumerate() {
+                    let word = (i as u64 ^ seed).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                    chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
+                }
+            }
+        }
+    }
+}
+
+/// A sensor bridge's data plane in software.
+#[derive(Debug)]
+pub struct Sender {
+    socket: UdpSocket,
+    local: SocketAddr,
+    target: Target,
+    psn: Psn,
+    page: u32,
+    frame_number: u32,
+    packet: Vec<u8>,
+    scratch: Vec<u8>,
+    packets_sent: u64,
+    faults: Option<tap::FaultInjector>,
+}
+
+impl std::fmt::Debug for tap::FaultInjector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultInjector")
+    }
+}
+
+/// Sends one datagram, waiting while the socket's queue is full, as a NIC would.
+fn send_to(socket: &UdpSocket, bytes: &[u8], dst: SocketAddr) -> io::Result<()> {
+    loop {
+        match socket.send_to(bytes, dst) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn now_parts() -> (u64, u32) {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_secs(), t.subsec_nanos())
+}
+
+fn check_target(t: &Target) -> Result<(), SendError> {
+    let bad = |what: String| Err(SendError::Target(what));
+    if t.payload == 0 || t.payload % METADATA_SIZE != 0 || t.payload > MAX_PAYLOAD {
+        return bad(format!(
+            "payload {} is not a multiple of 128 from 128 to {MAX_PAYLOAD}",
+            t.payload
+        ));
+    }
+    if t.pages == 0 || t.pages > t.immediate.max_pages() {
+        return bad(format!(
+            "{} pages; 1 to {} with this immediate layout",
+            t.pages,
+            t.immediate.max_pages()
+        ));
+    }
+    if t.frame_size == 0 || t.page_size < t.metadata_offset() + METADATA_SIZE {
+        return bad(format!(
+            "a page of {} bytes cannot hold {} bytes of frame and the metadata",
+            t.page_size, t.frame_size
+        ));
+    }
+    Ok(())
+}
+
+impl Sender {
+    /// A sender on `local` (a bridge sends from port [`super::BRIDGE_DATA_PORT`]) writing
+    /// to `target`, starting at page 0, frame 0 and PSN 0.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Target`] for a target no bridge could be programmed with;
+    /// [`SendError::Io`] when the socket cannot be opened.
+    pub fn new(local: SocketAddr, target: Target) -> Result<Self, SendError> {
+        check_target(&target)?;
+        let io = |source| SendError::Io { local, source };
+        let socket = UdpSocket::bind(local).map_err(io)?;
+        let local = socket.local_addr().map_err(io)?;
+        match local {
+            SocketAddr::V4(_) => sys::set_dont_fragment(&socket),
+            SocketAddr::V6(_) => sys::send_zero_checksum6(&socket),
+        }
+        .map_err(io)?;
+        // A frame leaves in a burst; let the kernel queue it rather than refuse it.
+        sys::grow_buffers(&socket, 8 << 20).map_err(io)?;
+        Ok(Self {
+            socket,
+            local,
+            target,
+            psn: Psn::default(),
+            page: 0,
+            frame_number: 0,
+            packet: vec![0; MAX_PAYLOAD + 128],
+            scratch: Vec::with_capacity(MAX_PAYLOAD),
+            packets_sent: 0,
+            faults: None,
+        })
+    }
+
+    /// The sender's own address.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The target it writes to.
+    #[must_use]
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Points the sender at a new target (a device reprogrammed); PSN and frame number run
+    /// on, the page starts again at 0.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Target`] as for [`Sender::new`].
+    pub fn retarget(&mut self, target: Target) -> Result<(), SendError> {
+        check_target(&target)?;
+        self.target = target;
+        self.page = 0;
+        Ok(())
+    }
+
+    /// Packets sent so far.
+    #[must_use]
+    pub fn packets_sent(&self) -> u64 {
+        self.packets_sent
+    }
+
+    /// Sets the next PSN (a bridge's is wherever its counter stands).
+    pub fn set_psn(&mut self, psn: u32) {
+        self.psn = Psn::from_low_bits(psn);
+    }
+
+    fn emit(
+        &mut self,
+        opcode: Opcode,
+        va: u64,
+        imm: Option<u32>,
+        payload: &[u8],
+    ) -> Result<(), SendError> {
+        let t = &self.target;
+        let mut repr = PacketRepr::new(Bth::new(opcode, Qpn::from_low_bits(t.qp), self.psn));
+        repr.reth = Some(Reth {
+            va,
+            rkey: t.rkey,
+            len: payload.len() as u32,
+        });
+        repr.imm = imm;
+        repr.payload_len = payload.len();
+        let io = |source| SendError::Io {
+            local: self.local,
+            source,
+        };
+        let len = repr
+            .emit(payload, &mut self.packet)
+            .map_err(|e| io(io::Error::other(e.to_string())))?;
+        let ip = IpHeader::between(self.local.ip(), t.dest.ip())
+            .ok_or_else(|| io(io::Error::other("address families differ")))?;
+        let udp = UdpHeader {
+            src_port: self.local.port(),
+            dst_port: t.dest.port(),
+        };
+        icrc::seal(&ip, &udp, &mut self.packet[..len])
+            .map_err(|e| io(io::Error::other(e.to_string())))?;
+        let socket = &self.socket;
+        let mut failed = None;
+        let mut send = |dst: SocketAddr, bytes: &[u8]| {
+            if let Err(e) = send_to(socket, bytes, dst) {
+                failed.get_or_insert(e);
+            }
+        };
+        match self.faults.as_mut() {
+            Some(faults) => {
+                let now = Instant::now();
+                faults.release(now, &mut send);
+                faults.submit(now, t.dest, &self.packet[..len], &mut send);
+            }
+            None => send(t.dest, &self.packet[..len]),
+        }
+        if let Some(e) = failed {
+            return Err(io(e));
+        }
+        self.psn = self.psn.next();
+        self.packets_sent += 1;
+        Ok(())
+    }
+
+    /// Injects `faults` (loss, duplication, reordering, corruption, delay) into every packet
+    /// sent from now on, as `--fault` does; `None` stops.
+    pub fn set_faults(&mut self, faults: Option<Faults>) {
+        self.faults = faults.map(tap::FaultInjector::new);
+    }
+
+    /// Sends every packet fault injection still holds back, waiting until each is due.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Io`] when the socket fails.
+    pub fn flush(&mut self) -> Result<(), SendError> {
+        let Some(faults) = self.faults.as_mut() else {
+            return Ok(());
+        };
+        let socket = &self.socket;
+        let mut failed = None;
+        while let Some(due) = faults.next_due() {
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            faults.release(Instant::now(), &mut |dst: SocketAddr, bytes: &[u8]| {
+                if let Err(e) = send_to(socket, bytes, dst) {
+                    failed.get_or_insert(e);
+                }
+            });
+        }
+        match failed {
+            Some(source) => Err(SendError::Io {
+                local: self.local,
+                source,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends one frame of `data` (at most the target's frame size; less is an early end,
+    /// flagged in the metadata) into the next page, spreading its packets evenly over
+    /// `pace` when given (a sensor delivers a frame over its readout time), else as fast as
+    /// the socket takes them.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::FrameTooLarge`]; [`SendError::Io`] when the socket fails.
+    pub fn send_frame(
+        &mut self,
+        data: &[u8],
+        pace: Option<Duration>,
+    ) -> Result<FrameSent, SendError> {
+        let t = self.target;
+        if data.len() > t.frame_size {
+            return Err(SendError::FrameTooLarge {
+                len: data.len(),
+                frame_size: t.frame_size,
+            });
+        }
+        let (timestamp_s, timestamp_ns) = now_parts();
+        let start = Instant::now();
+        let page = self.page;
+        let base = t.address.wrapping_add(u64::from(page) * t.page_size as u64);
+        let md_offset = t.metadata_offset();
+        let chunks = data.len().div_ceil(t.payload);
+        let total = chunks as u64 + 1;
+        let first_psn = self.psn;
+        let mut sent = 0u64;
+        let pace_to = |sent: u64| {
+            if let Some(pace) = pace {
+                let due = start + pace.mul_f64(sent as f64 / total as f64);
+                let now = Instant::now();
+                if due > now + Duration::from_micros(200) {
+                    std::thread::sleep(due - now);
+                }
+            }
+        };
+        // The last chunk folds into the frame-ending packet when it, the pad to the
+        // metadata offset and the metadata fit in one payload.
+        let tail_len = data.len() - chunks.saturating_sub(1) * t.payload;
+        let fold = t.fold_metadata
+            && chunks > 0
+            && tail_len + (md_offset - data.len()) + METADATA_SIZE <= t.payload;
+        let plain = if fold { chunks - 1 } else { chunks };
+        for i in 0..plain {
+            let off = i * t.payload;
+            let end = (off + t.payload).min(data.len());
+            pace_to(sent);
+            self.emit(
+                Opcode::UC_RDMA_WRITE_ONLY,
+                base + off as u64,
+                None,
+                &data[off..end],
+            )?;
+            sent += 1;
+        }
+        let end_psn = self.psn;
+        let crc32 = crc32fast::hash(data);
+        let (metadata_s, metadata_ns) = now_parts();
+        let metadata = Metadata {
+            flags: if data.len() < t.frame_size {
+                FLAG_EARLY_END
+            } else {
+                0
+            },
+            psn: end_psn.value(),
+            // The bridge's JAMCRC is CRC-32 without the final inversion.
+            crc: !crc32,
+            timestamp_s,
+            timestamp_ns,
+            bytes_written: data.len() as u64,
+            frame_number: self.frame_number,
+            metadata_s,
+            metadata_ns,
+        }
+        .to_bytes();
+        let imm = Some(t.immediate.immediate(page, end_psn.value()));
+        pace_to(sent);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let va = if fold {
+            let off = plain * t.payload;
+            scratch.extend_from_slice(&data[off..]);
+            scratch.resize(md_offset - off, 0);
+            base + off as u64
+        } else {
+            base + md_offset as u64
+        };
+        scratch.extend_from_slice(&metadata);
+        let result = self.emit(Opcode::UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, va, imm, &scratch);
+        self.scratch = scratch;
+        result?;
+        let info = FrameSent {
+            page,
+            frame_number: self.frame_number,
+            psn: end_psn.value(),
+            packets: u64::from(first_psn.steps_to(self.psn)),
+            bytes: data.len() as u64,
+            crc32,
+        };
+        self.page = (self.page + 1) % t.pages;
+        self.frame_number = self.frame_number.wrapping_add(1);
+        Ok(info)
+    }
+}
