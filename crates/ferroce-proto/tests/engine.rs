@@ -888,3 +888,68 @@ fn a_gap_in_a_long_read_costs_one_retry() {
     assert!(f.bytes(0, &local) == &pattern(len, 11)[..], "bytes differ");
     assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 1);
 }
+
+/// Refuses writes that reach past the first 1 KiB of the region, and records what it saw.
+struct FirstKib {
+    base: u64,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<ferroce_proto::InboundWrite>>>,
+}
+
+impl ferroce_proto::WriteFilter for FirstKib {
+    fn admit(&mut self, write: &ferroce_proto::InboundWrite) -> bool {
+        self.seen.lock().unwrap().push(*write);
+        write.va + u64::from(write.len) <= self.base + 1024
+    }
+}
+
+#[test]
+fn a_write_filter_refuses_like_a_key_and_sees_every_packet() {
+    let mut f = Fabric::new(2, 6);
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 4096, Access::LOCAL, 3);
+    let dst = f.region(1, 4096, Access::REMOTE, 0);
+    let seen = std::sync::Arc::default();
+    let filter = FirstKib {
+        base: dst.va,
+        seen: std::sync::Arc::clone(&seen),
+    };
+    assert!(f.nodes[1]
+        .engine
+        .set_write_filter(qb, Some(Box::new(filter))));
+    let engine = &mut f.nodes[0].engine;
+    engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 1024)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert!(f.bytes(1, &dst)[..1024].iter().all(|&b| b == 3));
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            (seen[0].va, seen[0].len, seen[0].last),
+            (dst.va, 1024, true)
+        );
+    }
+    // Two packets (MTU 1024): the second reaches past the first KiB and is refused, with a
+    // remote access error NAK, as a bad key would be; nothing of it lands.
+    let engine = &mut f.nodes[0].engine;
+    engine
+        .post_send(
+            qa,
+            SendWr::new(2, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 2048)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::RemAccessErr);
+    assert!(f.bytes(1, &dst)[1024..].iter().all(|&b| b == 0));
+    let counters = f.nodes[1].engine.counters();
+    assert_eq!((counters.write_filtered, counters.resp_access_err), (1, 1));
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    assert!(!f.nodes[1]
+        .engine
+        .set_write_filter(ferroce_proto::wire::Qpn::from_low_bits(0xabcd), None));
+}

@@ -314,8 +314,10 @@ impl Region {
         })
     }
 
-    /// Copies `out.len()` bytes from offset `at` (taking the NIC's lock, so never a torn view
-    /// of one packet's placement).
+    /// Copies `out.len()` bytes from offset `at`, under the region's lock 64 KiB at a time,
+    /// so arriving packets are not held up for a whole large copy. Bytes a peer writes while
+    /// the copy runs may or may not be in it, as with any RDMA read of memory being written:
+    /// wait for the completion that says the write is done.
     ///
     /// # Errors
     ///

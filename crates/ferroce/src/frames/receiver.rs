@@ -150,6 +150,10 @@ pub struct FrameInfo {
     /// Whether the metadata's PSN is the one the immediate carries: when not, the device
     /// has already begun to overwrite the page.
     pub metadata_psn_matches: bool,
+    /// How many times the device had begun writing this page when the frame ended;
+    /// [`Receiver::read_frame`] compares it with the page's count now to tell whether the
+    /// device has since begun to write the page again.
+    pub page_epoch: u64,
 }
 
 impl FrameInfo {
@@ -252,6 +256,8 @@ struct Tally {
 /// A finished frame's tally, waiting for the monitor to take its completion.
 #[derive(Clone, Copy, Debug)]
 struct FrameTally {
+    /// The page's epoch when the frame ended.
+    epoch: u64,
     psn: Psn,
     packets: u64,
     bytes: u64,
@@ -264,6 +270,10 @@ struct TallyBook {
     /// The PSN of the previous frame's last packet: the next frame starts after it.
     last_end: Option<Psn>,
     done: VecDeque<FrameTally>,
+    /// Per page, how many times the device has begun writing it.
+    epochs: Vec<u64>,
+    /// The page the last packet landed in.
+    writing: Option<u32>,
 }
 
 /// The [`WriteFilter`] on a receiver's queue pair.
@@ -321,6 +331,13 @@ impl WriteFilter for PageFilter {
             bump(&c.late_packets, 1);
             return true;
         }
+        let page = page as u32;
+        if book.writing != Some(page) {
+            book.writing = Some(page);
+            if let Some(epoch) = book.epochs.get_mut(page as usize) {
+                *epoch += 1;
+            }
+        }
         let tally = &mut book.current;
         tally.packets += 1;
         tally.bytes += data;
@@ -338,7 +355,9 @@ impl WriteFilter for PageFilter {
             if book.done.len() >= 4 * RECV_DEPTH {
                 book.done.pop_front();
             }
+            let epoch = book.epochs.get(page as usize).copied().unwrap_or(0);
             book.done.push_back(FrameTally {
+                epoch,
                 psn: write.psn,
                 packets: tally.packets,
                 bytes: tally.bytes,
@@ -574,7 +593,10 @@ impl Receiver {
         };
         qp.connect(&device, &options)
             .map_err(|e| StartError::Qp(e.to_string()))?;
-        let book = Arc::new(Mutex::new(TallyBook::default()));
+        let book = Arc::new(Mutex::new(TallyBook {
+            epochs: vec![0; pages as usize],
+            ..TallyBook::default()
+        }));
         let filter = PageFilter {
             geometry: Geometry {
                 base: region.va(),
@@ -715,8 +737,8 @@ impl Receiver {
             .map_err(|e| format!("cannot read the metadata of page {page}: {e}"))?;
         let metadata = Metadata::parse(&block);
         let metadata_psn_matches = metadata.psn & mask == imm_psn;
-        let (packets_received, packets_lost, bytes_received) =
-            tally.map_or((0, 0, 0), |t| (t.packets, t.lost, t.bytes));
+        let (packets_received, packets_lost, bytes_received, page_epoch) =
+            tally.map_or((0, 0, 0, 0), |t| (t.packets, t.lost, t.bytes, t.epoch));
         let counters = &self.inner.counters;
         bump(&counters.frames, 1);
         bump(&counters.packets_lost, packets_lost);
@@ -742,6 +764,7 @@ impl Receiver {
             packets_lost,
             bytes_received,
             metadata_psn_matches,
+            page_epoch,
         };
         if !info.is_complete() {
             bump(&counters.incomplete_frames, 1);
@@ -897,12 +920,14 @@ impl Receiver {
 
     /// Copies a frame's data (`out.len()` bytes from the start of its page; at most
     /// `metadata.bytes_written` are meaningful). The page is the device's again once the ring
-    /// wraps to it: copy before then, and check `metadata_psn_matches` of a fresh read of
-    /// the metadata if in doubt.
+    /// wraps to it, so the copy is checked: if the device began writing the page again
+    /// before or during it, the call says so rather than hand back a mix of two frames.
     ///
     /// # Errors
     ///
-    /// [`NotStarted`] before `start`; a [`RegionError`] as text when `out` runs past the page.
+    /// [`FrameReadError::Overwritten`] when the device has begun rewriting the page (the
+    /// application fell a ring behind); [`FrameReadError::OutOfPage`] when `out` runs past
+    /// the page; [`FrameReadError::NotStarted`] before `start`.
     pub fn read_frame(&self, frame: &FrameInfo, out: &mut [u8]) -> Result<(), FrameReadError> {
         let run = self.run().map_err(|_| FrameReadError::NotStarted)?;
         if frame.page >= run.pages || out.len() > run.page_size {
@@ -912,10 +937,20 @@ impl Receiver {
                 page_size: run.page_size,
             });
         }
+        let epoch = |run: &Run| lock(&run.book).epochs.get(frame.page as usize).copied();
+        let overwritten = FrameReadError::Overwritten { page: frame.page };
+        if epoch(&run) != Some(frame.page_epoch) {
+            return Err(overwritten);
+        }
         let at = u64::from(frame.page) * run.page_size as u64;
         run.region
             .read(at, out)
-            .map_err(|e| FrameReadError::Region(e.to_string()))
+            .map_err(|e| FrameReadError::Region(e.to_string()))?;
+        // Copied while the device stayed off the page? Otherwise the copy may mix frames.
+        if epoch(&run) != Some(frame.page_epoch) {
+            return Err(overwritten);
+        }
+        Ok(())
     }
 
     /// A snapshot of the receiver's counters (kept across `start`s).
@@ -941,6 +976,12 @@ pub enum FrameReadError {
         len: usize,
         /// The page size.
         page_size: usize,
+    },
+    /// The device has begun writing the frame's page again: the frame is gone.
+    #[error("page {page} is being rewritten by the device: the frame was overtaken")]
+    Overwritten {
+        /// The page.
+        page: u32,
     },
     /// The region refused.
     #[error("{0}")]

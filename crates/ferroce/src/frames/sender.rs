@@ -158,12 +158,7 @@ pub struct Sender {
     scratch: Vec<u8>,
     packets_sent: u64,
     faults: Option<tap::FaultInjector>,
-}
-
-impl std::fmt::Debug for tap::FaultInjector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FaultInjector")
-    }
+    pcap: Option<tap::PcapWriter>,
 }
 
 /// Sends one datagram, waiting while the socket's queue is full, as a NIC would.
@@ -239,6 +234,7 @@ impl Sender {
             scratch: Vec::with_capacity(MAX_PAYLOAD),
             packets_sent: 0,
             faults: None,
+            pcap: None,
         })
     }
 
@@ -309,6 +305,13 @@ impl Sender {
         };
         icrc::seal(&ip, &udp, &mut self.packet[..len])
             .map_err(|e| io(io::Error::other(e.to_string())))?;
+        if let Some(pcap) = self.pcap.as_mut() {
+            pcap.record(self.local, t.dest, &self.packet[..len])
+                .map_err(|e| SendError::Io {
+                    local: self.local,
+                    source: e,
+                })?;
+        }
         let socket = &self.socket;
         let mut failed = None;
         let mut send = |dst: SocketAddr, bytes: &[u8]| {
@@ -332,18 +335,116 @@ impl Sender {
         Ok(())
     }
 
+    /// Sends `n` WRITE ONLY packets carrying chunks `first..first + n` of `data` to the page
+    /// at `base` in one system call, each gathered from its headers, its chunk of `data` and
+    /// its ICRC, so the payload is never copied in user space.
+    fn send_batch(
+        &mut self,
+        base: u64,
+        data: &[u8],
+        first: usize,
+        n: usize,
+    ) -> Result<(), SendError> {
+        const HEADERS: usize = Bth::LEN + Reth::LEN;
+        let t = self.target;
+        let local = self.local;
+        let fail = |e: String| SendError::Io {
+            local,
+            source: io::Error::other(e),
+        };
+        let ip = IpHeader::between(local.ip(), t.dest.ip())
+            .ok_or_else(|| fail("address families differ".into()))?;
+        let udp = UdpHeader {
+            src_port: local.port(),
+            dst_port: t.dest.port(),
+        };
+        let mut heads = [[0u8; HEADERS]; sys::SEND_BATCH];
+        let mut trailers = [[0u8; 8]; sys::SEND_BATCH];
+        let mut trailer_len = [0usize; sys::SEND_BATCH];
+        let mut payloads: [&[u8]; sys::SEND_BATCH] = [&[]; sys::SEND_BATCH];
+        for k in 0..n {
+            let off = (first + k) * t.payload;
+            let payload = &data[off..(off + t.payload).min(data.len())];
+            let psn = self.psn.add(k as u32);
+            let mut repr = PacketRepr::new(Bth::new(
+                Opcode::UC_RDMA_WRITE_ONLY,
+                Qpn::from_low_bits(t.qp),
+                psn,
+            ));
+            repr.reth = Some(Reth {
+                va: base + off as u64,
+                rkey: t.rkey,
+                len: payload.len() as u32,
+            });
+            repr.payload_len = payload.len();
+            let len = repr
+                .emit_headers(&mut heads[k])
+                .map_err(|e| fail(e.to_string()))?;
+            let pad = usize::from(repr.pad());
+            let icrc =
+                icrc::compute_gathered(&ip, &udp, &heads[k][..len], &[payload, &[0; 3][..pad]])
+                    .map_err(|e| fail(e.to_string()))?;
+            trailers[k][pad..pad + 4].copy_from_slice(&icrc.to_le_bytes());
+            trailer_len[k] = pad + 4;
+            payloads[k] = payload;
+        }
+        let datagrams: Vec<[io::IoSlice<'_>; 3]> = (0..n)
+            .map(|k| {
+                [
+                    io::IoSlice::new(&heads[k]),
+                    io::IoSlice::new(payloads[k]),
+                    io::IoSlice::new(&trailers[k][..trailer_len[k]]),
+                ]
+            })
+            .collect();
+        let mut done = 0;
+        while done < n {
+            match sys::send_gathered(&self.socket, t.dest, &datagrams[done..]) {
+                Ok(k) => done += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(source) => return Err(SendError::Io { local, source }),
+            }
+        }
+        self.psn = self.psn.add(n as u32);
+        self.packets_sent += n as u64;
+        Ok(())
+    }
+
     /// Injects `faults` (loss, duplication, reordering, corruption, delay) into every packet
     /// sent from now on, as `--fault` does; `None` stops.
     pub fn set_faults(&mut self, faults: Option<Faults>) {
         self.faults = faults.map(tap::FaultInjector::new);
     }
 
-    /// Sends every packet fault injection still holds back, waiting until each is due.
+    /// Writes every packet sent from now on to a pcap capture at `path` (`--pcap`), with the
+    /// IP and UDP headers the socket adds, so its ICRCs verify in tshark and `ferroce
+    /// decode`.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Io`] when the file cannot be created.
+    pub fn set_pcap(&mut self, path: &std::path::Path) -> Result<(), SendError> {
+        let pcap = tap::PcapWriter::create(path).map_err(|source| SendError::Io {
+            local: self.local,
+            source,
+        })?;
+        self.pcap = Some(pcap);
+        Ok(())
+    }
+
+    /// Sends every packet fault injection still holds back, waiting until each is due, and
+    /// flushes the capture.
     ///
     /// # Errors
     ///
     /// [`SendError::Io`] when the socket fails.
     pub fn flush(&mut self) -> Result<(), SendError> {
+        if let Some(pcap) = self.pcap.as_mut() {
+            pcap.flush().map_err(|source| SendError::Io {
+                local: self.local,
+                source,
+            })?;
+        }
         let Some(faults) = self.faults.as_mut() else {
             return Ok(());
         };
@@ -411,17 +512,29 @@ impl Sender {
             && chunks > 0
             && tail_len + (md_offset - data.len()) + METADATA_SIZE <= t.payload;
         let plain = if fold { chunks - 1 } else { chunks };
-        for i in 0..plain {
-            let off = i * t.payload;
-            let end = (off + t.payload).min(data.len());
-            pace_to(sent);
-            self.emit(
-                Opcode::UC_RDMA_WRITE_ONLY,
-                base + off as u64,
-                None,
-                &data[off..end],
-            )?;
-            sent += 1;
+        if self.faults.is_none() && self.pcap.is_none() {
+            // No tap on the path: gather packets straight from `data`, a batch per call.
+            let mut first = 0;
+            while first < plain {
+                let n = (plain - first).min(sys::SEND_BATCH);
+                pace_to(sent);
+                self.send_batch(base, data, first, n)?;
+                first += n;
+                sent += n as u64;
+            }
+        } else {
+            for i in 0..plain {
+                let off = i * t.payload;
+                let end = (off + t.payload).min(data.len());
+                pace_to(sent);
+                self.emit(
+                    Opcode::UC_RDMA_WRITE_ONLY,
+                    base + off as u64,
+                    None,
+                    &data[off..end],
+                )?;
+                sent += 1;
+            }
         }
         let end_psn = self.psn;
         let crc32 = crc32fast::hash(data);

@@ -18,6 +18,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The most bytes a region copy moves under one take of the region's lock.
+const COPY_PIECE: usize = 64 * 1024;
+
 /// How long after its last poll an application is taken to be still polling.
 const POLLER_GRACE: Duration = Duration::from_millis(2);
 
@@ -81,16 +84,24 @@ impl HostBuf {
         self.storage.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Copies `out.len()` bytes from offset `at`; the caller has checked the range.
+    /// Copies `out.len()` bytes from offset `at`; the caller has checked the range. A long
+    /// copy takes the lock a piece at a time, so the engine's writes of arriving packets
+    /// wait microseconds, not the milliseconds a whole frame takes; each piece (and so each
+    /// packet's placement) is still seen whole.
     pub(crate) fn read(&self, at: u64, out: &mut [u8]) {
-        self.lock()
-            .read(usize::try_from(at).unwrap_or(usize::MAX), out);
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        for (i, piece) in out.chunks_mut(COPY_PIECE).enumerate() {
+            self.lock().read(at.saturating_add(i * COPY_PIECE), piece);
+        }
     }
 
-    /// Copies `data` to offset `at`; the caller has checked the range.
+    /// Copies `data` to offset `at`; the caller has checked the range. Long copies go a
+    /// piece at a time, as reads do.
     pub(crate) fn write(&self, at: u64, data: &[u8]) {
-        self.lock()
-            .write(usize::try_from(at).unwrap_or(usize::MAX), data);
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        for (i, piece) in data.chunks(COPY_PIECE).enumerate() {
+            self.lock().write(at.saturating_add(i * COPY_PIECE), piece);
+        }
     }
 
     /// Applies an atomic operation to the 8 bytes at `at`, under the lock.

@@ -94,6 +94,81 @@ pub(crate) fn send_zero_checksum6(socket: &UdpSocket) -> io::Result<()> {
     set_int_option(socket, libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
 }
 
+/// The most datagrams one [`send_gathered`] call takes.
+pub(crate) const SEND_BATCH: usize = 32;
+
+/// Writes `addr` as the C socket address the kernel expects, returning its length.
+fn sockaddr(addr: std::net::SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    match addr {
+        std::net::SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*a.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&raw mut *out).cast(), sin) };
+            size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        std::net::SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut *out).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+/// Sends up to [`SEND_BATCH`] datagrams to `dst` in one `sendmmsg(2)` call, each gathered
+/// from its slices (headers, a payload in place, a trailer) without copying them together.
+/// Returns how many datagrams the kernel took, which may be fewer than offered.
+pub(crate) fn send_gathered(
+    socket: &UdpSocket,
+    dst: std::net::SocketAddr,
+    datagrams: &[[io::IoSlice<'_>; 3]],
+) -> io::Result<usize> {
+    let n = datagrams.len().min(SEND_BATCH);
+    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let name_len = sockaddr(dst, &mut storage);
+    // SAFETY: an all-zero mmsghdr (null pointers, zero lengths) is a valid value.
+    let mut headers: [libc::mmsghdr; SEND_BATCH] = unsafe { std::mem::zeroed() };
+    for (h, slices) in headers.iter_mut().zip(&datagrams[..n]) {
+        h.msg_hdr.msg_name = (&raw mut storage).cast();
+        h.msg_hdr.msg_namelen = name_len;
+        // IoSlice is guaranteed ABI-compatible with iovec on Unix.
+        h.msg_hdr.msg_iov = slices.as_ptr().cast_mut().cast();
+        h.msg_hdr.msg_iovlen = slices.len();
+    }
+    // SAFETY: the first `n` headers point at `storage` and at iovecs borrowed from
+    // `datagrams`, all alive for the call; the kernel only reads them (and writes each
+    // header's msg_len, inside `headers`).
+    let sent = unsafe {
+        libc::sendmmsg(
+            socket.as_raw_fd(),
+            headers.as_mut_ptr(),
+            n as libc::c_uint,
+            0,
+        )
+    };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
 /// Receives one datagram without blocking (`recvfrom` with `MSG_DONTWAIT`), whatever the
 /// socket's mode, so several threads can share the socket without toggling it.
 pub(crate) fn recv_dontwait(

@@ -127,6 +127,15 @@ pub(crate) struct FaultInjector {
     seq: u64,
 }
 
+impl fmt::Debug for FaultInjector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultInjector")
+            .field("faults", &self.faults)
+            .field("held", &self.held.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl FaultInjector {
     pub(crate) fn new(faults: Faults) -> Self {
         Self {
@@ -202,6 +211,7 @@ impl FaultInjector {
 /// Writes packets as a classic pcap file of Ethernet frames, rebuilding the IP and UDP
 /// headers a UDP socket hides so that the ICRC of every packet verifies in tshark and
 /// `ferroce decode`.
+#[derive(Debug)]
 pub(crate) struct PcapWriter {
     out: BufWriter<File>,
     frame: Vec<u8>,
