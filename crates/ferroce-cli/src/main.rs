@@ -2,7 +2,8 @@
 //!
 //! Thin by design: argument parsing, the tools' loops and printing; the protocol work happens
 //! in the `ferroce` library. `decode` reads captures; `pingpong` is `ibv_rc_pingpong` and
-//! `perf` is perftest's `ib_*` tools over the soft NIC; `stream`, `stat` and `demo` follow.
+//! `perf` is perftest's `ib_*` tools over the soft NIC; `stream` sends and receives sensor frames, and `demo` runs a
+//! stream on loopback.
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ use clap::{Parser, Subcommand};
 
 mod perf;
 mod pingpong;
+mod stream;
 use ferroce::capture::CaptureReader;
 use ferroce::decode::{decode_frame, IcrcStatus};
 
@@ -47,9 +49,17 @@ enum Command {
     /// output- and wire-compatible with perftest 6.06.
     #[command(subcommand)]
     Perf(perf::PerfCommand),
-    /// The loopback demo: not built yet (it needs the frame receiver and sender); says so and
-    /// what runs today.
-    Demo,
+    /// Sensor frames over RoCEv2: `stream recv` takes them into a ring of pages (the Hololink
+    /// receiver), `stream send` is the device that sends them.
+    #[command(subcommand)]
+    Stream(stream::StreamCommand),
+    /// The loopback demo: a device streams 4K RAW12 frames to a receiver for a few seconds;
+    /// every frame's content is checked and a summary printed. No flags, no privileges.
+    Demo {
+        /// Print the summary as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -58,14 +68,8 @@ fn main() -> ExitCode {
         Command::Decode { file, port, json } => decode(&file, port, json),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Perf(command) => perf::run(&command),
-        Command::Demo => {
-            eprintln!(
-                "ferroce demo: the loopback demo (a sensor-frame stream between two soft NICs on \
-                 127.0.0.2 and 127.0.0.3) arrives with the frame receiver and sender.\n\
-                 What runs today: ferroce pingpong, ferroce perf, ferroce decode (see README.md)."
-            );
-            ExitCode::from(EXIT_UNREADABLE)
-        }
+        Command::Stream(command) => stream::run(&command),
+        Command::Demo { json } => stream::demo(json),
     }
 }
 

@@ -159,3 +159,86 @@ fn pingpong_across_namespaces() {
         }
     }
 }
+
+/// A frame stream across the link survives its receiver's address being removed: the
+/// receive path fails, `stream recv` starts it again once the address is back, reprograms the
+/// device, and frames flow again, every one checked.
+#[test]
+fn a_stream_recovers_when_its_address_comes_back() {
+    use std::io::{BufRead, BufReader};
+
+    if !can_run() {
+        return;
+    }
+    let link = Link::new("st");
+    let mut device = link
+        .ferroce(
+            &link.b,
+            &["stream", "send", "--local", "10.199.7.2", "--fps", "50"],
+        )
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut recv = link
+        .ferroce(
+            &link.a,
+            &[
+                "stream",
+                "recv",
+                "--local",
+                "10.199.7.1",
+                "--device",
+                "10.199.7.2",
+                "--frame-size",
+                "200000",
+                "--frames",
+                "60",
+                "--idle",
+                "20",
+                "--json",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(recv.stdout.take().unwrap()).lines();
+    let head = lines.next().unwrap().unwrap();
+    assert!(head.contains("\"qp\""), "{head}");
+    // Some frames, then the address goes away for a second.
+    for _ in 0..10 {
+        lines.next().unwrap().unwrap();
+    }
+    must(&[
+        "-n",
+        &link.a,
+        "addr",
+        "del",
+        "10.199.7.1/24",
+        "dev",
+        "fr-veth-a",
+    ]);
+    std::thread::sleep(Duration::from_secs(1));
+    must(&[
+        "-n",
+        &link.a,
+        "addr",
+        "add",
+        "10.199.7.1/24",
+        "dev",
+        "fr-veth-a",
+    ]);
+    let rest: Vec<serde_json::Value> = lines
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let status = recv.wait().unwrap();
+    let _ = device.kill();
+    let _ = device.wait();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(recv.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("is no longer on this host"), "{stderr}");
+    assert!(stderr.contains("restarted"), "{stderr}");
+    let summary = rest.last().unwrap();
+    assert_eq!(summary["frames"], 60, "{summary}");
+    assert!(summary["restarts"].as_u64().unwrap() >= 1, "{summary}");
+    assert_eq!(summary["content_errors"], 0, "{summary}");
+}

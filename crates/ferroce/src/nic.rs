@@ -203,6 +203,17 @@ impl Nic {
             .map(ToString::to_string)
     }
 
+    /// Asks for socket buffers of `bytes` (a frame receiver wants room for whole frames while
+    /// its thread is not scheduled). Granted in full to root (`SO_RCVBUFFORCE`), capped by
+    /// `net.core.rmem_max` otherwise. Returns the receive buffer the kernel granted.
+    ///
+    /// # Errors
+    ///
+    /// What the kernel said when it refused both options.
+    pub fn grow_buffers(&self, bytes: usize) -> io::Result<usize> {
+        sys::grow_buffers(&self.shared.socket, bytes)
+    }
+
     /// Whether the NIC's address has gone from the host (an interface taken down, an
     /// address deleted): the socket stays open but nothing reaches it any more. Checked by
     /// binding a throw-away socket to the address, which costs a few microseconds.

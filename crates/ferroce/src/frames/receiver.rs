@@ -561,6 +561,9 @@ impl Receiver {
         } = config;
         let region =
             Region::register(nic, RegionAccess::RemoteWrite, WriteOrder::AnyOrder, memory)?;
+        // Room for two whole frames in the socket, so a monitor descheduled for a frame time
+        // loses nothing (never below the NIC's 8 MiB; unprivileged, rmem_max caps it).
+        let _ = nic.grow_buffers((2 * page_size).clamp(8 << 20, 256 << 20));
         let cq = Cq::new(nic, RECV_DEPTH * 2);
         let qp = Qp::new(
             nic,

@@ -1,0 +1,815 @@
+//! `ferroce stream recv|send` and `ferroce demo`: the two ends of a sensor-frame stream.
+//!
+//! `stream recv` is a [`Receiver`] on a soft NIC; with `--device` it programs that device's
+//! data channel over the bridge's control protocol, without it it waits for frames from
+//! whoever programs the device. `stream send` is the device: it serves the bridge's register
+//! map on UDP 8192 and streams once a host has programmed it (or at once, to a target given
+//! on the command line). `demo` runs both on loopback and checks every frame.
+
+use std::fs;
+use std::io::{self, IsTerminal, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use ferroce::frames::control::{DataChannel, DeviceRegisters, RoceChannel, CONTROL_PORT};
+use ferroce::frames::{
+    FrameInfo, ImmediateLayout, MonitorError, Pattern, Receiver, ReceiverConfig, Sender, Target,
+    BRIDGE_DATA_PORT,
+};
+use ferroce::nic::Faults;
+use ferroce::proto::wire::ROCE_PORT;
+use ferroce::{Nic, NicConfig};
+use serde_json::json;
+
+/// A 4K RAW12 frame: 3840 × 2160 pixels of 12 bits.
+pub(crate) const FRAME_4K_RAW12: usize = 3840 * 2160 * 3 / 2;
+
+/// `ferroce stream`'s two ends.
+#[derive(Subcommand)]
+pub(crate) enum StreamCommand {
+    /// Receive frames into a ring of pages (seed 000's receiver) and report each one.
+    Recv(RecvArgs),
+    /// Be the device: serve the bridge's registers, then stream frames where they say.
+    Send(SendArgs),
+}
+
+/// Flags of `stream recv`.
+#[derive(Args)]
+pub(crate) struct RecvArgs {
+    /// The soft NIC's address (frames arrive on its UDP port 4791).
+    #[arg(long, default_value = "127.0.0.1")]
+    local: IpAddr,
+    /// The device's data address: frames from any other are dropped. Defaults to
+    /// `--device`'s address.
+    #[arg(long)]
+    peer: Option<IpAddr>,
+    /// Program this device (its control address; port 8192 unless given) to send here.
+    #[arg(long)]
+    device: Option<String>,
+    /// Bytes of data per frame.
+    #[arg(long, default_value_t = FRAME_4K_RAW12)]
+    frame_size: usize,
+    /// Pages in the ring.
+    #[arg(long, default_value_t = 4)]
+    pages: u32,
+    /// Completed frames held while this tool is busy.
+    #[arg(long, default_value_t = 2)]
+    queue: usize,
+    /// The device's link MTU, which sets its payload per packet (programmed with
+    /// `--device`): 1408 bytes at 1500, 4096 from 4170 (jumbo frames, loopback).
+    #[arg(long, default_value_t = 1500)]
+    mtu: usize,
+    /// Exit after this many frames (0: run until the stream stops for `--idle` seconds).
+    #[arg(long, default_value_t = 0)]
+    frames: u64,
+    /// Exit when no frame came for this many seconds (0: never).
+    #[arg(long, default_value_t = 0.0)]
+    idle: f64,
+    /// Print JSON: a description of the receiver, one object per frame, then a summary.
+    #[arg(long)]
+    json: bool,
+    /// Older bridges' immediate layout (psn << 8 | buffer).
+    #[arg(long)]
+    buffer8: bool,
+    /// Write every packet sent and received to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Print the NIC's counters at exit, as `rdma statistic show` does.
+    #[arg(long)]
+    stats: bool,
+}
+
+/// Flags of `stream send`.
+#[derive(Args)]
+pub(crate) struct SendArgs {
+    /// The device's address: its control port (8192) and data port (12288) bind here.
+    #[arg(long, default_value = "127.0.0.1")]
+    local: IpAddr,
+    /// Serve the control protocol on this port.
+    #[arg(long, default_value_t = CONTROL_PORT)]
+    control_port: u16,
+    /// Frames per second (0: as fast as the socket takes them).
+    #[arg(long, default_value_t = 30.0)]
+    fps: f64,
+    /// Frames to send (0: until killed).
+    #[arg(long, default_value_t = 0)]
+    frames: u64,
+    /// Fill frames with the test pattern (the default).
+    #[arg(long, conflicts_with = "file")]
+    pattern: bool,
+    /// Send this file's bytes, a frame at a time, over and over.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// The link MTU, which sets the payload per packet when not programmed (with `--to`).
+    #[arg(long, default_value_t = 1500)]
+    mtu: usize,
+    /// Fold the frame's tail and metadata into one packet, as the bridge's emulator does.
+    #[arg(long)]
+    fold: bool,
+    /// Stream at once to this receiver (ADDR[:PORT]) instead of waiting to be programmed;
+    /// needs `--qp`, `--rkey`, `--address` and `--frame-size`.
+    #[arg(long, requires_all = ["qp", "rkey", "address", "frame_size"])]
+    to: Option<String>,
+    /// The receiver's queue pair (with `--to`).
+    #[arg(long, value_parser = parse_u32)]
+    qp: Option<u32>,
+    /// The receiver's key (with `--to`).
+    #[arg(long, value_parser = parse_u32)]
+    rkey: Option<u32>,
+    /// Page 0's address (with `--to`).
+    #[arg(long, value_parser = parse_u64)]
+    address: Option<u64>,
+    /// Bytes of data per frame (with `--to`).
+    #[arg(long)]
+    frame_size: Option<usize>,
+    /// Pages in the receiver's ring (with `--to`).
+    #[arg(long, default_value_t = 4)]
+    pages: u32,
+    /// Bytes from page to page (with `--to`; default: the bridge's layout).
+    #[arg(long)]
+    page_size: Option<usize>,
+    /// Inject faults on every packet sent: loss=P,dup=P,reorder=P,corrupt=P,delay=US,seed=N.
+    #[arg(long)]
+    fault: Option<Faults>,
+    /// Write every packet sent to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Print JSON lines: one per frame sent and a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_u32(s: &str) -> Result<u32, String> {
+    parse_u64(s).and_then(|v| u32::try_from(v).map_err(|_| format!("{s} exceeds 32 bits")))
+}
+
+fn parse_u64(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    r.map_err(|e| format!("{s}: {e}"))
+}
+
+/// Parses ADDR or ADDR:PORT.
+fn socket_addr(text: &str, default_port: u16) -> anyhow::Result<SocketAddr> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let ip: IpAddr = text
+        .parse()
+        .with_context(|| format!("{text} is neither ADDR nor ADDR:PORT"))?;
+    Ok(SocketAddr::new(ip, default_port))
+}
+
+/// Runs `ferroce stream …`.
+pub(crate) fn run(command: &StreamCommand) -> ExitCode {
+    let result = match command {
+        StreamCommand::Recv(args) => recv(args),
+        StreamCommand::Send(args) => send(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferroce stream: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What the consumer of a stream saw.
+#[derive(Debug, Default)]
+struct Tally {
+    frames: u64,
+    bytes: u64,
+    dropped: u64,
+    packets_lost: u64,
+    content_errors: u64,
+    incomplete: u64,
+    /// Frames the device overwrote before they could be copied.
+    overtaken: u64,
+    restarts: u64,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Tally {
+    fn seconds(&self) -> f64 {
+        match (self.first, self.last) {
+            (Some(a), Some(b)) if b > a => (b - a).as_secs_f64(),
+            _ => 0.0,
+        }
+    }
+
+    /// Frames per second between the first frame and the last.
+    fn fps(&self) -> f64 {
+        let s = self.seconds();
+        if s > 0.0 {
+            (self.frames.saturating_sub(1)) as f64 / s
+        } else {
+            0.0
+        }
+    }
+
+    fn gbps(&self) -> f64 {
+        let s = self.seconds();
+        if s > 0.0 && self.frames > 1 {
+            self.bytes as f64 * 8.0 / s / 1e9 * (self.frames - 1) as f64 / self.frames as f64
+        } else {
+            0.0
+        }
+    }
+
+    fn summary(&self) -> serde_json::Value {
+        json!({
+            "frames": self.frames,
+            "fps": round2(self.fps()),
+            "gbps": round2(self.gbps()),
+            "dropped": self.dropped,
+            "packets_lost": self.packets_lost,
+            "content_errors": self.content_errors,
+            "incomplete_frames": self.incomplete,
+            "restarts": self.restarts,
+        })
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{} frames, {:.1} fps, {:.2} Gb/s, {} dropped, {} packets lost, {} content errors",
+            self.frames,
+            self.fps(),
+            self.gbps(),
+            self.dropped,
+            self.packets_lost,
+            self.content_errors
+        )
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Takes one frame's data, checks it against the CRC the device put in the metadata, and
+/// counts it. Returns the CRC-32 of the data, or `None` when the device overtook the frame
+/// (counted as dropped).
+fn take(rx: &Receiver, frame: &FrameInfo, buf: &mut Vec<u8>, tally: &mut Tally) -> Option<u32> {
+    let len = usize::try_from(frame.metadata.bytes_written)
+        .unwrap_or(usize::MAX)
+        .min(rx.frame_size());
+    buf.resize(len, 0);
+    let now = Instant::now();
+    tally.first.get_or_insert(now);
+    tally.last = Some(now);
+    tally.dropped = frame.dropped + tally.overtaken;
+    if rx.read_frame(frame, buf).is_err() {
+        // The device has moved on to this page again: this tool fell a ring behind.
+        tally.overtaken += 1;
+        tally.dropped += 1;
+        return None;
+    }
+    let crc = crc32fast_hash(buf);
+    tally.frames += 1;
+    tally.bytes += len as u64;
+    tally.packets_lost += frame.packets_lost;
+    tally.incomplete += u64::from(!frame.is_complete());
+    // The device's JAMCRC is the CRC-32 without its final inversion; 0 means it sent none.
+    if frame.metadata.crc != 0 && frame.metadata.crc != !crc {
+        tally.content_errors += 1;
+    }
+    Some(crc)
+}
+
+fn crc32fast_hash(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+fn frame_json(frame: &FrameInfo, crc: u32) -> serde_json::Value {
+    let received = frame
+        .received
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let md = &frame.metadata;
+    json!({
+        "frame_number": frame.frame_number,
+        "received_frame_number": frame.received_frame_number,
+        "page": frame.page,
+        "imm": frame.imm,
+        "psn": md.psn,
+        "flags": md.flags,
+        "crc": md.crc,
+        "timestamp_s": md.timestamp_s,
+        "timestamp_ns": md.timestamp_ns,
+        "metadata_s": md.metadata_s,
+        "metadata_ns": md.metadata_ns,
+        "bytes_written": md.bytes_written,
+        "received_s": received.as_secs(),
+        "received_ns": received.subsec_nanos(),
+        "dropped": frame.dropped,
+        "packets_received": frame.packets_received,
+        "packets_lost": frame.packets_lost,
+        "bytes_received": frame.bytes_received,
+        "metadata_psn_matches": frame.metadata_psn_matches,
+        "data_crc32": crc,
+    })
+}
+
+/// Starts `rx` and its monitor thread.
+fn start(
+    rx: &Receiver,
+    nic: &Nic,
+    config: ReceiverConfig,
+) -> anyhow::Result<JoinHandle<Result<(), MonitorError>>> {
+    rx.start(nic, config).context("cannot start the receiver")?;
+    let monitor = rx.clone();
+    std::thread::Builder::new()
+        .name("ferroce monitor".into())
+        .spawn(move || monitor.blocking_monitor())
+        .context("cannot start the monitor thread")
+}
+
+fn receiver_config(args: &RecvArgs, peer: IpAddr) -> ReceiverConfig {
+    let mut config = ReceiverConfig::for_frames(args.frame_size, args.pages, peer);
+    config.queue_size = args.queue;
+    if args.buffer8 {
+        config.immediate = ImmediateLayout::Buffer8;
+    }
+    config
+}
+
+fn program(rx: &Receiver, device: SocketAddr, mtu: usize) -> anyhow::Result<()> {
+    let local = rx.local_addr()?;
+    let IpAddr::V4(host_ip) = local.ip() else {
+        bail!("the bridge's control protocol carries IPv4 host addresses only");
+    };
+    let mut channel = DataChannel::new(device)?;
+    channel
+        .configure_roce(&RoceChannel {
+            qp: rx.qp_number()?,
+            rkey: rx.rkey()?,
+            address: rx.external_frame_memory()?,
+            frame_size: rx.frame_size(),
+            page_size: rx.page_size(),
+            pages: rx.pages(),
+            payload: Target::payload_for_mtu(mtu),
+            host_ip,
+            host_mac: [0; 6],
+            host_port: local.port(),
+        })
+        .with_context(|| format!("cannot program the device at {device}"))
+}
+
+fn describe(rx: &Receiver, peer: IpAddr) -> anyhow::Result<serde_json::Value> {
+    let local = rx.local_addr()?;
+    Ok(json!({
+        "qp": rx.qp_number()?,
+        "rkey": rx.rkey()?,
+        "address": rx.external_frame_memory()?,
+        "page_size": rx.page_size(),
+        "pages": rx.pages(),
+        "frame_size": rx.frame_size(),
+        "metadata_offset": rx.metadata_offset(),
+        "ip": local.ip().to_string(),
+        "udp_port": local.port(),
+        "peer": peer.to_string(),
+    }))
+}
+
+fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
+    let device = args
+        .device
+        .as_deref()
+        .map(|d| socket_addr(d, CONTROL_PORT))
+        .transpose()?;
+    let Some(peer) = args.peer.or(device.map(|d| d.ip())) else {
+        bail!("say where frames come from: --peer ADDR, or --device ADDR to program one");
+    };
+    let nic = Nic::open(&NicConfig {
+        addr: SocketAddr::new(args.local, ROCE_PORT),
+        faults: None,
+        pcap: args.pcap.clone(),
+    })?;
+    let rx = Receiver::new();
+    let mut monitor = Some(start(&rx, &nic, receiver_config(args, peer))?);
+    if let Some(device) = device {
+        program(&rx, device, args.mtu)?;
+    }
+    let described = describe(&rx, peer)?;
+    if args.json {
+        println!("{described}");
+    } else {
+        eprintln!(
+            "stream recv: QP {:#x}, rkey {:#x}, {} pages of {} bytes at {:#x} on {}, frames of {} \
+             bytes from {peer}",
+            rx.qp_number()?,
+            rx.rkey()?,
+            rx.pages(),
+            rx.page_size(),
+            rx.external_frame_memory()?,
+            nic.addr(),
+            rx.frame_size()
+        );
+    }
+    let mut tally = Tally::default();
+    let mut buf = Vec::new();
+    let live = !args.json && io::stderr().is_terminal();
+    let mut last_print = Instant::now();
+    let mut last_frame = Instant::now();
+    let mut out = io::stdout().lock();
+    loop {
+        if args.frames > 0 && tally.frames >= args.frames {
+            break;
+        }
+        if args.idle > 0.0 && last_frame.elapsed().as_secs_f64() > args.idle {
+            break;
+        }
+        if rx.receive_path_failed() {
+            // Recover as the seed allows: a fresh start, once the cause has gone.
+            let why = rx.failure().unwrap_or_default();
+            eprintln!("stream recv: {why}; restarting when the address is back");
+            if let Some(m) = monitor.take() {
+                let _ = m.join();
+            }
+            while nic.address_gone() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            monitor = Some(start(&rx, &nic, receiver_config(args, peer))?);
+            if let Some(device) = device {
+                program(&rx, device, args.mtu)?;
+            }
+            tally.restarts += 1;
+            eprintln!("stream recv: restarted, QP {:#x}", rx.qp_number()?);
+            continue;
+        }
+        if let Some(frame) = rx.next_frame(Duration::from_millis(100))? {
+            last_frame = Instant::now();
+            let crc = take(&rx, &frame, &mut buf, &mut tally);
+            if let (true, Some(crc)) = (args.json, crc) {
+                writeln!(out, "{}", frame_json(&frame, crc))?;
+            }
+        }
+        if live && last_print.elapsed() >= Duration::from_millis(500) {
+            last_print = Instant::now();
+            eprint!("\r{}   ", tally.line());
+        }
+    }
+    rx.close();
+    if let Some(m) = monitor.take() {
+        let _ = m.join();
+    }
+    if live {
+        eprintln!();
+    }
+    if args.json {
+        let mut summary = tally.summary();
+        summary["counters"] = counters_json(&rx, &nic);
+        writeln!(out, "{summary}")?;
+    } else {
+        eprintln!("stream recv: {}", tally.line());
+    }
+    if args.stats {
+        eprintln!("{}", nic.statistics_line("ferroce0"));
+    }
+    Ok(if tally.content_errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn counters_json(rx: &Receiver, nic: &Nic) -> serde_json::Value {
+    let c = rx.counters();
+    let n = nic.counters();
+    json!({
+        "frames": c.frames,
+        "frames_dropped": c.frames_dropped,
+        "incomplete_frames": c.incomplete_frames,
+        "packets": c.packets,
+        "packets_lost": c.packets_lost,
+        "late_packets": c.late_packets,
+        "page_out_of_range": c.page_out_of_range,
+        "write_crosses_page": c.write_crosses_page,
+        "page_mismatch": c.page_mismatch,
+        "metadata_misplaced": c.metadata_misplaced,
+        "metadata_psn_mismatch": c.metadata_psn_mismatch,
+        "icrc_err": n.icrc_err,
+        "unknown_qp": n.unknown_qp,
+        "wrong_source": n.wrong_source,
+        "uc_access_err": n.uc_access_err,
+        "malformed_pkts": n.malformed_pkts,
+    })
+}
+
+/// Where the frames' bytes come from.
+enum Source {
+    Pattern(Pattern),
+    File(Vec<u8>),
+}
+
+impl Source {
+    fn fill(&self, frame_number: u32, out: &mut [u8]) {
+        match self {
+            Self::Pattern(p) => p.fill(frame_number, out),
+            Self::File(bytes) => {
+                // Frame n takes the file's n-th frame-sized slice, wrapping around.
+                let start = (frame_number as usize * out.len()) % bytes.len();
+                for (i, b) in out.iter_mut().enumerate() {
+                    *b = bytes[(start + i) % bytes.len()];
+                }
+            }
+        }
+    }
+}
+
+/// How the device side streams: shared by `stream send` and `demo`.
+struct Streamer {
+    fps: f64,
+    frames: u64,
+    json: bool,
+    source: Source,
+}
+
+impl Streamer {
+    /// Streams to `target`, following the registers when `registers` is given (a host that
+    /// reprograms or stops the device is obeyed). Stops after `frames` frames or when
+    /// `stop` is set. Returns frames sent and seconds taken.
+    fn stream(
+        &self,
+        sender: &mut Sender,
+        registers: Option<&DeviceRegisters>,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<(u64, f64)> {
+        let period = (self.fps > 0.0).then(|| Duration::from_secs_f64(1.0 / self.fps));
+        // A sensor's readout takes most of its frame time; pace the packets over 80% of it.
+        let pace = period.map(|p| p.mul_f64(0.8));
+        let mut data = vec![0; sender.target().frame_size];
+        let mut generation = registers.map(DeviceRegisters::generation);
+        let start = Instant::now();
+        let mut sent = 0u64;
+        let mut complained = false;
+        let mut out = io::stdout().lock();
+        while (self.frames == 0 || sent < self.frames) && !stop.load(Ordering::SeqCst) {
+            if let Some(regs) = registers {
+                if Some(regs.generation()) != generation {
+                    generation = Some(regs.generation());
+                    match regs.target() {
+                        Some(t) if t != *sender.target() => {
+                            sender.retarget(t)?;
+                            data.resize(t.frame_size, 0);
+                        }
+                        Some(_) => {}
+                        None => {
+                            // Unprogrammed: wait until a host points us somewhere again.
+                            std::thread::sleep(Duration::from_millis(10));
+                            generation = None;
+                            continue;
+                        }
+                    }
+                }
+            }
+            let due = period.map(|p| start + p.mul_f64(sent as f64));
+            if let Some(due) = due {
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+            self.source.fill(sent as u32, &mut data);
+            let frame = match sender.send_frame(&data, pace) {
+                Ok(frame) => frame,
+                // A device keeps streaming whatever the network does (its host's address
+                // gone, say); say so once and go on.
+                Err(e @ ferroce::frames::SendError::Io { .. }) => {
+                    if !complained {
+                        eprintln!("stream send: {e}; still trying");
+                        complained = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            complained = false;
+            sent += 1;
+            if self.json {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({"frame_number": frame.frame_number, "page": frame.page, "psn": frame.psn,
+                           "packets": frame.packets, "bytes": frame.bytes, "data_crc32": frame.crc32})
+                )?;
+            }
+        }
+        sender.flush()?;
+        Ok((sent, start.elapsed().as_secs_f64()))
+    }
+}
+
+fn source(args: &SendArgs) -> anyhow::Result<Source> {
+    match &args.file {
+        Some(path) => {
+            let bytes =
+                fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            if bytes.is_empty() {
+                bail!("{} is empty", path.display());
+            }
+            Ok(Source::File(bytes))
+        }
+        None => Ok(Source::Pattern(Pattern::Counter)),
+    }
+}
+
+fn send(args: &SendArgs) -> anyhow::Result<ExitCode> {
+    let streamer = Streamer {
+        fps: args.fps,
+        frames: args.frames,
+        json: args.json,
+        source: source(args)?,
+    };
+    let data_addr = SocketAddr::new(args.local, BRIDGE_DATA_PORT);
+    let (registers, target) = if let Some(to) = &args.to {
+        let frame_size = args.frame_size.unwrap_or_default();
+        let page_size = args
+            .page_size
+            .unwrap_or(ferroce::frames::round_up(frame_size) + ferroce::frames::METADATA_SIZE);
+        let target = Target {
+            dest: socket_addr(to, ROCE_PORT)?,
+            qp: args.qp.unwrap_or_default(),
+            rkey: args.rkey.unwrap_or_default(),
+            address: args.address.unwrap_or_default(),
+            page_size,
+            pages: args.pages,
+            frame_size,
+            payload: Target::payload_for_mtu(args.mtu),
+            immediate: ImmediateLayout::Page12,
+            fold_metadata: args.fold,
+        };
+        (None, target)
+    } else {
+        let control = SocketAddr::new(args.local, args.control_port);
+        let registers = DeviceRegisters::serve(control)
+            .with_context(|| format!("cannot serve the control protocol on {control}"))?;
+        eprintln!("stream send: waiting to be programmed on {control}");
+        let mut target = loop {
+            if let Some(t) = registers.wait_programmed(Duration::from_secs(3600)) {
+                break t;
+            }
+        };
+        target.fold_metadata = args.fold;
+        (Some(registers), target)
+    };
+    let mut sender = Sender::new(data_addr, target)?;
+    sender.set_faults(args.fault);
+    if let Some(path) = &args.pcap {
+        sender.set_pcap(path)?;
+    }
+    eprintln!(
+        "stream send: frames of {} bytes to {} QP {:#x}, {} pages, {} bytes per packet, {} fps",
+        target.frame_size, target.dest, target.qp, target.pages, target.payload, args.fps
+    );
+    let stop = AtomicBool::new(false);
+    let (frames, seconds) = streamer.stream(&mut sender, registers.as_ref(), &stop)?;
+    let gbps = if seconds > 0.0 {
+        frames as f64 * target.frame_size as f64 * 8.0 / seconds / 1e9
+    } else {
+        0.0
+    };
+    if args.json {
+        println!(
+            "{}",
+            json!({"frames": frames, "seconds": round2(seconds), "gbps": round2(gbps),
+                   "packets": sender.packets_sent()})
+        );
+    } else {
+        eprintln!(
+            "stream send: {frames} frames in {seconds:.2} s ({:.1} fps, {gbps:.2} Gb/s), {} packets",
+            if seconds > 0.0 { frames as f64 / seconds } else { 0.0 },
+            sender.packets_sent()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ferroce demo`: a device and a receiver on loopback, 4K RAW12 frames for a few seconds,
+/// every frame checked.
+pub(crate) fn demo(json_out: bool) -> ExitCode {
+    match run_demo(json_out) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferroce demo: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Frames the demo streams, and at what rate.
+const DEMO_FRAMES: u64 = 90;
+const DEMO_FPS: f64 = 30.0;
+
+fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
+    let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let nic = Nic::open(&NicConfig::on(host))?;
+    // The device: its register map on an ephemeral control port, programmed as a host
+    // programs a real bridge.
+    let registers = DeviceRegisters::serve(SocketAddr::new(host, 0))?;
+    let rx = Receiver::new();
+    // Four pages: one being written, two waiting, one being copied.
+    let mut config = ReceiverConfig::for_frames(FRAME_4K_RAW12, 4, host);
+    config.queue_size = 2;
+    let monitor = start(&rx, &nic, config)?;
+    program(&rx, registers.addr(), 9000)?;
+    let target = registers
+        .wait_programmed(Duration::from_secs(5))
+        .context("the device was not programmed")?;
+    let mut sender = Sender::new(SocketAddr::new(host, 0), target)?;
+    if !json_out {
+        eprintln!(
+            "ferroce demo: {DEMO_FRAMES} frames of 3840x2160 RAW12 ({} bytes) at {DEMO_FPS} fps over \
+             RoCEv2 on loopback: device {} -> QP {:#x} on {}",
+            FRAME_4K_RAW12,
+            sender.local_addr(),
+            target.qp,
+            nic.addr()
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let device = {
+        let stop = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("ferroce device".into())
+            .spawn(move || {
+                let streamer = Streamer {
+                    fps: DEMO_FPS,
+                    frames: DEMO_FRAMES,
+                    json: false,
+                    source: Source::Pattern(Pattern::Counter),
+                };
+                streamer.stream(&mut sender, None, &stop)
+            })?
+    };
+    let mut tally = Tally::default();
+    let mut buf = Vec::new();
+    let mut expected = vec![0; FRAME_4K_RAW12];
+    let mut last = Instant::now();
+    let live = !json_out && io::stderr().is_terminal();
+    while tally.frames + tally.dropped < DEMO_FRAMES {
+        match rx.next_frame(Duration::from_millis(100))? {
+            Some(frame) => {
+                last = Instant::now();
+                let errors = tally.content_errors;
+                if take(&rx, &frame, &mut buf, &mut tally).is_some() {
+                    // Beyond the device's CRC (checked by `take`), compare with the pattern
+                    // itself; one error per frame at most.
+                    Pattern::Counter.fill(frame.frame_number as u32, &mut expected);
+                    if tally.content_errors == errors && buf != expected {
+                        tally.content_errors += 1;
+                    }
+                }
+            }
+            None if last.elapsed() > Duration::from_secs(3) => break,
+            None => {}
+        }
+        if rx.receive_path_failed() {
+            break;
+        }
+        if live {
+            eprint!("\r{}   ", tally.line());
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let sent = device
+        .join()
+        .map_err(|_| anyhow::anyhow!("the device thread panicked"))??;
+    rx.close();
+    let _ = monitor.join();
+    if live {
+        eprintln!();
+    }
+    // Frames the device sent that never completed here are dropped frames too.
+    tally.dropped = tally.dropped.max(sent.0.saturating_sub(tally.frames));
+    if json_out {
+        println!("{}", tally.summary());
+    } else {
+        println!("ferroce demo: {}", tally.line());
+    }
+    let ok = tally.frames > 0 && tally.content_errors == 0 && !rx.receive_path_failed();
+    if let Some(why) = rx.failure() {
+        eprintln!("ferroce demo: the receive path failed: {why}");
+    } else if !ok {
+        let c = rx.counters();
+        eprintln!(
+            "ferroce demo: {} frames arrived damaged ({} packets lost; the receiver fell behind \
+             the device: is this a release build, on an idle machine?)",
+            tally.content_errors, c.packets_lost
+        );
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
