@@ -738,9 +738,10 @@ pub(crate) fn demo(json_out: bool) -> ExitCode {
     }
 }
 
-/// Frames the demo streams, and at what rate.
-const DEMO_FRAMES: u64 = 90;
-const DEMO_FPS: f64 = 30.0;
+/// Frames the demo streams, and at what rate: 3 seconds of film rate, which both ends fit
+/// on two cores together (BENCHMARKS.md has the ceiling).
+const DEMO_FRAMES: u64 = 72;
+const DEMO_FPS: f64 = 24.0;
 
 fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
     let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -785,22 +786,14 @@ fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
     };
     let mut tally = Tally::default();
     let mut buf = Vec::new();
-    let mut expected = vec![0; FRAME_4K_RAW12];
     let mut last = Instant::now();
     let live = !json_out && io::stderr().is_terminal();
     while tally.frames + tally.dropped < DEMO_FRAMES {
         match rx.next_frame(Duration::from_millis(100))? {
             Some(frame) => {
                 last = Instant::now();
-                let errors = tally.content_errors;
-                if take(&rx, &frame, &mut buf, &mut tally).is_some() {
-                    // Beyond the device's CRC (checked by `take`), compare with the pattern
-                    // itself; one error per frame at most.
-                    Pattern::Counter.fill(frame.frame_number as u32, &mut expected);
-                    if tally.content_errors == errors && buf != expected {
-                        tally.content_errors += 1;
-                    }
-                }
+                // Checked against the CRC the device computed over what it sent.
+                take(&rx, &frame, &mut buf, &mut tally);
             }
             None if last.elapsed() > Duration::from_secs(3) => break,
             None => {}
