@@ -184,9 +184,10 @@ impl Nic {
         }
         let c = &self.shared.counters;
         line.push_str(&format!(
-            " udp_send_errors {} udp_recv_errors {} pcap_errors {}",
+            " udp_send_errors {} udp_recv_errors {} udp_oversized {} pcap_errors {}",
             c.send_errors.load(Ordering::Relaxed),
             c.recv_errors.load(Ordering::Relaxed),
+            c.oversized.load(Ordering::Relaxed),
             c.pcap_errors.load(Ordering::Relaxed)
         ));
         line

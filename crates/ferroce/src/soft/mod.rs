@@ -159,6 +159,7 @@ pub(crate) struct State {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
     tx: Vec<u8>,
+    rx: sys::RecvBatch,
     faults: Option<tap::FaultInjector>,
     pcap: Option<tap::PcapWriter>,
 }
@@ -180,6 +181,8 @@ pub(crate) struct DriverCounters {
     pub(crate) send_errors: AtomicU64,
     pub(crate) recv_errors: AtomicU64,
     pub(crate) pcap_errors: AtomicU64,
+    /// Datagrams too large for any RoCE packet, dropped.
+    pub(crate) oversized: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -214,7 +217,8 @@ impl Shared {
             state: Mutex::new(State {
                 engine,
                 mem: HostMemory::default(),
-                tx: vec![0; MAX_PACKET],
+                tx: vec![0; MAX_PACKET * sys::SEND_BATCH],
+                rx: sys::RecvBatch::new(),
                 faults: faults.map(tap::FaultInjector::new),
                 pcap,
             }),
@@ -251,6 +255,7 @@ impl Shared {
             tx,
             faults,
             pcap,
+            ..
         } = state;
         let mut send = |dst: SocketAddr, bytes: &[u8]| {
             if self.socket.send_to(bytes, dst).is_err() {
@@ -260,8 +265,15 @@ impl Shared {
         if let Some(faults) = faults.as_mut() {
             faults.release(now, &mut send);
         }
-        while let Some(t) = engine.poll_transmit(now, mem, tx) {
-            let bytes = &tx[..t.len];
+        // Packets wait in `tx`, one MAX_PACKET slot each, and leave a batch per system call.
+        let mut batch: [(SocketAddr, usize); sys::SEND_BATCH] = [(self.local, 0); sys::SEND_BATCH];
+        let mut queued = 0;
+        loop {
+            let slot = &mut tx[queued * MAX_PACKET..(queued + 1) * MAX_PACKET];
+            let Some(t) = engine.poll_transmit(now, mem, slot) else {
+                break;
+            };
+            let bytes = &slot[..t.len];
             if let Some(pcap) = pcap.as_mut() {
                 if pcap.record(self.local, t.dst, bytes).is_err() {
                     self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
@@ -269,7 +281,36 @@ impl Shared {
             }
             match faults.as_mut() {
                 Some(faults) => faults.submit(now, t.dst, bytes, &mut send),
-                None => send(t.dst, bytes),
+                None => {
+                    batch[queued] = (t.dst, t.len);
+                    queued += 1;
+                    if queued == sys::SEND_BATCH {
+                        self.send_queued(tx, &batch[..queued]);
+                        queued = 0;
+                    }
+                }
+            }
+        }
+        self.send_queued(tx, &batch[..queued]);
+    }
+
+    /// Sends the packets queued in `tx` slots, a `sendmmsg` call for all of them; a packet
+    /// the kernel refuses is counted and skipped, as a lone `sendto` failure would be.
+    fn send_queued(&self, tx: &[u8], queued: &[(SocketAddr, usize)]) {
+        let mut datagrams: [(SocketAddr, &[u8]); sys::SEND_BATCH] =
+            [(self.local, &[]); sys::SEND_BATCH];
+        for (i, &(dst, len)) in queued.iter().enumerate() {
+            datagrams[i] = (dst, &tx[i * MAX_PACKET..i * MAX_PACKET + len]);
+        }
+        let mut done = 0;
+        while done < queued.len() {
+            match sys::send_to_each(&self.socket, &datagrams[done..queued.len()]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(_) => {
+                    self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+                    done += 1;
+                }
             }
         }
     }
@@ -330,34 +371,55 @@ impl Shared {
         self.wake_waiters();
     }
 
-    /// Handles up to a batch of datagrams that have already arrived, without blocking. The
-    /// caller holds the lock, so datagrams are handled in the order they arrived.
-    fn drain(&self, state: &mut State, now: Instant, buf: &mut [u8]) -> usize {
+    /// Handles up to two batches of datagrams that have already arrived, without blocking.
+    /// The caller holds the lock, so datagrams are handled in the order they arrived.
+    fn drain(&self, state: &mut State, now: Instant) -> usize {
         let State {
-            engine, mem, pcap, ..
+            engine,
+            mem,
+            pcap,
+            rx,
+            ..
         } = state;
         let dst = self.local.ip();
         let mut handled = 0;
-        for _ in 0..64 {
-            match sys::recv_dontwait(&self.socket, buf) {
-                Ok((0, from)) if from == self.local => {}
-                Ok((n, from)) => {
-                    if let Some(pcap) = pcap.as_mut() {
-                        if pcap.record(from, self.local, &buf[..n]).is_err() {
-                            self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    engine.handle_datagram(now, from, dst, &buf[..n], mem);
-                    handled += 1;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+        for _ in 0..2 {
+            let n = match rx.receive(&self.socket) {
+                Ok(0) => break,
+                Ok(n) => n,
                 // ICMP port unreachable from an earlier send: the peer is gone; retries and
                 // timeouts will say so.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(_) => {
                     self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
+            };
+            for i in 0..n {
+                let Ok((bytes, from)) = rx.get(i) else {
+                    self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                match bytes {
+                    // The doorbell.
+                    Some([]) if from == self.local => {}
+                    Some(bytes) => {
+                        if let Some(pcap) = pcap.as_mut() {
+                            if pcap.record(from, self.local, bytes).is_err() {
+                                self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        engine.handle_datagram(now, from, dst, bytes, mem);
+                        handled += 1;
+                    }
+                    // Larger than any RoCE packet: counted as such, never half-handled.
+                    None => {
+                        self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            if n < sys::RECV_BATCH {
+                break;
             }
         }
         handled
@@ -373,14 +435,12 @@ impl Shared {
         let until = now.saturating_duration_since(self.epoch) + POLLER_GRACE;
         self.poller_until
             .store(until.as_nanos() as u64, Ordering::Relaxed);
-        let mut buf = [0u8; 9216];
-        self.drain(state, now, &mut buf);
+        self.drain(state, now);
         state.engine.handle_timeout(now);
         self.flush(state, now);
     }
 
     fn progress(&self) {
-        let mut buf = vec![0u8; 65_536];
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
             let next = {
@@ -411,7 +471,7 @@ impl Shared {
                     // racing for the lock would reorder them.
                     let now = Instant::now();
                     let mut state = self.lock();
-                    self.drain(&mut state, now, &mut buf);
+                    self.drain(&mut state, now);
                     self.flush(&mut state, now);
                     drop(state);
                     self.wake_waiters();

@@ -1,5 +1,6 @@
 //! The few system calls the soft NIC needs that std does not offer: locking pages in memory,
-//! reading the locked-memory limit, and the IP socket options RoCEv2 depends on. Every
+//! reading the locked-memory limit, the IP socket options RoCEv2 depends on, and sending and
+//! receiving datagrams in batches (`sendmmsg`, `recvmmsg`). Every
 //! `unsafe` block of the crate is here, each with its reason.
 
 #![allow(unsafe_code)]
@@ -169,57 +170,163 @@ pub(crate) fn send_gathered(
     }
 }
 
-/// Receives one datagram without blocking (`recvfrom` with `MSG_DONTWAIT`), whatever the
-/// socket's mode, so several threads can share the socket without toggling it.
-pub(crate) fn recv_dontwait(
+/// Sends up to [`SEND_BATCH`] datagrams, each to its own address, in one `sendmmsg(2)`
+/// call. Returns how many the kernel took; an error means the first one was refused.
+pub(crate) fn send_to_each(
     socket: &UdpSocket,
-    buf: &mut [u8],
-) -> io::Result<(usize, std::net::SocketAddr)> {
-    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-
-    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: `buf` is writable for `buf.len()` bytes; `storage` and `len` live on this frame
-    // and `len` holds the size of `storage`, so the kernel writes within both.
-    let n = unsafe {
-        libc::recvfrom(
+    datagrams: &[(std::net::SocketAddr, &[u8])],
+) -> io::Result<usize> {
+    let n = datagrams.len().min(SEND_BATCH);
+    // SAFETY: all-zero sockaddr_storages, iovecs and mmsghdrs are valid values.
+    let mut names: [libc::sockaddr_storage; SEND_BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut iovs: [libc::iovec; SEND_BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut headers: [libc::mmsghdr; SEND_BATCH] = unsafe { std::mem::zeroed() };
+    for (i, (dst, bytes)) in datagrams[..n].iter().enumerate() {
+        let len = sockaddr(*dst, &mut names[i]);
+        iovs[i].iov_base = bytes.as_ptr().cast_mut().cast();
+        iovs[i].iov_len = bytes.len();
+        headers[i].msg_hdr.msg_name = (&raw mut names[i]).cast();
+        headers[i].msg_hdr.msg_namelen = len;
+        headers[i].msg_hdr.msg_iov = &raw mut iovs[i];
+        headers[i].msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: the first `n` headers point at names and iovecs on this frame and at bytes
+    // borrowed from `datagrams`, all alive for the call; the kernel only reads them (and
+    // writes each header's msg_len, inside `headers`).
+    let sent = unsafe {
+        libc::sendmmsg(
             socket.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_DONTWAIT,
-            (&raw mut storage).cast(),
-            &mut len,
+            headers.as_mut_ptr(),
+            n as libc::c_uint,
+            0,
         )
     };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
     }
-    let addr = match libc::c_int::from(storage.ss_family) {
+}
+
+/// Reads the socket address the kernel wrote into `storage`.
+fn socket_addr(storage: &libc::sockaddr_storage) -> io::Result<std::net::SocketAddr> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+    match libc::c_int::from(storage.ss_family) {
         libc::AF_INET => {
             // SAFETY: the family says the kernel wrote a sockaddr_in, which fits in storage.
-            let sin: libc::sockaddr_in = unsafe { std::ptr::read((&raw const storage).cast()) };
+            let sin: libc::sockaddr_in = unsafe { std::ptr::read((&raw const *storage).cast()) };
             let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port)))
+            Ok(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says the kernel wrote a sockaddr_in6, which fits in storage.
-            let sin6: libc::sockaddr_in6 = unsafe { std::ptr::read((&raw const storage).cast()) };
+            let sin6: libc::sockaddr_in6 = unsafe { std::ptr::read((&raw const *storage).cast()) };
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            SocketAddr::V6(SocketAddrV6::new(
+            Ok(SocketAddr::V6(SocketAddrV6::new(
                 ip,
                 u16::from_be(sin6.sin6_port),
                 sin6.sin6_flowinfo,
                 sin6.sin6_scope_id,
-            ))
-        }
-        family => {
-            return Err(io::Error::other(format!(
-                "datagram from address family {family}"
             )))
         }
-    };
-    Ok((n as usize, addr))
+        family => Err(io::Error::other(format!(
+            "datagram from address family {family}"
+        ))),
+    }
+}
+
+/// Datagrams [`RecvBatch::receive`] takes in one call.
+pub(crate) const RECV_BATCH: usize = 32;
+
+/// Room for one datagram: a RoCE packet is at most a 4096-byte payload and its headers; a
+/// larger datagram is cut short and reported as such, never overrun.
+const DATAGRAM_ROOM: usize = 9216;
+
+/// Buffers for receiving up to [`RECV_BATCH`] datagrams in one `recvmmsg(2)` call.
+pub(crate) struct RecvBatch {
+    bufs: Box<[u8]>,
+    addrs: Box<[libc::sockaddr_storage]>,
+    lens: [usize; RECV_BATCH],
+    truncated: [bool; RECV_BATCH],
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch").finish_non_exhaustive()
+    }
+}
+
+impl RecvBatch {
+    pub(crate) fn new() -> Self {
+        // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+        let zero: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        Self {
+            bufs: vec![0; RECV_BATCH * DATAGRAM_ROOM].into_boxed_slice(),
+            addrs: vec![zero; RECV_BATCH].into_boxed_slice(),
+            lens: [0; RECV_BATCH],
+            truncated: [false; RECV_BATCH],
+        }
+    }
+
+    /// Takes up to [`RECV_BATCH`] datagrams that have already arrived, without blocking
+    /// (`recvmmsg` with `MSG_DONTWAIT`, whatever the socket's mode). Returns how many; 0 when
+    /// none is waiting.
+    pub(crate) fn receive(&mut self, socket: &UdpSocket) -> io::Result<usize> {
+        // SAFETY: all-zero iovecs and mmsghdrs (null pointers, zero lengths) are valid values.
+        let mut iovs: [libc::iovec; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut headers: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        let base = self.bufs.as_mut_ptr();
+        for (i, (iov, h)) in iovs.iter_mut().zip(headers.iter_mut()).enumerate() {
+            // SAFETY: `i * DATAGRAM_ROOM` is inside `bufs`, which holds RECV_BATCH rooms.
+            iov.iov_base = unsafe { base.add(i * DATAGRAM_ROOM) }.cast();
+            iov.iov_len = DATAGRAM_ROOM;
+            h.msg_hdr.msg_name = (&raw mut self.addrs[i]).cast();
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = iov;
+            h.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: each header points at one room of `bufs` (DATAGRAM_ROOM bytes), at one
+        // sockaddr_storage of `addrs` with its size, and at an iovec on this frame; all
+        // outlive the call, and the kernel writes only within them.
+        let n = unsafe {
+            libc::recvmmsg(
+                socket.as_raw_fd(),
+                headers.as_mut_ptr(),
+                RECV_BATCH as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock {
+                Ok(0)
+            } else {
+                Err(e)
+            };
+        }
+        let n = n as usize;
+        for (i, h) in headers.iter().enumerate().take(n) {
+            self.lens[i] = (h.msg_len as usize).min(DATAGRAM_ROOM);
+            self.truncated[i] = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        }
+        Ok(n)
+    }
+
+    /// Datagram `i` of the last [`RecvBatch::receive`]: its bytes (`None` when it did not
+    /// fit and was cut short) and its sender.
+    pub(crate) fn get(&self, i: usize) -> io::Result<(Option<&[u8]>, std::net::SocketAddr)> {
+        let from = socket_addr(&self.addrs[i])?;
+        let start = i * DATAGRAM_ROOM;
+        let bytes = &self.bufs[start..start + self.lens[i]];
+        Ok(((!self.truncated[i]).then_some(bytes), from))
+    }
 }
 
 /// Waits until the socket has a datagram to read or `timeout` passes (`poll(2)`); `None`
