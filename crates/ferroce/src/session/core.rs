@@ -391,18 +391,13 @@ impl Core {
                 needed,
             });
         }
-        if peer.len < needed {
-            return Err(SessionError::RegionTooSmall {
-                whose: "the peer's",
-                len: peer.len,
-                needed,
-            });
-        }
         let link = self.link.as_mut().ok_or(SessionError::OutOfOrder {
             call: Step::EstablishChannel,
             missing: Step::Connect,
         })?;
-        // Receives first: once the peer has our answer below, it may send at once.
+        // Receives first: once the peer has our answer below, it may send at once. The
+        // descriptions are compared before the peer's region, so that a mismatch is named as
+        // such on both sides.
         for slot in 0..desc.slots {
             link.qp.post_recv(RecvWr {
                 wr_id: u64::from(slot),
@@ -419,6 +414,13 @@ impl Core {
             return Err(SessionError::ChannelMismatch {
                 ours: *desc,
                 theirs,
+            });
+        }
+        if peer.len < needed {
+            return Err(SessionError::RegionTooSmall {
+                whose: "the peer's",
+                len: peer.len,
+                needed,
             });
         }
         self.watchdog = Some(Watchdog::start(stream, link.peer_timeout)?);
