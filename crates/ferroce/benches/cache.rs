@@ -2,6 +2,8 @@
 //! (and deregistering) a fresh region every time, at 4 KiB and 1 MiB. Two contexts bound to
 //! each other over loopback (127.0.0.78 and 127.0.0.79, ports 19540).
 
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 

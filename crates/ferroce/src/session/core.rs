@@ -143,6 +143,8 @@ struct EngineShared {
     /// Why the engine stopped on its own.
     failure: Mutex<Option<String>>,
     changed: Condvar,
+    /// Threads waiting on `changed`: without any, a notification is a system call for nothing.
+    waiters: std::sync::atomic::AtomicUsize,
     served: AtomicU64,
 }
 
@@ -754,11 +756,14 @@ impl Core {
             let nap = deadline.map_or(Duration::from_millis(10), |d| {
                 (d - now).min(Duration::from_millis(10))
             });
+            // Counted under the lock, so the engine, which pushes under it, cannot miss us.
+            shared.waiters.fetch_add(1, Ordering::SeqCst);
             history = shared
                 .changed
                 .wait_timeout(history, nap)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            shared.waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -1052,7 +1057,9 @@ impl Engine {
             drop(history);
             seq += 1;
             self.shared.served.fetch_add(1, Ordering::Relaxed);
-            self.shared.changed.notify_all();
+            if self.shared.waiters.load(Ordering::SeqCst) > 0 {
+                self.shared.changed.notify_all();
+            }
         }
         Ok(())
     }
