@@ -3,13 +3,16 @@
 //! This crate is what applications depend on: the soft [`Nic`] (the protocol engine of
 //! [`ferroce_proto`] over a UDP socket), registered [`Region`]s (seed 004), completion queues
 //! ([`Cq`]) and queue pairs ([`Qp`]); and, for tools, reading packet captures ([`capture`]) and
-//! decoding their RoCEv2 packets ([`decode`]).
+//! decoding their RoCEv2 packets ([`decode`]). Above them, the faces: sensor [`frames`] (seed
+//! 000), the request/reply [`session`] (seed 003) and the registered-buffer [`cache`] (seed
+//! 002).
 //!
 //! `unsafe` is denied everywhere but `soft::sys`, the few system calls std lacks (`mlock`,
-//! `getrlimit`, socket options), each with its reason.
+//! `getrlimit`, socket options, batched sends and receives), each with its reason.
 
 #![deny(unsafe_code)]
 
+pub mod cache;
 pub mod capture;
 pub mod cq;
 pub mod decode;
@@ -18,6 +21,7 @@ pub mod frames;
 pub mod nic;
 pub mod qp;
 pub mod region;
+pub mod session;
 mod soft;
 
 pub use cq::Cq;

@@ -29,6 +29,7 @@ mod bw;
 mod lat;
 mod oob;
 mod report;
+mod session;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -66,6 +67,9 @@ pub(crate) enum PerfCommand {
     AtomicBw(PerfArgs),
     /// Atomic latency (`ib_atomic_lat`).
     AtomicLat(PerfArgs),
+    /// Request/reply session round trip (seed 003): a controller against an echoing
+    /// coprocessor, in the latency table of the other tests.
+    SessionLat(session::SessionLatArgs),
 }
 
 /// perftest's flags (those that mean something for the soft NIC, and a few accepted for
@@ -505,6 +509,12 @@ pub(crate) fn run(command: &PerfCommand) -> ExitCode {
         PerfCommand::SendLat(a) => (Verb::Send, Kind::Lat, a),
         PerfCommand::AtomicBw(a) => (Verb::Atomic, Kind::Bw, a),
         PerfCommand::AtomicLat(a) => (Verb::Atomic, Kind::Lat, a),
+        PerfCommand::SessionLat(a) => {
+            return match session::run(a) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            }
+        }
     };
     let settings = match Settings::resolve(verb, kind, args) {
         Ok(s) => s,

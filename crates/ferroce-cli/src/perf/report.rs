@@ -292,12 +292,26 @@ pub(super) fn write_json(
     }
     info.insert("rdma_cm_QPs".into(), "OFF".into());
     info.insert("Data_ex_method".into(), "Ethernet".into());
+    write_doc(path, info, results, &[])
+}
+
+/// Writes a `--out_json` document from its `test_info` block and results; `extra` adds
+/// fields to the `results` object.
+pub(super) fn write_doc(
+    path: &Path,
+    info: Map<String, Value>,
+    results: &[Outcome],
+    extra: &[(&str, Value)],
+) -> Result<(), String> {
     let mut doc = Map::new();
     doc.insert("test_info".into(), Value::Object(info));
-    doc.insert(
-        "results".into(),
-        results.last().map_or_else(|| json!({}), result_object),
-    );
+    let mut last = results.last().map_or_else(|| json!({}), result_object);
+    if let Value::Object(fields) = &mut last {
+        for (key, value) in extra {
+            fields.insert((*key).to_owned(), value.clone());
+        }
+    }
+    doc.insert("results".into(), last);
     if results.len() > 1 {
         doc.insert(
             "results_all".into(),

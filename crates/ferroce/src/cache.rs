@@ -1,0 +1,1005 @@
+//! The registered-buffer cache (seed 002, neuray's `IRDMA_context`): a [`Context`] bound to one
+//! connected remote host hands out registered buffers and sends them there.
+//!
+//! Registering memory is costly (the pages are locked and entered in the NIC's table), so a
+//! buffer is not deregistered when dropped: it goes back to the context's cache, keyed by size
+//! class (the next power of two, at least 64 bytes) and device, and the next request of that
+//! class takes it again. Registration is paid once per buffer, not per message.
+//!
+//! - [`Context::write_memory`] and [`Context::read_memory`] (the seed's `get_write_memory` and
+//!   `get_read_memory`) hand out buffers of host memory; a GPU device id is
+//!   [`CacheError::NotSupported`] in this build (no `cuda` feature).
+//! - [`Context::wrap_user_buffer`] registers the caller's own bytes (not cached; they come back
+//!   with [`Buffer::into_user_buffer`]).
+//! - [`Context::flush`] sends a buffer to the remote host as one SEND and waits until the remote
+//!   NIC acknowledged it; the remote receives it in one of its read buffers with
+//!   [`Context::receive`]. Each context keeps [`ContextConfig::receive_depth`] read buffers of
+//!   [`ContextConfig::max_message`] bytes posted, and refuses to flush more than the remote's.
+//!
+//! The seed's return codes map to [`CacheError`]: 0 is `Ok`, -1 ("invalid parameters") is
+//! [`CacheError::InvalidParameters`] and -2 ("not supported in this context") is
+//! [`CacheError::NotSupported`] ([`CacheError::seed_code`] gives the number back); where the
+//! seed returns NULL for an allocation failure, this returns [`CacheError::Allocation`].
+//!
+//! A context is `Clone + Send + Sync`: every clone is the same context, and any number of
+//! threads may take buffers, flush and receive at once.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use ferroce_proto::memory::WriteOrder;
+use ferroce_proto::qp::{
+    ModifyError, Mtu, Payload, PostError, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr,
+    WcStatus,
+};
+use ferroce_proto::wire::ROCE_PORT;
+
+use crate::exchange::{ExchangeError, PeerInfo};
+use crate::{
+    ConnectOptions, Cq, Nic, NicConfig, NicError, Qp, Region, RegionAccess, RegionError,
+    RegionMemory,
+};
+
+/// The version of the context's hello; a peer with another is refused by name.
+pub const CACHE_VERSION: u32 = 1;
+
+/// The smallest size class.
+pub const MIN_CLASS: usize = 64;
+
+/// The largest buffer: 2 GiB, the largest message RoCE carries.
+pub const MAX_BUFFER: usize = 1 << 31;
+
+/// Where a buffer's memory lives (the seed's `gpu_id`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// Main memory (`gpu_id` -1).
+    Host,
+    /// The GPU with this id; not supported in this build.
+    Gpu(u32),
+}
+
+impl Device {
+    /// The device of a seed `gpu_id`: -1 for main memory, 0 and up for a GPU.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] for ids below -1.
+    pub fn from_seed_id(gpu_id: i32) -> Result<Self, CacheError> {
+        match gpu_id {
+            -1 => Ok(Self::Host),
+            id if id >= 0 => Ok(Self::Gpu(id as u32)),
+            id => Err(CacheError::InvalidParameters(format!(
+                "gpu_id {id}: -1 is main memory, 0 and up a GPU"
+            ))),
+        }
+    }
+}
+
+/// Why a context call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// The seed's -1: a parameter is invalid (a size of zero or beyond [`MAX_BUFFER`], a
+    /// buffer of another context, a range outside a buffer).
+    #[error("invalid parameters: {0}")]
+    InvalidParameters(String),
+    /// The seed's -2: not supported in this context (GPU memory without the `cuda` feature).
+    #[error("not supported in this context: {0}")]
+    NotSupported(String),
+    /// Where the seed returns NULL: the memory could not be allocated or registered.
+    #[error("cannot allocate a buffer of {size} bytes: {reason}")]
+    Allocation {
+        /// The size asked for.
+        size: usize,
+        /// Why (the memlock limit, most often).
+        reason: String,
+    },
+    /// The buffer is larger than the remote host's read buffers.
+    #[error(
+        "a buffer of {size} bytes is larger than the remote host's read buffers ({max} bytes)"
+    )]
+    TooLargeForRemote {
+        /// The buffer's length.
+        size: usize,
+        /// The remote's read-buffer size.
+        max: usize,
+    },
+    /// The transport failed (the remote host stopped answering or refused).
+    #[error("the transport failed: {0}")]
+    Transport(WcStatus),
+    /// Nothing came in time.
+    #[error("timed out after {} ms {what}", after.as_millis())]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        after: Duration,
+    },
+    /// The context was shut down after a failure.
+    #[error("the context is closed: {0}")]
+    Closed(String),
+    /// The remote host speaks another version of the context's hello.
+    #[error("the remote host speaks ferroce cache version {theirs}; this build speaks {ours}")]
+    Version {
+        /// Ours.
+        ours: u32,
+        /// Theirs.
+        theirs: u32,
+    },
+    /// The remote host said something unexpected.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The NIC could not be opened.
+    #[error(transparent)]
+    Nic(#[from] NicError),
+    /// The endpoint exchange failed.
+    #[error(transparent)]
+    Exchange(#[from] ExchangeError),
+    /// The queue pair could not be connected.
+    #[error("cannot connect the queue pair: {0}")]
+    Modify(#[from] ModifyError),
+    /// A work request could not be posted.
+    #[error("cannot post: {0}")]
+    Post(#[from] PostError),
+    /// The out-of-band connection failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl CacheError {
+    /// The seed's return code for this error: -1 (invalid parameters) or -2 (not supported
+    /// in this context); `None` for failures the seed has no code for.
+    #[must_use]
+    pub fn seed_code(&self) -> Option<i32> {
+        match self {
+            Self::InvalidParameters(_) => Some(-1),
+            Self::NotSupported(_) => Some(-2),
+            _ => None,
+        }
+    }
+}
+
+/// How to bind a context to its remote host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContextConfig {
+    /// This side's soft NIC: a local address and UDP port (4791 for RoCEv2).
+    pub nic: SocketAddr,
+    /// The out-of-band TCP address: dialled, or listened on when `listen` is set.
+    pub oob: SocketAddr,
+    /// Whether this side listens on `oob` (one side listens, the other dials).
+    pub listen: bool,
+    /// How long connecting and a blocked `flush` wait (10 s).
+    pub timeout: Duration,
+    /// The size of the read buffers this side keeps posted: the largest buffer the remote
+    /// may flush here (1 MiB).
+    pub max_message: usize,
+    /// How many read buffers stay posted (16).
+    pub receive_depth: u16,
+    /// Cached bytes beyond which returned buffers are deregistered instead (256 MiB).
+    pub max_cached_bytes: usize,
+    /// Path MTU to ask for; the smaller of both sides' wins (1024).
+    pub mtu: Mtu,
+}
+
+impl ContextConfig {
+    /// A NIC on `ip` (port 4791) and the out-of-band address `oob`, with the defaults.
+    #[must_use]
+    pub fn new(ip: std::net::IpAddr, oob: SocketAddr, listen: bool) -> Self {
+        Self {
+            nic: SocketAddr::new(ip, ROCE_PORT),
+            oob,
+            listen,
+            timeout: Duration::from_secs(10),
+            max_message: 1 << 20,
+            receive_depth: 16,
+            max_cached_bytes: 256 << 20,
+            mtu: Mtu::M1024,
+        }
+    }
+
+    /// The same with read buffers of `bytes`.
+    #[must_use]
+    pub fn with_max_message(mut self, bytes: usize) -> Self {
+        self.max_message = bytes;
+        self
+    }
+
+    /// The same with another timeout.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The same with another cache limit.
+    #[must_use]
+    pub fn with_max_cached_bytes(mut self, bytes: usize) -> Self {
+        self.max_cached_bytes = bytes;
+        self
+    }
+}
+
+/// What the cache has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Buffers registered (cache misses and wrapped user buffers).
+    pub registrations: u64,
+    /// Requests served from the cache.
+    pub hits: u64,
+    /// Requests that had to register a buffer.
+    pub misses: u64,
+    /// Returned buffers deregistered because the cache was full.
+    pub evictions: u64,
+    /// Buffers in the cache now.
+    pub cached_buffers: u64,
+    /// Their bytes.
+    pub cached_bytes: u64,
+}
+
+/// The size class of `size`: the next power of two, at least [`MIN_CLASS`].
+#[must_use]
+pub fn size_class(size: usize) -> usize {
+    size.max(MIN_CLASS).next_power_of_two()
+}
+
+/// The cache proper: registered regions by (size class, device).
+#[derive(Debug)]
+struct Pool {
+    nic: Nic,
+    context: u64,
+    max_cached_bytes: usize,
+    free: Mutex<Free>,
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    regions: HashMap<(usize, Device), Vec<Region>>,
+    stats: CacheStats,
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, Free> {
+        self.free.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A buffer of `size` bytes on `device`, from the cache or newly registered.
+    fn take(self: &Arc<Self>, size: usize, device: Device) -> Result<Buffer, CacheError> {
+        check_size(size)?;
+        if let Device::Gpu(id) = device {
+            return Err(CacheError::NotSupported(format!(
+                "GPU {id}: this build of ferroce has no `cuda` feature; use main memory (-1)"
+            )));
+        }
+        let class = size_class(size);
+        let cached = {
+            let mut free = self.lock();
+            let region = free.regions.get_mut(&(class, device)).and_then(Vec::pop);
+            if region.is_some() {
+                free.stats.hits += 1;
+                free.stats.cached_buffers -= 1;
+                free.stats.cached_bytes -= class as u64;
+            } else {
+                free.stats.misses += 1;
+            }
+            region
+        };
+        let region = match cached {
+            Some(region) => region,
+            None => {
+                let region = register(&self.nic, vec![0; 0], class)?;
+                self.lock().stats.registrations += 1;
+                region
+            }
+        };
+        Ok(Buffer {
+            region: Some(region),
+            len: size,
+            class: Some(class),
+            device,
+            pool: Arc::clone(self),
+        })
+    }
+
+    /// Takes a region back, or deregisters it when the cache is full.
+    fn give_back(&self, class: usize, device: Device, region: Region) {
+        let mut free = self.lock();
+        if free.stats.cached_bytes as usize + class > self.max_cached_bytes {
+            free.stats.evictions += 1;
+            drop(free);
+            drop(region);
+            return;
+        }
+        free.stats.cached_buffers += 1;
+        free.stats.cached_bytes += class as u64;
+        free.regions
+            .entry((class, device))
+            .or_default()
+            .push(region);
+    }
+}
+
+fn check_size(size: usize) -> Result<(), CacheError> {
+    if size == 0 || size > MAX_BUFFER {
+        return Err(CacheError::InvalidParameters(format!(
+            "a buffer of {size} bytes: sizes are 1 to {MAX_BUFFER}"
+        )));
+    }
+    Ok(())
+}
+
+/// Registers `bytes`, grown to `len` bytes, for local use and remote reads and writes.
+fn register(nic: &Nic, mut bytes: Vec<u8>, len: usize) -> Result<Region, CacheError> {
+    if bytes.len() < len {
+        bytes
+            .try_reserve_exact(len - bytes.len())
+            .map_err(|_| CacheError::Allocation {
+                size: len,
+                reason: "out of memory".into(),
+            })?;
+        bytes.resize(len, 0);
+    }
+    Region::register(
+        nic,
+        RegionAccess::Remote,
+        WriteOrder::InOrder,
+        RegionMemory::Host(bytes),
+    )
+    .map_err(|e: RegionError| CacheError::Allocation {
+        size: len,
+        reason: e.to_string(),
+    })
+}
+
+/// A registered buffer of a [`Context`] (the seed's `IRDMA_buffer`). Dropping a buffer from
+/// the cache gives it back to the cache, still registered; a wrapped user buffer is
+/// deregistered.
+#[derive(Debug)]
+pub struct Buffer {
+    region: Option<Region>,
+    len: usize,
+    /// The size class, for cached buffers; `None` for a wrapped user buffer.
+    class: Option<usize>,
+    device: Device,
+    pool: Arc<Pool>,
+}
+
+impl Buffer {
+    fn region(&self) -> Result<&Region, CacheError> {
+        self.region
+            .as_ref()
+            .ok_or_else(|| CacheError::InvalidParameters("the buffer was given back".into()))
+    }
+
+    fn check(&self, at: usize, len: usize) -> Result<(), CacheError> {
+        if at.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(CacheError::InvalidParameters(format!(
+                "{len} bytes at {at} are outside a buffer of {} bytes",
+                self.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Its length in bytes: what was asked for, or what arrived in a read buffer.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes (a received empty message).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The registered bytes behind it (its size class, for cached buffers).
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.region.as_ref().map_or(0, |r| r.len() as usize)
+    }
+
+    /// Where its memory lives.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Sets its length, up to its capacity (say how much of a write buffer to flush).
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] beyond the capacity.
+    pub fn set_len(&mut self, len: usize) -> Result<(), CacheError> {
+        if len > self.capacity() {
+            return Err(CacheError::InvalidParameters(format!(
+                "length {len} beyond the capacity {}",
+                self.capacity()
+            )));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Copies `data` to offset `at`.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] for a range outside the buffer.
+    pub fn write(&self, at: usize, data: &[u8]) -> Result<(), CacheError> {
+        self.check(at, data.len())?;
+        self.region()?
+            .write(at as u64, data)
+            .map_err(|e| CacheError::InvalidParameters(e.to_string()))
+    }
+
+    /// Copies `out.len()` bytes from offset `at`.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] for a range outside the buffer.
+    pub fn read(&self, at: usize, out: &mut [u8]) -> Result<(), CacheError> {
+        self.check(at, out.len())?;
+        self.region()?
+            .read(at as u64, out)
+            .map_err(|e| CacheError::InvalidParameters(e.to_string()))
+    }
+
+    /// A copy of its `len()` bytes.
+    #[must_use]
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0; self.len];
+        if self.read(0, &mut out).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// Where the remote host reads or writes it (for a peer's RDMA READ or WRITE).
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] for an empty buffer.
+    pub fn remote(&self) -> Result<RemoteAddr, CacheError> {
+        self.region()?
+            .remote(0)
+            .map_err(|e| CacheError::InvalidParameters(e.to_string()))
+    }
+
+    /// A wrapped user buffer gives the user's bytes back (deregistered, with what was written
+    /// into them); any other buffer is returned as it is.
+    ///
+    /// # Errors
+    ///
+    /// The buffer itself (boxed) when it is not a wrapped user buffer.
+    pub fn into_user_buffer(mut self) -> Result<Vec<u8>, Box<Self>> {
+        if self.class.is_some() {
+            return Err(Box::new(self));
+        }
+        match self.region.take().map(Region::deregister) {
+            Some(Ok(RegionMemory::Host(bytes))) => Ok(bytes),
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let (Some(region), Some(class)) = (self.region.take(), self.class) {
+            self.pool.give_back(class, self.device, region);
+        }
+    }
+}
+
+/// Sends in flight and their outcomes, shared by every flushing thread.
+#[derive(Debug, Default)]
+struct Sends {
+    next: u64,
+    done: HashMap<u64, WcStatus>,
+}
+
+/// The read buffers posted for the remote's flushes.
+#[derive(Debug, Default)]
+struct Receives {
+    next: u64,
+    posted: HashMap<u64, Buffer>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: Arc<Pool>,
+    qp: Qp,
+    send_cq: Cq,
+    recv_cq: Cq,
+    config: ContextConfig,
+    remote_max: usize,
+    sends: Mutex<Sends>,
+    sent: Condvar,
+    receives: Mutex<Receives>,
+    closed: AtomicBool,
+    why_closed: Mutex<Option<String>>,
+    /// The out-of-band connection, kept open for the context's life.
+    _stream: TcpStream,
+}
+
+/// A context bound to one remote host (the seed's `IRDMA_context`). Cheap to clone; every
+/// clone is the same context.
+#[derive(Clone, Debug)]
+pub struct Context {
+    inner: Arc<Inner>,
+}
+
+static CONTEXTS: AtomicU64 = AtomicU64::new(1);
+
+fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> CacheError {
+    move |source| CacheError::Io { what, source }
+}
+
+fn read_line(stream: &mut TcpStream) -> Result<String, CacheError> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() < 256 {
+        if stream
+            .read(&mut byte)
+            .map_err(io_error("reading the remote host's hello"))?
+            == 0
+        {
+            return Err(CacheError::Protocol(
+                "the remote host closed the connection".into(),
+            ));
+        }
+        if byte[0] == b'\n' {
+            return Ok(String::from_utf8_lossy(&line).into_owned());
+        }
+        line.push(byte[0]);
+    }
+    Err(CacheError::Protocol("a line longer than 256 bytes".into()))
+}
+
+/// Dials `oob` until `timeout`, or listens on it for one peer.
+fn open(config: &ContextConfig) -> Result<TcpStream, CacheError> {
+    let deadline = Instant::now() + config.timeout;
+    let timed_out = || CacheError::Timeout {
+        what: "connecting to the remote host",
+        after: config.timeout,
+    };
+    let stream = if config.listen {
+        let listener = TcpListener::bind(config.oob).map_err(io_error("listening"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io_error("listening"))?;
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(timed_out());
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(io_error("accepting")(e)),
+            }
+        }
+    } else {
+        loop {
+            match TcpStream::connect(config.oob) {
+                Ok(stream) => break stream,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => return Err(timed_out()),
+            }
+        }
+    };
+    stream
+        .set_nonblocking(false)
+        .map_err(io_error("configuring the connection"))?;
+    stream
+        .set_read_timeout(Some(config.timeout))
+        .map_err(io_error("configuring the connection"))?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+impl Context {
+    /// Binds a context to the remote host at `config.oob`: opens the NIC, exchanges hellos
+    /// (version, read-buffer size, MTU) and queue pair endpoints, connects, and posts the
+    /// read buffers.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] for a read-buffer size or depth of zero,
+    /// [`CacheError::Timeout`] when no peer comes, [`CacheError::Version`], and the NIC's,
+    /// exchange's and I/O errors.
+    pub fn connect(config: &ContextConfig) -> Result<Self, CacheError> {
+        check_size(config.max_message)?;
+        if config.receive_depth == 0 {
+            return Err(CacheError::InvalidParameters(
+                "receive_depth must be at least 1".into(),
+            ));
+        }
+        let nic = Nic::open(&NicConfig {
+            addr: config.nic,
+            ..NicConfig::default()
+        })?;
+        let mut stream = open(config)?;
+        let hello = format!(
+            "ferroce-cache/{CACHE_VERSION} max_message={} mtu={}\n",
+            config.max_message,
+            config.mtu.bytes()
+        );
+        stream
+            .write_all(hello.as_bytes())
+            .map_err(io_error("sending the hello"))?;
+        let line = read_line(&mut stream)?;
+        let bad = || CacheError::Protocol(format!("malformed hello {line:?}"));
+        let version = line
+            .split_whitespace()
+            .next()
+            .and_then(|w| w.strip_prefix("ferroce-cache/"))
+            .and_then(|v| v.parse::<u32>().ok())
+            .ok_or_else(bad)?;
+        if version != CACHE_VERSION {
+            return Err(CacheError::Version {
+                ours: CACHE_VERSION,
+                theirs: version,
+            });
+        }
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+                .and_then(|v| v.parse::<usize>().ok())
+        };
+        let remote_max = field("max_message").ok_or_else(bad)?;
+        let mtu = field("mtu")
+            .and_then(|m| Mtu::from_bytes(m as u32))
+            .ok_or_else(bad)?
+            .min(config.mtu);
+        let depth = usize::from(config.receive_depth);
+        let send_cq = Cq::new(&nic, 1024);
+        let recv_cq = Cq::new(&nic, depth * 2 + 8);
+        let caps = QpCaps {
+            sq_depth: 256,
+            rq_depth: u32::from(config.receive_depth) + 1,
+            max_inline: 0,
+        };
+        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps);
+        let mine = PeerInfo {
+            endpoint: qp.endpoint(),
+            regions: Vec::new(),
+        };
+        let peer = mine.exchange(&mut stream)?;
+        qp.connect(
+            &peer.endpoint,
+            &ConnectOptions {
+                mtu,
+                ..ConnectOptions::default()
+            },
+        )?;
+        let pool = Arc::new(Pool {
+            nic,
+            context: CONTEXTS.fetch_add(1, Ordering::Relaxed),
+            max_cached_bytes: config.max_cached_bytes,
+            free: Mutex::new(Free::default()),
+        });
+        let context = Self {
+            inner: Arc::new(Inner {
+                pool,
+                qp,
+                send_cq,
+                recv_cq,
+                config: *config,
+                remote_max,
+                sends: Mutex::new(Sends::default()),
+                sent: Condvar::new(),
+                receives: Mutex::new(Receives::default()),
+                closed: AtomicBool::new(false),
+                why_closed: Mutex::new(None),
+                _stream: stream
+                    .try_clone()
+                    .map_err(io_error("keeping the connection"))?,
+            }),
+        };
+        {
+            let mut receives = context.lock_receives();
+            for _ in 0..depth {
+                context.post_read_buffer(&mut receives)?;
+            }
+        }
+        // Both sides' read buffers are posted before either flushes.
+        stream
+            .write_all(b"ready\n")
+            .map_err(io_error("sending ready"))?;
+        if read_line(&mut stream)? != "ready" {
+            return Err(CacheError::Protocol("the remote host is not ready".into()));
+        }
+        Ok(context)
+    }
+
+    fn lock_receives(&self) -> MutexGuard<'_, Receives> {
+        self.inner
+            .receives
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn post_read_buffer(&self, receives: &mut Receives) -> Result<(), CacheError> {
+        let max = self.inner.config.max_message;
+        let buffer = self.inner.pool.take(max, Device::Host)?;
+        let sge = buffer
+            .region()?
+            .local(0, max as u32)
+            .map_err(|e| CacheError::InvalidParameters(e.to_string()))?;
+        let wr_id = receives.next;
+        receives.next += 1;
+        self.inner.qp.post_recv(RecvWr {
+            wr_id,
+            sges: vec![sge],
+        })?;
+        receives.posted.insert(wr_id, buffer);
+        Ok(())
+    }
+
+    fn closed(&self) -> Result<(), CacheError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            let why = self
+                .inner
+                .why_closed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+                .unwrap_or_default();
+            return Err(CacheError::Closed(why));
+        }
+        Ok(())
+    }
+
+    fn close(&self, why: String) {
+        *self
+            .inner
+            .why_closed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(why);
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.qp.shutdown();
+    }
+
+    /// The seed's `get_write_memory`: a buffer to write locally and for the remote host to
+    /// read, of `size` bytes on `device`, from the cache when one of its size class is there.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] for a size of 0 or above [`MAX_BUFFER`],
+    /// [`CacheError::NotSupported`] for a GPU, [`CacheError::TooLargeForRemote`] above the
+    /// remote's read buffers (the seed returns NULL), [`CacheError::Allocation`] when the
+    /// memory cannot be had.
+    pub fn write_memory(&self, size: usize, device: Device) -> Result<Buffer, CacheError> {
+        if size > self.inner.remote_max {
+            return Err(CacheError::TooLargeForRemote {
+                size,
+                max: self.inner.remote_max,
+            });
+        }
+        self.inner.pool.take(size, device)
+    }
+
+    /// The seed's `get_read_memory`: a buffer to read locally what the remote host wrote, of
+    /// `size` bytes on `device`, from the cache when one of its size class is there.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`], [`CacheError::NotSupported`] for a GPU,
+    /// [`CacheError::Allocation`].
+    pub fn read_memory(&self, size: usize, device: Device) -> Result<Buffer, CacheError> {
+        self.inner.pool.take(size, device)
+    }
+
+    /// The seed's `wrap_user_buffer`: registers the caller's bytes as a buffer (not cached;
+    /// [`Buffer::into_user_buffer`] gives them back).
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] for no bytes, [`CacheError::NotSupported`] for a
+    /// GPU, [`CacheError::Allocation`] when registration fails.
+    pub fn wrap_user_buffer(&self, data: Vec<u8>, device: Device) -> Result<Buffer, CacheError> {
+        check_size(data.len())?;
+        if let Device::Gpu(id) = device {
+            return Err(CacheError::NotSupported(format!(
+                "GPU {id}: this build of ferroce has no `cuda` feature"
+            )));
+        }
+        let len = data.len();
+        let region = register(&self.inner.pool.nic, data, len)?;
+        self.inner.pool.lock().stats.registrations += 1;
+        Ok(Buffer {
+            region: Some(region),
+            len,
+            class: None,
+            device,
+            pool: Arc::clone(&self.inner.pool),
+        })
+    }
+
+    /// The seed's `flush`: sends the buffer's `len()` bytes to the remote host and waits
+    /// until its NIC acknowledged them; the remote takes them with [`Context::receive`].
+    /// Safe to call from several threads at once.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] (-1) for a buffer of another context,
+    /// [`CacheError::TooLargeForRemote`], [`CacheError::Transport`] when the remote host
+    /// does not answer, [`CacheError::Timeout`] when it answers but does not receive within
+    /// the timeout (the context is then closed: [`CacheError::Closed`] afterwards).
+    pub fn flush(&self, buffer: &Buffer) -> Result<(), CacheError> {
+        self.closed()?;
+        if buffer.pool.context != self.inner.pool.context {
+            return Err(CacheError::InvalidParameters(
+                "the buffer belongs to another context".into(),
+            ));
+        }
+        if buffer.len > self.inner.remote_max {
+            return Err(CacheError::TooLargeForRemote {
+                size: buffer.len,
+                max: self.inner.remote_max,
+            });
+        }
+        let mut sges = Vec::new();
+        if buffer.len > 0 {
+            sges.push(
+                buffer
+                    .region()?
+                    .local(0, buffer.len as u32)
+                    .map_err(|e| CacheError::InvalidParameters(e.to_string()))?,
+            );
+        }
+        let deadline = Instant::now() + self.inner.config.timeout;
+        let wr_id = {
+            let mut sends = self.lock_sends();
+            let id = sends.next;
+            sends.next += 1;
+            id
+        };
+        let wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges(sges));
+        loop {
+            match self.inner.qp.post_send(wr.clone()) {
+                Ok(()) => break,
+                Err(PostError::QueueFull(_)) => {
+                    // Other threads' sends fill the queue: take completions and try again.
+                    let sends = self.lock_sends();
+                    let sends = self.reap(sends);
+                    drop(
+                        self.inner
+                            .sent
+                            .wait_timeout(sends, Duration::from_micros(200))
+                            .unwrap_or_else(PoisonError::into_inner),
+                    );
+                    if Instant::now() >= deadline {
+                        return Err(self.timed_out());
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut sends = self.lock_sends();
+        let started = Instant::now();
+        loop {
+            sends = self.reap(sends);
+            if let Some(status) = sends.done.remove(&wr_id) {
+                return match status {
+                    WcStatus::Success => Ok(()),
+                    status => Err(CacheError::Transport(status)),
+                };
+            }
+            if Instant::now() >= deadline {
+                drop(sends);
+                return Err(self.timed_out());
+            }
+            // Poll for a little while, then sleep between polls; another thread's reap wakes
+            // us when it took our completion.
+            let nap = if started.elapsed() < Duration::from_millis(1) {
+                Duration::from_micros(20)
+            } else {
+                Duration::from_millis(1)
+            };
+            sends = self
+                .inner
+                .sent
+                .wait_timeout(sends, nap)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    fn timed_out(&self) -> CacheError {
+        let after = self.inner.config.timeout;
+        self.close(format!(
+            "a flush was not received within {} ms",
+            after.as_millis()
+        ));
+        CacheError::Timeout {
+            what: "waiting for the remote host to receive a flush",
+            after,
+        }
+    }
+
+    fn lock_sends(&self) -> MutexGuard<'_, Sends> {
+        self.inner
+            .sends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the send completions that arrived and wakes the threads waiting for them.
+    fn reap<'a>(&self, mut sends: MutexGuard<'a, Sends>) -> MutexGuard<'a, Sends> {
+        let mut any = false;
+        while let Some(wc) = self.inner.send_cq.poll() {
+            sends.done.insert(wc.wr_id, wc.status);
+            any = true;
+        }
+        if any {
+            self.inner.sent.notify_all();
+        }
+        sends
+    }
+
+    /// Waits up to `timeout` for the next buffer the remote host flushed here, and posts a
+    /// fresh read buffer in its place. Dropping the returned buffer recycles it.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::Timeout`] when nothing came, [`CacheError::Transport`] when the
+    /// connection failed, [`CacheError::Closed`].
+    pub fn receive(&self, timeout: Duration) -> Result<Buffer, CacheError> {
+        self.closed()?;
+        let mut receives = self.lock_receives();
+        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        loop {
+            let wc = if started.elapsed() < Duration::from_millis(1) {
+                self.inner.recv_cq.poll()
+            } else {
+                let left = deadline.saturating_duration_since(Instant::now());
+                self.inner.recv_cq.wait(left.min(Duration::from_millis(5)))
+            };
+            if let Some(wc) = wc {
+                let mut buffer = receives.posted.remove(&wc.wr_id).ok_or_else(|| {
+                    CacheError::Protocol(format!("a completion for unknown receive {}", wc.wr_id))
+                })?;
+                if wc.status != WcStatus::Success {
+                    return Err(CacheError::Transport(wc.status));
+                }
+                buffer.len = wc.byte_len as usize;
+                self.post_read_buffer(&mut receives)?;
+                return Ok(buffer);
+            }
+            if Instant::now() >= deadline {
+                return Err(CacheError::Timeout {
+                    what: "waiting for the remote host to flush",
+                    after: timeout,
+                });
+            }
+        }
+    }
+
+    /// The largest buffer the remote host receives.
+    #[must_use]
+    pub fn remote_max_message(&self) -> usize {
+        self.inner.remote_max
+    }
+
+    /// What the cache has done so far.
+    #[must_use]
+    pub fn stats(&self) -> CacheStats {
+        self.inner.pool.lock().stats
+    }
+}

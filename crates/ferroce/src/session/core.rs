@@ -1,0 +1,1073 @@
+//! The machinery both faces of a session share: every step checked at run time, the
+//! controller's slots and the coprocessor's engine thread.
+//!
+//! Layout of the channel (one region per side, `slots` slots of each kind):
+//!
+//! | side | `[0, slots × reply)` or `[0, slots × request)` | after it |
+//! |---|---|---|
+//! | controller | reply slots: the coprocessor WRITEs replies here | request staging |
+//! | coprocessor | request slots: the controller WRITEs requests here | reply staging |
+//!
+//! Every message is an RDMA WRITE with immediate: the immediate's low 16 bits name the slot,
+//! bits 16–23 say what the reply is ([`ReplyKind`]); the receive completion's length is the
+//! message's length. Each side keeps `slots` receives posted and re-posts one per message,
+//! before it answers, so a message never finds the receive queue empty.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferroce_proto::memory::WriteOrder;
+use ferroce_proto::qp::{
+    Mtu, Payload, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus,
+};
+
+use super::link::{self, Liveness, Watchdog};
+use super::{
+    ChannelDesc, Collected, ConnectInfo, CoprocessorFn, MemRegion, MemoryKind, PeerRef, RequestId,
+    Role, SessionError, Step,
+};
+use crate::exchange::{PeerInfo, RemoteRegion};
+use crate::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
+
+/// How long a waiting thread polls (driving the engine itself) before it sleeps on the CQ.
+const SPIN: Duration = Duration::from_millis(5);
+/// How long one sleep on a CQ lasts before liveness and stop are checked again.
+const NAP: Duration = Duration::from_millis(1);
+/// How many served requests the coprocessor keeps for `collect`.
+const HISTORY: usize = 64;
+
+/// What a reply is, in bits 16–23 of its immediate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplyKind {
+    /// The function's reply.
+    Ok = 0,
+    /// The function returned an error; the reply holds its message.
+    Failed = 1,
+    /// The function panicked; the reply holds the panic's message.
+    Panicked = 2,
+}
+
+impl ReplyKind {
+    fn from_imm(imm: u32) -> Self {
+        match (imm >> 16) & 0xff {
+            0 => Self::Ok,
+            2 => Self::Panicked,
+            _ => Self::Failed,
+        }
+    }
+}
+
+fn imm(slot: u16, kind: ReplyKind) -> u32 {
+    u32::from(slot) | (kind as u32) << 16
+}
+
+/// A session's sequence number, so that a region of one session is refused by another.
+static SESSIONS: AtomicU64 = AtomicU64::new(1);
+
+/// The NIC, queue pair and out-of-band connection of a connected session.
+#[derive(Debug)]
+struct Link {
+    nic: Nic,
+    send_cq: Cq,
+    recv_cq: Cq,
+    qp: Arc<Qp>,
+    /// The out-of-band connection until the watchdog takes it.
+    stream: Option<std::net::TcpStream>,
+    peer_timeout: Duration,
+}
+
+/// A message that arrived in a slot and waits for `collect`.
+#[derive(Clone, Copy, Debug)]
+struct Arrived {
+    slot: u16,
+    len: u32,
+    kind: ReplyKind,
+}
+
+/// The controller's side of an established channel.
+#[derive(Debug)]
+struct Slots {
+    /// What is in flight in each slot: the request and when it was posted.
+    in_flight: Vec<Option<(RequestId, Instant)>>,
+    free: Vec<u16>,
+    arrived: VecDeque<Arrived>,
+    next_id: u64,
+}
+
+/// An established channel.
+#[derive(Debug)]
+struct Channel {
+    desc: ChannelDesc,
+    region: Arc<Region>,
+    peer: PeerRef,
+    slots: Slots,
+}
+
+impl Channel {
+    /// Offset of slot `slot` of the area peers write into.
+    fn inbound(&self, role: Role, slot: u16) -> u64 {
+        u64::from(slot) * u64::from(self.desc.inbound_bytes(role))
+    }
+
+    /// Offset of slot `slot` of the staging area this side sends from.
+    fn staging(&self, role: Role, slot: u16) -> u64 {
+        u64::from(self.desc.slots) * u64::from(self.desc.inbound_bytes(role))
+            + u64::from(slot) * u64::from(self.desc.outbound_bytes(role))
+    }
+
+    /// The peer's slot `slot`.
+    fn remote(&self, role: Role, slot: u16) -> RemoteAddr {
+        RemoteAddr {
+            va: self.peer.va + u64::from(slot) * u64::from(self.desc.outbound_bytes(role)),
+            rkey: self.peer.rkey,
+        }
+    }
+}
+
+/// One request the coprocessor served, for its `collect`.
+#[derive(Debug)]
+struct Served {
+    request: RequestId,
+    outcome: Result<Vec<u8>, (ReplyKind, String)>,
+}
+
+/// What the coprocessor's engine thread shares with the session.
+#[derive(Debug, Default)]
+struct EngineShared {
+    stop: AtomicBool,
+    history: Mutex<VecDeque<Served>>,
+    /// Why the engine stopped on its own.
+    failure: Mutex<Option<String>>,
+    changed: Condvar,
+    /// Threads waiting on `changed`: without any, a notification is a system call for nothing.
+    waiters: std::sync::atomic::AtomicUsize,
+    served: AtomicU64,
+}
+
+impl EngineShared {
+    fn fail(&self, why: String) {
+        *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+        self.changed.notify_all();
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// A session of either role, every step checked at run time.
+pub(super) struct Core {
+    role: Role,
+    id: u64,
+    link: Option<Link>,
+    peer: Option<PeerRef>,
+    channel: Option<Channel>,
+    function: Option<Box<CoprocessorFn>>,
+    watchdog: Option<Watchdog>,
+    started: bool,
+    stopped: bool,
+    engine: Option<(Arc<EngineShared>, JoinHandle<()>)>,
+    rtt: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("role", &self.role)
+            .field("link", &self.link)
+            .field("peer", &self.peer)
+            .field("started", &self.started)
+            .field("stopped", &self.stopped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    pub(super) fn new(role: Role) -> Self {
+        Self {
+            role,
+            id: SESSIONS.fetch_add(1, Ordering::Relaxed),
+            link: None,
+            peer: None,
+            channel: None,
+            function: None,
+            watchdog: None,
+            started: false,
+            stopped: false,
+            engine: None,
+            rtt: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    pub(super) fn role(&self) -> Role {
+        self.role
+    }
+
+    fn not_stopped(&self, call: Step) -> Result<(), SessionError> {
+        if self.stopped {
+            return Err(SessionError::Stopped { call });
+        }
+        Ok(())
+    }
+
+    fn link(&self, call: Step) -> Result<&Link, SessionError> {
+        self.not_stopped(call)?;
+        self.link.as_ref().ok_or(SessionError::OutOfOrder {
+            call,
+            missing: Step::Connect,
+        })
+    }
+
+    pub(super) fn connect(&mut self, info: &ConnectInfo) -> Result<(), SessionError> {
+        self.not_stopped(Step::Connect)?;
+        if self.link.is_some() {
+            return Err(SessionError::AlreadyDone {
+                call: Step::Connect,
+            });
+        }
+        if info.timeout.is_zero() || info.peer_timeout.is_zero() {
+            return Err(SessionError::InvalidArgument(
+                "the connect and peer timeouts must be above zero".into(),
+            ));
+        }
+        let nic = Nic::open(&NicConfig {
+            addr: info.nic,
+            ..NicConfig::default()
+        })?;
+        let mut stream = link::open(self.role, info.oob, info.timeout)?;
+        let theirs = link::hello(&mut stream, self.role, info.mtu.bytes())?;
+        let mtu = Mtu::from_bytes(theirs)
+            .ok_or_else(|| {
+                SessionError::Protocol(format!("the peer's MTU {theirs} is not one of 256 … 4096"))
+            })?
+            .min(info.mtu);
+        // Room for every slot's message each way, plus a little.
+        let depth = usize::from(super::MAX_SLOTS) + 8;
+        let send_cq = Cq::new(&nic, depth * 2);
+        let recv_cq = Cq::new(&nic, depth * 2);
+        let caps = QpCaps {
+            sq_depth: u32::from(super::MAX_SLOTS) + 8,
+            rq_depth: u32::from(super::MAX_SLOTS) + 8,
+            max_inline: 0,
+        };
+        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps);
+        let mine = PeerInfo {
+            endpoint: qp.endpoint(),
+            regions: Vec::new(),
+        };
+        let peer = mine.exchange(&mut stream)?;
+        let options = ConnectOptions {
+            mtu,
+            access: RegionAccess::RemoteWrite,
+            timeout: info.ack_timeout,
+            retry_cnt: info.retry_cnt,
+            ..ConnectOptions::default()
+        };
+        qp.connect(&peer.endpoint, &options)?;
+        self.link = Some(Link {
+            nic,
+            send_cq,
+            recv_cq,
+            qp: Arc::new(qp),
+            stream: Some(stream),
+            peer_timeout: info.peer_timeout,
+        });
+        Ok(())
+    }
+
+    pub(super) fn alloc_memory(
+        &mut self,
+        size: usize,
+        kind: MemoryKind,
+    ) -> Result<MemRegion, SessionError> {
+        let link = self.link(Step::AllocMemory)?;
+        match kind {
+            MemoryKind::Host => {}
+            MemoryKind::Cuda { device } => {
+                return Err(SessionError::Unsupported(format!(
+                    "CUDA memory (device {device}): this build of ferroce has no `cuda` feature"
+                )))
+            }
+        }
+        if size == 0 {
+            return Err(SessionError::InvalidArgument(
+                "alloc_memory needs at least one byte".into(),
+            ));
+        }
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(size)
+            .map_err(|_| SessionError::Allocation { size })?;
+        bytes.resize(size, 0);
+        let region = Region::register(
+            &link.nic,
+            RegionAccess::RemoteWrite,
+            WriteOrder::InOrder,
+            RegionMemory::Host(bytes),
+        )?;
+        Ok(MemRegion {
+            region: Arc::new(region),
+            session: self.id,
+            kind,
+        })
+    }
+
+    fn own(&self, region: &MemRegion) -> Result<(), SessionError> {
+        if region.session != self.id {
+            return Err(SessionError::ForeignRegion);
+        }
+        Ok(())
+    }
+
+    pub(super) fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError> {
+        self.link(Step::ExchangeKeys)?;
+        self.own(local)?;
+        if self.channel.is_some() {
+            return Err(SessionError::TooLate {
+                call: Step::ExchangeKeys,
+                after: Step::EstablishChannel,
+            });
+        }
+        let link = self.link.as_mut().ok_or(SessionError::OutOfOrder {
+            call: Step::ExchangeKeys,
+            missing: Step::Connect,
+        })?;
+        let stream = link.stream.as_mut().ok_or(SessionError::TooLate {
+            call: Step::ExchangeKeys,
+            after: Step::EstablishChannel,
+        })?;
+        let mine = PeerInfo {
+            endpoint: link.qp.endpoint(),
+            regions: vec![RemoteRegion {
+                va: local.region.va(),
+                rkey: local.region.rkey(),
+                len: local.region.len(),
+            }],
+        };
+        let theirs = mine.exchange(stream)?;
+        let region = theirs
+            .regions
+            .first()
+            .ok_or_else(|| SessionError::Protocol("the peer advertised no region".into()))?;
+        let peer = PeerRef {
+            va: region.va,
+            rkey: region.rkey,
+            len: region.len,
+        };
+        self.peer = Some(peer);
+        Ok(peer)
+    }
+
+    pub(super) fn establish_channel(
+        &mut self,
+        desc: &ChannelDesc,
+        local: &MemRegion,
+        peer: &PeerRef,
+    ) -> Result<(), SessionError> {
+        self.link(Step::EstablishChannel)?;
+        if self.peer.is_none() {
+            return Err(SessionError::OutOfOrder {
+                call: Step::EstablishChannel,
+                missing: Step::ExchangeKeys,
+            });
+        }
+        if self.channel.is_some() {
+            return Err(SessionError::AlreadyDone {
+                call: Step::EstablishChannel,
+            });
+        }
+        self.own(local)?;
+        desc.validate()?;
+        let needed = desc.region_bytes();
+        if local.region.len() < needed {
+            return Err(SessionError::RegionTooSmall {
+                whose: "local",
+                len: local.region.len(),
+                needed,
+            });
+        }
+        let link = self.link.as_mut().ok_or(SessionError::OutOfOrder {
+            call: Step::EstablishChannel,
+            missing: Step::Connect,
+        })?;
+        // Receives first: once the peer has our answer below, it may send at once. The
+        // descriptions are compared before the peer's region, so that a mismatch is named as
+        // such on both sides.
+        for slot in 0..desc.slots {
+            link.qp.post_recv(RecvWr {
+                wr_id: u64::from(slot),
+                sges: Vec::new(),
+            })?;
+        }
+        let mut stream = link.stream.take().ok_or(SessionError::AlreadyDone {
+            call: Step::EstablishChannel,
+        })?;
+        link::write_line(&mut stream, &desc.to_line(), "the channel description")?;
+        let line = link::read_line(&mut stream, "the channel description")?;
+        let theirs = ChannelDesc::parse_line(&line)?;
+        if theirs != *desc {
+            return Err(SessionError::ChannelMismatch {
+                ours: *desc,
+                theirs,
+            });
+        }
+        if peer.len < needed {
+            return Err(SessionError::RegionTooSmall {
+                whose: "the peer's",
+                len: peer.len,
+                needed,
+            });
+        }
+        self.watchdog = Some(Watchdog::start(stream, link.peer_timeout)?);
+        self.channel = Some(Channel {
+            desc: *desc,
+            region: Arc::clone(&local.region),
+            peer: *peer,
+            slots: Slots {
+                in_flight: vec![None; usize::from(desc.slots)],
+                free: (0..desc.slots).rev().collect(),
+                arrived: VecDeque::new(),
+                next_id: 0,
+            },
+        });
+        Ok(())
+    }
+
+    pub(super) fn set_coprocessor_fn(
+        &mut self,
+        function: Box<CoprocessorFn>,
+    ) -> Result<(), SessionError> {
+        self.not_stopped(Step::SetCoprocessorFn)?;
+        if self.role != Role::Coprocessor {
+            return Err(SessionError::WrongRole {
+                call: Step::SetCoprocessorFn,
+                role: self.role,
+            });
+        }
+        if self.started {
+            return Err(SessionError::TooLate {
+                call: Step::SetCoprocessorFn,
+                after: Step::Start,
+            });
+        }
+        if self.channel.is_none() {
+            return Err(SessionError::OutOfOrder {
+                call: Step::SetCoprocessorFn,
+                missing: if self.link.is_none() {
+                    Step::Connect
+                } else if self.peer.is_none() {
+                    Step::ExchangeKeys
+                } else {
+                    Step::EstablishChannel
+                },
+            });
+        }
+        self.function = Some(function);
+        Ok(())
+    }
+
+    /// The first step not yet taken before `call`, if any.
+    fn missing_before_start(&self, call: Step) -> Result<(), SessionError> {
+        let missing = if self.link.is_none() {
+            Some(Step::Connect)
+        } else if self.peer.is_none() {
+            Some(Step::ExchangeKeys)
+        } else if self.channel.is_none() {
+            Some(Step::EstablishChannel)
+        } else {
+            None
+        };
+        match missing {
+            Some(missing) => Err(SessionError::OutOfOrder { call, missing }),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn start(&mut self) -> Result<(), SessionError> {
+        self.not_stopped(Step::Start)?;
+        if self.started {
+            return Err(SessionError::AlreadyDone { call: Step::Start });
+        }
+        self.missing_before_start(Step::Start)?;
+        if self.role == Role::Coprocessor {
+            let Some(function) = self.function.take() else {
+                return Err(SessionError::OutOfOrder {
+                    call: Step::Start,
+                    missing: Step::SetCoprocessorFn,
+                });
+            };
+            let (Some(link), Some(channel), Some(watchdog)) =
+                (&self.link, &self.channel, &self.watchdog)
+            else {
+                return Err(SessionError::OutOfOrder {
+                    call: Step::Start,
+                    missing: Step::EstablishChannel,
+                });
+            };
+            let shared = Arc::new(EngineShared::default());
+            let engine = Engine {
+                qp: Arc::clone(&link.qp),
+                send_cq: link.send_cq.clone(),
+                recv_cq: link.recv_cq.clone(),
+                region: Arc::clone(&channel.region),
+                desc: channel.desc,
+                peer: channel.peer,
+                liveness: Arc::clone(watchdog.liveness()),
+                shared: Arc::clone(&shared),
+                rtt: Arc::clone(&self.rtt),
+                function,
+            };
+            let thread = std::thread::Builder::new()
+                .name("ferroce coprocessor".into())
+                .spawn(move || engine.run())
+                .map_err(|source| SessionError::Io {
+                    what: "starting the coprocessor's engine",
+                    source,
+                })?;
+            self.engine = Some((shared, thread));
+        }
+        self.started = true;
+        Ok(())
+    }
+
+    fn running(&self, call: Step) -> Result<(), SessionError> {
+        self.not_stopped(call)?;
+        if !self.started {
+            self.missing_before_start(call)?;
+            if self.role == Role::Coprocessor && self.function.is_none() {
+                return Err(SessionError::OutOfOrder {
+                    call,
+                    missing: Step::SetCoprocessorFn,
+                });
+            }
+            return Err(SessionError::OutOfOrder {
+                call,
+                missing: Step::Start,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError> {
+        if self.role != Role::Controller {
+            return Err(SessionError::WrongRole {
+                call: Step::Submit,
+                role: self.role,
+            });
+        }
+        self.running(Step::Submit)?;
+        let role = self.role;
+        let (Some(link), Some(channel)) = (&self.link, &mut self.channel) else {
+            return Err(SessionError::OutOfOrder {
+                call: Step::Submit,
+                missing: Step::EstablishChannel,
+            });
+        };
+        if let Some(reason) = self.watchdog.as_ref().and_then(|w| w.liveness().gone()) {
+            return Err(SessionError::PeerGone { reason });
+        }
+        let max = channel.desc.request_bytes;
+        if request.len() > max as usize {
+            return Err(SessionError::RequestTooLarge {
+                len: request.len(),
+                max,
+            });
+        }
+        reap_sends(link, channel)?;
+        let Some(slot) = channel.slots.free.pop() else {
+            return Err(SessionError::NoFreeSlot {
+                slots: channel.desc.slots,
+            });
+        };
+        let at = channel.staging(role, slot);
+        let len = request.len() as u32;
+        let mut sges = Vec::new();
+        if len > 0 {
+            channel.region.write(at, request)?;
+            sges.push(channel.region.local(at, len)?);
+        }
+        let id = RequestId(channel.slots.next_id);
+        let wr = SendWr::new(
+            u64::from(slot),
+            SendOp::WriteWithImm(channel.remote(role, slot), imm(slot, ReplyKind::Ok)),
+            Payload::Sges(sges),
+        );
+        channel.slots.in_flight[usize::from(slot)] = Some((id, Instant::now()));
+        if let Err(e) = link.qp.post_send(wr) {
+            channel.slots.in_flight[usize::from(slot)] = None;
+            channel.slots.free.push(slot);
+            return Err(e.into());
+        }
+        channel.slots.next_id += 1;
+        Ok(id)
+    }
+
+    pub(super) fn collect(
+        &mut self,
+        replies: &mut [&mut [u8]],
+        timeout: Option<Duration>,
+    ) -> Result<Collected, SessionError> {
+        self.running(Step::Collect)?;
+        match self.role {
+            Role::Controller => self.collect_reply(replies, timeout),
+            Role::Coprocessor => self.collect_served(replies, timeout),
+        }
+    }
+
+    fn collect_reply(
+        &mut self,
+        replies: &mut [&mut [u8]],
+        timeout: Option<Duration>,
+    ) -> Result<Collected, SessionError> {
+        let role = self.role;
+        let (Some(link), Some(channel)) = (&self.link, &mut self.channel) else {
+            return Err(SessionError::OutOfOrder {
+                call: Step::Collect,
+                missing: Step::EstablishChannel,
+            });
+        };
+        let liveness = self.watchdog.as_ref().map(|w| Arc::clone(w.liveness()));
+        let started = Instant::now();
+        let mut spinning = true;
+        loop {
+            if let Some(arrived) = channel.slots.arrived.front().copied() {
+                return take_reply(channel, role, arrived, replies);
+            }
+            if channel.slots.free.len() == usize::from(channel.desc.slots) {
+                return Err(SessionError::NothingInFlight);
+            }
+            let wc = if spinning {
+                link.recv_cq.poll()
+            } else {
+                link.recv_cq.wait(NAP)
+            };
+            if let Some(wc) = wc {
+                if wc.status != WcStatus::Success {
+                    // The queue pair failed; a request's send error says why and which.
+                    reap_sends(link, channel)?;
+                    return Err(SessionError::Transport {
+                        request: None,
+                        status: wc.status,
+                    });
+                }
+                let slot = (wc.imm.unwrap_or(0) & 0xffff) as u16;
+                let Some(Some((_, posted))) = channel.slots.in_flight.get(usize::from(slot)) else {
+                    return Err(SessionError::Protocol(format!(
+                        "a reply in slot {slot}, which holds no request"
+                    )));
+                };
+                self.rtt
+                    .store(posted.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                link.qp.post_recv(RecvWr {
+                    wr_id: u64::from(slot),
+                    sges: Vec::new(),
+                })?;
+                channel.slots.arrived.push_back(Arrived {
+                    slot,
+                    len: wc.byte_len,
+                    kind: ReplyKind::from_imm(wc.imm.unwrap_or(0)),
+                });
+                continue;
+            }
+            reap_sends(link, channel)?;
+            if let Some(reason) = liveness.as_ref().and_then(|l| l.gone()) {
+                return Err(SessionError::PeerGone { reason });
+            }
+            let waited = started.elapsed();
+            if let Some(timeout) = timeout {
+                if waited >= timeout {
+                    return Err(SessionError::Timeout {
+                        what: "waiting for a reply",
+                        after: timeout,
+                    });
+                }
+            }
+            if spinning {
+                if waited >= SPIN {
+                    spinning = false;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    fn collect_served(
+        &mut self,
+        replies: &mut [&mut [u8]],
+        timeout: Option<Duration>,
+    ) -> Result<Collected, SessionError> {
+        let Some((shared, _)) = &self.engine else {
+            return Err(SessionError::OutOfOrder {
+                call: Step::Collect,
+                missing: Step::Start,
+            });
+        };
+        let liveness = self.watchdog.as_ref().map(|w| Arc::clone(w.liveness()));
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut history = shared
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(served) = history.front() {
+                let request = served.request;
+                return match &served.outcome {
+                    Ok(reply) => {
+                        let bytes = scatter_check(reply.len(), replies, request)?;
+                        let mut at = 0;
+                        for buf in replies.iter_mut() {
+                            let n = (reply.len() - at).min(buf.len());
+                            buf[..n].copy_from_slice(&reply[at..at + n]);
+                            at += n;
+                        }
+                        history.pop_front();
+                        Ok(Collected { request, bytes })
+                    }
+                    Err((kind, message)) => {
+                        let error = failure(request, *kind, message.clone());
+                        history.pop_front();
+                        Err(error)
+                    }
+                };
+            }
+            if let Some(why) = shared.failure() {
+                return Err(SessionError::Engine(why));
+            }
+            if let Some(reason) = liveness.as_ref().and_then(|l| l.gone()) {
+                return Err(SessionError::PeerGone { reason });
+            }
+            let now = Instant::now();
+            if let Some(deadline) = deadline {
+                if now >= deadline {
+                    return Err(SessionError::Timeout {
+                        what: "waiting for a request to be served",
+                        after: timeout.unwrap_or_default(),
+                    });
+                }
+            }
+            let nap = deadline.map_or(Duration::from_millis(10), |d| {
+                (d - now).min(Duration::from_millis(10))
+            });
+            // Counted under the lock, so the engine, which pushes under it, cannot miss us.
+            shared.waiters.fetch_add(1, Ordering::SeqCst);
+            history = shared
+                .changed
+                .wait_timeout(history, nap)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            shared.waiters.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Requests the coprocessor served so far (0 on a controller).
+    pub(super) fn served(&self) -> u64 {
+        self.engine
+            .as_ref()
+            .map_or(0, |(shared, _)| shared.served.load(Ordering::Relaxed))
+    }
+
+    /// Why the peer is gone, if it is.
+    pub(super) fn peer_gone(&self) -> Option<String> {
+        self.watchdog.as_ref().and_then(|w| w.liveness().gone())
+    }
+
+    pub(super) fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        if let Some((shared, thread)) = self.engine.take() {
+            shared.stop.store(true, Ordering::SeqCst);
+            let _ = thread.join();
+        }
+        if let Some(mut watchdog) = self.watchdog.take() {
+            watchdog.stop();
+        }
+        if let Some(link) = &self.link {
+            link.qp.shutdown();
+        }
+    }
+
+    pub(super) fn last_rtt_ns(&self) -> u64 {
+        self.rtt.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The error a failed reply becomes.
+fn failure(request: RequestId, kind: ReplyKind, message: String) -> SessionError {
+    match kind {
+        ReplyKind::Panicked => SessionError::CoprocessorPanicked { request, message },
+        _ => SessionError::CoprocessorFailed { request, message },
+    }
+}
+
+/// Checks that `len` bytes fit in `replies`.
+fn scatter_check(
+    len: usize,
+    replies: &[&mut [u8]],
+    request: RequestId,
+) -> Result<usize, SessionError> {
+    let capacity: usize = replies.iter().map(|b| b.len()).sum();
+    if len > capacity {
+        return Err(SessionError::ReplyTooLarge {
+            request,
+            len,
+            capacity,
+        });
+    }
+    Ok(len)
+}
+
+/// Hands the oldest arrived reply to the caller and frees its slot; a reply that does not
+/// fit stays for a later `collect` with more room.
+fn take_reply(
+    channel: &mut Channel,
+    role: Role,
+    arrived: Arrived,
+    replies: &mut [&mut [u8]],
+) -> Result<Collected, SessionError> {
+    let slot = usize::from(arrived.slot);
+    let Some((request, _)) = channel.slots.in_flight[slot] else {
+        channel.slots.arrived.pop_front();
+        return Err(SessionError::Protocol(format!(
+            "a reply in slot {slot}, which holds no request"
+        )));
+    };
+    let at = channel.inbound(role, arrived.slot);
+    let len = arrived.len as usize;
+    let free = |channel: &mut Channel| {
+        channel.slots.arrived.pop_front();
+        channel.slots.in_flight[slot] = None;
+        channel.slots.free.push(arrived.slot);
+    };
+    if arrived.kind != ReplyKind::Ok {
+        let mut message = vec![0u8; len.min(channel.desc.reply_bytes as usize)];
+        channel.region.read(at, &mut message)?;
+        free(channel);
+        return Err(failure(
+            request,
+            arrived.kind,
+            String::from_utf8_lossy(&message).into_owned(),
+        ));
+    }
+    let bytes = scatter_check(len, replies, request)?;
+    let mut offset = 0usize;
+    for buf in replies.iter_mut() {
+        let n = (len - offset).min(buf.len());
+        if n == 0 {
+            break;
+        }
+        channel.region.read(at + offset as u64, &mut buf[..n])?;
+        offset += n;
+    }
+    free(channel);
+    Ok(Collected { request, bytes })
+}
+
+/// Takes the send completions that have arrived; a failed request WRITE is an error naming
+/// the request.
+fn reap_sends(link: &Link, channel: &Channel) -> Result<(), SessionError> {
+    while let Some(wc) = link.send_cq.poll() {
+        if wc.status != WcStatus::Success {
+            let request = channel
+                .slots
+                .in_flight
+                .get(wc.wr_id as usize)
+                .copied()
+                .flatten()
+                .map(|(id, _)| id);
+            return Err(SessionError::Transport {
+                request,
+                status: wc.status,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The coprocessor's engine: takes requests from the request slots, runs the function, and
+/// WRITEs the replies back.
+struct Engine {
+    qp: Arc<Qp>,
+    send_cq: Cq,
+    recv_cq: Cq,
+    region: Arc<Region>,
+    desc: ChannelDesc,
+    peer: PeerRef,
+    liveness: Arc<Liveness>,
+    shared: Arc<EngineShared>,
+    rtt: Arc<AtomicU64>,
+    function: Box<CoprocessorFn>,
+}
+
+impl Engine {
+    fn run(mut self) {
+        if let Err(why) = self.serve() {
+            self.shared.fail(why);
+        }
+    }
+
+    fn serve(&mut self) -> Result<(), String> {
+        let mut request = vec![0u8; self.desc.request_bytes as usize];
+        let mut reply = vec![0u8; self.desc.reply_bytes as usize];
+        let mut posted: Vec<Option<Instant>> = vec![None; usize::from(self.desc.slots)];
+        let mut last_work = Instant::now();
+        let mut seq = 0u64;
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            let spinning = last_work.elapsed() < SPIN;
+            let wc = if spinning {
+                self.recv_cq.poll()
+            } else {
+                self.recv_cq.wait(NAP)
+            };
+            while let Some(sent) = self.send_cq.poll() {
+                if sent.status != WcStatus::Success {
+                    return Err(format!(
+                        "a reply WRITE failed: {} (is the controller still there?)",
+                        sent.status
+                    ));
+                }
+                if let Some(Some(at)) = posted.get_mut(sent.wr_id as usize).map(Option::take) {
+                    self.rtt
+                        .store(at.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
+            }
+            let Some(wc) = wc else {
+                if self.liveness.gone().is_some() {
+                    // The controller left; nothing more will come.
+                    return Ok(());
+                }
+                if spinning {
+                    std::thread::yield_now();
+                }
+                continue;
+            };
+            last_work = Instant::now();
+            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::RecvRdmaWithImm {
+                if self.shared.stop.load(Ordering::SeqCst) || wc.status == WcStatus::WrFlushErr {
+                    return Ok(());
+                }
+                return Err(format!(
+                    "a request arrived with status {} as {:?}",
+                    wc.status, wc.opcode
+                ));
+            }
+            let slot = (wc.imm.unwrap_or(0) & 0xffff) as u16;
+            if slot >= self.desc.slots {
+                return Err(format!(
+                    "a request in slot {slot}, beyond the channel's {}",
+                    self.desc.slots
+                ));
+            }
+            self.qp
+                .post_recv(RecvWr {
+                    wr_id: u64::from(slot),
+                    sges: Vec::new(),
+                })
+                .map_err(|e| format!("cannot post a receive: {e}"))?;
+            let len = wc.byte_len as usize;
+            let (kind, n) = if len > request.len() {
+                let message = format!(
+                    "a request of {len} bytes is longer than the slot's {}",
+                    request.len()
+                );
+                (ReplyKind::Failed, self.message(&mut reply, &message))
+            } else {
+                let at = u64::from(slot) * u64::from(self.desc.request_bytes);
+                self.region
+                    .read(at, &mut request[..len])
+                    .map_err(|e| e.to_string())?;
+                let function = &mut self.function;
+                match catch_unwind(AssertUnwindSafe(|| function(&request[..len], &mut reply))) {
+                    Ok(Ok(n)) if n <= reply.len() => (ReplyKind::Ok, n),
+                    Ok(Ok(n)) => {
+                        let message = format!(
+                            "the coprocessor function returned {n} bytes for a reply slot of {}",
+                            reply.len()
+                        );
+                        (ReplyKind::Failed, self.message(&mut reply, &message))
+                    }
+                    Ok(Err(message)) => (ReplyKind::Failed, self.message(&mut reply, &message)),
+                    Err(panic) => {
+                        let message = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic without a message".into());
+                        let message = format!("the coprocessor function panicked: {message}");
+                        (ReplyKind::Panicked, self.message(&mut reply, &message))
+                    }
+                }
+            };
+            let staging = u64::from(self.desc.slots) * u64::from(self.desc.request_bytes)
+                + u64::from(slot) * u64::from(self.desc.reply_bytes);
+            let mut sges = Vec::new();
+            if n > 0 {
+                self.region
+                    .write(staging, &reply[..n])
+                    .map_err(|e| e.to_string())?;
+                sges.push(
+                    self.region
+                        .local(staging, n as u32)
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            let remote = RemoteAddr {
+                va: self.peer.va + u64::from(slot) * u64::from(self.desc.reply_bytes),
+                rkey: self.peer.rkey,
+            };
+            posted[usize::from(slot)] = Some(Instant::now());
+            self.qp
+                .post_send(SendWr::new(
+                    u64::from(slot),
+                    SendOp::WriteWithImm(remote, imm(slot, kind)),
+                    Payload::Sges(sges),
+                ))
+                .map_err(|e| format!("cannot post a reply: {e}"))?;
+            let outcome = match kind {
+                ReplyKind::Ok => Ok(reply[..n].to_vec()),
+                _ => Err((kind, String::from_utf8_lossy(&reply[..n]).into_owned())),
+            };
+            let mut history = self
+                .shared
+                .history
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if history.len() == HISTORY {
+                history.pop_front();
+            }
+            history.push_back(Served {
+                request: RequestId(seq),
+                outcome,
+            });
+            drop(history);
+            seq += 1;
+            self.shared.served.fetch_add(1, Ordering::Relaxed);
+            if self.shared.waiters.load(Ordering::SeqCst) > 0 {
+                self.shared.changed.notify_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `message` (cut to the reply slot) into `reply`; returns its length.
+    fn message(&self, reply: &mut [u8], message: &str) -> usize {
+        let n = message.len().min(reply.len());
+        reply[..n].copy_from_slice(&message.as_bytes()[..n]);
+        n
+    }
+}

@@ -1,0 +1,342 @@
+//! The out-of-band side of a session: the TCP connection, its versioned hello, and the
+//! watchdog that keeps it alive with heartbeats once the channel is established.
+//!
+//! The hello is one line each way, `ferroce-session/1 role=<role> mtu=<bytes>`, before
+//! [`PeerInfo`](crate::exchange::PeerInfo)'s own versioned exchange. After
+//! `establish_channel` the connection carries only single bytes: `h` (heartbeat, every
+//! [`heartbeat`] interval) and `b` (bye, sent by `stop`). A peer is gone when it says bye,
+//! when its connection closes (its process ended) or when it stays silent longer than the
+//! peer timeout (its host or network went away).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{Role, SessionError};
+
+/// The version of the session's hello; a peer with another is refused by name.
+pub const SESSION_VERSION: u32 = 1;
+
+/// The longest hello line accepted.
+const MAX_LINE: usize = 256;
+
+const HEARTBEAT: u8 = b'h';
+const BYE: u8 = b'b';
+
+/// How often a side says it is alive, for a peer timeout of `peer_timeout`.
+pub(super) fn heartbeat(peer_timeout: Duration) -> Duration {
+    (peer_timeout / 4).clamp(Duration::from_millis(1), Duration::from_millis(100))
+}
+
+fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> SessionError {
+    move |source| SessionError::Io { what, source }
+}
+
+/// Opens the out-of-band connection: the controller dials `oob` (again and again until
+/// `timeout`, so the coprocessor may start later), the coprocessor listens on it and takes one
+/// peer.
+pub(super) fn open(
+    role: Role,
+    oob: SocketAddr,
+    timeout: Duration,
+) -> Result<TcpStream, SessionError> {
+    let deadline = Instant::now() + timeout;
+    let stream = match role {
+        Role::Controller => loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match TcpStream::connect_timeout(&oob, left.max(Duration::from_millis(1))) {
+                Ok(stream) => break stream,
+                Err(e)
+                    if Instant::now() < deadline
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
+                        ) =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut || Instant::now() >= deadline => {
+                    return Err(SessionError::Timeout {
+                        what: "connecting to the coprocessor",
+                        after: timeout,
+                    })
+                }
+                Err(source) => {
+                    return Err(SessionError::Io {
+                        what: "connecting to the coprocessor",
+                        source,
+                    })
+                }
+            }
+        },
+        Role::Coprocessor => {
+            let listener =
+                TcpListener::bind(oob).map_err(io_error("listening for the controller"))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(io_error("listening for the controller"))?;
+            loop {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        stream
+                            .set_nonblocking(false)
+                            .map_err(io_error("accepting the controller"))?;
+                        break stream;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if Instant::now() >= deadline {
+                            return Err(SessionError::Timeout {
+                                what: "waiting for the controller to connect",
+                                after: timeout,
+                            });
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(source) => {
+                        return Err(SessionError::Io {
+                            what: "accepting the controller",
+                            source,
+                        })
+                    }
+                }
+            }
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(io_error("configuring the out-of-band connection"))?;
+    Ok(stream)
+}
+
+/// Reads one `\n`-terminated line (without it).
+pub(super) fn read_line(
+    stream: &mut TcpStream,
+    what: &'static str,
+) -> Result<String, SessionError> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match stream.read(&mut byte) {
+            Ok(0) => {
+                return Err(SessionError::PeerGone {
+                    reason: format!("the peer closed the out-of-band connection during {what}"),
+                })
+            }
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => line.push(byte[0]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(SessionError::PeerGone {
+                    reason: format!("the peer said nothing during {what}"),
+                })
+            }
+            Err(source) => return Err(SessionError::Io { what, source }),
+        }
+        if line.len() > MAX_LINE {
+            return Err(SessionError::Protocol(format!(
+                "a line longer than {MAX_LINE} bytes during {what}"
+            )));
+        }
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+/// Writes one line.
+pub(super) fn write_line(
+    stream: &mut TcpStream,
+    line: &str,
+    what: &'static str,
+) -> Result<(), SessionError> {
+    let mut bytes = line.as_bytes().to_vec();
+    bytes.push(b'\n');
+    stream.write_all(&bytes).map_err(io_error(what))
+}
+
+/// The value of `key=` in a line of `key=value` words.
+pub(super) fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// Says hello and checks the peer's: the same version, the other role. Returns the peer's
+/// path MTU in bytes.
+pub(super) fn hello(stream: &mut TcpStream, role: Role, mtu: u32) -> Result<u32, SessionError> {
+    write_line(
+        stream,
+        &format!(
+            "ferroce-session/{SESSION_VERSION} role={} mtu={mtu}",
+            role.name()
+        ),
+        "the hello",
+    )?;
+    let line = read_line(stream, "the hello")?;
+    let bad = || SessionError::Protocol(format!("malformed hello {line:?}"));
+    let version = line
+        .split_whitespace()
+        .next()
+        .and_then(|w| w.strip_prefix("ferroce-session/"))
+        .and_then(|v| v.parse::<u32>().ok())
+        .ok_or_else(bad)?;
+    if version != SESSION_VERSION {
+        return Err(SessionError::Version {
+            ours: SESSION_VERSION,
+            theirs: version,
+        });
+    }
+    let theirs = match field(&line, "role") {
+        Some("controller") => Role::Controller,
+        Some("coprocessor") => Role::Coprocessor,
+        _ => return Err(bad()),
+    };
+    if theirs == role {
+        return Err(SessionError::RoleMismatch { role });
+    }
+    field(&line, "mtu")
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(bad)
+}
+
+/// Whether the peer is still there, as the watchdog sees it.
+#[derive(Debug, Default)]
+pub(super) struct Liveness {
+    gone: AtomicBool,
+    reason: Mutex<Option<String>>,
+    stop: AtomicBool,
+}
+
+impl Liveness {
+    /// Why the peer is gone, if it is (cheap when it is not).
+    pub(super) fn gone(&self) -> Option<String> {
+        if !self.gone.load(Ordering::Acquire) {
+            return None;
+        }
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn mark_gone(&self, reason: String) {
+        let mut slot = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(reason);
+        }
+        drop(slot);
+        self.gone.store(true, Ordering::Release);
+    }
+}
+
+/// The watchdog thread and what it watches.
+#[derive(Debug)]
+pub(super) struct Watchdog {
+    liveness: Arc<Liveness>,
+    stream: TcpStream,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts heartbeats on `stream` (whose hello and exchanges are over).
+    pub(super) fn start(stream: TcpStream, peer_timeout: Duration) -> Result<Self, SessionError> {
+        let liveness = Arc::new(Liveness::default());
+        let beat = heartbeat(peer_timeout);
+        let mut theirs = stream
+            .try_clone()
+            .map_err(io_error("starting the watchdog"))?;
+        theirs
+            .set_read_timeout(Some(beat))
+            .map_err(io_error("starting the watchdog"))?;
+        let watched = Arc::clone(&liveness);
+        let thread = std::thread::Builder::new()
+            .name("ferroce session watchdog".into())
+            .spawn(move || watch(&mut theirs, &watched, beat, peer_timeout))
+            .map_err(io_error("starting the watchdog"))?;
+        Ok(Self {
+            liveness,
+            stream,
+            thread: Some(thread),
+        })
+    }
+
+    /// What the watchdog knows.
+    pub(super) fn liveness(&self) -> &Arc<Liveness> {
+        &self.liveness
+    }
+
+    /// Says bye to the peer, stops the thread and closes the connection. Idempotent.
+    pub(super) fn stop(&mut self) {
+        self.liveness.stop.store(true, Ordering::SeqCst);
+        // Wakes the thread out of its read at once.
+        let _ = self.stream.shutdown(Shutdown::Read);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn watch(stream: &mut TcpStream, liveness: &Liveness, beat: Duration, peer_timeout: Duration) {
+    let mut last_heard = Instant::now();
+    let mut last_sent: Option<Instant> = None;
+    let mut buf = [0u8; 64];
+    loop {
+        if liveness.stop.load(Ordering::SeqCst) {
+            let _ = stream.write_all(&[BYE]);
+            return;
+        }
+        let now = Instant::now();
+        if last_sent.is_none_or(|t| now.duration_since(t) >= beat) {
+            if let Err(e) = stream.write_all(&[HEARTBEAT]) {
+                liveness.mark_gone(format!("the out-of-band connection failed ({e})"));
+                return;
+            }
+            last_sent = Some(now);
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => {
+                if !liveness.stop.load(Ordering::SeqCst) {
+                    liveness.mark_gone("the peer closed the out-of-band connection".into());
+                    return;
+                }
+            }
+            Ok(n) => {
+                last_heard = Instant::now();
+                if buf[..n].contains(&BYE) {
+                    liveness.mark_gone("the peer stopped".into());
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => {
+                if !liveness.stop.load(Ordering::SeqCst) {
+                    liveness.mark_gone(format!("the out-of-band connection failed ({e})"));
+                    return;
+                }
+            }
+        }
+        if last_heard.elapsed() > peer_timeout {
+            liveness.mark_gone(format!(
+                "the peer has been silent for more than {} ms",
+                peer_timeout.as_millis()
+            ));
+            return;
+        }
+    }
+}

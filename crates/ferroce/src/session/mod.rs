@@ -1,0 +1,1071 @@
+//! The request/reply session (seed 003, Catalyst's `TransportSession`): a controller offloads
+//! requests to a coprocessor and lives by the round-trip time.
+//!
+//! Both roles walk the seed's lifecycle, in this order:
+//!
+//! 1. `connect` — the out-of-band TCP connection (the controller dials, the coprocessor
+//!    listens), a versioned hello, the queue pairs' endpoints, and the queue pair to RTS;
+//! 2. `alloc_memory` — host memory, registered with the session's NIC;
+//! 3. `exchange_keys` — each side advertises its region and learns the peer's;
+//! 4. `establish_channel` — the slots, request and reply sizes (both sides must agree);
+//! 5. on the coprocessor, `set_coprocessor_fn`;
+//! 6. `start`, then `submit`/`collect` as often as needed, then `stop`.
+//!
+//! Requests and replies are RDMA WRITEs with immediate: the controller writes a request into a
+//! request slot of the coprocessor's region, the coprocessor's engine thread runs the function
+//! on it and writes the reply into the same-numbered reply slot of the controller's region;
+//! the immediate names the slot. Up to [`ChannelDesc::slots`] requests are in flight at once.
+//!
+//! A controller, with its coprocessor on another host (or thread):
+//!
+//! ```no_run
+//! use ferroce::session::{ChannelDesc, ConnectInfo, Controller, MemoryKind};
+//! # fn main() -> Result<(), ferroce::session::SessionError> {
+//! let info = ConnectInfo::new("10.0.0.1".parse().unwrap(), "10.0.0.2:19500".parse().unwrap());
+//! let desc = ChannelDesc::new(8, 4096, 4096);
+//! let s = Controller::new().connect(&info)?;
+//! let (s, mem) = s.alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)?;
+//! let (s, peer) = s.exchange_keys(&mem)?;
+//! let mut s = s.establish_channel(&desc, &mem, &peer)?.start()?;
+//! let id = s.submit(b"work")?;
+//! let mut reply = [0u8; 4096];
+//! let got = s.collect(&mut [&mut reply[..]])?;
+//! assert_eq!(got.request, id);
+//! println!("{} bytes back in {} ns", got.bytes, s.last_rtt_ns());
+//! s.stop();
+//! # Ok(()) }
+//! ```
+//!
+//! and its coprocessor:
+//!
+//! ```no_run
+//! use ferroce::session::{ChannelDesc, ConnectInfo, Coprocessor, MemoryKind};
+//! # fn main() -> Result<(), ferroce::session::SessionError> {
+//! let info = ConnectInfo::new("10.0.0.2".parse().unwrap(), "10.0.0.2:19500".parse().unwrap());
+//! let desc = ChannelDesc::new(8, 4096, 4096);
+//! let s = Coprocessor::new().connect(&info)?;
+//! let (s, mem) = s.alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)?;
+//! let (s, peer) = s.exchange_keys(&mem)?;
+//! let mut s = s
+//!     .establish_channel(&desc, &mem, &peer)?
+//!     .set_coprocessor_fn(|request: &[u8], reply: &mut [u8]| {
+//!         reply[..request.len()].copy_from_slice(request);
+//!         Ok(request.len())
+//!     })?
+//!     .start()?;
+//! // The engine serves on its own thread; `collect` here reports what it served, until
+//! // the controller stops.
+//! let mut seen = [0u8; 4096];
+//! while s.collect(&mut [&mut seen[..]]).is_ok() {}
+//! s.stop();
+//! # Ok(()) }
+//! ```
+//!
+//! The order is enforced twice. Rust callers use [`Controller`] and [`Coprocessor`], whose
+//! every step consumes the session and returns it in its next state, so a call out of order
+//! does not compile:
+//!
+//! ```compile_fail
+//! use ferroce::session::Controller;
+//! // `start` before `connect`: a `Controller<New>` has no `start`.
+//! let running = Controller::new().start();
+//! ```
+//!
+//! ```compile_fail
+//! use ferroce::session::{ChannelDesc, Coprocessor, ConnectInfo};
+//! # fn f(info: ConnectInfo) -> Result<(), ferroce::session::SessionError> {
+//! let c = Coprocessor::new().connect(&info)?;
+//! let (c, mem) = c.alloc_memory(4096, Default::default())?;
+//! let (c, peer) = c.exchange_keys(&mem)?;
+//! let c = c.establish_channel(&ChannelDesc::new(1, 64, 64), &mem, &peer)?;
+//! // `start` before `set_coprocessor_fn`: an established coprocessor has no `start`.
+//! let c = c.start()?;
+//! # Ok(()) }
+//! ```
+//!
+//! Dynamic callers (a trait object, a future C API) use [`AnySession`] through the [`Session`]
+//! trait: every call checks the order at run time and answers
+//! [`SessionError::OutOfOrder`], which names the step that is missing.
+//!
+//! A coprocessor function that returns an error or panics (the panic is caught) answers its
+//! request with an error reply: the controller's `collect` returns
+//! [`SessionError::CoprocessorFailed`] or [`SessionError::CoprocessorPanicked`], and the
+//! engine goes on serving. A peer that goes away — says bye, closes its connection, or falls
+//! silent for [`ConnectInfo::peer_timeout`] — turns waiting calls into
+//! [`SessionError::PeerGone`]; nothing waits forever.
+
+mod core;
+mod link;
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use ferroce_proto::qp::{ModifyError, Mtu, PostError, WcStatus};
+use ferroce_proto::wire::ROCE_PORT;
+
+use self::core::Core;
+pub use self::link::SESSION_VERSION;
+use crate::exchange::ExchangeError;
+use crate::{NicError, Region, RegionError};
+
+/// The most slots a channel may have.
+pub const MAX_SLOTS: u16 = 1024;
+
+/// The largest request or reply: 1 GiB.
+pub const MAX_MESSAGE: u32 = 1 << 30;
+
+/// The two roles of a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Submits requests and collects replies (seed 003's `ControllerSession`).
+    Controller,
+    /// Turns each request into a reply with its function (seed 003's `CoprocessorSession`).
+    Coprocessor,
+}
+
+impl Role {
+    /// `controller` or `coprocessor`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Controller => "controller",
+            Self::Coprocessor => "coprocessor",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A step of the lifecycle, as errors name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// `connect`.
+    Connect,
+    /// `alloc_memory`.
+    AllocMemory,
+    /// `exchange_keys`.
+    ExchangeKeys,
+    /// `establish_channel`.
+    EstablishChannel,
+    /// `set_coprocessor_fn`.
+    SetCoprocessorFn,
+    /// `start`.
+    Start,
+    /// `submit`.
+    Submit,
+    /// `collect`.
+    Collect,
+}
+
+impl Step {
+    /// The call's name.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::AllocMemory => "alloc_memory",
+            Self::ExchangeKeys => "exchange_keys",
+            Self::EstablishChannel => "establish_channel",
+            Self::SetCoprocessorFn => "set_coprocessor_fn",
+            Self::Start => "start",
+            Self::Submit => "submit",
+            Self::Collect => "collect",
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where the peer is and how long to wait for it (seed 003's `ConnectInfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectInfo {
+    /// This side's soft NIC: a local address and UDP port (4791 for RoCEv2).
+    pub nic: SocketAddr,
+    /// The out-of-band TCP address: the controller dials it, the coprocessor listens on it.
+    pub oob: SocketAddr,
+    /// How long `connect` and the other handshake steps wait for the peer (10 s). The
+    /// controller dials again and again within it, so the coprocessor may start later.
+    pub timeout: Duration,
+    /// How long the peer may stay silent once the channel is established before it counts as
+    /// gone (3 s); heartbeats go every quarter of it, at most every 100 ms.
+    pub peer_timeout: Duration,
+    /// The path MTU to ask for; the smaller of both sides' wins (1024, as rxe on a 1500-byte
+    /// link; 4096 on loopback or jumbo links).
+    pub mtu: Mtu,
+    /// ACK timeout exponent of the queue pair: 4.096 µs × 2^n (14: 67 ms).
+    pub ack_timeout: u8,
+    /// Retries after ACK timeouts before a request fails with
+    /// [`WcStatus::RetryExcErr`] (7).
+    pub retry_cnt: u8,
+}
+
+impl ConnectInfo {
+    /// A NIC on `ip` (UDP port 4791) and the out-of-band address `oob`, with the defaults.
+    #[must_use]
+    pub fn new(ip: IpAddr, oob: SocketAddr) -> Self {
+        Self {
+            nic: SocketAddr::new(ip, ROCE_PORT),
+            oob,
+            timeout: Duration::from_secs(10),
+            peer_timeout: Duration::from_secs(3),
+            mtu: Mtu::M1024,
+            ack_timeout: 14,
+            retry_cnt: 7,
+        }
+    }
+
+    /// The same with another handshake timeout.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The same with another peer timeout.
+    #[must_use]
+    pub fn with_peer_timeout(mut self, peer_timeout: Duration) -> Self {
+        self.peer_timeout = peer_timeout;
+        self
+    }
+
+    /// The same with another path MTU.
+    #[must_use]
+    pub fn with_mtu(mut self, mtu: Mtu) -> Self {
+        self.mtu = mtu;
+        self
+    }
+
+    /// The same with another UDP port for the NIC (tests run several NICs on one address).
+    #[must_use]
+    pub fn with_nic_port(mut self, port: u16) -> Self {
+        self.nic.set_port(port);
+        self
+    }
+}
+
+/// The kind of memory `alloc_memory` allocates (seed 003's `MemKind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MemoryKind {
+    /// Host memory, locked in RAM while registered.
+    #[default]
+    Host,
+    /// Memory of a CUDA device. This build has no `cuda` feature: `alloc_memory` answers
+    /// [`SessionError::Unsupported`].
+    Cuda {
+        /// The CUDA device ordinal.
+        device: u32,
+    },
+}
+
+/// A registered region of a session (seed 003's `MemRegion`), as `alloc_memory` returns it.
+/// Cheap to clone; the session keeps the region alive while its channel uses it.
+#[derive(Clone, Debug)]
+pub struct MemRegion {
+    region: std::sync::Arc<Region>,
+    session: u64,
+    kind: MemoryKind,
+}
+
+impl MemRegion {
+    /// Its length in bytes.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.region.len()
+    }
+
+    /// Always false: a region has at least one byte.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+
+    /// The memory kind it was allocated as.
+    #[must_use]
+    pub fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+
+    /// The address the peer uses for its first byte.
+    #[must_use]
+    pub fn va(&self) -> u64 {
+        self.region.va()
+    }
+
+    /// The key the peer uses.
+    #[must_use]
+    pub fn rkey(&self) -> u32 {
+        self.region.rkey()
+    }
+}
+
+/// The peer's region as `exchange_keys` learnt it (seed 003's `PeerRef`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerRef {
+    /// The address of its first byte.
+    pub va: u64,
+    /// Its remote key.
+    pub rkey: u32,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+/// What the channel carries (seed 003's `ChannelDesc`). Both sides must establish the same
+/// description.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChannelDesc {
+    /// Requests in flight at once, 1 to [`MAX_SLOTS`].
+    pub slots: u16,
+    /// The largest request, in bytes (1 to [`MAX_MESSAGE`]).
+    pub request_bytes: u32,
+    /// The largest reply, in bytes (1 to [`MAX_MESSAGE`]).
+    pub reply_bytes: u32,
+}
+
+impl ChannelDesc {
+    /// `slots` slots of `request_bytes`-byte requests and `reply_bytes`-byte replies.
+    #[must_use]
+    pub const fn new(slots: u16, request_bytes: u32, reply_bytes: u32) -> Self {
+        Self {
+            slots,
+            request_bytes,
+            reply_bytes,
+        }
+    }
+
+    /// The bytes each side's region needs: `slots × (request_bytes + reply_bytes)` (the slots
+    /// the peer writes into and the staging slots this side sends from).
+    #[must_use]
+    pub fn region_bytes(&self) -> u64 {
+        u64::from(self.slots) * (u64::from(self.request_bytes) + u64::from(self.reply_bytes))
+    }
+
+    /// The size of the slots the peer writes into, on `role`'s side.
+    fn inbound_bytes(&self, role: Role) -> u32 {
+        match role {
+            Role::Controller => self.reply_bytes,
+            Role::Coprocessor => self.request_bytes,
+        }
+    }
+
+    /// The size of the messages `role` sends.
+    fn outbound_bytes(&self, role: Role) -> u32 {
+        match role {
+            Role::Controller => self.request_bytes,
+            Role::Coprocessor => self.reply_bytes,
+        }
+    }
+
+    fn validate(&self) -> Result<(), SessionError> {
+        if self.slots == 0 || self.slots > MAX_SLOTS {
+            return Err(SessionError::InvalidArgument(format!(
+                "a channel has 1 to {MAX_SLOTS} slots, not {}",
+                self.slots
+            )));
+        }
+        for (what, bytes) in [("request", self.request_bytes), ("reply", self.reply_bytes)] {
+            if bytes == 0 || bytes > MAX_MESSAGE {
+                return Err(SessionError::InvalidArgument(format!(
+                    "the {what} size must be 1 to {MAX_MESSAGE} bytes, not {bytes}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn to_line(self) -> String {
+        format!(
+            "channel slots={} request={} reply={}",
+            self.slots, self.request_bytes, self.reply_bytes
+        )
+    }
+
+    fn parse_line(line: &str) -> Result<Self, SessionError> {
+        let bad = || SessionError::Protocol(format!("malformed channel description {line:?}"));
+        let number = |key| link::field(line, key).and_then(|v| v.parse::<u64>().ok());
+        let (Some(slots), Some(request), Some(reply)) =
+            (number("slots"), number("request"), number("reply"))
+        else {
+            return Err(bad());
+        };
+        Ok(Self {
+            slots: u16::try_from(slots).map_err(|_| bad())?,
+            request_bytes: u32::try_from(request).map_err(|_| bad())?,
+            reply_bytes: u32::try_from(reply).map_err(|_| bad())?,
+        })
+    }
+}
+
+impl fmt::Display for ChannelDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} slots of {}-byte requests and {}-byte replies",
+            self.slots, self.request_bytes, self.reply_bytes
+        )
+    }
+}
+
+/// A request's number, in the order the controller submitted them (on the coprocessor, in
+/// the order they arrived).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "request {}", self.0)
+    }
+}
+
+/// What `collect` delivered: which request, and how many bytes it wrote into the buffers (the
+/// seed's return value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Collected {
+    /// The request the reply answers.
+    pub request: RequestId,
+    /// The bytes written, from the first buffer on.
+    pub bytes: usize,
+}
+
+/// The coprocessor's function (seed 003's coprocessor function): gets a request and the
+/// reply slot (`reply_bytes` long; its content is unspecified), writes the reply at its start
+/// and returns its length. An `Err` (its message) or a panic becomes an error reply.
+pub type CoprocessorFn = dyn FnMut(&[u8], &mut [u8]) -> Result<usize, String> + Send + 'static;
+
+/// Why a session call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// A call came before a step it needs.
+    #[error("{call} needs {missing} first")]
+    OutOfOrder {
+        /// The call made.
+        call: Step,
+        /// The first step missing.
+        missing: Step,
+    },
+    /// A step that happens once was called again.
+    #[error("{call} was already done")]
+    AlreadyDone {
+        /// The call made.
+        call: Step,
+    },
+    /// A step that must come before another came after it.
+    #[error("{call} must come before {after}")]
+    TooLate {
+        /// The call made.
+        call: Step,
+        /// The step already taken.
+        after: Step,
+    },
+    /// The call belongs to the other role.
+    #[error("{call} is not a {role}'s call")]
+    WrongRole {
+        /// The call made.
+        call: Step,
+        /// This session's role.
+        role: Role,
+    },
+    /// The session was stopped.
+    #[error("{call} after stop: the session is stopped")]
+    Stopped {
+        /// The call made.
+        call: Step,
+    },
+    /// An argument is out of range.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The memory kind is not supported in this build.
+    #[error("not supported in this build: {0}")]
+    Unsupported(String),
+    /// The memory could not be allocated.
+    #[error("cannot allocate {size} bytes")]
+    Allocation {
+        /// The size asked for.
+        size: usize,
+    },
+    /// A region of another session.
+    #[error("the region belongs to another session")]
+    ForeignRegion,
+    /// A region too small for the channel.
+    #[error("{whose} region has {len} bytes; the channel needs {needed}")]
+    RegionTooSmall {
+        /// `local` or `the peer's`.
+        whose: &'static str,
+        /// Its length.
+        len: u64,
+        /// What the channel needs ([`ChannelDesc::region_bytes`]).
+        needed: u64,
+    },
+    /// The peer established another channel.
+    #[error("the peer established {theirs}; this side {ours}")]
+    ChannelMismatch {
+        /// Ours.
+        ours: ChannelDesc,
+        /// Theirs.
+        theirs: ChannelDesc,
+    },
+    /// The peer speaks another version of the session's hello.
+    #[error("the peer speaks ferroce session version {theirs}; this build speaks {ours}")]
+    Version {
+        /// Ours.
+        ours: u32,
+        /// Theirs.
+        theirs: u32,
+    },
+    /// Both sides have the same role.
+    #[error("both sides are a {role}: one must be the controller, the other the coprocessor")]
+    RoleMismatch {
+        /// The shared role.
+        role: Role,
+    },
+    /// The peer said something the session does not expect.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The request is longer than a request slot.
+    #[error("a request of {len} bytes does not fit the channel's {max}-byte slots")]
+    RequestTooLarge {
+        /// Its length.
+        len: usize,
+        /// The slot's size.
+        max: u32,
+    },
+    /// Every slot holds a request: collect one first.
+    #[error("all {slots} slots are in flight: collect a reply first")]
+    NoFreeSlot {
+        /// The channel's slots.
+        slots: u16,
+    },
+    /// `collect` with nothing to wait for.
+    #[error("no request is in flight: nothing to collect")]
+    NothingInFlight,
+    /// The reply does not fit the buffers; it stays for a later `collect` with more room.
+    #[error("the reply to {request} has {len} bytes; the buffers hold {capacity}")]
+    ReplyTooLarge {
+        /// The request it answers.
+        request: RequestId,
+        /// Its length.
+        len: usize,
+        /// The buffers' total length.
+        capacity: usize,
+    },
+    /// The coprocessor function returned an error.
+    #[error("the coprocessor failed on {request}: {message}")]
+    CoprocessorFailed {
+        /// The request.
+        request: RequestId,
+        /// Its message (cut to the reply slot).
+        message: String,
+    },
+    /// The coprocessor function panicked; the engine caught it and goes on.
+    #[error("the coprocessor panicked on {request}: {message}")]
+    CoprocessorPanicked {
+        /// The request.
+        request: RequestId,
+        /// The panic's message (cut to the reply slot).
+        message: String,
+    },
+    /// The peer is gone: it stopped, its connection closed, or it fell silent.
+    #[error("the peer is gone: {reason}")]
+    PeerGone {
+        /// How the session noticed.
+        reason: String,
+    },
+    /// Nothing came in time.
+    #[error("timed out after {} ms {what}", after.as_millis())]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        after: Duration,
+    },
+    /// A WRITE failed in the transport (the peer's NIC stopped answering, or refused it).
+    #[error("{}the transport failed: {status}", request.map(|r| format!("{r}: ")).unwrap_or_default())]
+    Transport {
+        /// The request, when the failure is a request's.
+        request: Option<RequestId>,
+        /// The completion's status.
+        status: WcStatus,
+    },
+    /// The coprocessor's engine stopped on an error.
+    #[error("the coprocessor's engine stopped: {0}")]
+    Engine(String),
+    /// The NIC could not be opened.
+    #[error(transparent)]
+    Nic(#[from] NicError),
+    /// The region could not be registered or used.
+    #[error(transparent)]
+    Region(#[from] RegionError),
+    /// The endpoint exchange failed.
+    #[error(transparent)]
+    Exchange(#[from] ExchangeError),
+    /// The queue pair could not be connected.
+    #[error("cannot connect the queue pair: {0}")]
+    Modify(#[from] ModifyError),
+    /// A work request could not be posted.
+    #[error("cannot post: {0}")]
+    Post(#[from] PostError),
+    /// The out-of-band connection failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The lifecycle as one object-safe trait, every call checked at run time: for trait objects
+/// and foreign callers. [`AnySession`] implements it.
+pub trait Session: Send {
+    /// This session's role.
+    fn role(&self) -> Role;
+
+    /// Seed 003's `connect`: opens the NIC on `info.nic`, the out-of-band connection, and
+    /// takes the queue pair to RTS.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::AlreadyDone`] the second time; [`SessionError::Nic`],
+    /// [`SessionError::Timeout`] (no peer), [`SessionError::Version`],
+    /// [`SessionError::RoleMismatch`] and the I/O errors otherwise.
+    fn connect(&mut self, info: &ConnectInfo) -> Result<(), SessionError>;
+
+    /// Seed 003's `alloc_memory`: `size` bytes of `kind`, registered.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::OutOfOrder`] before `connect`, [`SessionError::Unsupported`] for CUDA
+    /// memory, [`SessionError::Allocation`] and [`SessionError::Region`] (the memlock limit)
+    /// when the memory cannot be had.
+    fn alloc_memory(&mut self, size: usize, kind: MemoryKind) -> Result<MemRegion, SessionError>;
+
+    /// Seed 003's `exchange_keys`: advertises `local`, returns the peer's region.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::OutOfOrder`] before `connect`, [`SessionError::ForeignRegion`],
+    /// [`SessionError::TooLate`] after `establish_channel`, and the exchange's errors.
+    fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError>;
+
+    /// Seed 003's `establish_channel`: posts the receives, agrees on `desc` with the peer and
+    /// starts the heartbeats.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::OutOfOrder`] before `exchange_keys`, [`SessionError::InvalidArgument`]
+    /// for a bad description, [`SessionError::RegionTooSmall`],
+    /// [`SessionError::ChannelMismatch`].
+    fn establish_channel(
+        &mut self,
+        desc: &ChannelDesc,
+        local: &MemRegion,
+        peer: &PeerRef,
+    ) -> Result<(), SessionError>;
+
+    /// Seed 003's `set_coprocessor_fn`, before `start`.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::WrongRole`] on a controller, [`SessionError::OutOfOrder`] before
+    /// `establish_channel`, [`SessionError::TooLate`] after `start`.
+    fn set_coprocessor_fn(&mut self, function: Box<CoprocessorFn>) -> Result<(), SessionError>;
+
+    /// Seed 003's `start`: returns at once; the coprocessor's engine serves until `stop`.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::OutOfOrder`] naming the first missing step, [`SessionError::AlreadyDone`].
+    fn start(&mut self) -> Result<(), SessionError>;
+
+    /// Submits a request (controller only): copies it into a free slot and WRITEs it to the
+    /// coprocessor; returns its number.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::OutOfOrder`] before `start`, [`SessionError::WrongRole`],
+    /// [`SessionError::RequestTooLarge`], [`SessionError::NoFreeSlot`],
+    /// [`SessionError::PeerGone`], [`SessionError::Transport`].
+    fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError>;
+
+    /// Seed 003's `collect`: waits for a result and scatters it over `replies`, in order;
+    /// returns the bytes written. On the controller, the oldest reply that has arrived; on
+    /// the coprocessor, the next request served, with the reply it sent (the last 64 are
+    /// kept).
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::ReplyTooLarge`] when the buffers are too small (the reply stays);
+    /// [`SessionError::CoprocessorFailed`] and [`SessionError::CoprocessorPanicked`] for an
+    /// error reply; [`SessionError::NothingInFlight`] on a controller with no request out;
+    /// [`SessionError::PeerGone`]; [`SessionError::OutOfOrder`] before `start`.
+    fn collect(&mut self, replies: &mut [&mut [u8]]) -> Result<Collected, SessionError>;
+
+    /// Seed 003's `stop`: stops the engine, says bye to the peer and joins. Idempotent.
+    fn stop(&mut self);
+
+    /// Seed 003's `last_rtt_ns`: on the controller, from posting the last collected request
+    /// to its reply's arrival; on the coprocessor, from posting the last reply to its
+    /// acknowledgement. 0 before the first.
+    fn last_rtt_ns(&self) -> u64;
+}
+
+/// A session of either role for dynamic use: every call of [`Session`] checks the order at
+/// run time.
+#[derive(Debug)]
+pub struct AnySession {
+    core: Core,
+}
+
+impl AnySession {
+    /// A controller that has taken no step.
+    #[must_use]
+    pub fn controller() -> Self {
+        Self {
+            core: Core::new(Role::Controller),
+        }
+    }
+
+    /// A coprocessor that has taken no step.
+    #[must_use]
+    pub fn coprocessor() -> Self {
+        Self {
+            core: Core::new(Role::Coprocessor),
+        }
+    }
+
+    /// Like `collect`, giving up after `timeout` with [`SessionError::Timeout`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Session::collect`], and the timeout.
+    pub fn collect_timeout(
+        &mut self,
+        replies: &mut [&mut [u8]],
+        timeout: Duration,
+    ) -> Result<Collected, SessionError> {
+        self.core.collect(replies, Some(timeout))
+    }
+}
+
+impl Session for AnySession {
+    fn role(&self) -> Role {
+        self.core.role()
+    }
+
+    fn connect(&mut self, info: &ConnectInfo) -> Result<(), SessionError> {
+        self.core.connect(info)
+    }
+
+    fn alloc_memory(&mut self, size: usize, kind: MemoryKind) -> Result<MemRegion, SessionError> {
+        self.core.alloc_memory(size, kind)
+    }
+
+    fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError> {
+        self.core.exchange_keys(local)
+    }
+
+    fn establish_channel(
+        &mut self,
+        desc: &ChannelDesc,
+        local: &MemRegion,
+        peer: &PeerRef,
+    ) -> Result<(), SessionError> {
+        self.core.establish_channel(desc, local, peer)
+    }
+
+    fn set_coprocessor_fn(&mut self, function: Box<CoprocessorFn>) -> Result<(), SessionError> {
+        self.core.set_coprocessor_fn(function)
+    }
+
+    fn start(&mut self) -> Result<(), SessionError> {
+        self.core.start()
+    }
+
+    fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError> {
+        self.core.submit(request)
+    }
+
+    fn collect(&mut self, replies: &mut [&mut [u8]]) -> Result<Collected, SessionError> {
+        self.core.collect(replies, None)
+    }
+
+    fn stop(&mut self) {
+        self.core.stop();
+    }
+
+    fn last_rtt_ns(&self) -> u64 {
+        self.core.last_rtt_ns()
+    }
+}
+
+/// The typestates of [`Controller`] and [`Coprocessor`]: each step consumes the session in
+/// one state and returns it in the next.
+pub mod state {
+    /// No step taken.
+    #[derive(Debug)]
+    pub struct New;
+    /// `connect` done.
+    #[derive(Debug)]
+    pub struct Connected;
+    /// `alloc_memory` done.
+    #[derive(Debug)]
+    pub struct Allocated;
+    /// `exchange_keys` done.
+    #[derive(Debug)]
+    pub struct Keyed;
+    /// `establish_channel` done.
+    #[derive(Debug)]
+    pub struct Established;
+    /// The coprocessor's function is set.
+    #[derive(Debug)]
+    pub struct Ready;
+    /// `start` done: the session runs until `stop`.
+    #[derive(Debug)]
+    pub struct Running;
+}
+
+use state::{Allocated, Connected, Established, Keyed, New, Ready, Running};
+
+macro_rules! common_steps {
+    ($ty:ident) => {
+        impl $ty<New> {
+            /// Seed 003's `connect`: opens the NIC on `info.nic`, the out-of-band connection,
+            /// and takes the queue pair to RTS.
+            ///
+            /// # Errors
+            ///
+            /// [`SessionError::Nic`], [`SessionError::Timeout`] (no peer),
+            /// [`SessionError::Version`], [`SessionError::RoleMismatch`] and the I/O errors.
+            pub fn connect(mut self, info: &ConnectInfo) -> Result<$ty<Connected>, SessionError> {
+                self.core.connect(info)?;
+                Ok(self.next())
+            }
+        }
+
+        impl $ty<Connected> {
+            /// Seed 003's `alloc_memory`: `size` bytes of `kind`, registered.
+            ///
+            /// # Errors
+            ///
+            /// [`SessionError::Unsupported`] for CUDA memory, [`SessionError::Allocation`] and
+            /// [`SessionError::Region`] (the memlock limit) when the memory cannot be had.
+            pub fn alloc_memory(
+                mut self,
+                size: usize,
+                kind: MemoryKind,
+            ) -> Result<($ty<Allocated>, MemRegion), SessionError> {
+                let region = self.core.alloc_memory(size, kind)?;
+                Ok((self.next(), region))
+            }
+        }
+
+        impl $ty<Allocated> {
+            /// Seed 003's `exchange_keys`: advertises `local`, returns the peer's region.
+            ///
+            /// # Errors
+            ///
+            /// [`SessionError::ForeignRegion`] and the exchange's errors.
+            pub fn exchange_keys(
+                mut self,
+                local: &MemRegion,
+            ) -> Result<($ty<Keyed>, PeerRef), SessionError> {
+                let peer = self.core.exchange_keys(local)?;
+                Ok((self.next(), peer))
+            }
+        }
+
+        impl $ty<Keyed> {
+            /// Seed 003's `establish_channel`: posts the receives, agrees on `desc` with the
+            /// peer and starts the heartbeats.
+            ///
+            /// # Errors
+            ///
+            /// [`SessionError::InvalidArgument`] for a bad description,
+            /// [`SessionError::RegionTooSmall`], [`SessionError::ChannelMismatch`].
+            pub fn establish_channel(
+                mut self,
+                desc: &ChannelDesc,
+                local: &MemRegion,
+                peer: &PeerRef,
+            ) -> Result<$ty<Established>, SessionError> {
+                self.core.establish_channel(desc, local, peer)?;
+                Ok(self.next())
+            }
+        }
+
+        impl<S> $ty<S> {
+            fn next<T>(self) -> $ty<T> {
+                $ty {
+                    core: self.core,
+                    state: std::marker::PhantomData,
+                }
+            }
+
+            /// Seed 003's `last_rtt_ns` (see [`Session::last_rtt_ns`]).
+            #[must_use]
+            pub fn last_rtt_ns(&self) -> u64 {
+                self.core.last_rtt_ns()
+            }
+
+            /// Why the peer is gone, once the watchdog has noticed.
+            #[must_use]
+            pub fn peer_gone(&self) -> Option<String> {
+                self.core.peer_gone()
+            }
+        }
+
+        impl $ty<Running> {
+            /// Seed 003's `collect`: waits for a result and scatters it over `replies`;
+            /// returns which request and the bytes written (see [`Session::collect`]).
+            ///
+            /// # Errors
+            ///
+            /// [`SessionError::ReplyTooLarge`] (the reply stays for a later call),
+            /// [`SessionError::CoprocessorFailed`], [`SessionError::CoprocessorPanicked`],
+            /// [`SessionError::NothingInFlight`], [`SessionError::PeerGone`].
+            pub fn collect(
+                &mut self,
+                replies: &mut [&mut [u8]],
+            ) -> Result<Collected, SessionError> {
+                self.core.collect(replies, None)
+            }
+
+            /// `collect`, giving up after `timeout` with [`SessionError::Timeout`].
+            ///
+            /// # Errors
+            ///
+            /// Those of `collect`, and the timeout.
+            pub fn collect_timeout(
+                &mut self,
+                replies: &mut [&mut [u8]],
+                timeout: Duration,
+            ) -> Result<Collected, SessionError> {
+                self.core.collect(replies, Some(timeout))
+            }
+
+            /// Seed 003's `stop`: stops the engine, says bye to the peer and joins.
+            /// Idempotent; dropping the session stops it too.
+            pub fn stop(&mut self) {
+                self.core.stop();
+            }
+        }
+
+        impl Default for $ty<New> {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+    };
+}
+
+/// The controller (seed 003's `ControllerSession`), in typestate `S`.
+#[derive(Debug)]
+pub struct Controller<S = New> {
+    core: Core,
+    state: std::marker::PhantomData<S>,
+}
+
+/// The coprocessor (seed 003's `CoprocessorSession`), in typestate `S`.
+#[derive(Debug)]
+pub struct Coprocessor<S = New> {
+    core: Core,
+    state: std::marker::PhantomData<S>,
+}
+
+common_steps!(Controller);
+common_steps!(Coprocessor);
+
+impl Controller<New> {
+    /// A controller that has taken no step.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            core: Core::new(Role::Controller),
+            state: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Controller<Established> {
+    /// Seed 003's `start`: returns at once. The controller's engine is the NIC's progress
+    /// thread and the caller's own polling in `collect`.
+    ///
+    /// # Errors
+    ///
+    /// None in practice; the `Result` keeps the seed's shape.
+    pub fn start(mut self) -> Result<Controller<Running>, SessionError> {
+        self.core.start()?;
+        Ok(self.next())
+    }
+}
+
+impl Controller<Running> {
+    /// Submits a request: copies it into a free slot and WRITEs it (with immediate) to the
+    /// coprocessor's slot; returns its number. Up to [`ChannelDesc::slots`] may be in flight.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::RequestTooLarge`], [`SessionError::NoFreeSlot`],
+    /// [`SessionError::PeerGone`], [`SessionError::Transport`] (an earlier request failed).
+    pub fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError> {
+        self.core.submit(request)
+    }
+}
+
+impl Coprocessor<New> {
+    /// A coprocessor that has taken no step.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            core: Core::new(Role::Coprocessor),
+            state: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Coprocessor<Established> {
+    /// Seed 003's `set_coprocessor_fn`: the function that turns each request into a reply.
+    ///
+    /// # Errors
+    ///
+    /// None in practice; the `Result` keeps the seed's shape.
+    pub fn set_coprocessor_fn<F>(mut self, function: F) -> Result<Coprocessor<Ready>, SessionError>
+    where
+        F: FnMut(&[u8], &mut [u8]) -> Result<usize, String> + Send + 'static,
+    {
+        self.core.set_coprocessor_fn(Box::new(function))?;
+        Ok(self.next())
+    }
+}
+
+impl Coprocessor<Ready> {
+    /// Seed 003's `start`: starts the engine thread, which serves requests until `stop`.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::Io`] when the thread cannot be started.
+    pub fn start(mut self) -> Result<Coprocessor<Running>, SessionError> {
+        self.core.start()?;
+        Ok(self.next())
+    }
+}
+
+impl Coprocessor<Running> {
+    /// How many requests the engine has served.
+    #[must_use]
+    pub fn served(&self) -> u64 {
+        self.core.served()
+    }
+}

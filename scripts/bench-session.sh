@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Measures the request/reply session (seed 003) beside a UDP and a TCP ping-pong, in one run
+# on this machine, and prints the table BENCHMARKS.md keeps: `ferroce perf session-lat`
+# (controller against an echoing coprocessor) against sockperf ping-pong over UDP and over TCP,
+# at 64 B and 4 KiB. Every figure is half a round trip, as perftest and sockperf report it.
+# Everything runs on loopback, server 127.0.0.62, client 127.0.0.63.
+# Needs: sockperf (apt-get install sockperf).
+# Usage: scripts/bench-session.sh [iterations] [seconds-per-sockperf-run] [mtu]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+iters=${1:-20000}
+secs=${2:-5}
+mtu=${3:-1024}
+cargo build --release -q -p ferroce-cli
+ferroce=./target/release/ferroce
+command -v sockperf >/dev/null || { echo "bench: sockperf is missing (apt-get install sockperf)" >&2; exit 1; }
+
+# One session-lat run: server in the background, client in front; prints the client's table.
+session() {
+    local size=$1
+    $ferroce perf session-lat --local 127.0.0.62 -p 19539 -s "$size" -m "$mtu" > /dev/null 2>&1 &
+    local server=$!
+    $ferroce perf session-lat --local 127.0.0.63 -p 19539 -s "$size" -n "$iters" -m "$mtu" 127.0.0.62
+    wait $server
+}
+# One sockperf ping-pong: prints "median p99 p99.9" (half round trips, µs).
+sockperf_pp() {
+    local size=$1; shift
+    sockperf server -i 127.0.0.62 -p 11119 "$@" > /dev/null 2>&1 &
+    local server=$!
+    sleep 0.5
+    local out
+    out=$(sockperf ping-pong -i 127.0.0.62 -p 11119 -m "$size" -t "$secs" "$@" 2>&1)
+    kill $server 2>/dev/null || true
+    wait $server 2>/dev/null || true
+    echo "$out" | awk '/percentile 50.000/ {m=$NF} /percentile 99.000/ {p=$NF} /percentile 99.900/ {q=$NF} END {print m, p, q}'
+}
+
+declare -A ses udp tcp rtt
+for size in 64 4096; do
+    out=$(session $size)
+    echo "$out" | tail -4
+    # t_typical, 99%, 99.9% columns of the result line.
+    ses[$size]=$(echo "$out" | awk -v s=$size '$1 == s { print $5, $8, $9; exit }')
+    rtt[$size]=$(echo "$out" | awk '/last_rtt_ns/ {print $3, $NF}')
+    udp[$size]=$(sockperf_pp $size)
+    tcp[$size]=$(sockperf_pp $size --tcp)
+    echo "size $size: session ${ses[$size]} | UDP ${udp[$size]} | TCP ${tcp[$size]} | last_rtt_ns ${rtt[$size]}"
+done
+
+echo
+echo "| size | measure (µs, half round trip) | session | UDP ping-pong | TCP ping-pong | session / UDP |"
+echo "|---:|---|---:|---:|---:|---:|"
+for size in 64 4096; do
+    read -r s50 s99 s999 <<< "${ses[$size]}"
+    read -r u50 u99 u999 <<< "${udp[$size]}"
+    read -r t50 t99 t999 <<< "${tcp[$size]}"
+    for row in "median $s50 $u50 $t50" "p99 $s99 $u99 $t99" "p99.9 $s999 $u999 $t999"; do
+        read -r name s u t <<< "$row"
+        echo "| $size B | $name | $s | $u | $t | $(python3 -c "print('%.2f' % ($s / $u))") |"
+    done
+done
