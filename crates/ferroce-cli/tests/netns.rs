@@ -242,3 +242,64 @@ fn a_stream_recovers_when_its_address_comes_back() {
     assert!(summary["restarts"].as_u64().unwrap() >= 1, "{summary}");
     assert_eq!(summary["content_errors"], 0, "{summary}");
 }
+
+/// Every verb across the link, both directions, with loss, duplication and reordering
+/// injected on both sides: `ferroce perf`'s bandwidth tests with `--check`, so every byte that
+/// arrived is verified (WRITE, READ, SEND, and fetch-and-add's results).
+#[test]
+fn every_verb_both_ways_across_namespaces_under_faults() {
+    if !can_run() {
+        return;
+    }
+    let link = Link::new("vb");
+    let sides = [
+        (&link.a, "10.199.7.1", &link.b, "10.199.7.2"),
+        (&link.b, "10.199.7.2", &link.a, "10.199.7.1"),
+    ];
+    for (server_ns, server_ip, client_ns, client_ip) in sides {
+        for (test, size) in [
+            ("write-bw", "65536"),
+            ("read-bw", "65536"),
+            ("send-bw", "4096"),
+            ("atomic-bw", "8"),
+        ] {
+            let common = |local: &str| {
+                vec![
+                    "perf".to_owned(),
+                    test.to_owned(),
+                    "--local".to_owned(),
+                    local.to_owned(),
+                    "-s".to_owned(),
+                    size.to_owned(),
+                    "-n".to_owned(),
+                    "100".to_owned(),
+                    "--check".to_owned(),
+                    "--fault".to_owned(),
+                    "loss=0.02,dup=0.01,reorder=0.02,delay=20,seed=5".to_owned(),
+                ]
+            };
+            let args = common(server_ip);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let server = link.ferroce(server_ns, &args).spawn().unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            let mut args = common(client_ip);
+            args.push(server_ip.to_owned());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let client = link.ferroce(client_ns, &args).output().unwrap();
+            let server = server.wait_with_output().unwrap();
+            for (who, out) in [("client", &client), ("server", &server)] {
+                assert!(
+                    out.status.success(),
+                    "{test} {who} in {server_ns}->{client_ns}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            assert!(
+                String::from_utf8_lossy(&client.stdout).contains(&format!(" {size} ")),
+                "{test}: {}",
+                String::from_utf8_lossy(&client.stdout)
+            );
+        }
+    }
+}

@@ -200,6 +200,15 @@ enum InMsg {
     },
 }
 
+/// What started a retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RetryCause {
+    /// The retransmission timer.
+    Timeout,
+    /// A sequence NAK, an implied NAK or a gap in READ responses.
+    Signal,
+}
+
 /// One inbound RDMA WRITE packet, as a [`WriteFilter`] sees it: it has passed every check of
 /// the protocol (ICRC, QP, source, PSN, key, range and rights) and is about to be written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -350,6 +359,8 @@ struct Qp {
     retries_left: u8,
     rnr_left: u8,
     retransmit_at: Option<Instant>,
+    /// Where the last retry went back to: further signals of the same loss are ignored.
+    retrying_from: Option<Psn>,
     rnr_wait_until: Option<Instant>,
 
     // Responder.
@@ -388,6 +399,7 @@ impl Qp {
             retries_left: 0,
             rnr_left: 0,
             retransmit_at: None,
+            retrying_from: None,
             rnr_wait_until: None,
             rq: VecDeque::new(),
             epsn: Psn::default(),
@@ -714,7 +726,18 @@ impl Qp {
     }
 
     /// A retry after a timeout, a sequence NAK or an implied NAK: counts it, or gives up.
-    fn retry(&mut self, ctx: &mut Ctx, from: Psn) {
+    ///
+    /// Only the first signal of a loss starts a retry: the responses already in flight
+    /// behind a gap (a long READ's, or later requests' ACKs implying the loss again) each
+    /// signal it anew, and retrying on every one would spend all of `retry_cnt` on one lost
+    /// packet (rxe's completer ignores them the same way until the retry makes progress).
+    /// A timeout always retries.
+    fn retry(&mut self, ctx: &mut Ctx, from: Psn, cause: RetryCause) {
+        if cause == RetryCause::Signal && self.retrying_from == Some(from) {
+            ctx.counters.stale_response += 1;
+            return;
+        }
+        self.retrying_from = Some(from);
         if self.retries_left == 0 {
             ctx.counters.retry_exceeded_err += 1;
             self.fail_front(ctx, WcStatus::RetryExcErr);
@@ -745,7 +768,7 @@ impl Qp {
                 if progressed {
                     self.comp_psn = front.first_psn;
                 }
-                self.retry(ctx, self.comp_psn);
+                self.retry(ctx, self.comp_psn, RetryCause::Signal);
                 return;
             }
             if psn.precedes(front.last_psn()) {
@@ -827,7 +850,7 @@ impl Qp {
                         self.ack_before(ctx, psn);
                         ctx.counters.rcvd_seq_err += 1;
                         if self.state == QpState::Rts || self.state == QpState::Sqd {
-                            self.retry(ctx, psn);
+                            self.retry(ctx, psn, RetryCause::Signal);
                         }
                     }
                     Syndrome::Nak(code) => {
@@ -886,7 +909,7 @@ impl Qp {
                     // An earlier response was lost: go back for it.
                     if self.comp_psn.precedes(psn) {
                         let from = self.comp_psn;
-                        self.retry(ctx, from);
+                        self.retry(ctx, from, RetryCause::Signal);
                     } else {
                         ctx.counters.stale_response += 1;
                     }
@@ -2047,7 +2070,7 @@ impl Engine {
                 qp.retransmit_at = None;
                 if qp.state == QpState::Rts && qp.comp_psn != qp.req_psn {
                     let from = qp.comp_psn;
-                    qp.retry(&mut self.ctx, from);
+                    qp.retry(&mut self.ctx, from, RetryCause::Timeout);
                 }
             }
         }
