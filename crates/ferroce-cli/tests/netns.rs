@@ -171,13 +171,22 @@ fn a_stream_recovers_when_its_address_comes_back() {
         return;
     }
     let link = Link::new("st");
-    let mut device = link
-        .ferroce(
+    // The device streams until killed: kill it (by PID) however the test ends.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _device = Kill(
+        link.ferroce(
             &link.b,
             &["stream", "send", "--local", "10.199.7.2", "--fps", "50"],
         )
         .spawn()
-        .unwrap();
+        .unwrap(),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let mut recv = link
         .ferroce(
@@ -230,8 +239,6 @@ fn a_stream_recovers_when_its_address_comes_back() {
         .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
         .collect();
     let status = recv.wait().unwrap();
-    let _ = device.kill();
-    let _ = device.wait();
     let mut stderr = String::new();
     std::io::Read::read_to_string(recv.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "{stderr}");
