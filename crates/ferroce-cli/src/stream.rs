@@ -116,8 +116,8 @@ pub(crate) struct SendArgs {
     /// Fold the frame's tail and metadata into one packet, as the bridge's emulator does.
     #[arg(long)]
     fold: bool,
-    /// Stream at once to this receiver (ADDR[:PORT]) instead of waiting to be programmed;
-    /// needs `--qp`, `--rkey`, `--address` and `--frame-size`.
+    /// Stream at once to this receiver (`ADDR` or `ADDR:PORT`) instead of waiting to be
+    /// programmed; needs `--qp`, `--rkey`, `--address` and `--frame-size`.
     #[arg(long, requires_all = ["qp", "rkey", "address", "frame_size"])]
     to: Option<String>,
     /// The receiver's queue pair (with `--to`).
