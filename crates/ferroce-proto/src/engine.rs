@@ -15,7 +15,10 @@
 //! duplicate READ and atomic requests replayed from a responder resource ring, and a fatal
 //! error moving the QP to ERR and flushing everything outstanding. Where rxe departs from the
 //! specification, the engine follows the specification: `retry_cnt` 7 means seven retries
-//! (rxe retries forever); `rnr_retry` 7 does mean forever, in both.
+//! (rxe retries forever); `rnr_retry` 7 does mean forever, in both. One addition: after two
+//! retransmission timeouts in a row the requester probes with its oldest packets instead of
+//! resending the whole window, until an ACK makes progress (a slow peer is not buried in
+//! duplicates).
 //!
 //! Safety against peers: every remote request is checked against the [`MemoryTable`] (key,
 //! protection domain, rights, bounds) before [`Memory`] is called, so a peer can only touch
@@ -42,6 +45,9 @@ use crate::Psn;
 /// The most packets a requester sends beyond the oldest unacknowledged one (rxe's
 /// `RXE_MAX_UNACKED_PSNS`).
 pub const MAX_UNACKED_PSNS: u32 = 128;
+/// After two retransmission timeouts in a row, the requester resends at most this many PSNs,
+/// each asking for an ACK, until an ACK makes progress.
+pub const PROBE_PSNS: u32 = 4;
 /// A requester asks for an ACK at least every this many packets of a long message (rxe's
 /// `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
@@ -353,12 +359,23 @@ struct Qp {
     req_pkt: u32,
     /// The next PSN to send.
     req_psn: Psn,
+    /// One past the newest PSN ever sent: `req_psn` before any rewind. An ACK up to here
+    /// counts even when a go-back-N or a probe has moved `req_psn` back.
+    sent_psn: Psn,
     since_ack_req: u32,
     /// The oldest PSN not yet acknowledged or answered.
     comp_psn: Psn,
     retries_left: u8,
     rnr_left: u8,
     retransmit_at: Option<Instant>,
+    /// A retransmission timeout fired and no ACK has made progress since.
+    timed_out: bool,
+    /// A second timeout in a row: the peer is slow (an emulated rxe can take longer than the
+    /// ACK timeout to work through a 128-packet window) or gone. Until an ACK makes progress
+    /// the requester resends only the oldest [`PROBE_PSNS`] packets, each asking for an ACK,
+    /// instead of the whole window again: go-back-N bursts of duplicates only bury a slow
+    /// responder deeper (it answers each with an ACK), until `retry_cnt` runs out.
+    probing: bool,
     /// Where the last retry went back to: further signals of the same loss are ignored.
     retrying_from: Option<Psn>,
     rnr_wait_until: Option<Instant>,
@@ -394,11 +411,14 @@ impl Qp {
             req_index: 0,
             req_pkt: 0,
             req_psn: Psn::default(),
+            sent_psn: Psn::default(),
             since_ack_req: 0,
             comp_psn: Psn::default(),
             retries_left: 0,
             rnr_left: 0,
             retransmit_at: None,
+            timed_out: false,
+            probing: false,
             retrying_from: None,
             rnr_wait_until: None,
             rq: VecDeque::new(),
@@ -557,7 +577,12 @@ impl Qp {
             return None;
         }
         if self.is_rc() {
-            if self.comp_psn.steps_to(self.req_psn) >= MAX_UNACKED_PSNS {
+            let window = if self.probing {
+                PROBE_PSNS
+            } else {
+                MAX_UNACKED_PSNS
+            };
+            if self.comp_psn.steps_to(self.req_psn) >= window {
                 return None;
             }
             if self.req_pkt == 0 {
@@ -653,7 +678,7 @@ impl Qp {
                 bth.opcode = Opcode::from_parts(transport, operation)?;
                 bth.solicited = last && wqe.solicited && (!is_write || imm.is_some());
                 if transport == Transport::Rc {
-                    bth.ack_req = last || self.since_ack_req + 1 >= MAX_PKT_PER_ACK;
+                    bth.ack_req = last || self.probing || self.since_ack_req + 1 >= MAX_PKT_PER_ACK;
                 }
                 let mut repr = PacketRepr::new(bth);
                 if first {
@@ -690,6 +715,9 @@ impl Qp {
             self.since_ack_req += 1;
         }
         self.req_psn = psn.add(consumed);
+        if self.sent_psn.precedes(self.req_psn) {
+            self.sent_psn = self.req_psn;
+        }
         self.req_pkt = k + consumed;
         if self.req_pkt >= self.sq[index].npkts {
             self.req_pkt = 0;
@@ -789,9 +817,17 @@ impl Qp {
             progressed = true;
         }
         if progressed {
-            self.retries_left = self.retry_cnt;
-            self.rnr_left = self.rnr_retry;
+            self.made_progress();
         }
+    }
+
+    /// The peer acknowledged or answered something new: the retry counts start over and the
+    /// requester leaves probing.
+    fn made_progress(&mut self) {
+        self.retries_left = self.retry_cnt;
+        self.rnr_left = self.rnr_retry;
+        self.timed_out = false;
+        self.probing = false;
     }
 
     fn ack_before(&mut self, ctx: &mut Ctx, psn: Psn) {
@@ -818,8 +854,15 @@ impl Qp {
         mem: &mut dyn Memory,
     ) {
         let psn = packet.psn();
-        // Only PSNs that were sent and not yet completed mean anything.
-        let sent = psn.precedes(self.req_psn) && !psn.precedes(self.comp_psn);
+        // Only PSNs that were sent and not yet completed mean anything. A cumulative ACK counts
+        // up to the newest PSN ever sent; a READ response or atomic ACK beyond a rewind belongs
+        // to the abandoned burst (the rewind asks for it again).
+        let limit = if packet.opcode().operation() == Operation::Acknowledge {
+            self.sent_psn
+        } else {
+            self.req_psn
+        };
+        let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
         if !sent || self.sq.is_empty() {
             ctx.counters.stale_response += 1;
             return;
@@ -885,8 +928,7 @@ impl Qp {
                 let wqe = self.sq.pop_front().expect("front exists");
                 self.req_index = self.req_index.saturating_sub(1);
                 self.comp_psn = psn.next();
-                self.retries_left = self.retry_cnt;
-                self.rnr_left = self.rnr_retry;
+                self.made_progress();
                 self.complete_send(ctx, &wqe, WcStatus::Success);
             }
             op @ (Operation::RdmaReadResponseFirst
@@ -938,8 +980,7 @@ impl Qp {
                 }
                 scatter(front.segs(), offset, payload, mem);
                 self.comp_psn = psn.next();
-                self.retries_left = self.retry_cnt;
-                self.rnr_left = self.rnr_retry;
+                self.made_progress();
                 if ends {
                     let wqe = self.sq.pop_front().expect("front exists");
                     self.req_index = self.req_index.saturating_sub(1);
@@ -947,6 +988,10 @@ impl Qp {
                 }
             }
             _ => ctx.counters.opcode_err += 1,
+        }
+        if self.req_psn.precedes(self.comp_psn) {
+            // Acknowledged past what a rewind left to resend: carry on from there.
+            self.rewind(self.comp_psn);
         }
         self.rearm(now);
     }
@@ -1770,6 +1815,7 @@ impl Engine {
         }
         if let Some(psn) = attr.sq_psn {
             qp.req_psn = psn;
+            qp.sent_psn = psn;
             qp.comp_psn = psn;
         }
         if let Some(n) = attr.max_dest_rd_atomic {
@@ -2070,6 +2116,8 @@ impl Engine {
                 qp.retransmit_at = None;
                 if qp.state == QpState::Rts && qp.comp_psn != qp.req_psn {
                     let from = qp.comp_psn;
+                    qp.probing = qp.timed_out;
+                    qp.timed_out = true;
                     qp.retry(&mut self.ctx, from, RetryCause::Timeout);
                 }
             }

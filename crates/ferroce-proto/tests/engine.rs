@@ -447,11 +447,57 @@ fn retry_exhaustion_against_a_silent_peer_flushes_the_rest() {
     );
     let c = f.nodes[0].engine.counters();
     assert_eq!((c.completer_retry_err, c.retry_exceeded_err), (3, 1));
-    // retry_cnt 3 means 3 retries after the first attempt of all three SENDs.
+    // retry_cnt 3 means 3 retries after the first attempt of all three SENDs (the probes
+    // after timeouts in a row are up to four packets: all three again).
     assert_eq!(c.sent_pkts, 4 * 3);
     // 4 timeouts of 4.096 µs × 2^8 each.
     assert!(f.elapsed() >= Duration::from_nanos(4 * 4096 * 256));
     assert_eq!(f.nodes[0].engine.qp_state(qa), Some(QpState::Err));
+}
+
+/// A responder too slow to answer within the ACK timeout (an emulated rxe behind a 128-packet
+/// burst): the first timeout resends the window, a second one in a row resends only the
+/// oldest four packets, each asking for an ACK, and the ACK they draw (for PSNs sent before the
+/// rewind) completes the request.
+#[test]
+fn timeouts_in_a_row_probe_with_a_few_packets_until_an_ack() {
+    let mut f = Fabric::new(2, 19);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let len = 16 * 1024;
+    let src = f.region(0, len, Access::LOCAL, 0);
+    let dst = f.region(1, len, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(len, 3));
+    let sent = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let log = sent.clone();
+    f.filter = Some(Box::new(move |from, p| {
+        if from == 0 {
+            log.borrow_mut().push((p.psn(), p.ack_req()));
+            return false;
+        }
+        // Every answer is lost until the requester has sent two full windows (16 packets each).
+        log.borrow().len() <= 32
+    }));
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, len as u32)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert!(f.bytes(1, &dst) == &pattern(len, 3)[..], "bytes differ");
+    let sent = sent.borrow();
+    // 16 packets, 16 again after the first timeout, then a probe of four for the second.
+    assert_eq!(sent.len(), 36, "{sent:?}");
+    for (i, probe) in sent[32..].iter().enumerate() {
+        assert_eq!(
+            *probe,
+            (sent[i].0, true),
+            "probes: the oldest PSNs, asking for ACKs"
+        );
+    }
+    assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 2);
 }
 
 #[test]
