@@ -20,3 +20,5 @@ echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"
+interop/run.sh

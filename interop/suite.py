@@ -1,0 +1,593 @@
+#!/usr/bin/env python3
+"""ferroce against Linux kernel Soft-RoCE (rdma_rxe), rdma-core and perftest in QEMU guests.
+
+    suite.py test  [--only REGEX] [--list]     interop: guest tools <-> ferroce on the host
+    suite.py bench [--only REGEX] [--reps N]   side by side: rxe <-> rxe and ferroce <-> ferroce
+                                               between two guests; prints the BENCHMARKS table
+
+Python 3 standard library only; the lab itself is interop/lab.py. Needs root, QEMU and the
+ferroce release binary (FERROCE_BIN, default target/release/ferroce). interop/run.sh is the
+entry CI uses. Everything a run leaves (logs, captures, results.json) is under
+/var/tmp/ferroce-interop/last.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab as labmod  # noqa: E402
+from lab import HOST_ADDR, GUEST_ADDRS, Lab, LabError, log  # noqa: E402
+
+PORT = 18515
+GUEST_BIN = "/ferroce/ferroce"
+MIB = 1 << 20
+
+# perftest tool, ferroce perf subcommand, kind
+PERF_TESTS = [
+    ("ib_write_bw", "write-bw", "bw"),
+    ("ib_read_bw", "read-bw", "bw"),
+    ("ib_send_bw", "send-bw", "bw"),
+    ("ib_atomic_bw", "atomic-bw", "bw"),
+    ("ib_write_lat", "write-lat", "lat"),
+    ("ib_read_lat", "read-lat", "lat"),
+    ("ib_send_lat", "send-lat", "lat"),
+]
+
+
+def env_int(name, default):
+    return int(os.environ.get(name, default))
+
+
+# Iteration counts, small under TCG (the suite's time budget); FERROCE_INTEROP_SCALE multiplies.
+SCALE = float(os.environ.get("FERROCE_INTEROP_SCALE", "1"))
+
+
+def iters(n):
+    return max(5, int(n * SCALE))
+
+
+class Endpoint:
+    """One side of a run: where it runs (host or a guest) and what (rxe's tools or ferroce)."""
+
+    def __init__(self, lab, where, impl):
+        self.lab, self.where, self.impl = lab, where, impl
+        self.addr = HOST_ADDR if where == "host" else GUEST_ADDRS[where]
+        if where == "host":
+            assert impl == "ferroce", "the host kernel has no rxe"
+            self.bin = os.path.join(lab.export, "ferroce")
+        else:
+            self.bin = GUEST_BIN
+
+    def label(self):
+        return f"{self.impl}@{self.where}"
+
+    def pingpong(self, size, mtu, n, server=None):
+        if self.impl == "rxe":
+            cmd = f"ibv_rc_pingpong -d rxe0 -g 1 -s {size} -m {mtu} -n {n} -c"
+        else:
+            cmd = f"{self.bin} pingpong --local {self.addr} -g 1 -s {size} -m {mtu} -n {n} -c"
+        return cmd + (f" {server}" if server else "")
+
+    def perf(self, tool, sub, flags, server=None):
+        if self.impl == "rxe":
+            cmd = f"{tool} -d rxe0 -x 1 -F {flags}"
+        else:
+            cmd = f"{self.bin} perf {sub} --local {self.addr} -x 1 -F {flags}"
+        return cmd + (f" {server}" if server else "")
+
+
+class Running:
+    """A command started on the host (in the namespace) or in a guest."""
+
+    def __init__(self, lab, where, cmd, limit, logpath):
+        self.lab, self.where, self.cmd, self.limit = lab, where, cmd, limit
+        self.logpath = logpath
+        self.rc, self.out = None, ""
+        if where == "host":
+            self.proc = lab.spawn(["timeout", "-s", "KILL", str(int(limit)), "sh", "-c", cmd],
+                                  f"host: {cmd}", log=logpath)
+            self.job = None
+        else:
+            self.proc = None
+            self.job = lab.guest(where).start(cmd, limit, cmd)
+
+    def wait(self, timeout):
+        if self.proc is not None:
+            try:
+                self.rc = self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.lab.stop(self.proc)
+                self.rc = None
+            with open(self.logpath, errors="replace") as f:
+                self.out = f.read()
+            self.lab.procs = [(q, w) for q, w in self.lab.procs if q is not self.proc]
+        else:
+            self.rc = self.job.wait(timeout)
+            self.out = self.job.out if self.rc is not None else self.job.output()
+            with open(self.logpath, "w") as f:
+                f.write(self.out)
+        return self.rc
+
+    def kill(self):
+        if self.proc is not None:
+            self.lab.stop(self.proc)
+        elif self.job is not None:
+            self.job.kill()
+
+    def wait_listen(self, port, timeout):
+        if self.where == "host":
+            return self.lab.wait_host_listen(port, timeout, self.proc)
+        rc, _ = self.lab.guest(self.where).sh(f"wait-listen {port} {int(timeout * 10)}", limit=timeout + 5,
+                                               check=False)
+        return rc == 0
+
+
+def parse_metrics(kind, out):
+    """Figures from ibv_rc_pingpong's / perftest's output (ferroce prints the same)."""
+    m = {}
+    if kind == "pingpong":
+        r = re.search(r"(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec", out)
+        if r:
+            m["mbit_s"] = float(r.group(3))
+        r = re.search(r"(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter", out)
+        if r:
+            m["usec_iter"] = float(r.group(3))
+    elif kind == "bw":
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) == 5 and f[0].isdigit() and f[1].isdigit():
+                m.update(bytes=int(f[0]), iters=int(f[1]), bw_peak=float(f[2]), bw_avg=float(f[3]),
+                         mpps=float(f[4]))
+    elif kind == "lat":
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) >= 7 and f[0].isdigit() and f[1].isdigit():
+                try:
+                    m.update(bytes=int(f[0]), iters=int(f[1]), t_min=float(f[2]), t_max=float(f[3]),
+                             t_typical=float(f[4]), t_avg=float(f[5]))
+                except ValueError:
+                    pass
+    return m
+
+
+def check_capture(lab, pcap, expect_loss):
+    """Every packet decodes with ferroce decode, every ICRC ok, tshark finds nothing malformed.
+    Returns (problems, facts)."""
+    problems, facts = [], {}
+    binary = os.path.join(lab.export, "ferroce")
+    p = subprocess.run([binary, "decode", "--json", pcap], text=True, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=120)
+    summary = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    if p.returncode != 0:
+        problems.append(f"ferroce decode exit {p.returncode}: {summary}")
+    packets = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    bad = [x for x in packets if x.get("icrc") != "ok" or "error" in x]
+    if bad:
+        problems.append(f"{len(bad)} packets with a bad ICRC or a parse error, first: {bad[0]}")
+    if not packets:
+        problems.append("no RoCE packet in the capture")
+    seen, retrans, naks = set(), 0, 0
+    for x in packets:
+        key = (x.get("src"), x.get("dest_qp"), x.get("psn"), x.get("opcode"))
+        if key in seen:
+            retrans += 1
+        seen.add(key)
+        syn = (x.get("aeth") or {}).get("syndrome")
+        if syn is not None and (syn & 0x60) in (0x20, 0x60):
+            naks += 1
+    facts.update(packets=len(packets), resent=retrans, naks=naks)
+    t = subprocess.run(["nice", "-n", str(labmod.NICE), "tshark", "-n", "-r", pcap, "-d", "udp.port==4791,infiniband",
+                        # RPC-over-RDMA's heuristic claims SEND payloads and calls them malformed
+                        "--disable-protocol", "rpcordma",
+                        "-Y", "_ws.malformed || _ws.expert.severity == error", "-T", "fields",
+                        "-e", "frame.number", "-e", "frame.protocols"],
+                       text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    if t.returncode != 0:
+        problems.append(f"tshark exit {t.returncode}: {t.stderr.strip()[:300]}")
+    else:
+        real, payload = [], []
+        for line in t.stdout.splitlines():
+            number, _, protos = line.partition("\t")
+            layers = protos.split(":")
+            # Wireshark's InfiniBand dissector hands a payload whose first two bytes look like an
+            # EtherType to that protocol's dissector (perftest's buffers turn up as CRTP, …);
+            # that layer's complaint is about application bytes, not the RoCE packet.
+            if "infiniband" in layers and layers[-1] != "infiniband":
+                payload.append(number)
+            else:
+                real.append(number)
+        if real:
+            problems.append(f"tshark: {len(real)} malformed or erroneous frames: {' '.join(real[:10])}")
+        facts["payload_heuristics"] = len(payload)
+    if expect_loss and retrans == 0 and naks == 0:
+        problems.append("loss run without a single retransmission or NAK in the capture")
+    return problems, facts
+
+
+def run_pair(lab, name, kind, server, client, server_cmd, client_cmd, limit, outdir,
+             loss=0, capture=True):
+    """Runs a server and a client, each with its own time limit, and checks both, and the
+    capture. Returns a result dict."""
+    t0 = time.time()
+    res = {"name": name, "kind": kind, "server": server.label(), "client": client.label(),
+           "server_cmd": server_cmd, "client_cmd": client_cmd, "loss": loss, "ok": False}
+    problems = []
+    pcap = os.path.join(outdir, name + ".pcap")
+    dump = None
+    srv = cli = None
+    try:
+        if capture:
+            dump = lab.spawn(["tcpdump", "-i", labmod.BRIDGE, "-n", "-s", "0", "-U", "--immediate-mode", "-w", pcap,
+                              "udp port 4791 or tcp port %d" % PORT],
+                             f"tcpdump {name}", log=os.path.join(outdir, name + ".tcpdump.log"))
+            deadline = time.time() + 15
+            while time.time() < deadline:
+                with open(os.path.join(outdir, name + ".tcpdump.log"), errors="replace") as f:
+                    if "listening on" in f.read():
+                        break
+                if dump.poll() is not None:
+                    raise LabError("tcpdump exited")
+                time.sleep(0.05)
+            else:
+                raise LabError("tcpdump did not start")
+        if loss:
+            # bandwidth tests close with a TCP handshake after the last completion: every RoCE
+            # packet may go; the others lose no bare ACK (see Lab.set_loss)
+            lab.set_loss(loss, acks=(kind == "bw"))
+        srv = Running(lab, server.where, server_cmd, limit, os.path.join(outdir, name + ".server.log"))
+        if not srv.wait_listen(PORT, 30):
+            srv.wait(5)
+            raise LabError(f"the server never listened on TCP {PORT}:\n{srv.out.strip()[-800:]}")
+        cli = Running(lab, client.where, client_cmd, limit, os.path.join(outdir, name + ".client.log"))
+        crc = cli.wait(limit + 10)
+        src = srv.wait(15 if crc is not None else 5)
+        if loss:
+            res["dropped"] = sum(lab.loss_counters())
+            lab.clear_loss()
+        if crc is None:
+            problems.append(f"client timed out after {limit} s")
+        elif crc != 0:
+            problems.append(f"client exit {crc}")
+        if src is None:
+            problems.append("server did not finish (killed)")
+        elif src != 0:
+            problems.append(f"server exit {src}")
+        res["metrics"] = parse_metrics(kind, cli.out)
+        res["server_metrics"] = parse_metrics(kind, srv.out)
+        if not res["metrics"] and crc == 0:
+            problems.append("no result line in the client's output")
+        if kind == "pingpong" and crc == 0 and src == 0 and not res["server_metrics"]:
+            problems.append("no result line in the server's output")
+        if loss and not res.get("dropped"):
+            problems.append("the loss rules dropped nothing")
+    except LabError as e:
+        problems.append(str(e))
+    finally:
+        for r in (cli, srv):
+            if r is not None and r.rc is None:
+                r.kill()
+        lab.clear_loss()
+        if dump is not None:
+            time.sleep(0.2)
+            lab.stop(dump)
+    if capture and os.path.exists(pcap):
+        p2, facts = check_capture(lab, pcap, loss > 0)
+        res["capture"] = facts
+        problems += p2
+    elif capture:
+        problems.append("no capture file")
+    res["seconds"] = round(time.time() - t0, 1)
+    res["problems"] = problems
+    res["ok"] = not problems
+    status = "PASS" if res["ok"] else "FAIL"
+    fig = fmt_metrics(kind, res.get("metrics", {}))
+    cap = res.get("capture", {})
+    extra = f" pkts={cap.get('packets')} resent={cap.get('resent')} naks={cap.get('naks')}" if cap else ""
+    if loss:
+        extra += f" dropped={res.get('dropped', 0)}"
+    log(f"{status} {name} ({res['seconds']} s) {fig}{extra}")
+    for pr in problems:
+        for line in pr.splitlines()[:12]:
+            log(f"     {line}")
+    if not res["ok"]:
+        res["diagnostics"] = diagnostics(lab, outdir, name)
+        for tag, r in (("server", srv), ("client", cli)):
+            if r is not None:
+                tail = "\n".join(r.out.strip().splitlines()[-6:])
+                log(f"     {tag} `{r.cmd}` said:\n{tail}")
+    return res
+
+
+def diagnostics(lab, outdir, name):
+    """After a failure: rxe's counters and the links' drop counters, into NAME.diag."""
+    parts = []
+    for g in lab.guests.values():
+        rc, out = g.sh("rdma statistic show link rxe0/1; ip -s link show eth0; "
+                       "cat /proc/net/softnet_stat; nstat -az 2>/dev/null | grep -i -E 'udp|drop' ",
+                       limit=20, check=False)
+        parts.append(f"== {g.name}\n{out}")
+    p = lab.nsexec(["sh", "-c", "ip -s link; nft list ruleset"], check=False)
+    parts.append(f"== host namespace\n{p.stdout}")
+    text = "\n".join(parts)
+    with open(os.path.join(outdir, name + ".diag"), "w") as f:
+        f.write(text)
+    return os.path.join(outdir, name + ".diag")
+
+
+def fmt_metrics(kind, m):
+    if kind == "pingpong" and m:
+        return f"{m.get('mbit_s', 0):.2f} Mbit/s {m.get('usec_iter', 0):.1f} us/iter"
+    if kind == "bw" and m:
+        return f"{m['bw_avg']:.2f} MB/s {m['mpps']:.6f} Mpps"
+    if kind == "lat" and m:
+        return f"typical {m['t_typical']:.2f} us avg {m['t_avg']:.2f} us"
+    return "(no figures)"
+
+
+# ---------------------------------------------------------------------------------------------
+# The interop tests
+
+
+def pingpong_iters(size):
+    return {1: iters(100), 4096: iters(50)}.get(size, iters(3))
+
+
+def perf_flags(kind, sub):
+    if sub.startswith("atomic"):
+        return f"-n {iters(200)}"
+    if kind == "bw":
+        return f"-s 65536 -n {iters(40)}"
+    return f"-n {iters(200)}"
+
+
+def interop_plan(lab):
+    """(name, kind, server, client, server_cmd, client_cmd, limit, loss, mtu)."""
+    host = Endpoint(lab, "host", "ferroce")
+    vm = Endpoint(lab, "vm1", "rxe")
+    plan = []
+    for mtu in (1024, 4096):
+        for size in (1, 4096, MIB):
+            n = pingpong_iters(size)
+            limit = 60 if size == MIB else 40
+            for server, client in ((vm, host), (host, vm)):
+                role = "ferroce-client" if client is host else "ferroce-server"
+                name = f"pingpong-{size}B-mtu{mtu}-{role}"
+                plan.append((name, "pingpong", server, client, server.pingpong(size, mtu, n),
+                             client.pingpong(size, mtu, n, server.addr), limit, 0, mtu))
+    for i, (tool, sub, kind) in enumerate(PERF_TESTS):
+        flags = perf_flags(kind, sub)
+        for server, client in ((vm, host), (host, vm)):
+            role = "ferroce-client" if client is host else "ferroce-server"
+            plan.append((f"{tool}-{role}", kind, server, client, server.perf(tool, sub, flags),
+                         client.perf(tool, sub, flags, server.addr), 60, 0, 1024))
+    # one run of each under loss, both directions for the ping-pong, alternating for perftest
+    loss = env_int("FERROCE_INTEROP_LOSS", 3)
+    for server, client in ((vm, host), (host, vm)):
+        role = "ferroce-client" if client is host else "ferroce-server"
+        n = iters(60)
+        plan.append((f"loss-pingpong-4096B-{role}", "pingpong", server, client,
+                     server.pingpong(4096, 1024, n), client.pingpong(4096, 1024, n, server.addr), 90, loss,
+                     1024))
+    for i, (tool, sub, kind) in enumerate(PERF_TESTS):
+        server, client = ((vm, host), (host, vm))[i % 2]
+        role = "ferroce-client" if client is host else "ferroce-server"
+        flags = perf_flags(kind, sub)
+        plan.append((f"loss-{tool}-{role}", kind, server, client, server.perf(tool, sub, flags),
+                     client.perf(tool, sub, flags, server.addr), 90, loss, 1024))
+    return plan
+
+
+def cmd_test(args):
+    binary = ferroce_binary()
+    t0 = time.time()
+    results = []
+    with Lab(guests=("vm1",), binary=binary) as lab:
+        outdir = os.path.join(lab.rundir, "runs")
+        os.makedirs(outdir)
+        plan = [p for p in interop_plan(lab) if re.search(args.only or "", p[0])]
+        if args.list:
+            for p in plan:
+                print(p[0])
+            return 0
+        mtu_now = None
+        for (name, kind, server, client, scmd, ccmd, limit, loss, mtu) in plan:
+            want = 1500 if mtu == 1024 else 9000
+            if want != mtu_now:
+                lab.set_mtu(want)
+                mtu_now = want
+            results.append(run_pair(lab, name, kind, server, client, scmd, ccmd, limit, outdir,
+                                    loss=loss))
+        write_results(lab.rundir, results, t0, lab.accel, "test")
+    return summarize(results, t0)
+
+
+def write_results(rundir, results, t0, accel, mode):
+    """results.json in the run's folder, and a copy in CACHE/results/ that the next run keeps."""
+    doc = {"mode": mode, "seconds": round(time.time() - t0, 1), "accel": accel,
+           "when": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results}
+    with open(os.path.join(rundir, "results.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    keep = os.path.join(labmod.CACHE, "results")
+    os.makedirs(keep, exist_ok=True)
+    with open(os.path.join(keep, f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def summarize(results, t0):
+    failed = [r for r in results if not r["ok"]]
+    log(f"{len(results) - len(failed)} of {len(results)} passed in {time.time() - t0:.0f} s; "
+        f"logs and captures in {labmod.CACHE}/last/runs")
+    for r in failed:
+        log(f"FAILED {r['name']}: {r['problems'][0].splitlines()[0] if r['problems'] else ''}")
+    return 1 if failed else 0
+
+
+def ferroce_binary():
+    b = os.environ.get("FERROCE_BIN", os.path.join(labmod.REPO, "target", "release", "ferroce"))
+    if not os.path.exists(b):
+        raise LabError(f"no ferroce binary at {b}: cargo build --release -p ferroce-cli")
+    return b
+
+
+# ---------------------------------------------------------------------------------------------
+# Side by side: rxe <-> rxe and ferroce <-> ferroce between the same two guests
+
+
+def bench_plan(lab, impl):
+    s = Endpoint(lab, "vm1", impl)
+    c = Endpoint(lab, "vm2", impl)
+    plan = []
+    for mtu in (1024, 4096):
+        for size, n in ((1, iters(1000)), (4096, iters(500)), (MIB, iters(20))):
+            plan.append((f"pingpong-{size}B-mtu{mtu}", "pingpong", s, c, s.pingpong(size, mtu, n),
+                         c.pingpong(size, mtu, n, s.addr), 300, 0, mtu))
+    for mtu in (1024, 4096):
+        for tool, sub, kind in PERF_TESTS:
+            if mtu == 4096 and kind != "bw":
+                continue
+            if sub.startswith("atomic"):
+                flags = f"-n {iters(2000)}"
+            elif kind == "bw":
+                flags = f"-s 65536 -n {iters(400)}"
+            else:
+                flags = f"-n {iters(1000)}"
+            if impl == "ferroce" and mtu == 4096:
+                flags += " -m 4096"
+            plan.append((f"{tool}-mtu{mtu}", kind, s, c, s.perf(tool, sub, flags),
+                         c.perf(tool, sub, flags, s.addr), 300, 0, mtu))
+    return plan
+
+
+def cmd_bench(args):
+    """Each test runs rxe <-> rxe and ferroce <-> ferroce back to back (rxe unloaded for
+    ferroce, which needs UDP port 4791), the order alternating between repetitions, so that a
+    change in the host's load hits both alike."""
+    binary = ferroce_binary()
+    t0 = time.time()
+    results = {"rxe": [], "ferroce": []}
+    with Lab(guests=("vm1", "vm2"), binary=binary) as lab:
+        outdir = os.path.join(lab.rundir, "runs")
+        os.makedirs(outdir)
+        state = {"rxe": True, "mtu": 1500}
+
+        def prepare(impl, mtu):
+            want = 1500 if mtu == 1024 else 9000
+            if (impl == "rxe") != state["rxe"]:
+                for g in lab.guests.values():
+                    g.sh("rxe-up" if impl == "rxe" else "rxe-down")
+                state["rxe"] = impl == "rxe"
+                state["mtu"] = None
+            if state["mtu"] != want:
+                set_mtu_plain(lab, want, impl)
+                state["mtu"] = want
+
+        plans = {impl: [p for p in bench_plan(lab, impl) if re.search(args.only or "", p[0])]
+                 for impl in ("rxe", "ferroce")}
+        for rep in range(args.reps):
+            order = ("rxe", "ferroce") if rep % 2 == 0 else ("ferroce", "rxe")
+            for i in range(len(plans["rxe"])):
+                for impl in order:
+                    (name, kind, server, client, scmd, ccmd, limit, loss, mtu) = plans[impl][i]
+                    prepare(impl, mtu)
+                    r = run_pair(lab, f"bench-{impl}-{name}-r{rep}", kind, server, client, scmd, ccmd,
+                                 limit, outdir, capture=args.capture)
+                    r["test"], r["impl"], r["mtu"], r["rep"] = name, impl, mtu, rep
+                    results[impl].append(r)
+        write_results(lab.rundir, results["rxe"] + results["ferroce"], t0, lab.accel, "bench")
+        table = bench_table(results, args)
+        for path in (os.path.join(lab.rundir, "bench.md"),
+                     os.path.join(labmod.CACHE, "results", f"bench-{time.strftime('%Y%m%d-%H%M%S')}.md")):
+            with open(path, "w") as f:
+                f.write(table)
+        print(table)
+    failed = [r for rs in results.values() for r in rs if not r["ok"]]
+    log(f"bench: {args.reps} repetitions in {time.time() - t0:.0f} s, {len(failed)} failed runs")
+    return 1 if failed else 0
+
+
+def set_mtu_plain(lab, mtu, impl):
+    if impl == "rxe":
+        lab.set_mtu(mtu)
+    else:
+        for g in lab.guests.values():
+            g.sh(f"ip link set eth0 mtu {mtu}")
+
+
+def bench_table(results, args):
+    """Median over the repetitions; ratio ferroce / rxe."""
+    def med(impl, test, key):
+        vals = [r["metrics"].get(key) for r in results[impl] if r["test"] == test and r["ok"]
+                and r["metrics"].get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    rows = []
+    tests = []
+    for r in results["rxe"] + results["ferroce"]:
+        if (r["test"], r["kind"]) not in tests:
+            tests.append((r["test"], r["kind"]))
+    lines = ["| test | measure | rxe ↔ rxe | ferroce ↔ ferroce | ferroce / rxe | goal |",
+             "|---|---|---:|---:|---:|---|"]
+    reps = max([r.get("rep", 0) for rs in results.values() for r in rs] + [0]) + 1
+    for test, kind in tests:
+        if kind == "pingpong":
+            measures = [("usec_iter", "µs/iter", "≤ 1", lambda x: x <= 1)]
+            if not test.startswith("pingpong-1B"):
+                measures.insert(0, ("mbit_s", "Mbit/s", "≥ 2", lambda x: x >= 2))
+        elif kind == "bw" and test.startswith("ib_atomic"):
+            measures = [("mpps", "Mpps", "≥ 2", lambda x: x >= 2)]
+        elif kind == "bw":
+            measures = [("bw_avg", "MB/s", "≥ 2", lambda x: x >= 2)]
+        else:
+            measures = [("t_typical", "typical µs", "≤ 1", lambda x: x <= 1),
+                        ("t_avg", "average µs", "≤ 1", lambda x: x <= 1)]
+        for key, unit, goal, ok in measures:
+            a, b = med("rxe", test, key), med("ferroce", test, key)
+            ratio = (b / a) if a and b else None
+            verdict = ("met" if ok(ratio) else "missed") if ratio is not None else "—"
+            lines.append(f"| {test} | {unit} | {fmt(a)} | {fmt(b)} | {fmt(ratio, 2)} | {goal}: {verdict} |")
+            rows.append((test, key, a, b, ratio))
+    lines.append("")
+    lines.append(f"Medians of {reps} repetition(s); ratio = ferroce / rxe.")
+    return "\n".join(lines) + "\n"
+
+
+def fmt(x, digits=None):
+    if x is None:
+        return "—"
+    if digits is not None:
+        return f"{x:.{digits}f}"
+    if x < 0.1:
+        return f"{x:.6f}"
+    return f"{x:.2f}" if x < 1000 else f"{x:.0f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("test")
+    t.add_argument("--only", help="run only the tests whose name matches this regex")
+    t.add_argument("--list", action="store_true")
+    b = sub.add_parser("bench")
+    b.add_argument("--only")
+    b.add_argument("--reps", type=int, default=1)
+    b.add_argument("--capture", action="store_true", help="capture and check every run (slower)")
+    args = ap.parse_args()
+    try:
+        return cmd_test(args) if args.cmd == "test" else cmd_bench(args)
+    except LabError as e:
+        print(f"interop: FAILED: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(f"interop: interrupted ({e}); everything torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
