@@ -122,7 +122,9 @@ impl Nic {
             .local_addr()
             .map_err(|source| NicError::Socket { addr, source })?;
         let options = match addr {
-            SocketAddr::V4(_) => sys::set_dont_fragment(&socket),
+            SocketAddr::V4(_) => {
+                sys::set_dont_fragment(&socket).and_then(|()| sys::send_zero_checksum4(&socket))
+            }
             SocketAddr::V6(_) => {
                 sys::accept_zero_checksum6(&socket).and_then(|()| sys::send_zero_checksum6(&socket))
             }

@@ -217,7 +217,9 @@ impl Sender {
         let socket = UdpSocket::bind(local).map_err(io)?;
         let local = socket.local_addr().map_err(io)?;
         match local {
-            SocketAddr::V4(_) => sys::set_dont_fragment(&socket),
+            SocketAddr::V4(_) => {
+                sys::set_dont_fragment(&socket).and_then(|()| sys::send_zero_checksum4(&socket))
+            }
             SocketAddr::V6(_) => sys::send_zero_checksum6(&socket),
         }
         .map_err(io)?;

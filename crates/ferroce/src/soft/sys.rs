@@ -82,6 +82,12 @@ pub(crate) fn set_dont_fragment(socket: &UdpSocket) -> io::Result<()> {
     )
 }
 
+/// IPv4: send with a zero UDP checksum (`SO_NO_CHECK`), as rxe and RoCE NICs do: the ICRC
+/// already covers the payload, and the kernel's checksum is another pass over every byte.
+pub(crate) fn send_zero_checksum4(socket: &UdpSocket) -> io::Result<()> {
+    set_int_option(socket, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
+}
+
 /// IPv6: accept datagrams with a zero UDP checksum, which RoCEv2 peers send
 /// (`UDP_NO_CHECK6_RX`).
 pub(crate) fn accept_zero_checksum6(socket: &UdpSocket) -> io::Result<()> {
