@@ -249,11 +249,30 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
         usec / 1e6,
         usec / f64::from(args.iters)
     );
+    linger(&nic);
     if args.stats {
         println!("{}", nic.statistics_line(&args.ib_dev));
     }
     let _ = (args.ib_port, args.sl, args.gid_idx);
     ExitCode::SUCCESS
+}
+
+/// Keeps the NIC answering until the peer has been quiet for a while (at most 2 s): our ACK of
+/// its last SEND may have been lost, and a peer retransmitting to a NIC that is gone ends in
+/// "retry counter exceeded" although every message arrived. Two ACK timeouts of quiet (the
+/// default 67 ms each) mean the peer has its ACK.
+fn linger(nic: &Nic) {
+    let quiet = Duration::from_millis(150);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut seen = nic.counters().rcvd_pkts;
+    while Instant::now() < deadline {
+        std::thread::sleep(quiet);
+        let now = nic.counters().rcvd_pkts;
+        if now == seen {
+            break;
+        }
+        seen = now;
+    }
 }
 
 fn connect(qp: &Qp, remote: &PingpongDest, mtu: Mtu) -> Result<(), String> {

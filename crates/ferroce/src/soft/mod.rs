@@ -159,6 +159,8 @@ pub(crate) struct State {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
     tx: Vec<u8>,
+    /// Where each packet waiting in `tx` goes, and its length.
+    tx_queue: Vec<(SocketAddr, usize)>,
     rx: sys::RecvBatch,
     faults: Option<tap::FaultInjector>,
     pcap: Option<tap::PcapWriter>,
@@ -218,6 +220,7 @@ impl Shared {
                 engine,
                 mem: HostMemory::default(),
                 tx: vec![0; MAX_PACKET * sys::SEND_BATCH],
+                tx_queue: Vec::with_capacity(sys::SEND_BATCH),
                 rx: sys::RecvBatch::new(),
                 faults: faults.map(tap::FaultInjector::new),
                 pcap,
@@ -253,6 +256,7 @@ impl Shared {
             engine,
             mem,
             tx,
+            tx_queue,
             faults,
             pcap,
             ..
@@ -266,10 +270,10 @@ impl Shared {
             faults.release(now, &mut send);
         }
         // Packets wait in `tx`, one MAX_PACKET slot each, and leave a batch per system call.
-        let mut batch: [(SocketAddr, usize); sys::SEND_BATCH] = [(self.local, 0); sys::SEND_BATCH];
-        let mut queued = 0;
+        tx_queue.clear();
         loop {
-            let slot = &mut tx[queued * MAX_PACKET..(queued + 1) * MAX_PACKET];
+            let at = tx_queue.len() * MAX_PACKET;
+            let slot = &mut tx[at..at + MAX_PACKET];
             let Some(t) = engine.poll_transmit(now, mem, slot) else {
                 break;
             };
@@ -282,34 +286,40 @@ impl Shared {
             match faults.as_mut() {
                 Some(faults) => faults.submit(now, t.dst, bytes, &mut send),
                 None => {
-                    batch[queued] = (t.dst, t.len);
-                    queued += 1;
-                    if queued == sys::SEND_BATCH {
-                        self.send_queued(tx, &batch[..queued]);
-                        queued = 0;
+                    tx_queue.push((t.dst, t.len));
+                    if tx_queue.len() == sys::SEND_BATCH {
+                        self.send_queued(tx, tx_queue);
+                        tx_queue.clear();
                     }
                 }
             }
         }
-        self.send_queued(tx, &batch[..queued]);
+        self.send_queued(tx, tx_queue);
     }
 
     /// Sends the packets queued in `tx` slots, a `sendmmsg` call for all of them; a packet
     /// the kernel refuses is counted and skipped, as a lone `sendto` failure would be.
     fn send_queued(&self, tx: &[u8], queued: &[(SocketAddr, usize)]) {
-        let mut datagrams: [(SocketAddr, &[u8]); sys::SEND_BATCH] =
-            [(self.local, &[]); sys::SEND_BATCH];
-        for (i, &(dst, len)) in queued.iter().enumerate() {
-            datagrams[i] = (dst, &tx[i * MAX_PACKET..i * MAX_PACKET + len]);
-        }
-        let mut done = 0;
-        while done < queued.len() {
-            match sys::send_to_each(&self.socket, &datagrams[done..queued.len()]) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(_) => {
+        match queued {
+            [] => {}
+            // One packet (a latency-bound exchange): a plain sendto costs less than setting
+            // up a batch.
+            [(dst, len)] => {
+                if self.socket.send_to(&tx[..*len], *dst).is_err() {
                     self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
-                    done += 1;
+                }
+            }
+            _ => {
+                let mut done = 0;
+                while done < queued.len() {
+                    match sys::send_slots(&self.socket, tx, MAX_PACKET, done, queued) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(_) => {
+                            self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+                            done += 1;
+                        }
+                    }
                 }
             }
         }

@@ -176,31 +176,38 @@ pub(crate) fn send_gathered(
     }
 }
 
-/// Sends up to [`SEND_BATCH`] datagrams, each to its own address, in one `sendmmsg(2)`
-/// call. Returns how many the kernel took; an error means the first one was refused.
-pub(crate) fn send_to_each(
+/// Sends datagrams `first..` of `queued` (at most [`SEND_BATCH`]), each to its own address,
+/// in one `sendmmsg(2)` call. Datagram `i` is the first `queued[i].1` bytes of slot `i` of
+/// `tx`, whose slots are `stride` bytes apart. Returns how many the kernel took; an error
+/// means the first one was refused.
+pub(crate) fn send_slots(
     socket: &UdpSocket,
-    datagrams: &[(std::net::SocketAddr, &[u8])],
+    tx: &[u8],
+    stride: usize,
+    first: usize,
+    queued: &[(std::net::SocketAddr, usize)],
 ) -> io::Result<usize> {
-    let n = datagrams.len().min(SEND_BATCH);
+    let todo = &queued[first.min(queued.len())..];
+    let n = todo.len().min(SEND_BATCH);
     // SAFETY: all-zero sockaddr_storages, iovecs and mmsghdrs are valid values.
     let mut names: [libc::sockaddr_storage; SEND_BATCH] = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     let mut iovs: [libc::iovec; SEND_BATCH] = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     let mut headers: [libc::mmsghdr; SEND_BATCH] = unsafe { std::mem::zeroed() };
-    for (i, (dst, bytes)) in datagrams[..n].iter().enumerate() {
-        let len = sockaddr(*dst, &mut names[i]);
-        iovs[i].iov_base = bytes.as_ptr().cast_mut().cast();
-        iovs[i].iov_len = bytes.len();
-        headers[i].msg_hdr.msg_name = (&raw mut names[i]).cast();
-        headers[i].msg_hdr.msg_namelen = len;
-        headers[i].msg_hdr.msg_iov = &raw mut iovs[i];
-        headers[i].msg_hdr.msg_iovlen = 1;
+    for (k, &(dst, len)) in todo[..n].iter().enumerate() {
+        let slot = &tx[(first + k) * stride..][..len.min(stride)];
+        let name_len = sockaddr(dst, &mut names[k]);
+        iovs[k].iov_base = slot.as_ptr().cast_mut().cast();
+        iovs[k].iov_len = slot.len();
+        headers[k].msg_hdr.msg_name = (&raw mut names[k]).cast();
+        headers[k].msg_hdr.msg_namelen = name_len;
+        headers[k].msg_hdr.msg_iov = &raw mut iovs[k];
+        headers[k].msg_hdr.msg_iovlen = 1;
     }
     // SAFETY: the first `n` headers point at names and iovecs on this frame and at bytes
-    // borrowed from `datagrams`, all alive for the call; the kernel only reads them (and
-    // writes each header's msg_len, inside `headers`).
+    // borrowed from `tx`, all alive for the call; the kernel only reads them (and writes each
+    // header's msg_len, inside `headers`).
     let sent = unsafe {
         libc::sendmmsg(
             socket.as_raw_fd(),
@@ -253,13 +260,20 @@ pub(crate) const RECV_BATCH: usize = 32;
 /// larger datagram is cut short and reported as such, never overrun.
 const DATAGRAM_ROOM: usize = 9216;
 
-/// Buffers for receiving up to [`RECV_BATCH`] datagrams in one `recvmmsg(2)` call.
+/// Buffers for receiving up to [`RECV_BATCH`] datagrams in one `recvmmsg(2)` call, with the
+/// call's headers built once: a receive that finds one datagram (or none) costs no setup.
 pub(crate) struct RecvBatch {
     bufs: Box<[u8]>,
     addrs: Box<[libc::sockaddr_storage]>,
+    iovs: Box<[libc::iovec]>,
+    headers: Box<[libc::mmsghdr]>,
     lens: [usize; RECV_BATCH],
     truncated: [bool; RECV_BATCH],
 }
+
+// SAFETY: the raw pointers in `iovs` and `headers` point only into the batch's own heap
+// buffers, which move with it and are only touched through `&mut self`.
+unsafe impl Send for RecvBatch {}
 
 impl std::fmt::Debug for RecvBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -269,41 +283,52 @@ impl std::fmt::Debug for RecvBatch {
 
 impl RecvBatch {
     pub(crate) fn new() -> Self {
-        // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-        let zero: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        Self {
+        // SAFETY: all-zero sockaddr_storages, iovecs and mmsghdrs (null pointers, zero
+        // lengths) are valid values of those plain C structs.
+        let (zero_addr, zero_iov, zero_header) = unsafe {
+            (
+                std::mem::zeroed::<libc::sockaddr_storage>(),
+                std::mem::zeroed::<libc::iovec>(),
+                std::mem::zeroed::<libc::mmsghdr>(),
+            )
+        };
+        let mut batch = Self {
             bufs: vec![0; RECV_BATCH * DATAGRAM_ROOM].into_boxed_slice(),
-            addrs: vec![zero; RECV_BATCH].into_boxed_slice(),
+            addrs: vec![zero_addr; RECV_BATCH].into_boxed_slice(),
+            iovs: vec![zero_iov; RECV_BATCH].into_boxed_slice(),
+            headers: vec![zero_header; RECV_BATCH].into_boxed_slice(),
             lens: [0; RECV_BATCH],
             truncated: [false; RECV_BATCH],
+        };
+        let base = batch.bufs.as_mut_ptr();
+        for i in 0..RECV_BATCH {
+            // SAFETY: `i * DATAGRAM_ROOM` is inside `bufs`, which holds RECV_BATCH rooms.
+            batch.iovs[i].iov_base = unsafe { base.add(i * DATAGRAM_ROOM) }.cast();
+            batch.iovs[i].iov_len = DATAGRAM_ROOM;
+            let h = &mut batch.headers[i].msg_hdr;
+            h.msg_name = (&raw mut batch.addrs[i]).cast();
+            h.msg_iov = &raw mut batch.iovs[i];
+            h.msg_iovlen = 1;
         }
+        batch
     }
 
     /// Takes up to [`RECV_BATCH`] datagrams that have already arrived, without blocking
     /// (`recvmmsg` with `MSG_DONTWAIT`, whatever the socket's mode). Returns how many; 0 when
     /// none is waiting.
     pub(crate) fn receive(&mut self, socket: &UdpSocket) -> io::Result<usize> {
-        // SAFETY: all-zero iovecs and mmsghdrs (null pointers, zero lengths) are valid values.
-        let mut iovs: [libc::iovec; RECV_BATCH] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut headers: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
-        let base = self.bufs.as_mut_ptr();
-        for (i, (iov, h)) in iovs.iter_mut().zip(headers.iter_mut()).enumerate() {
-            // SAFETY: `i * DATAGRAM_ROOM` is inside `bufs`, which holds RECV_BATCH rooms.
-            iov.iov_base = unsafe { base.add(i * DATAGRAM_ROOM) }.cast();
-            iov.iov_len = DATAGRAM_ROOM;
-            h.msg_hdr.msg_name = (&raw mut self.addrs[i]).cast();
+        for h in self.headers.iter_mut() {
+            // The kernel shrinks these to what it wrote; give each its full room again.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_iov = iov;
-            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_flags = 0;
         }
-        // SAFETY: each header points at one room of `bufs` (DATAGRAM_ROOM bytes), at one
-        // sockaddr_storage of `addrs` with its size, and at an iovec on this frame; all
-        // outlive the call, and the kernel writes only within them.
+        // SAFETY: each header points at one room of `bufs` (DATAGRAM_ROOM bytes, through its
+        // iovec) and at one sockaddr_storage of `addrs` with its size, all owned by `self`
+        // and alive for the call; the kernel writes only within them.
         let n = unsafe {
             libc::recvmmsg(
                 socket.as_raw_fd(),
-                headers.as_mut_ptr(),
+                self.headers.as_mut_ptr(),
                 RECV_BATCH as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
@@ -318,7 +343,8 @@ impl RecvBatch {
             };
         }
         let n = n as usize;
-        for (i, h) in headers.iter().enumerate().take(n) {
+        for i in 0..n {
+            let h = &self.headers[i];
             self.lens[i] = (h.msg_len as usize).min(DATAGRAM_ROOM);
             self.truncated[i] = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
         }
