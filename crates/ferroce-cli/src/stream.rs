@@ -759,6 +759,19 @@ fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
         .wait_programmed(Duration::from_secs(5))
         .context("the device was not programmed")?;
     let mut sender = Sender::new(SocketAddr::new(host, 0), target)?;
+    // On loopback the receiver's socket is the only buffer between the two ends, and an
+    // unprivileged process gets only net.core.rmem_max of it: keep the packets in flight
+    // within what it holds (a quarter of the granted bytes, at 16 KiB of kernel memory per
+    // 4 KiB packet), paced by the packets the receiving NIC has taken.
+    let granted = nic.grow_buffers(2 * rx.page_size()).unwrap_or(0);
+    let window = u32::try_from(granted / 4 / (16 << 10))
+        .unwrap_or(u32::MAX)
+        .max(4);
+    let taken_by = nic.clone();
+    sender.set_window(Some((
+        window,
+        Arc::new(move || taken_by.counters().rcvd_pkts) as ferroce::frames::Taken,
+    )));
     if !json_out {
         eprintln!(
             "ferroce demo: {DEMO_FRAMES} frames of 3840x2160 RAW12 ({} bytes) at {DEMO_FPS} fps over \

@@ -24,4 +24,4 @@ pub use receiver::{
     FrameCounters, FrameInfo, FrameReadError, MonitorError, NotStarted, Receiver, ReceiverConfig,
     StartError, BRIDGE_DATA_PORT, MAX_PAGES,
 };
-pub use sender::{FrameSent, Pattern, SendError, Sender, Target};
+pub use sender::{FrameSent, Pattern, SendError, Sender, Taken, Target};
