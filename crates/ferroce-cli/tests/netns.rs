@@ -1,5 +1,6 @@
-//! `ferroce pingpong` between two network namespaces joined by a veth pair that the test
-//! creates and removes, over IPv4 and IPv6: a real link, not loopback. Needs root and
+//! The tools between two network namespaces joined by a veth pair that each test creates and
+//! removes, a real link rather than loopback: `pingpong` over IPv4 and IPv6, every `perf` verb
+//! under faults, `perf session-lat`, and a frame stream whose receiver loses its address. Needs root and
 //! iproute2; without them the test says why it skips, and `scripts/test.sh` sets
 //! `FERROCE_REQUIRE_NETNS=1` so CI fails instead of skipping.
 
@@ -92,7 +93,7 @@ fn can_run() -> bool {
         "FERROCE_REQUIRE_NETNS is set but this test needs root and iproute2 (root: {root}, ip: {has_ip})"
     );
     eprintln!(
-        "SKIPPED pingpong_across_namespaces: needs root and iproute2 to create network namespaces"
+        "SKIPPED this namespace test: it needs root and iproute2 to create network namespaces"
     );
     false
 }
@@ -309,4 +310,49 @@ fn every_verb_both_ways_across_namespaces_under_faults() {
             );
         }
     }
+}
+
+/// `perf session-lat` across the link: seed 003's session over a real link, not loopback.
+#[test]
+fn session_lat_across_namespaces() {
+    if !can_run() {
+        return;
+    }
+    let link = Link::new("se");
+    let common = [
+        "perf",
+        "session-lat",
+        "-s",
+        "3000",
+        "-n",
+        "300",
+        "-p",
+        "19535",
+    ];
+    let mut server_args = common.to_vec();
+    server_args.extend(["--local", "10.199.7.1"]);
+    let server = link.ferroce(&link.a, &server_args).spawn().unwrap();
+    // The client dials again and again until the server listens.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut client_args = common.to_vec();
+    client_args.extend(["--local", "10.199.7.2", "10.199.7.1"]);
+    let client = link.ferroce(&link.b, &client_args).output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    let (c, s) = (
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&server.stdout),
+    );
+    assert!(
+        client.status.success(),
+        "client: {c}{}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(
+        server.status.success(),
+        "server: {s}{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    assert!(c.contains("\n 3000    300 "), "{c}");
+    assert!(c.contains("): consistent\n"), "{c}");
+    assert!(s.contains(" Served 300 requests\n"), "{s}");
 }

@@ -1,6 +1,6 @@
 //! `ferroce perf` against itself: for each of perftest's eight tests a server and a client
 //! in two processes, with `--check` (every byte that arrived is verified), as `ib_write_bw`
-//! and friends are run. Every NIC holds UDP port 4791 on its address, so each test has
+//! and friends are run, and `session-lat`, seed 003's session in the same table. Every NIC holds UDP port 4791 on its address, so each test has
 //! addresses (127.0.0.20 and up) and a TCP port of its own and the tests can run in parallel.
 
 use std::io::{BufRead, BufReader, Read};
@@ -417,4 +417,112 @@ fn bad_flags_are_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{test} {args:?}: {err}");
     }
+}
+
+// `perf session-lat`: an echoing coprocessor server and a controller client, the latency
+// table of the other latency tests and `last_rtt_ns` checked. Addresses 127.0.0.66-71 and
+// TCP ports 19531-19534.
+
+#[test]
+fn session_lat_round_trips_with_a_consistent_last_rtt() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("session.json");
+    let Run { client, server } = pair(
+        "session-lat",
+        ("127.0.0.66", "127.0.0.67"),
+        19531,
+        &["-s", "4096", "-n", "300"],
+        &[
+            "-s",
+            "4096",
+            "-n",
+            "300",
+            "--out_json",
+            "--out_json_file",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        client.contains("                    Session Latency Test\n"),
+        "{client}"
+    );
+    assert!(client.contains(" Role            : controller"), "{client}");
+    let rows = result_rows(&client);
+    let values: Vec<f64> = rows[0].iter().map(|v| v.parse().unwrap()).collect();
+    assert_eq!(values.len(), 9, "{client}");
+    assert_eq!((values[0], values[1]), (4096.0, 300.0));
+    assert!(values[2..].iter().all(|&v| v > 0.0), "{client}");
+    assert!(
+        client.contains("): consistent\n"),
+        "last_rtt_ns checked:\n{client}"
+    );
+    assert!(
+        server.contains(" Role            : coprocessor"),
+        "{server}"
+    );
+    assert!(server.contains(" Served 300 requests\n"), "{server}");
+
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["test_info"]["test"], "Session_Latency_Test");
+    assert_eq!(doc["results"]["MsgSize"], 4096);
+    assert_eq!(doc["results"]["n_iterations"], 300);
+    let last_rtt = doc["results"]["last_rtt_ns"].as_u64().unwrap();
+    let t_max_ns = doc["results"]["t_max"].as_f64().unwrap() * 2000.0;
+    assert!(
+        last_rtt > 0 && (last_rtt as f64) <= t_max_ns + 1000.0,
+        "{doc}"
+    );
+}
+
+#[test]
+fn session_lat_bad_flags_and_missing_servers_are_named() {
+    for (args, says) in [
+        (&["-s", "0"][..], "Message size"),
+        (&["-n", "2"][..], "at least 5"),
+        (&["-m", "1000"][..], "Invalid MTU"),
+        (&["--out_json"][..], "--out_json needs --out_json_file"),
+    ] {
+        let out = perf("session-lat", "127.0.0.68", 19532, args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // No server: the client dials for 10 s and says so.
+    let started = Instant::now();
+    let out = perf("session-lat", "127.0.0.68", 19533, &["127.0.0.69"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Couldn't connect to 127.0.0.69:19533"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Different sizes on the two sides: both refuse the channel, naming both descriptions.
+#[test]
+fn session_lat_mismatched_sizes_are_refused() {
+    let mut server = perf("session-lat", "127.0.0.70", 19534, &["-s", "64"])
+        .spawn()
+        .unwrap();
+    let client = perf(
+        "session-lat",
+        "127.0.0.71",
+        19534,
+        &["-s", "128", "127.0.0.70"],
+    )
+    .output()
+    .unwrap();
+    let status = wait(&mut server, "server");
+    assert!(!client.status.success() && !status.success());
+    let err = String::from_utf8_lossy(&client.stderr);
+    assert!(
+        err.contains("the peer established 1 slots of 64-byte requests"),
+        "{err}"
+    );
 }
