@@ -413,18 +413,18 @@ impl Sender {
             trailer_len[k] = pad + 4;
             payloads[k] = payload;
         }
-        let datagrams: Vec<[io::IoSlice<'_>; 3]> = (0..n)
-            .map(|k| {
-                [
-                    io::IoSlice::new(&heads[k]),
-                    io::IoSlice::new(payloads[k]),
-                    io::IoSlice::new(&trailers[k][..trailer_len[k]]),
-                ]
-            })
-            .collect();
+        let empty = io::IoSlice::new(&[]);
+        let mut datagrams = [(t.dest, [empty, empty, empty]); sys::SEND_BATCH];
+        for k in 0..n {
+            datagrams[k].1 = [
+                io::IoSlice::new(&heads[k]),
+                io::IoSlice::new(payloads[k]),
+                io::IoSlice::new(&trailers[k][..trailer_len[k]]),
+            ];
+        }
         let mut done = 0;
         while done < n {
-            match sys::send_gathered(&self.socket, t.dest, &datagrams[done..]) {
+            match sys::send_batch(&self.socket, &datagrams[done..n]) {
                 Ok(k) => done += k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(source) => return Err(SendError::Io { local, source }),

@@ -310,9 +310,14 @@ impl Shared {
                 }
             }
             _ => {
+                let mut datagrams = [(self.local, [io::IoSlice::new(&[])]); sys::SEND_BATCH];
+                for (k, &(dst, len)) in queued.iter().enumerate() {
+                    datagrams[k] = (dst, [io::IoSlice::new(&tx[k * MAX_PACKET..][..len])]);
+                }
+                let datagrams = &datagrams[..queued.len()];
                 let mut done = 0;
-                while done < queued.len() {
-                    match sys::send_slots(&self.socket, tx, MAX_PACKET, done, queued) {
+                while done < datagrams.len() {
+                    match sys::send_batch(&self.socket, &datagrams[done..]) {
                         Ok(0) => break,
                         Ok(n) => done += n,
                         Err(_) => {

@@ -101,7 +101,7 @@ pub(crate) fn send_zero_checksum6(socket: &UdpSocket) -> io::Result<()> {
     set_int_option(socket, libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
 }
 
-/// The most datagrams one [`send_gathered`] call takes.
+/// The most datagrams one [`send_batch`] call takes.
 pub(crate) const SEND_BATCH: usize = 32;
 
 /// Writes `addr` as the C socket address the kernel expects, returning its length.
@@ -137,76 +137,31 @@ fn sockaddr(addr: std::net::SocketAddr, out: &mut libc::sockaddr_storage) -> lib
     }
 }
 
-/// Sends up to [`SEND_BATCH`] datagrams to `dst` in one `sendmmsg(2)` call, each gathered
-/// from its slices (headers, a payload in place, a trailer) without copying them together.
-/// Returns how many datagrams the kernel took, which may be fewer than offered.
-pub(crate) fn send_gathered(
+/// Sends up to [`SEND_BATCH`] datagrams in one `sendmmsg(2)` call, each to its own address
+/// and gathered from its slices (headers, a payload in place, a trailer) without copying them
+/// together. Returns how many datagrams the kernel took, which may be fewer than offered; an
+/// error means the first one was refused.
+pub(crate) fn send_batch<const K: usize>(
     socket: &UdpSocket,
-    dst: std::net::SocketAddr,
-    datagrams: &[[io::IoSlice<'_>; 3]],
+    datagrams: &[(std::net::SocketAddr, [io::IoSlice<'_>; K])],
 ) -> io::Result<usize> {
     let n = datagrams.len().min(SEND_BATCH);
-    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let name_len = sockaddr(dst, &mut storage);
-    // SAFETY: an all-zero mmsghdr (null pointers, zero lengths) is a valid value.
-    let mut headers: [libc::mmsghdr; SEND_BATCH] = unsafe { std::mem::zeroed() };
-    for (h, slices) in headers.iter_mut().zip(&datagrams[..n]) {
-        h.msg_hdr.msg_name = (&raw mut storage).cast();
-        h.msg_hdr.msg_namelen = name_len;
-        // IoSlice is guaranteed ABI-compatible with iovec on Unix.
-        h.msg_hdr.msg_iov = slices.as_ptr().cast_mut().cast();
-        h.msg_hdr.msg_iovlen = slices.len();
-    }
-    // SAFETY: the first `n` headers point at `storage` and at iovecs borrowed from
-    // `datagrams`, all alive for the call; the kernel only reads them (and writes each
-    // header's msg_len, inside `headers`).
-    let sent = unsafe {
-        libc::sendmmsg(
-            socket.as_raw_fd(),
-            headers.as_mut_ptr(),
-            n as libc::c_uint,
-            0,
-        )
-    };
-    if sent < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(sent as usize)
-    }
-}
-
-/// Sends datagrams `first..` of `queued` (at most [`SEND_BATCH`]), each to its own address,
-/// in one `sendmmsg(2)` call. Datagram `i` is the first `queued[i].1` bytes of slot `i` of
-/// `tx`, whose slots are `stride` bytes apart. Returns how many the kernel took; an error
-/// means the first one was refused.
-pub(crate) fn send_slots(
-    socket: &UdpSocket,
-    tx: &[u8],
-    stride: usize,
-    first: usize,
-    queued: &[(std::net::SocketAddr, usize)],
-) -> io::Result<usize> {
-    let todo = &queued[first.min(queued.len())..];
-    let n = todo.len().min(SEND_BATCH);
-    // SAFETY: all-zero sockaddr_storages, iovecs and mmsghdrs are valid values.
+    // SAFETY: all-zero sockaddr_storages and mmsghdrs (null pointers, zero lengths) are valid
+    // values of those plain C structs.
     let mut names: [libc::sockaddr_storage; SEND_BATCH] = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    let mut iovs: [libc::iovec; SEND_BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
     let mut headers: [libc::mmsghdr; SEND_BATCH] = unsafe { std::mem::zeroed() };
-    for (k, &(dst, len)) in todo[..n].iter().enumerate() {
-        let slot = &tx[(first + k) * stride..][..len.min(stride)];
-        let name_len = sockaddr(dst, &mut names[k]);
-        iovs[k].iov_base = slot.as_ptr().cast_mut().cast();
-        iovs[k].iov_len = slot.len();
-        headers[k].msg_hdr.msg_name = (&raw mut names[k]).cast();
-        headers[k].msg_hdr.msg_namelen = name_len;
-        headers[k].msg_hdr.msg_iov = &raw mut iovs[k];
-        headers[k].msg_hdr.msg_iovlen = 1;
+    for (i, (dst, slices)) in datagrams[..n].iter().enumerate() {
+        let name_len = sockaddr(*dst, &mut names[i]);
+        let h = &mut headers[i].msg_hdr;
+        h.msg_name = (&raw mut names[i]).cast();
+        h.msg_namelen = name_len;
+        // IoSlice is guaranteed ABI-compatible with iovec on Unix.
+        h.msg_iov = slices.as_ptr().cast_mut().cast();
+        h.msg_iovlen = K;
     }
-    // SAFETY: the first `n` headers point at names and iovecs on this frame and at bytes
-    // borrowed from `tx`, all alive for the call; the kernel only reads them (and writes each
+    // SAFETY: the first `n` headers point at `names` on this frame and at iovecs borrowed
+    // from `datagrams`, all alive for the call; the kernel only reads them (and writes each
     // header's msg_len, inside `headers`).
     let sent = unsafe {
         libc::sendmmsg(
