@@ -260,14 +260,14 @@ fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
-/// Counts a frame without touching its data.
-fn count(frame: &FrameInfo, tally: &mut Tally) {
+/// Counts a frame without touching its data (at most `frame_size` of its bytes).
+fn count(frame: &FrameInfo, frame_size: usize, tally: &mut Tally) {
     let now = Instant::now();
     tally.first.get_or_insert(now);
     tally.last = Some(now);
     tally.frames += 1;
-    tally.bytes += frame.metadata.bytes_written;
-    tally.dropped = frame.dropped;
+    tally.bytes += frame.metadata.bytes_written.min(frame_size as u64);
+    tally.dropped = frame.dropped + tally.overtaken;
     tally.packets_lost += frame.packets_lost;
     tally.incomplete += u64::from(!frame.is_complete());
 }
@@ -290,30 +290,19 @@ fn take(rx: &Receiver, frame: &FrameInfo, buf: &mut Vec<u8>, tally: &mut Tally) 
         .unwrap_or(usize::MAX)
         .min(rx.frame_size());
     buf.resize(len, 0);
-    let now = Instant::now();
-    tally.first.get_or_insert(now);
-    tally.last = Some(now);
-    tally.dropped = frame.dropped + tally.overtaken;
     if rx.read_frame(frame, buf).is_err() {
         // The device has moved on to this page again: this tool fell a ring behind.
         tally.overtaken += 1;
-        tally.dropped += 1;
+        tally.dropped = frame.dropped + tally.overtaken;
         return None;
     }
-    let crc = crc32fast_hash(buf);
-    tally.frames += 1;
-    tally.bytes += len as u64;
-    tally.packets_lost += frame.packets_lost;
-    tally.incomplete += u64::from(!frame.is_complete());
+    count(frame, rx.frame_size(), tally);
+    let crc = crc32fast::hash(buf);
     // The device's JAMCRC is the CRC-32 without its final inversion; 0 means it sent none.
     if frame.metadata.crc != 0 && frame.metadata.crc != !crc {
         tally.content_errors += 1;
     }
     Some(crc)
-}
-
-fn crc32fast_hash(bytes: &[u8]) -> u32 {
-    crc32fast::hash(bytes)
 }
 
 fn frame_json(frame: &FrameInfo, crc: u32) -> serde_json::Value {
@@ -476,7 +465,7 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         if let Some(frame) = rx.next_frame(Duration::from_millis(100))? {
             last_frame = Instant::now();
             if args.no_check {
-                count(&frame, &mut tally);
+                count(&frame, rx.frame_size(), &mut tally);
                 continue;
             }
             let crc = take(&rx, &frame, &mut buf, &mut tally);
