@@ -7,15 +7,23 @@
 //! 000), the request/reply [`session`] (seed 003) and the registered-buffer [`cache`] (seed
 //! 002).
 //!
+//! GPU memory: the faces take [`device::DeviceMemory`] and stage through host pages; the
+//! `cuda` feature provides it for CUDA devices (`cuda::CudaMemory`), loading the driver at run
+//! time so the same build runs, and says why, on a host without one.
+//!
 //! `unsafe` is denied everywhere but `soft::sys`, the few system calls std lacks (`mlock`,
-//! `getrlimit`, socket options, batched sends and receives), each with its reason.
+//! `getrlimit`, socket options, batched sends and receives), and the one call in `cuda` that
+//! probes for the driver, each with its reason.
 
 #![deny(unsafe_code)]
 
 pub mod cache;
 pub mod capture;
 pub mod cq;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod decode;
+pub mod device;
 pub mod exchange;
 pub mod frames;
 pub mod nic;

@@ -3,14 +3,17 @@
 //! port, a failed receive path and its restart, and hostile packets counted without a byte
 //! landing outside its page.
 //!
+//! Frames delivered into device memory use a stand-in device whose copies can fail.
+//!
 //! Each test owns its addresses (127.0.0.100 to 127.0.0.119), so they run in parallel.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use ferroce::device::{check_range, DeviceError, DeviceMemory};
 use ferroce::frames::{
     FrameInfo, ImmediateLayout, MonitorError, NotStarted, Pattern, Receiver, ReceiverConfig,
     Sender, StartError, Target, METADATA_SIZE,
@@ -533,5 +536,130 @@ fn hostile_packets_are_counted_and_never_land_outside_their_page() {
     rx.read_frame(&first, &mut p0).unwrap();
     assert!(p0.iter().all(|&b| b == 5));
     assert!(!rx.receive_path_failed());
+    stop(&rx, monitor);
+}
+
+/// Device memory kept in host RAM, whose copies can be made to fail: what a GPU's would do,
+/// without a GPU. (With the `cuda` feature and a GPU, `tests/cuda.rs` runs the real thing.)
+#[derive(Debug)]
+struct FakeDevice {
+    bytes: Mutex<Vec<u8>>,
+    writes: AtomicUsize,
+    fail_from_write: usize,
+}
+
+impl FakeDevice {
+    fn new(size: usize, fail_from_write: usize) -> Arc<Self> {
+        Arc::new(Self {
+            bytes: Mutex::new(vec![0; size]),
+            writes: AtomicUsize::new(0),
+            fail_from_write,
+        })
+    }
+}
+
+impl DeviceMemory for FakeDevice {
+    fn size(&self) -> u64 {
+        self.bytes.lock().unwrap().len() as u64
+    }
+    fn address(&self) -> u64 {
+        0x7f00_0000_0000
+    }
+    fn describe(&self) -> String {
+        "fake device 7".into()
+    }
+    fn write(&self, offset: u64, src: &[u8]) -> Result<(), DeviceError> {
+        check_range(self.size(), offset, src.len())?;
+        if self.writes.fetch_add(1, Ordering::SeqCst) + 1 >= self.fail_from_write {
+            return Err(DeviceError::Failed {
+                device: self.describe(),
+                operation: "copy to the device",
+                reason: "an illegal address was encountered".into(),
+            });
+        }
+        let at = offset as usize;
+        self.bytes.lock().unwrap()[at..at + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+        check_range(self.size(), offset, dst.len())?;
+        let at = offset as usize;
+        dst.copy_from_slice(&self.bytes.lock().unwrap()[at..at + dst.len()]);
+        Ok(())
+    }
+}
+
+#[test]
+fn frames_land_in_device_memory_and_a_failed_copy_is_fatal_until_restarted() {
+    let nic = nic(115);
+    let config = || ReceiverConfig::for_frames(300_000, 3, ip(116));
+    let ring = config().page_size * 3;
+
+    let small = FakeDevice::new(ring - 1, usize::MAX);
+    match Receiver::new().start(&nic, config().with_device_memory(small)) {
+        Err(StartError::Invalid { parameter, reason }) => {
+            assert_eq!(parameter, "device_memory");
+            assert!(reason.contains("fake device 7"), "{reason}");
+        }
+        other => panic!("a device too small for the ring was accepted: {other:?}"),
+    }
+
+    // Two copies per frame (data, metadata) in 1 MiB steps: the third frame's first fails.
+    let failing = FakeDevice::new(ring, 5);
+    let (rx, monitor) = receiver(&nic, config().with_device_memory(failing.clone()));
+    assert_eq!(
+        rx.device_memory().map(|d| d.address()),
+        Some(0x7f00_0000_0000)
+    );
+    let mut tx = sender(116, target(&rx, 4096));
+    for n in 0..2u32 {
+        let data = frame_bytes(n, 300_000);
+        tx.send_frame(&data, None).unwrap();
+        let frame = rx.next_frame(WAIT).unwrap().expect("a frame");
+        assert!(
+            read(&rx, &frame) == data,
+            "frame {n} read back from the device"
+        );
+        let page = frame.page as usize * rx.page_size();
+        let on_device = failing.bytes.lock().unwrap()[page..page + data.len()].to_vec();
+        assert!(on_device == data, "frame {n} is in the device memory");
+        let metadata_at = page + rx.metadata_offset();
+        let block = failing.bytes.lock().unwrap()[metadata_at..metadata_at + 128].to_vec();
+        assert_eq!(
+            ferroce::frames::Metadata::parse(block.as_slice().try_into().unwrap()).frame_number,
+            n
+        );
+    }
+    tx.send_frame(&frame_bytes(2, 300_000), None).unwrap();
+    let ended = monitor.join().unwrap();
+    assert!(
+        matches!(&ended, Err(MonitorError::Failed(why))
+            if why.contains("copying frame 2 (page 2) to fake device 7 failed")
+                && why.contains("illegal address")),
+        "{ended:?}"
+    );
+    assert!(rx.receive_path_failed());
+    assert_eq!(
+        rx.next_frame(WAIT),
+        Ok(None),
+        "the failed frame is not handed out"
+    );
+
+    let working = FakeDevice::new(ring, usize::MAX);
+    rx.start(&nic, config().with_device_memory(working.clone()))
+        .unwrap();
+    assert!(!rx.receive_path_failed());
+    let monitor = {
+        let rx = rx.clone();
+        std::thread::spawn(move || rx.blocking_monitor())
+    };
+    tx.retarget(target(&rx, 4096)).unwrap();
+    let data = frame_bytes(3, 300_000);
+    tx.send_frame(&data, None).unwrap();
+    let frame = rx
+        .next_frame(WAIT)
+        .unwrap()
+        .expect("a frame after the restart");
+    assert!(read(&rx, &frame) == data);
     stop(&rx, monitor);
 }

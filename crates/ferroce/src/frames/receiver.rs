@@ -20,6 +20,7 @@ use ferroce_proto::wire::Qpn;
 use ferroce_proto::{InboundWrite, Psn, WriteFilter};
 
 use super::metadata::{round_up, ExtendedCounter, ImmediateLayout, Metadata, METADATA_SIZE};
+use crate::device::DeviceMemory;
 use crate::qp::{ConnectOptions, Mtu, QpEndpoint};
 use crate::{Cq, Nic, Qp, Region, RegionAccess, RegionError, RegionMemory};
 
@@ -61,6 +62,13 @@ pub struct ReceiverConfig {
     /// How the immediate names the page (bridges from HSB IP 0x2603 on use
     /// [`ImmediateLayout::Page12`]).
     pub immediate: ImmediateLayout,
+    /// Device memory the frames are delivered into (the seed's `cu_buffer` as CUDA memory:
+    /// `ferroce::cuda::CudaMemory` with the `cuda` feature), or `None` for frames to stay in
+    /// `memory`. With it, `memory` is the staging ring the NIC writes, and when a frame ends
+    /// its data and metadata block are copied to the same offsets of the device memory
+    /// before the frame is queued; a copy that fails is a fatal event. It must hold
+    /// `pages × page_size` bytes too.
+    pub device_memory: Option<Arc<dyn DeviceMemory>>,
 }
 
 impl ReceiverConfig {
@@ -80,7 +88,15 @@ impl ReceiverConfig {
             peer_ip,
             queue_size: (pages as usize).clamp(1, 4),
             immediate: ImmediateLayout::Page12,
+            device_memory: None,
         }
+    }
+
+    /// The same, delivering frames into `device` (staged in `memory`).
+    #[must_use]
+    pub fn with_device_memory(mut self, device: Arc<dyn DeviceMemory>) -> Self {
+        self.device_memory = Some(device);
+        self
     }
 }
 
@@ -127,7 +143,8 @@ pub enum MonitorError {
 /// One completed frame (seed 000's `RoceReceiverFrameInfoV1`, with what ferroce adds).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FrameInfo {
-    /// The page the frame is in; its data starts at `page × page_size` of the frame memory.
+    /// The page the frame is in; its data starts at `page × page_size` of the frame memory
+    /// (of the device memory, when the receiver delivers there).
     pub page: u32,
     /// Frames completed by this run, counting from 1 (`received_frame_number`).
     pub received_frame_number: u64,
@@ -380,6 +397,8 @@ struct Run {
     metadata_offset: usize,
     layout: ImmediateLayout,
     queue_size: usize,
+    /// Where whole frames are copied, when not left in the region.
+    device: Option<Arc<dyn DeviceMemory>>,
     book: Arc<Mutex<TallyBook>>,
     closed: AtomicBool,
     /// Held by the thread in `blocking_monitor`.
@@ -498,6 +517,20 @@ fn validate(nic: &Nic, c: &ReceiverConfig) -> Result<(), StartError> {
             ),
         ));
     }
+    if let Some(device) = &c.device_memory {
+        if device.size() < ring {
+            return Err(invalid(
+                "device_memory",
+                format!(
+                    "{} bytes of {} cannot hold {} pages of {} bytes ({ring} bytes)",
+                    device.size(),
+                    device.describe(),
+                    c.pages,
+                    c.page_size
+                ),
+            ));
+        }
+    }
     if c.queue_size == 0 || c.queue_size > c.pages as usize {
         return Err(invalid(
             "queue_size",
@@ -558,6 +591,7 @@ impl Receiver {
             peer_ip,
             queue_size,
             immediate,
+            device_memory,
         } = config;
         let region =
             Region::register(nic, RegionAccess::RemoteWrite, WriteOrder::AnyOrder, memory)?;
@@ -628,6 +662,7 @@ impl Receiver {
             metadata_offset,
             layout: immediate,
             queue_size,
+            device: device_memory,
             book,
             closed: AtomicBool::new(false),
             monitor: Mutex::new(()),
@@ -653,6 +688,7 @@ impl Receiver {
         let run = self.run().map_err(|_| MonitorError::NotStarted)?;
         let _monitor = lock(&run.monitor);
         let mut frame_numbers = ExtendedCounter::default();
+        let mut scratch = Vec::new();
         let mut last_check = Instant::now();
         loop {
             if run.closed.load(Ordering::SeqCst) {
@@ -684,7 +720,7 @@ impl Receiver {
                 return Err(self.fail(format!("a receive completed with status \"{}\"", c.status)));
             }
             if c.opcode == WcOpcode::RecvRdmaWithImm {
-                if let Err(reason) = self.complete(&run, c.imm, &mut frame_numbers) {
+                if let Err(reason) = self.complete(&run, c.imm, &mut frame_numbers, &mut scratch) {
                     return Err(self.fail(reason));
                 }
             }
@@ -712,6 +748,7 @@ impl Receiver {
         run: &Run,
         imm: Option<u32>,
         frame_numbers: &mut ExtendedCounter,
+        scratch: &mut Vec<u8>,
     ) -> Result<(), String> {
         let received = SystemTime::now();
         let imm = imm.unwrap_or(0);
@@ -739,6 +776,16 @@ impl Receiver {
             .read(at, &mut block)
             .map_err(|e| format!("cannot read the metadata of page {page}: {e}"))?;
         let metadata = Metadata::parse(&block);
+        if let Some(device) = &run.device {
+            let data = metadata.bytes_written.min(run.frame_size as u64);
+            copy_to_device(run, device.as_ref(), page, data, scratch).map_err(|e| {
+                format!(
+                    "copying frame {} (page {page}) to {} failed: {e}",
+                    metadata.frame_number,
+                    device.describe()
+                )
+            })?;
+        }
         let metadata_psn_matches = metadata.psn & mask == imm_psn;
         let (packets_received, packets_lost, bytes_received, page_epoch) =
             tally.map_or((0, 0, 0, 0), |t| (t.packets, t.lost, t.bytes, t.epoch));
@@ -912,6 +959,13 @@ impl Receiver {
         self.run().map_or(0, |r| r.metadata_offset)
     }
 
+    /// The device memory frames are delivered into, if `start` was given one: a frame's
+    /// data starts at its [`DeviceMemory::address`] plus `page × page_size`.
+    #[must_use]
+    pub fn device_memory(&self) -> Option<Arc<dyn DeviceMemory>> {
+        self.run().ok().and_then(|r| r.device.clone())
+    }
+
     /// The NIC address the device sends to.
     ///
     /// # Errors
@@ -922,7 +976,8 @@ impl Receiver {
     }
 
     /// Copies a frame's data (`out.len()` bytes from the start of its page; at most
-    /// `metadata.bytes_written` are meaningful). The page is the device's again once the ring
+    /// `metadata.bytes_written` are meaningful), from the device memory when the receiver
+    /// delivers there. The page is the device's again once the ring
     /// wraps to it, so the copy is checked: if the device began writing the page again
     /// before or during it, the call says so rather than hand back a mix of two frames.
     ///
@@ -930,7 +985,8 @@ impl Receiver {
     ///
     /// [`FrameReadError::Overwritten`] when the device has begun rewriting the page (the
     /// application fell a ring behind); [`FrameReadError::OutOfPage`] when `out` runs past
-    /// the page; [`FrameReadError::NotStarted`] before `start`.
+    /// the page; [`FrameReadError::NotStarted`] before `start`; [`FrameReadError::Device`]
+    /// when the device memory refused the copy.
     pub fn read_frame(&self, frame: &FrameInfo, out: &mut [u8]) -> Result<(), FrameReadError> {
         let run = self.run().map_err(|_| FrameReadError::NotStarted)?;
         if frame.page >= run.pages || out.len() > run.page_size {
@@ -946,9 +1002,15 @@ impl Receiver {
             return Err(overwritten);
         }
         let at = u64::from(frame.page) * run.page_size as u64;
-        run.region
-            .read(at, out)
-            .map_err(|e| FrameReadError::Region(e.to_string()))?;
+        match &run.device {
+            Some(device) => device
+                .read(at, out)
+                .map_err(|e| FrameReadError::Device(e.to_string()))?,
+            None => run
+                .region
+                .read(at, out)
+                .map_err(|e| FrameReadError::Region(e.to_string()))?,
+        }
         // Copied while the device stayed off the page? Otherwise the copy may mix frames.
         if epoch(&run) != Some(frame.page_epoch) {
             return Err(overwritten);
@@ -989,4 +1051,39 @@ pub enum FrameReadError {
     /// The region refused.
     #[error("{0}")]
     Region(String),
+    /// The device memory refused the copy back.
+    #[error("{0}")]
+    Device(String),
+}
+
+/// Bytes moved from the staging ring to device memory per step.
+const DEVICE_COPY_STEP: usize = 1 << 20;
+
+/// Copies a finished frame, `data` bytes and the metadata block, from the staging ring to
+/// the same offsets of the device memory. Runs on the monitor thread, which is also the one
+/// that lands packets, so the device cannot write the page while it runs.
+fn copy_to_device(
+    run: &Run,
+    device: &dyn DeviceMemory,
+    page: u32,
+    data: u64,
+    scratch: &mut Vec<u8>,
+) -> Result<(), String> {
+    let base = u64::from(page) * run.page_size as u64;
+    let metadata_at = base + run.metadata_offset as u64;
+    let spans = [(base, data), (metadata_at, METADATA_SIZE as u64)];
+    for (start, len) in spans {
+        let mut at = start;
+        let end = start + len;
+        while at < end {
+            let n = ((end - at) as usize).min(DEVICE_COPY_STEP);
+            scratch.resize(n, 0);
+            run.region
+                .read(at, &mut scratch[..n])
+                .map_err(|e| e.to_string())?;
+            device.write(at, &scratch[..n]).map_err(|e| e.to_string())?;
+            at += n as u64;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,289 @@
+//! CUDA device memory for the faces (the `cuda` feature), through the CUDA driver API.
+//!
+//! The driver (`libcuda.so`) is loaded when first used, not linked: a build with the feature
+//! runs on any host, and where there is no driver or no such device every call answers
+//! [`DeviceError::Unavailable`] saying so. [`CudaMemory`] is an allocation on one device,
+//! used through [`DeviceMemory`]; every copy is complete when the call returns. The driver
+//! bindings panic on a missing library or symbol, so each call into them is fenced and a
+//! panic becomes an error.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+
+use crate::device::{check_range, DeviceError, DeviceMemory};
+
+/// Whether the CUDA driver library can be loaded, and if not, why.
+fn driver() -> Result<(), DeviceError> {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    let present = *PRESENT.get_or_init(|| {
+        #[allow(unsafe_code)]
+        // SAFETY: loading the driver library runs its initialisers, which is what loading
+        // it for any later call does too; nothing else is touched.
+        let present = unsafe { cudarc::driver::sys::is_culib_present() };
+        present
+    });
+    if present {
+        Ok(())
+    } else {
+        Err(DeviceError::Unavailable(
+            "no CUDA driver on this host (libcuda.so could not be loaded): install the NVIDIA \
+             driver or use host memory"
+                .into(),
+        ))
+    }
+}
+
+/// Runs a driver call, turning its error or a panic in the bindings into `wrap(reason)`.
+fn fenced<T, E: std::fmt::Debug>(
+    call: impl FnOnce() -> Result<T, E>,
+    wrap: impl FnOnce(String) -> DeviceError,
+) -> Result<T, DeviceError> {
+    match catch_unwind(AssertUnwindSafe(call)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(wrap(format!("{e:?}"))),
+        Err(panic) => Err(wrap(
+            panic
+                .downcast_ref::<&str>()
+                .map(ToString::to_string)
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "the driver bindings panicked".into()),
+        )),
+    }
+}
+
+/// The CUDA devices on this host.
+///
+/// # Errors
+///
+/// [`DeviceError::Unavailable`] without a driver or when it cannot start.
+pub fn device_count() -> Result<u32, DeviceError> {
+    driver()?;
+    let count = fenced(CudaContext::device_count, |reason| {
+        DeviceError::Unavailable(format!("the CUDA driver cannot start: {reason}"))
+    })?;
+    Ok(u32::try_from(count).unwrap_or(0))
+}
+
+fn context(ordinal: u32) -> Result<Arc<CudaContext>, DeviceError> {
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(DeviceError::Unavailable(format!(
+            "no CUDA device {ordinal}: this host has {count}"
+        )));
+    }
+    fenced(
+        || CudaContext::new(ordinal as usize),
+        |reason| DeviceError::Unavailable(format!("CUDA device {ordinal}: {reason}")),
+    )
+}
+
+/// An allocation on one CUDA device (the seed calls' `cu_buffer`, `MemKind` CUDA, `gpu_id`).
+pub struct CudaMemory {
+    ordinal: u32,
+    size: u64,
+    address: u64,
+    stream: Arc<CudaStream>,
+    slice: Mutex<CudaSlice<u8>>,
+}
+
+impl std::fmt::Debug for CudaMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaMemory")
+            .field("device", &self.ordinal)
+            .field("size", &self.size)
+            .field("address", &format_args!("{:#x}", self.address))
+            .finish()
+    }
+}
+
+impl CudaMemory {
+    /// Allocates `size` zeroed bytes on CUDA device `ordinal`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Unavailable`] without a driver or that device;
+    /// [`DeviceError::Allocation`] when the device has no room (or `size` is 0).
+    pub fn alloc(ordinal: u32, size: usize) -> Result<Self, DeviceError> {
+        let device = format!("CUDA device {ordinal}");
+        if size == 0 {
+            return Err(DeviceError::Allocation {
+                device,
+                size,
+                reason: "an allocation needs at least one byte".into(),
+            });
+        }
+        let ctx = context(ordinal)?;
+        let stream = fenced(
+            || ctx.new_stream(),
+            |reason| DeviceError::Failed {
+                device: device.clone(),
+                operation: "creating a stream",
+                reason,
+            },
+        )?;
+        let slice = fenced(
+            || stream.alloc_zeros::<u8>(size),
+            |reason| DeviceError::Allocation {
+                device: device.clone(),
+                size,
+                reason,
+            },
+        )?;
+        Self::with_slice(ordinal, stream, slice)
+    }
+
+    /// Takes over memory the application allocated with cudarc, with the stream that
+    /// orders its copies.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Failed`] when its address cannot be read.
+    pub fn from_slice(stream: Arc<CudaStream>, slice: CudaSlice<u8>) -> Result<Self, DeviceError> {
+        let ordinal = stream.context().ordinal() as u32;
+        Self::with_slice(ordinal, stream, slice)
+    }
+
+    fn with_slice(
+        ordinal: u32,
+        stream: Arc<CudaStream>,
+        slice: CudaSlice<u8>,
+    ) -> Result<Self, DeviceError> {
+        let address = fenced(
+            || {
+                let (address, _sync) = slice.device_ptr(&stream);
+                Ok::<_, DeviceError>(address)
+            },
+            |reason| DeviceError::Failed {
+                device: format!("CUDA device {ordinal}"),
+                operation: "reading the address",
+                reason,
+            },
+        )?;
+        Ok(Self {
+            ordinal,
+            size: slice.len() as u64,
+            address,
+            stream,
+            slice: Mutex::new(slice),
+        })
+    }
+
+    /// The device's ordinal.
+    #[must_use]
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// The stream its copies are ordered on; a kernel that reads the memory after a copy
+    /// belongs on it.
+    #[must_use]
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn failed(&self, operation: &'static str) -> impl FnOnce(String) -> DeviceError {
+        let device = self.describe();
+        move |reason| DeviceError::Failed {
+            device,
+            operation,
+            reason,
+        }
+    }
+}
+
+impl DeviceMemory for CudaMemory {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn address(&self) -> u64 {
+        self.address
+    }
+
+    fn describe(&self) -> String {
+        format!("CUDA device {}", self.ordinal)
+    }
+
+    fn write(&self, offset: u64, src: &[u8]) -> Result<(), DeviceError> {
+        check_range(self.size, offset, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let mut slice = self.slice.lock().unwrap_or_else(PoisonError::into_inner);
+        let start = offset as usize;
+        fenced(
+            || {
+                let mut view = slice.slice_mut(start..start + src.len());
+                self.stream.memcpy_htod(src, &mut view)?;
+                self.stream.synchronize()
+            },
+            self.failed("copy to the device"),
+        )
+    }
+
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+        check_range(self.size, offset, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let slice = self.slice.lock().unwrap_or_else(PoisonError::into_inner);
+        let start = offset as usize;
+        let len = dst.len();
+        fenced(
+            || {
+                let view = slice.slice(start..start + len);
+                self.stream.memcpy_dtoh(&view, dst)?;
+                self.stream.synchronize()
+            },
+            self.failed("copy from the device"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a GPU the answer is a typed error that says what is missing; with one, the
+    /// bytes go there and back. `FERROCE_REQUIRE_GPU=1` turns the skip into a failure.
+    #[test]
+    fn memory_round_trips_or_says_why_not() {
+        match CudaMemory::alloc(0, 1 << 20) {
+            Ok(memory) => {
+                let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+                memory.write(12345, &data).unwrap();
+                let mut back = vec![0; data.len()];
+                memory.read(12345, &mut back).unwrap();
+                assert_eq!(back, data);
+                assert!(matches!(
+                    memory.write((1 << 20) - 1, &[1, 2]),
+                    Err(DeviceError::OutOfRange { .. })
+                ));
+                assert_ne!(memory.address(), 0);
+            }
+            Err(DeviceError::Unavailable(why)) => {
+                assert!(
+                    std::env::var_os("FERROCE_REQUIRE_GPU").is_none(),
+                    "a GPU was required: {why}"
+                );
+                eprintln!("skipping the CUDA round trip: {why}");
+                assert!(why.contains("CUDA"), "{why}");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn missing_devices_are_named() {
+        match CudaMemory::alloc(4095, 64) {
+            Err(DeviceError::Unavailable(why)) => assert!(why.contains("CUDA"), "{why}"),
+            other => panic!("device 4095 should not exist: {other:?}"),
+        }
+        assert!(matches!(
+            CudaMemory::alloc(0, 0),
+            Err(DeviceError::Allocation { .. })
+        ));
+    }
+}
