@@ -9,11 +9,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferroce::device::{check_range, DeviceError, DeviceMemory};
 use ferroce::frames::{
     FrameInfo, ImmediateLayout, MonitorError, NotStarted, Pattern, Receiver, ReceiverConfig,
     Sender, StartError, Target, METADATA_SIZE,
@@ -21,6 +20,9 @@ use ferroce::frames::{
 use ferroce::proto::wire::{icrc, Bth, IpHeader, Opcode, PacketRepr, Qpn, Reth, UdpHeader};
 use ferroce::proto::Psn;
 use ferroce::{Faults, Nic, NicConfig, RegionMemory};
+
+mod support;
+use support::FakeDevice;
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -537,56 +539,6 @@ fn hostile_packets_are_counted_and_never_land_outside_their_page() {
     assert!(p0.iter().all(|&b| b == 5));
     assert!(!rx.receive_path_failed());
     stop(&rx, monitor);
-}
-
-/// Device memory kept in host RAM, whose copies can be made to fail: what a GPU's would do,
-/// without a GPU. (With the `cuda` feature and a GPU, `tests/cuda.rs` runs the real thing.)
-#[derive(Debug)]
-struct FakeDevice {
-    bytes: Mutex<Vec<u8>>,
-    writes: AtomicUsize,
-    fail_from_write: usize,
-}
-
-impl FakeDevice {
-    fn new(size: usize, fail_from_write: usize) -> Arc<Self> {
-        Arc::new(Self {
-            bytes: Mutex::new(vec![0; size]),
-            writes: AtomicUsize::new(0),
-            fail_from_write,
-        })
-    }
-}
-
-impl DeviceMemory for FakeDevice {
-    fn size(&self) -> u64 {
-        self.bytes.lock().unwrap().len() as u64
-    }
-    fn address(&self) -> u64 {
-        0x7f00_0000_0000
-    }
-    fn describe(&self) -> String {
-        "fake device 7".into()
-    }
-    fn write(&self, offset: u64, src: &[u8]) -> Result<(), DeviceError> {
-        check_range(self.size(), offset, src.len())?;
-        if self.writes.fetch_add(1, Ordering::SeqCst) + 1 >= self.fail_from_write {
-            return Err(DeviceError::Failed {
-                device: self.describe(),
-                operation: "copy to the device",
-                reason: "an illegal address was encountered".into(),
-            });
-        }
-        let at = offset as usize;
-        self.bytes.lock().unwrap()[at..at + src.len()].copy_from_slice(src);
-        Ok(())
-    }
-    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
-        check_range(self.size(), offset, dst.len())?;
-        let at = offset as usize;
-        dst.copy_from_slice(&self.bytes.lock().unwrap()[at..at + dst.len()]);
-        Ok(())
-    }
 }
 
 #[test]

@@ -3,14 +3,19 @@
 //! (127.0.0.60 and up) and out-of-band TCP port (19501 and up), so they run in parallel.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use ferroce::device::DeviceMemory;
 use ferroce::session::state::Running;
 use ferroce::session::{
     AnySession, ChannelDesc, ConnectInfo, Controller, Coprocessor, MemoryKind, Role, Session,
     SessionError, Step,
 };
+
+mod support;
+use support::FakeDevice;
 
 fn ip(host: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, host))
@@ -566,4 +571,111 @@ fn a_request_nobody_acknowledges_is_a_transport_error() {
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn device_memory_is_kept_in_step_and_a_failed_copy_is_reported() {
+    let desc = ChannelDesc::new(4, 256, 256);
+    let size = desc.region_bytes() as usize;
+    // The coprocessor's device fails on its 7th copy: 3 requests and their replies go.
+    let coprocessor_device = FakeDevice::new(size, 7);
+    let controller_device = FakeDevice::new(size, usize::MAX);
+    let coprocessor = {
+        let device = Arc::clone(&coprocessor_device);
+        thread::spawn(move || {
+            let s = Coprocessor::new().connect(&info(81, 81, 19512))?;
+            let (s, mem) = s.alloc_device_memory(device)?;
+            assert_eq!(mem.kind(), MemoryKind::Device);
+            assert_eq!(mem.len(), desc.region_bytes());
+            let (s, peer) = s.exchange_keys(&mem)?;
+            s.establish_channel(&desc, &mem, &peer)?
+                .set_coprocessor_fn(echo())?
+                .start()
+        })
+    };
+    let s = Controller::new().connect(&info(80, 81, 19512)).unwrap();
+    let (s, mem) = s
+        .alloc_device_memory(Arc::clone(&controller_device) as Arc<dyn DeviceMemory>)
+        .unwrap();
+    assert_eq!(
+        mem.device_memory().map(|d| d.describe()),
+        Some("fake device 7".into())
+    );
+    let (s, peer) = s.exchange_keys(&mem).unwrap();
+    let mut controller = s
+        .establish_channel(&desc, &mem, &peer)
+        .unwrap()
+        .start()
+        .unwrap();
+    let mut coprocessor = coprocessor.join().unwrap().unwrap();
+
+    // The controller's region: replies in its slots, then the requests it stages.
+    // The coprocessor's: requests in its slots, then the replies it stages.
+    let mut reply = [0u8; 256];
+    for n in 0..3u8 {
+        let request = pattern(100 + usize::from(n), n);
+        controller.submit(&request).unwrap();
+        let got = controller.collect(&mut [&mut reply[..]]).unwrap();
+        assert_eq!(reply[..got.bytes], request[..]);
+        // Only slot 0 is ever in flight, one request at a time.
+        let len = request.len();
+        assert_eq!(
+            controller_device.bytes_at(4 * 256, len),
+            request,
+            "staged request"
+        );
+        assert_eq!(
+            controller_device.bytes_at(0, len),
+            request,
+            "reply in its slot"
+        );
+        assert_eq!(
+            coprocessor_device.bytes_at(0, len),
+            request,
+            "request in its slot"
+        );
+        assert_eq!(
+            coprocessor_device.bytes_at(4 * 256, len),
+            request,
+            "staged reply"
+        );
+    }
+    controller
+        .submit(b"the copy of this request fails")
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let err = loop {
+        let mut seen = [0u8; 256];
+        match coprocessor.collect_timeout(&mut [&mut seen[..]], Duration::from_millis(100)) {
+            Err(SessionError::Timeout { .. }) | Ok(_) => {}
+            Err(e) => break e,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the failed copy was never reported"
+        );
+    };
+    assert!(
+        matches!(&err, SessionError::Engine(why)
+            if why.contains("request in slot 0") && why.contains("fake device 7")),
+        "{err}"
+    );
+    controller.stop();
+    coprocessor.stop();
+}
+
+#[test]
+fn device_memory_the_session_cannot_have_is_refused_by_name() {
+    let coprocessor = thread::spawn(|| {
+        let s = Coprocessor::new().connect(&info(83, 83, 19513)).unwrap();
+        thread::sleep(Duration::from_millis(500));
+        drop(s);
+    });
+    let s = Controller::new().connect(&info(82, 83, 19513)).unwrap();
+    let err = s.alloc_memory(64, MemoryKind::Device).unwrap_err();
+    assert!(
+        matches!(&err, SessionError::InvalidArgument(why) if why.contains("alloc_device_memory")),
+        "{err}"
+    );
+    coprocessor.join().unwrap();
 }

@@ -30,6 +30,7 @@ use super::{
     ChannelDesc, Collected, ConnectInfo, CoprocessorFn, MemRegion, MemoryKind, PeerRef, RequestId,
     Role, SessionError, Step,
 };
+use crate::device::DeviceMemory;
 use crate::exchange::{PeerInfo, RemoteRegion};
 use crate::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
 
@@ -103,6 +104,8 @@ struct Slots {
 struct Channel {
     desc: ChannelDesc,
     region: Arc<Region>,
+    /// Kept in step with `region` (CUDA or supplied device memory).
+    device: Option<Arc<dyn DeviceMemory>>,
     peer: PeerRef,
     slots: Slots,
 }
@@ -287,15 +290,44 @@ impl Core {
         size: usize,
         kind: MemoryKind,
     ) -> Result<MemRegion, SessionError> {
-        let link = self.link(Step::AllocMemory)?;
-        match kind {
-            MemoryKind::Host => {}
-            MemoryKind::Cuda { device } => {
-                return Err(SessionError::Unsupported(format!(
-                    "CUDA memory (device {device}): this build of ferroce has no `cuda` feature"
-                )))
-            }
+        self.link(Step::AllocMemory)?;
+        if size == 0 {
+            return Err(SessionError::InvalidArgument(
+                "alloc_memory needs at least one byte".into(),
+            ));
         }
+        let device = match kind {
+            MemoryKind::Host => None,
+            MemoryKind::Cuda { device } => Some(cuda_memory(device, size)?),
+            MemoryKind::Device => {
+                return Err(SessionError::InvalidArgument(
+                    "alloc_memory cannot allocate application-supplied device memory: use \
+                     alloc_device_memory"
+                        .into(),
+                ))
+            }
+        };
+        self.register(size, kind, device)
+    }
+
+    pub(super) fn alloc_device_memory(
+        &mut self,
+        memory: Arc<dyn DeviceMemory>,
+    ) -> Result<MemRegion, SessionError> {
+        self.link(Step::AllocMemory)?;
+        let size = usize::try_from(memory.size())
+            .map_err(|_| SessionError::Allocation { size: usize::MAX })?;
+        self.register(size, MemoryKind::Device, Some(memory))
+    }
+
+    /// Registers `size` bytes of host memory for the region, the staging of `device` if set.
+    fn register(
+        &mut self,
+        size: usize,
+        kind: MemoryKind,
+        device: Option<Arc<dyn DeviceMemory>>,
+    ) -> Result<MemRegion, SessionError> {
+        let link = self.link(Step::AllocMemory)?;
         if size == 0 {
             return Err(SessionError::InvalidArgument(
                 "alloc_memory needs at least one byte".into(),
@@ -316,6 +348,7 @@ impl Core {
             region: Arc::new(region),
             session: self.id,
             kind,
+            device,
         })
     }
 
@@ -429,6 +462,7 @@ impl Core {
         self.channel = Some(Channel {
             desc: *desc,
             region: Arc::clone(&local.region),
+            device: local.device.clone(),
             peer: *peer,
             slots: Slots {
                 in_flight: vec![None; usize::from(desc.slots)],
@@ -517,6 +551,7 @@ impl Core {
                 send_cq: link.send_cq.clone(),
                 recv_cq: link.recv_cq.clone(),
                 region: Arc::clone(&channel.region),
+                device: channel.device.clone(),
                 desc: channel.desc,
                 peer: channel.peer,
                 liveness: Arc::clone(watchdog.liveness()),
@@ -591,6 +626,9 @@ impl Core {
         let mut sges = Vec::new();
         if len > 0 {
             channel.region.write(at, request)?;
+            if let Some(device) = &channel.device {
+                device.write(at, request)?;
+            }
             sges.push(channel.region.local(at, len)?);
         }
         let id = RequestId(channel.slots.next_id);
@@ -865,6 +903,11 @@ fn take_reply(
         ));
     }
     let bytes = scatter_check(len, replies, request)?;
+    if let Some(device) = &channel.device {
+        let mut staged = vec![0u8; len];
+        channel.region.read(at, &mut staged)?;
+        device.write(at, &staged)?;
+    }
     let mut offset = 0usize;
     for buf in replies.iter_mut() {
         let n = (len - offset).min(buf.len());
@@ -906,6 +949,7 @@ struct Engine {
     send_cq: Cq,
     recv_cq: Cq,
     region: Arc<Region>,
+    device: Option<Arc<dyn DeviceMemory>>,
     desc: ChannelDesc,
     peer: PeerRef,
     liveness: Arc<Liveness>,
@@ -991,6 +1035,11 @@ impl Engine {
                 self.region
                     .read(at, &mut request[..len])
                     .map_err(|e| e.to_string())?;
+                if let Some(device) = &self.device {
+                    device
+                        .write(at, &request[..len])
+                        .map_err(|e| format!("request in slot {slot}: {e}"))?;
+                }
                 let function = &mut self.function;
                 match catch_unwind(AssertUnwindSafe(|| function(&request[..len], &mut reply))) {
                     Ok(Ok(n)) if n <= reply.len() => (ReplyKind::Ok, n),
@@ -1020,6 +1069,11 @@ impl Engine {
                 self.region
                     .write(staging, &reply[..n])
                     .map_err(|e| e.to_string())?;
+                if let Some(device) = &self.device {
+                    device
+                        .write(staging, &reply[..n])
+                        .map_err(|e| format!("reply in slot {slot}: {e}"))?;
+                }
                 sges.push(
                     self.region
                         .local(staging, n as u32)
@@ -1070,4 +1124,23 @@ impl Engine {
         reply[..n].copy_from_slice(&message.as_bytes()[..n]);
         n
     }
+}
+
+/// CUDA memory for `alloc_memory`.
+#[cfg(feature = "cuda")]
+fn cuda_memory(device: u32, size: usize) -> Result<Arc<dyn DeviceMemory>, SessionError> {
+    use crate::device::DeviceError;
+    match crate::cuda::CudaMemory::alloc(device, size) {
+        Ok(memory) => Ok(Arc::new(memory)),
+        Err(DeviceError::Unavailable(why)) => Err(SessionError::Unsupported(why)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// CUDA memory for `alloc_memory`: not in this build.
+#[cfg(not(feature = "cuda"))]
+fn cuda_memory(device: u32, _size: usize) -> Result<Arc<dyn DeviceMemory>, SessionError> {
+    Err(SessionError::Unsupported(format!(
+        "CUDA memory (device {device}): this build of ferroce has no `cuda` feature"
+    )))
 }

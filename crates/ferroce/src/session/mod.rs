@@ -5,7 +5,9 @@
 //!
 //! 1. `connect` — the out-of-band TCP connection (the controller dials, the coprocessor
 //!    listens), a versioned hello, the queue pairs' endpoints, and the queue pair to RTS;
-//! 2. `alloc_memory` — host memory, registered with the session's NIC;
+//! 2. `alloc_memory` — host memory, registered with the session's NIC; or device memory
+//!    (CUDA with the `cuda` feature, or any [`DeviceMemory`] through `alloc_device_memory`),
+//!    staged in registered host memory and kept in step with it;
 //! 3. `exchange_keys` — each side advertises its region and learns the peer's;
 //! 4. `establish_channel` — the slots, request and reply sizes (both sides must agree);
 //! 5. on the coprocessor, `set_coprocessor_fn`;
@@ -106,6 +108,7 @@ use ferroce_proto::wire::ROCE_PORT;
 
 use self::core::Core;
 pub use self::link::SESSION_VERSION;
+use crate::device::{DeviceError, DeviceMemory};
 use crate::exchange::ExchangeError;
 use crate::{NicError, Region, RegionError};
 
@@ -260,12 +263,18 @@ pub enum MemoryKind {
     /// Host memory, locked in RAM while registered.
     #[default]
     Host,
-    /// Memory of a CUDA device. This build has no `cuda` feature: `alloc_memory` answers
-    /// [`SessionError::Unsupported`].
+    /// Memory of a CUDA device (the `cuda` feature). The soft NIC stages it in registered
+    /// host memory, and each message that lands in the region or leaves from it is copied
+    /// to the same offset of the device memory ([`MemRegion::device_memory`]) before the
+    /// coprocessor function or `collect` sees it. Without the feature, a driver or that
+    /// device, `alloc_memory` answers [`SessionError::Unsupported`].
     Cuda {
         /// The CUDA device ordinal.
         device: u32,
     },
+    /// Device memory the application supplied through `alloc_device_memory`, kept in step
+    /// as CUDA memory is; `alloc_memory` cannot allocate it ([`SessionError::InvalidArgument`]).
+    Device,
 }
 
 /// A registered region of a session (seed 003's `MemRegion`), as `alloc_memory` returns it.
@@ -275,6 +284,7 @@ pub struct MemRegion {
     region: std::sync::Arc<Region>,
     session: u64,
     kind: MemoryKind,
+    device: Option<std::sync::Arc<dyn DeviceMemory>>,
 }
 
 impl MemRegion {
@@ -294,6 +304,13 @@ impl MemRegion {
     #[must_use]
     pub fn kind(&self) -> MemoryKind {
         self.kind
+    }
+
+    /// The device memory the region is kept in step with, for CUDA and supplied device
+    /// memory: a message at offset `o` of the region is at `address() + o` there.
+    #[must_use]
+    pub fn device_memory(&self) -> Option<&std::sync::Arc<dyn DeviceMemory>> {
+        self.device.as_ref()
     }
 
     /// The address the peer uses for its first byte.
@@ -485,9 +502,12 @@ pub enum SessionError {
     /// An argument is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// The memory kind is not supported in this build.
-    #[error("not supported in this build: {0}")]
+    /// The memory kind is not supported in this build or on this host.
+    #[error("not supported here: {0}")]
     Unsupported(String),
+    /// Device memory refused a copy (or could not be allocated).
+    #[error("device memory: {0}")]
+    Device(#[from] DeviceError),
     /// The memory could not be allocated.
     #[error("cannot allocate {size} bytes")]
     Allocation {
@@ -651,6 +671,17 @@ pub trait Session: Send {
     /// when the memory cannot be had.
     fn alloc_memory(&mut self, size: usize, kind: MemoryKind) -> Result<MemRegion, SessionError>;
 
+    /// Instead of `alloc_memory`: registers host staging for `memory`, device memory the
+    /// application allocated, and keeps the two in step as for [`MemoryKind::Cuda`].
+    ///
+    /// # Errors
+    ///
+    /// As `alloc_memory`.
+    fn alloc_device_memory(
+        &mut self,
+        memory: std::sync::Arc<dyn DeviceMemory>,
+    ) -> Result<MemRegion, SessionError>;
+
     /// Seed 003's `exchange_keys`: advertises `local`, returns the peer's region.
     ///
     /// # Errors
@@ -772,6 +803,13 @@ impl Session for AnySession {
         self.core.alloc_memory(size, kind)
     }
 
+    fn alloc_device_memory(
+        &mut self,
+        memory: std::sync::Arc<dyn DeviceMemory>,
+    ) -> Result<MemRegion, SessionError> {
+        self.core.alloc_device_memory(memory)
+    }
+
     fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError> {
         self.core.exchange_keys(local)
     }
@@ -867,6 +905,22 @@ macro_rules! common_steps {
                 kind: MemoryKind,
             ) -> Result<($ty<Allocated>, MemRegion), SessionError> {
                 let region = self.core.alloc_memory(size, kind)?;
+                Ok((self.next(), region))
+            }
+
+            /// Instead of `alloc_memory`: registers host staging for `memory`, device memory
+            /// the application allocated, and keeps the two in step as for
+            /// [`MemoryKind::Cuda`].
+            ///
+            /// # Errors
+            ///
+            /// [`SessionError::Allocation`] and [`SessionError::Region`] when the staging
+            /// memory cannot be had.
+            pub fn alloc_device_memory(
+                mut self,
+                memory: std::sync::Arc<dyn DeviceMemory>,
+            ) -> Result<($ty<Allocated>, MemRegion), SessionError> {
+                let region = self.core.alloc_device_memory(memory)?;
                 Ok((self.next(), region))
             }
         }

@@ -1,0 +1,64 @@
+//! What several test binaries share.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ferroce::device::{check_range, DeviceError, DeviceMemory};
+
+/// Device memory kept in host RAM, whose copies can be made to fail: what a GPU's would do,
+/// without a GPU. (With the `cuda` feature and a GPU, the `cuda` module's tests and
+/// `scripts/gpu-check.sh` run the real thing.)
+#[derive(Debug)]
+pub(crate) struct FakeDevice {
+    pub(crate) bytes: Mutex<Vec<u8>>,
+    writes: AtomicUsize,
+    fail_from_write: usize,
+}
+
+impl FakeDevice {
+    pub(crate) fn new(size: usize, fail_from_write: usize) -> Arc<Self> {
+        Arc::new(Self {
+            bytes: Mutex::new(vec![0; size]),
+            writes: AtomicUsize::new(0),
+            fail_from_write,
+        })
+    }
+
+    /// A copy of `len` bytes at `offset`.
+    pub(crate) fn bytes_at(&self, offset: usize, len: usize) -> Vec<u8> {
+        self.bytes.lock().unwrap()[offset..offset + len].to_vec()
+    }
+}
+
+impl DeviceMemory for FakeDevice {
+    fn size(&self) -> u64 {
+        self.bytes.lock().unwrap().len() as u64
+    }
+    fn address(&self) -> u64 {
+        0x7f00_0000_0000
+    }
+    fn describe(&self) -> String {
+        "fake device 7".into()
+    }
+    fn write(&self, offset: u64, src: &[u8]) -> Result<(), DeviceError> {
+        check_range(self.size(), offset, src.len())?;
+        if self.writes.fetch_add(1, Ordering::SeqCst) + 1 >= self.fail_from_write {
+            return Err(DeviceError::Failed {
+                device: self.describe(),
+                operation: "copy to the device",
+                reason: "an illegal address was encountered".into(),
+            });
+        }
+        let at = offset as usize;
+        self.bytes.lock().unwrap()[at..at + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+        check_range(self.size(), offset, dst.len())?;
+        let at = offset as usize;
+        dst.copy_from_slice(&self.bytes.lock().unwrap()[at..at + dst.len()]);
+        Ok(())
+    }
+}
