@@ -7,8 +7,15 @@
 //! class takes it again. Registration is paid once per buffer, not per message.
 //!
 //! - [`Context::write_memory`] and [`Context::read_memory`] (the seed's `get_write_memory` and
-//!   `get_read_memory`) hand out buffers of host memory; a GPU device id is
-//!   [`CacheError::NotSupported`] in this build (no `cuda` feature).
+//!   `get_read_memory`) hand out buffers of host memory, or of a GPU by device id: CUDA
+//!   memory with the `cuda` feature, or what a [`DeviceAllocator`] given to
+//!   [`Context::connect_with_allocator`] allocates. Without one, or where the device does
+//!   not exist, a GPU id is [`CacheError::NotSupported`].
+//! - A GPU buffer's bytes live in device memory ([`Buffer::device_memory`]); the soft NIC
+//!   sends from and receives into registered host staging cached with it. `flush` copies
+//!   the device's bytes to the staging before sending, `receive` copies what arrived to the
+//!   device before returning; for a peer's one-sided READ or WRITE at [`Buffer::remote`],
+//!   [`Buffer::sync_to_registered`] and [`Buffer::sync_from_registered`] do the same.
 //! - [`Context::wrap_user_buffer`] registers the caller's own bytes (not cached; they come back
 //!   with [`Buffer::into_user_buffer`]).
 //! - [`Context::flush`] sends a buffer to the remote host as one SEND and waits until the remote
@@ -38,6 +45,7 @@ use ferroce_proto::qp::{
 };
 use ferroce_proto::wire::ROCE_PORT;
 
+use crate::device::{DeviceAllocator, DeviceError, DeviceMemory};
 use crate::exchange::{ExchangeError, PeerInfo};
 use crate::{
     ConnectOptions, Cq, Nic, NicConfig, NicError, Qp, Region, RegionAccess, RegionError,
@@ -54,11 +62,12 @@ pub const MIN_CLASS: usize = 64;
 pub const MAX_BUFFER: usize = 1 << 31;
 
 /// Where a buffer's memory lives (the seed's `gpu_id`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Device {
     /// Main memory (`gpu_id` -1).
+    #[default]
     Host,
-    /// The GPU with this id; not supported in this build.
+    /// The GPU with this id (CUDA's device ordinal with the `cuda` feature).
     Gpu(u32),
 }
 
@@ -87,9 +96,13 @@ pub enum CacheError {
     /// buffer of another context, a range outside a buffer).
     #[error("invalid parameters: {0}")]
     InvalidParameters(String),
-    /// The seed's -2: not supported in this context (GPU memory without the `cuda` feature).
+    /// The seed's -2: not supported in this context (GPU memory without the `cuda` feature,
+    /// without a driver, or on a device that does not exist).
     #[error("not supported in this context: {0}")]
     NotSupported(String),
+    /// A GPU buffer's device memory refused a copy.
+    #[error("device memory: {0}")]
+    Device(#[from] DeviceError),
     /// Where the seed returns NULL: the memory could not be allocated or registered.
     #[error("cannot allocate a buffer of {size} bytes: {reason}")]
     Allocation {
@@ -186,6 +199,8 @@ pub struct ContextConfig {
     pub max_message: usize,
     /// How many read buffers stay posted (16).
     pub receive_depth: u16,
+    /// Where the read buffers live: a GPU's memory, or main memory (the default).
+    pub receive_device: Device,
     /// Cached bytes beyond which returned buffers are deregistered instead (256 MiB).
     pub max_cached_bytes: usize,
     /// Path MTU to ask for; the smaller of both sides' wins (1024).
@@ -203,6 +218,7 @@ impl ContextConfig {
             timeout: Duration::from_secs(10),
             max_message: 1 << 20,
             receive_depth: 16,
+            receive_device: Device::Host,
             max_cached_bytes: 256 << 20,
             mtu: Mtu::M1024,
         }
@@ -219,6 +235,13 @@ impl ContextConfig {
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// The same with read buffers on `device`.
+    #[must_use]
+    pub fn with_receive_device(mut self, device: Device) -> Self {
+        self.receive_device = device;
         self
     }
 
@@ -259,13 +282,22 @@ struct Pool {
     nic: Nic,
     context: u64,
     max_cached_bytes: usize,
+    /// Where GPU buffers come from; `None` refuses them.
+    allocator: Option<Arc<dyn DeviceAllocator>>,
     free: Mutex<Free>,
 }
 
 #[derive(Debug, Default)]
 struct Free {
-    regions: HashMap<(usize, Device), Vec<Region>>,
+    regions: HashMap<(usize, Device), Vec<Cached>>,
     stats: CacheStats,
+}
+
+/// What a cached buffer keeps: its registered memory, and its device memory for a GPU.
+#[derive(Debug)]
+struct Cached {
+    region: Region,
+    memory: Option<Arc<dyn DeviceMemory>>,
 }
 
 impl Pool {
@@ -277,9 +309,7 @@ impl Pool {
     fn take(self: &Arc<Self>, size: usize, device: Device) -> Result<Buffer, CacheError> {
         check_size(size)?;
         if let Device::Gpu(id) = device {
-            return Err(CacheError::NotSupported(format!(
-                "GPU {id}: this build of ferroce has no `cuda` feature; use main memory (-1)"
-            )));
+            self.allocator(id)?;
         }
         let class = size_class(size);
         let cached = {
@@ -294,16 +324,21 @@ impl Pool {
             }
             region
         };
-        let region = match cached {
-            Some(region) => region,
+        let Cached { region, memory } = match cached {
+            Some(cached) => cached,
             None => {
+                let memory = match device {
+                    Device::Host => None,
+                    Device::Gpu(id) => Some(self.device_memory(id, class)?),
+                };
                 let region = register(&self.nic, vec![0; 0], class)?;
                 self.lock().stats.registrations += 1;
-                region
+                Cached { region, memory }
             }
         };
         Ok(Buffer {
             region: Some(region),
+            memory,
             len: size,
             class: Some(class),
             device,
@@ -311,13 +346,31 @@ impl Pool {
         })
     }
 
-    /// Takes a region back, or deregisters it when the cache is full.
-    fn give_back(&self, class: usize, device: Device, region: Region) {
+    fn allocator(&self, id: u32) -> Result<&Arc<dyn DeviceAllocator>, CacheError> {
+        self.allocator.as_ref().ok_or_else(|| {
+            CacheError::NotSupported(format!(
+                "GPU {id}: this build of ferroce has no `cuda` feature and the context no \
+                 device allocator; use main memory (-1)"
+            ))
+        })
+    }
+
+    /// `size` bytes of GPU `id`'s memory.
+    fn device_memory(&self, id: u32, size: usize) -> Result<Arc<dyn DeviceMemory>, CacheError> {
+        self.allocator(id)?.alloc(id, size).map_err(|e| match e {
+            DeviceError::Unavailable(why) => CacheError::NotSupported(format!("GPU {id}: {why}")),
+            DeviceError::Allocation { reason, .. } => CacheError::Allocation { size, reason },
+            e => CacheError::Device(e),
+        })
+    }
+
+    /// Takes a buffer's memory back, or lets it go when the cache is full.
+    fn give_back(&self, class: usize, device: Device, cached: Cached) {
         let mut free = self.lock();
         if free.stats.cached_bytes as usize + class > self.max_cached_bytes {
             free.stats.evictions += 1;
             drop(free);
-            drop(region);
+            drop(cached);
             return;
         }
         free.stats.cached_buffers += 1;
@@ -325,7 +378,7 @@ impl Pool {
         free.regions
             .entry((class, device))
             .or_default()
-            .push(region);
+            .push(cached);
     }
 }
 
@@ -367,6 +420,8 @@ fn register(nic: &Nic, mut bytes: Vec<u8>, len: usize) -> Result<Region, CacheEr
 #[derive(Debug)]
 pub struct Buffer {
     region: Option<Region>,
+    /// Where a GPU buffer's bytes live; `region` is then its staging.
+    memory: Option<Arc<dyn DeviceMemory>>,
     len: usize,
     /// The size class, for cached buffers; `None` for a wrapped user buffer.
     class: Option<usize>,
@@ -431,28 +486,88 @@ impl Buffer {
         Ok(())
     }
 
-    /// Copies `data` to offset `at`.
+    /// The device memory a GPU buffer's bytes live in: a kernel finds byte `i` at its
+    /// [`DeviceMemory::address`] plus `i`.
+    #[must_use]
+    pub fn device_memory(&self) -> Option<&Arc<dyn DeviceMemory>> {
+        self.memory.as_ref()
+    }
+
+    /// Copies `data` to offset `at` (of the device memory, for a GPU buffer).
     ///
     /// # Errors
     ///
-    /// [`CacheError::InvalidParameters`] for a range outside the buffer.
+    /// [`CacheError::InvalidParameters`] for a range outside the buffer;
+    /// [`CacheError::Device`] when the device refused the copy.
     pub fn write(&self, at: usize, data: &[u8]) -> Result<(), CacheError> {
         self.check(at, data.len())?;
+        if let Some(memory) = &self.memory {
+            return Ok(memory.write(at as u64, data)?);
+        }
         self.region()?
             .write(at as u64, data)
             .map_err(|e| CacheError::InvalidParameters(e.to_string()))
     }
 
-    /// Copies `out.len()` bytes from offset `at`.
+    /// Copies `out.len()` bytes from offset `at` (of the device memory, for a GPU buffer).
     ///
     /// # Errors
     ///
-    /// [`CacheError::InvalidParameters`] for a range outside the buffer.
+    /// As [`Buffer::write`].
     pub fn read(&self, at: usize, out: &mut [u8]) -> Result<(), CacheError> {
         self.check(at, out.len())?;
+        if let Some(memory) = &self.memory {
+            return Ok(memory.read(at as u64, out)?);
+        }
         self.region()?
             .read(at as u64, out)
             .map_err(|e| CacheError::InvalidParameters(e.to_string()))
+    }
+
+    /// For a GPU buffer, copies its `len()` bytes from the device to the registered staging
+    /// the NIC reads (before a peer's RDMA READ at [`Buffer::remote`]; `flush` does it
+    /// itself). Nothing to do for host memory.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::Device`] when the device refused the copy.
+    pub fn sync_to_registered(&self) -> Result<(), CacheError> {
+        self.sync(true)
+    }
+
+    /// For a GPU buffer, copies its `len()` bytes from the registered staging the NIC
+    /// writes to the device (after a peer's RDMA WRITE at [`Buffer::remote`]; `receive`
+    /// does it itself). Nothing to do for host memory.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::Device`] when the device refused the copy.
+    pub fn sync_from_registered(&self) -> Result<(), CacheError> {
+        self.sync(false)
+    }
+
+    fn sync(&self, to_registered: bool) -> Result<(), CacheError> {
+        const STEP: usize = 1 << 20;
+        let Some(memory) = &self.memory else {
+            return Ok(());
+        };
+        let region = self.region()?;
+        let mut piece = vec![0u8; self.len.min(STEP)];
+        let mut at = 0;
+        while at < self.len {
+            let n = (self.len - at).min(STEP);
+            let piece = &mut piece[..n];
+            let staged = |e: RegionError| CacheError::InvalidParameters(e.to_string());
+            if to_registered {
+                memory.read(at as u64, piece)?;
+                region.write(at as u64, piece).map_err(staged)?;
+            } else {
+                region.read(at as u64, piece).map_err(staged)?;
+                memory.write(at as u64, piece)?;
+            }
+            at += n;
+        }
+        Ok(())
     }
 
     /// A copy of its `len()` bytes.
@@ -483,7 +598,7 @@ impl Buffer {
     ///
     /// The buffer itself (boxed) when it is not a wrapped user buffer.
     pub fn into_user_buffer(mut self) -> Result<Vec<u8>, Box<Self>> {
-        if self.class.is_some() {
+        if self.class.is_some() || self.memory.is_some() {
             return Err(Box::new(self));
         }
         match self.region.take().map(Region::deregister) {
@@ -496,7 +611,9 @@ impl Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         if let (Some(region), Some(class)) = (self.region.take(), self.class) {
-            self.pool.give_back(class, self.device, region);
+            let memory = self.memory.take();
+            self.pool
+                .give_back(class, self.device, Cached { region, memory });
         }
     }
 }
@@ -622,6 +739,19 @@ impl Context {
     /// [`CacheError::Timeout`] when no peer comes, [`CacheError::Version`], and the NIC's,
     /// exchange's and I/O errors.
     pub fn connect(config: &ContextConfig) -> Result<Self, CacheError> {
+        Self::connect_with_allocator(config, default_allocator())
+    }
+
+    /// [`Context::connect`], taking GPU buffers from `allocator` (or refusing them, with
+    /// `None`) rather than from CUDA.
+    ///
+    /// # Errors
+    ///
+    /// As [`Context::connect`].
+    pub fn connect_with_allocator(
+        config: &ContextConfig,
+        allocator: Option<Arc<dyn DeviceAllocator>>,
+    ) -> Result<Self, CacheError> {
         check_size(config.max_message)?;
         if config.receive_depth == 0 {
             return Err(CacheError::InvalidParameters(
@@ -690,6 +820,7 @@ impl Context {
             nic,
             context: CONTEXTS.fetch_add(1, Ordering::Relaxed),
             max_cached_bytes: config.max_cached_bytes,
+            allocator,
             free: Mutex::new(Free::default()),
         });
         let context = Self {
@@ -735,7 +866,10 @@ impl Context {
 
     fn post_read_buffer(&self, receives: &mut Receives) -> Result<(), CacheError> {
         let max = self.inner.config.max_message;
-        let buffer = self.inner.pool.take(max, Device::Host)?;
+        let buffer = self
+            .inner
+            .pool
+            .take(max, self.inner.config.receive_device)?;
         let sge = buffer
             .region()?
             .local(0, max as u32)
@@ -815,7 +949,7 @@ impl Context {
         check_size(data.len())?;
         if let Device::Gpu(id) = device {
             return Err(CacheError::NotSupported(format!(
-                "GPU {id}: this build of ferroce has no `cuda` feature"
+                "GPU {id}: these are host bytes; wrap the GPU's memory with wrap_device_memory"
             )));
         }
         let len = data.len();
@@ -823,9 +957,36 @@ impl Context {
         self.inner.pool.lock().stats.registrations += 1;
         Ok(Buffer {
             region: Some(region),
+            memory: None,
             len,
             class: None,
             device,
+            pool: Arc::clone(&self.inner.pool),
+        })
+    }
+
+    /// The seed's `wrap_user_buffer` for GPU memory: registers staging for `memory`, the
+    /// application's memory on GPU `gpu`, as a buffer of its whole length (not cached).
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::InvalidParameters`] for no bytes or more than [`MAX_BUFFER`],
+    /// [`CacheError::Allocation`] when the staging cannot be registered.
+    pub fn wrap_device_memory(
+        &self,
+        memory: Arc<dyn DeviceMemory>,
+        gpu: u32,
+    ) -> Result<Buffer, CacheError> {
+        let len = usize::try_from(memory.size()).unwrap_or(usize::MAX);
+        check_size(len)?;
+        let region = register(&self.inner.pool.nic, Vec::new(), len)?;
+        self.inner.pool.lock().stats.registrations += 1;
+        Ok(Buffer {
+            region: Some(region),
+            memory: Some(memory),
+            len,
+            class: None,
+            device: Device::Gpu(gpu),
             pool: Arc::clone(&self.inner.pool),
         })
     }
@@ -853,6 +1014,7 @@ impl Context {
                 max: self.inner.remote_max,
             });
         }
+        buffer.sync_to_registered()?;
         let mut sges = Vec::new();
         if buffer.len > 0 {
             sges.push(
@@ -980,6 +1142,8 @@ impl Context {
                 }
                 buffer.len = wc.byte_len as usize;
                 self.post_read_buffer(&mut receives)?;
+                drop(receives);
+                buffer.sync_from_registered()?;
                 return Ok(buffer);
             }
             if Instant::now() >= deadline {
@@ -1001,5 +1165,17 @@ impl Context {
     #[must_use]
     pub fn stats(&self) -> CacheStats {
         self.inner.pool.lock().stats
+    }
+}
+
+/// CUDA, when built with it.
+fn default_allocator() -> Option<Arc<dyn DeviceAllocator>> {
+    #[cfg(feature = "cuda")]
+    {
+        Some(Arc::new(crate::cuda::CudaAllocator))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        None
     }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
-use crate::device::{check_range, DeviceError, DeviceMemory};
+use crate::device::{check_range, DeviceAllocator, DeviceError, DeviceMemory};
 
 /// Whether the CUDA driver library can be loaded, and if not, why.
 fn driver() -> Result<(), DeviceError> {
@@ -239,6 +239,16 @@ impl DeviceMemory for CudaMemory {
             },
             self.failed("copy from the device"),
         )
+    }
+}
+
+/// Allocates [`CudaMemory`] by device ordinal: the cache's GPU buffers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CudaAllocator;
+
+impl DeviceAllocator for CudaAllocator {
+    fn alloc(&self, device: u32, size: usize) -> Result<Arc<dyn DeviceMemory>, DeviceError> {
+        Ok(Arc::new(CudaMemory::alloc(device, size)?))
     }
 }
 

@@ -9,6 +9,7 @@
 //! (for frames, a fatal event of the receive path), never a panic.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Device memory a face copies staged bytes into and out of.
 ///
@@ -39,6 +40,18 @@ pub trait DeviceMemory: Send + Sync + fmt::Debug {
     ///
     /// As [`DeviceMemory::write`].
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), DeviceError>;
+}
+
+/// Allocates device memory by device number: how the cache gets GPU buffers (the seed's
+/// `gpu_id`). The `cuda` feature's `ferroce::cuda::CudaAllocator` allocates CUDA memory.
+pub trait DeviceAllocator: Send + Sync + fmt::Debug {
+    /// `size` bytes on device `device`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Unavailable`] when there is no such device;
+    /// [`DeviceError::Allocation`] when it has no room.
+    fn alloc(&self, device: u32, size: usize) -> Result<Arc<dyn DeviceMemory>, DeviceError>;
 }
 
 /// Why device memory could not be had or copied.

@@ -1,13 +1,19 @@
 //! The registered-buffer cache (seed 002) over real UDP sockets on loopback: two contexts in one
 //! process, bound to each other. Each test has its own addresses (127.0.0.78, 127.0.0.79) and
-//! UDP and TCP ports (19520 and up), so they run in parallel.
+//! UDP and TCP ports (19520 and up), so they run in parallel. GPU buffers come from a
+//! stand-in allocator whose device memory lives in host RAM.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 use ferroce::cache::{size_class, CacheError, Context, ContextConfig, Device};
+use ferroce::device::{DeviceAllocator, DeviceMemory};
+
+mod support;
+use support::{FakeAllocator, FakeDevice};
 
 fn ip(host: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, host))
@@ -25,6 +31,33 @@ fn pair(port: u16, max_message: usize) -> (Context, Context) {
     };
     let listener = thread::spawn(move || Context::connect(&config(78, true)));
     let dialler = Context::connect(&config(79, false)).unwrap();
+    (listener.join().unwrap().unwrap(), dialler)
+}
+
+/// As [`pair`], with GPU buffers from `allocator`, and the dialler's read buffers on
+/// `receive_device`.
+fn pair_with(
+    port: u16,
+    max_message: usize,
+    allocator: &Arc<FakeAllocator>,
+    receive_device: Device,
+) -> (Context, Context) {
+    let oob = SocketAddr::new(ip(78), port);
+    let config = move |host: u8, listen: bool| {
+        let mut c = ContextConfig::new(ip(host), oob, listen).with_max_message(max_message);
+        c.nic.set_port(port);
+        c.timeout = Duration::from_secs(10);
+        c
+    };
+    let listener = {
+        let allocator = Arc::clone(allocator) as Arc<dyn DeviceAllocator>;
+        thread::spawn(move || Context::connect_with_allocator(&config(78, true), Some(allocator)))
+    };
+    let dialler = Context::connect_with_allocator(
+        &config(79, false).with_receive_device(receive_device),
+        Some(Arc::clone(allocator) as Arc<dyn DeviceAllocator>),
+    )
+    .unwrap();
     (listener.join().unwrap().unwrap(), dialler)
 }
 
@@ -97,7 +130,9 @@ fn seed_codes_map_to_typed_errors() {
     let zero = a.write_memory(0, Device::Host).unwrap_err();
     assert!(matches!(zero, CacheError::InvalidParameters(_)), "{zero}");
     assert_eq!(zero.seed_code(), Some(-1));
-    let gpu = a.read_memory(64, Device::Gpu(0)).unwrap_err();
+    // No GPU 4095 here, whatever the build: without the `cuda` feature there is no
+    // allocator, with it no such device.
+    let gpu = a.read_memory(64, Device::Gpu(4095)).unwrap_err();
     assert!(matches!(gpu, CacheError::NotSupported(_)), "{gpu}");
     assert_eq!(gpu.seed_code(), Some(-2));
     assert!(gpu.to_string().contains("not supported in this context"));
@@ -227,4 +262,73 @@ fn a_remote_that_disappears_fails_the_flush() {
         matches!(err, CacheError::Transport(_) | CacheError::Timeout { .. }),
         "{err}"
     );
+}
+
+#[test]
+fn gpu_buffers_flush_from_and_receive_into_device_memory() {
+    let allocator = Arc::new(FakeAllocator::default());
+    let (a, b) = pair_with(19526, 8192, &allocator, Device::Gpu(1));
+    // The dialler's 16 read buffers are on GPU 1, registered once.
+    assert_eq!(allocator.allocations.load(Ordering::SeqCst), 16);
+
+    let data = pattern(3000, 5);
+    let buffer = b.write_memory(3000, Device::Gpu(0)).unwrap();
+    assert_eq!(buffer.device(), Device::Gpu(0));
+    buffer.write(0, &data).unwrap();
+    let mut back = vec![0; 3000];
+    buffer.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    b.flush(&buffer).unwrap();
+    let got = a.receive(Duration::from_secs(5)).unwrap();
+    assert_eq!(got.device(), Device::Host);
+    assert_eq!(got.to_vec(), data, "flush sent the device's bytes");
+
+    // The other way: into a read buffer on GPU 1, copied there before receive returns.
+    let reply = pattern(5000, 9);
+    let out = a.write_memory(5000, Device::Host).unwrap();
+    out.write(0, &reply).unwrap();
+    a.flush(&out).unwrap();
+    let got = b.receive(Duration::from_secs(5)).unwrap();
+    assert_eq!(got.device(), Device::Gpu(1));
+    let device = got
+        .device_memory()
+        .expect("a GPU read buffer has device memory");
+    let mut on_device = vec![0; 5000];
+    device.read(0, &mut on_device).unwrap();
+    assert_eq!(on_device, reply);
+    assert_eq!(got.to_vec(), reply);
+    drop(got);
+
+    // Registration and allocation are paid once per buffer: the same class comes back.
+    drop(buffer);
+    let before = allocator.allocations.load(Ordering::SeqCst);
+    let hits = b.stats().hits;
+    let again = b.write_memory(2500, Device::Gpu(0)).unwrap();
+    assert_eq!(b.stats().hits, hits + 1);
+    assert_eq!(allocator.allocations.load(Ordering::SeqCst), before);
+    drop(again);
+
+    // A device the allocator does not have is the seed's -2.
+    let err = b.write_memory(64, Device::Gpu(9)).unwrap_err();
+    assert_eq!(err.seed_code(), Some(-2), "{err}");
+    assert!(err.to_string().contains("no fake device 9"), "{err}");
+
+    // The application's own device memory, wrapped; and a device that refuses a copy.
+    let own = FakeDevice::new(700, usize::MAX);
+    own.write(0, &pattern(700, 1)).unwrap();
+    let wrapped = b.wrap_device_memory(own, 3).unwrap();
+    assert_eq!((wrapped.len(), wrapped.device()), (700, Device::Gpu(3)));
+    b.flush(&wrapped).unwrap();
+    assert_eq!(
+        a.receive(Duration::from_secs(5)).unwrap().to_vec(),
+        pattern(700, 1)
+    );
+    assert!(
+        wrapped.into_user_buffer().is_err(),
+        "device memory is not host bytes"
+    );
+    let broken = b.wrap_device_memory(FakeDevice::new(64, 1), 3).unwrap();
+    let err = broken.write(0, &[1; 8]).unwrap_err();
+    assert!(matches!(err, CacheError::Device(_)), "{err}");
+    assert!(err.to_string().contains("illegal address"), "{err}");
 }

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ferroce::device::{check_range, DeviceError, DeviceMemory};
+use ferroce::device::{check_range, DeviceAllocator, DeviceError, DeviceMemory};
 
 /// Device memory kept in host RAM, whose copies can be made to fail: what a GPU's would do,
 /// without a GPU. (With the `cuda` feature and a GPU, the `cuda` module's tests and
@@ -60,5 +60,23 @@ impl DeviceMemory for FakeDevice {
         let at = offset as usize;
         dst.copy_from_slice(&self.bytes.lock().unwrap()[at..at + dst.len()]);
         Ok(())
+    }
+}
+
+/// Allocates [`FakeDevice`]s for devices 0 to 7, and counts them.
+#[derive(Debug, Default)]
+pub(crate) struct FakeAllocator {
+    pub(crate) allocations: AtomicUsize,
+}
+
+impl DeviceAllocator for FakeAllocator {
+    fn alloc(&self, device: u32, size: usize) -> Result<Arc<dyn DeviceMemory>, DeviceError> {
+        if device >= 8 {
+            return Err(DeviceError::Unavailable(format!(
+                "no fake device {device}: there are 8"
+            )));
+        }
+        self.allocations.fetch_add(1, Ordering::SeqCst);
+        Ok(FakeDevice::new(size, usize::MAX))
     }
 }
