@@ -20,5 +20,11 @@ echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test"
 cargo test --workspace --locked
+# The `cuda` feature loads the CUDA driver at run time, so it builds anywhere: lint it, and run
+# its tests, which on a host without a GPU check the refusals and say they skipped the GPU part
+# (scripts/gpu-check.sh runs them where there is one).
+echo "== cargo clippy and test --features cuda"
+cargo clippy -p ferroce -p ferroce-cli --all-targets --features cuda --locked -- -D warnings
+cargo test -p ferroce --features cuda --locked --lib --test cuda
 echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"
 interop/run.sh

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
+use ferroce::device::DeviceMemory;
 use ferroce::frames::control::{DataChannel, DeviceRegisters, RoceChannel, CONTROL_PORT};
 use ferroce::frames::{
     FrameInfo, ImmediateLayout, MonitorError, Pattern, Receiver, ReceiverConfig, Sender, Target,
@@ -87,6 +88,10 @@ pub(crate) struct RecvArgs {
     /// Print the NIC's counters at exit, as `rdma statistic show` does.
     #[arg(long)]
     stats: bool,
+    /// Deliver frames into this CUDA device's memory (staged in host pages) and check
+    /// each frame's content from there. Needs a build with `--features cuda`.
+    #[arg(long, value_name = "ORDINAL")]
+    cuda: Option<u32>,
 }
 
 /// Flags of `stream send`.
@@ -349,13 +354,40 @@ fn start(
         .context("cannot start the monitor thread")
 }
 
-fn receiver_config(args: &RecvArgs, peer: IpAddr) -> ReceiverConfig {
+fn receiver_config(
+    args: &RecvArgs,
+    peer: IpAddr,
+    device: Option<&Arc<dyn DeviceMemory>>,
+) -> ReceiverConfig {
     let mut config = ReceiverConfig::for_frames(args.frame_size, args.pages, peer);
     config.queue_size = args.queue;
     if args.buffer8 {
         config.immediate = ImmediateLayout::Buffer8;
     }
+    config.device_memory = device.cloned();
     config
+}
+
+/// The CUDA memory `--cuda` asks for: room for the ring `start` will want.
+fn cuda_memory(args: &RecvArgs) -> anyhow::Result<Option<Arc<dyn DeviceMemory>>> {
+    let Some(ordinal) = args.cuda else {
+        return Ok(None);
+    };
+    let probe = ReceiverConfig::for_frames(args.frame_size, args.pages, args.local);
+    let ring = probe.page_size * args.pages as usize;
+    #[cfg(feature = "cuda")]
+    {
+        let memory = ferroce::cuda::CudaMemory::alloc(ordinal, ring)
+            .with_context(|| format!("--cuda {ordinal}: cannot have {ring} bytes for the ring"))?;
+        Ok(Some(Arc::new(memory)))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        bail!(
+            "--cuda {ordinal}: this ferroce was built without CUDA ({ring} bytes of device \
+             memory wanted); build it with `cargo build --release --features cuda`"
+        )
+    }
 }
 
 fn program(rx: &Receiver, device: SocketAddr, mtu: usize) -> anyhow::Result<()> {
@@ -393,6 +425,10 @@ fn describe(rx: &Receiver, peer: IpAddr) -> anyhow::Result<serde_json::Value> {
         "ip": local.ip().to_string(),
         "udp_port": local.port(),
         "peer": peer.to_string(),
+        "device_memory": rx.device_memory().map(|d| json!({
+            "device": d.describe(),
+            "address": d.address(),
+        })),
     }))
 }
 
@@ -410,8 +446,13 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         faults: None,
         pcap: args.pcap.clone(),
     })?;
+    let cuda = cuda_memory(args)?;
     let rx = Receiver::new();
-    let mut monitor = Some(start(&rx, &nic, receiver_config(args, peer))?);
+    let mut monitor = Some(start(
+        &rx,
+        &nic,
+        receiver_config(args, peer, cuda.as_ref()),
+    )?);
     if let Some(device) = device {
         program(&rx, device, args.mtu)?;
     }
@@ -454,7 +495,11 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
             while nic.address_gone() {
                 std::thread::sleep(Duration::from_millis(100));
             }
-            monitor = Some(start(&rx, &nic, receiver_config(args, peer))?);
+            monitor = Some(start(
+                &rx,
+                &nic,
+                receiver_config(args, peer, cuda.as_ref()),
+            )?);
             if let Some(device) = device {
                 program(&rx, device, args.mtu)?;
             }

@@ -2,7 +2,7 @@
 //! control protocol or told its target on the command line, every frame's JSON checked
 //! against the pattern the device sent, loss reported per frame.
 //!
-//! Addresses: 127.0.0.120 to 127.0.0.129.
+//! Addresses: 127.0.0.120 to 127.0.0.129. The CUDA test skips, saying so, without a GPU.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -212,4 +212,66 @@ fn recv_needs_to_know_where_frames_come_from() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--peer"));
+}
+
+/// With a GPU (and a build with `--features cuda`), frames land in CUDA memory and every
+/// frame's CRC is taken from there. Without one, `--cuda` must refuse and say why; the test
+/// then says it skipped the GPU part (`FERROCE_REQUIRE_GPU=1` makes that a failure).
+#[test]
+fn frames_delivered_into_cuda_memory_are_checked_from_there() {
+    let device = ferroce(&[
+        "stream",
+        "send",
+        "--local",
+        "127.0.0.126",
+        "--fps",
+        "100",
+        "--frames",
+        "10",
+    ])
+    .spawn()
+    .unwrap();
+    let mut device = Reaper(device);
+    std::thread::sleep(Duration::from_millis(200));
+    let recv = ferroce(&[
+        "stream",
+        "recv",
+        "--local",
+        "127.0.0.125",
+        "--device",
+        "127.0.0.126",
+        "--frame-size",
+        "100000",
+        "--frames",
+        "10",
+        "--idle",
+        "10",
+        "--json",
+        "--cuda",
+        "0",
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&recv.stderr);
+    if !recv.status.success() {
+        assert!(
+            stderr.contains("--cuda 0") && stderr.contains("CUDA"),
+            "a refusal that does not say why: {stderr}"
+        );
+        assert!(
+            std::env::var_os("FERROCE_REQUIRE_GPU").is_none(),
+            "a GPU was required: {stderr}"
+        );
+        eprintln!("skipping the GPU stream (no CUDA here): {stderr}");
+        return;
+    }
+    let lines = json_lines(&recv.stdout);
+    assert_eq!(lines[0]["device_memory"]["device"], "CUDA device 0");
+    let frames = &lines[1..lines.len() - 1];
+    assert_eq!(frames.len(), 10);
+    for (n, f) in frames.iter().enumerate() {
+        assert_eq!(f["data_crc32"], pattern_crc(n as u64, 100_000), "frame {n}");
+    }
+    assert_eq!(lines.last().unwrap()["content_errors"], 0);
+    assert!(device.0.wait().unwrap().success());
 }
