@@ -148,3 +148,77 @@ fn ipv4_ids_are_recovered_from_the_icrc() {
     // The rxe captures carry real, non-zero IDs; the bridge emulator's 160 packets send 0.
     assert_eq!(nonzero, 470);
 }
+
+/// Damaged captures end in an error, never a panic: a capture rewritten as pcapng, then
+/// 3000 copies with a few random bytes changed and perhaps cut short, each read to its end
+/// and every frame decoded.
+#[test]
+fn damaged_captures_are_errors_not_panics() {
+    use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+    use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
+    use pcap_file::pcapng::PcapNgWriter;
+    use pcap_file::DataLink;
+
+    let pcap = testdata().join("rc_atomic_fadd.pcap");
+    let mut writer = PcapNgWriter::new(Vec::new()).unwrap();
+    writer
+        .write_pcapng_block(InterfaceDescriptionBlock {
+            linktype: DataLink::ETHERNET,
+            snaplen: 65535,
+            options: vec![],
+        })
+        .unwrap();
+    let mut frames = 0;
+    for frame in CaptureReader::open(&pcap).unwrap() {
+        let frame = frame.unwrap();
+        writer
+            .write_pcapng_block(EnhancedPacketBlock {
+                interface_id: 0,
+                timestamp: frame.timestamp,
+                original_len: frame.data.len() as u32,
+                data: frame.data.clone().into(),
+                options: vec![],
+            })
+            .unwrap();
+        frames += 1;
+    }
+    let pcapng = writer.into_inner();
+    let read_all = |bytes: &[u8]| -> (u64, bool) {
+        let Ok(reader) = CaptureReader::new(bytes, "damaged.pcapng") else {
+            return (0, true);
+        };
+        let (mut read, mut failed) = (0, false);
+        for frame in reader {
+            match frame {
+                Ok(frame) => {
+                    read += 1;
+                    let _ = decode_frame(&frame, ROCE_PORT);
+                }
+                Err(_) => failed = true,
+            }
+        }
+        (read, failed)
+    };
+    assert_eq!(read_all(&pcapng), (frames, false));
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |below: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % below as u64) as usize
+    };
+    let (mut errors, mut cut) = (0, 0);
+    for _ in 0..3000 {
+        let mut copy = pcapng.clone();
+        for _ in 0..1 + next(8) {
+            let at = next(copy.len());
+            copy[at] = next(256) as u8;
+        }
+        if next(3) == 0 {
+            copy.truncate(next(copy.len()));
+            cut += 1;
+        }
+        errors += u32::from(read_all(&copy).1);
+    }
+    assert!(cut > 500 && errors > 500, "{cut} cut, {errors} errors");
+}
