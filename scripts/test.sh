@@ -25,6 +25,6 @@ cargo test --workspace --locked
 # (scripts/gpu-check.sh runs them where there is one).
 echo "== cargo clippy and test --features cuda"
 cargo clippy -p ferroce -p ferroce-cli --all-targets --features cuda --locked -- -D warnings
-cargo test -p ferroce --features cuda --locked --lib --test cuda
+cargo test -p ferroce --features cuda --locked --lib --test cuda -- --nocapture
 echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"
 interop/run.sh
