@@ -79,6 +79,30 @@ impl Mtu {
         }
     }
 
+    /// The largest path MTU a link of `link_mtu` bytes carries, as rxe sets a port's
+    /// `active_mtu` from its network device: what is left after 80 bytes of headers, rounded
+    /// down to one of the five (1500 → 1024, 9000 → 4096); 256 for links smaller still.
+    ///
+    /// ```
+    /// use ferroce_proto::qp::Mtu;
+    /// assert_eq!(Mtu::for_link(1500), Mtu::M1024);
+    /// assert_eq!(Mtu::for_link(2128), Mtu::M2048);
+    /// assert_eq!(Mtu::for_link(2127), Mtu::M1024);
+    /// assert_eq!(Mtu::for_link(9000), Mtu::M4096);
+    /// assert_eq!(Mtu::for_link(65536), Mtu::M4096);
+    /// assert_eq!(Mtu::for_link(0), Mtu::M256);
+    /// ```
+    #[must_use]
+    pub const fn for_link(link_mtu: u32) -> Self {
+        match link_mtu.saturating_sub(80) {
+            4096.. => Self::M4096,
+            2048.. => Self::M2048,
+            1024.. => Self::M1024,
+            512.. => Self::M512,
+            _ => Self::M256,
+        }
+    }
+
     /// The `enum ibv_mtu` value (1 for 256 … 5 for 4096), as the out-of-band tools exchange it.
     #[must_use]
     pub const fn ibv_value(self) -> u8 {

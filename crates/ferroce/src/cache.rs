@@ -203,8 +203,9 @@ pub struct ContextConfig {
     pub receive_device: Device,
     /// Cached bytes beyond which returned buffers are deregistered instead (256 MiB).
     pub max_cached_bytes: usize,
-    /// Path MTU to ask for; the smaller of both sides' wins (1024).
-    pub mtu: Mtu,
+    /// Path MTU to ask for; the smaller of both sides' wins. `None` (the default) asks for
+    /// the NIC's [`active_mtu`](crate::Nic::active_mtu), as rxe would.
+    pub mtu: Option<Mtu>,
 }
 
 impl ContextConfig {
@@ -220,7 +221,7 @@ impl ContextConfig {
             receive_depth: 16,
             receive_device: Device::Host,
             max_cached_bytes: 256 << 20,
-            mtu: Mtu::M1024,
+            mtu: None,
         }
     }
 
@@ -763,10 +764,11 @@ impl Context {
             ..NicConfig::default()
         })?;
         let mut stream = open(config)?;
+        let ours = config.mtu.unwrap_or_else(|| nic.active_mtu());
         let hello = format!(
             "ferroce-cache/{CACHE_VERSION} max_message={} mtu={}\n",
             config.max_message,
-            config.mtu.bytes()
+            ours.bytes()
         );
         stream
             .write_all(hello.as_bytes())
@@ -794,7 +796,7 @@ impl Context {
         let mtu = field("mtu")
             .and_then(|m| Mtu::from_bytes(m as u32))
             .ok_or_else(bad)?
-            .min(config.mtu);
+            .min(ours);
         let depth = usize::from(config.receive_depth);
         let send_cq = Cq::new(&nic, 1024);
         let recv_cq = Cq::new(&nic, depth * 2 + 8);

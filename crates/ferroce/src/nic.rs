@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ferroce_proto::memory::PdId;
+use ferroce_proto::qp::Mtu;
 use ferroce_proto::wire::ROCE_PORT;
 use ferroce_proto::{Counters, Engine, EngineConfig};
 
@@ -171,6 +172,16 @@ impl Nic {
         self.shared.local
     }
 
+    /// The path MTU this NIC's link carries (`ibv_query_port`'s `active_mtu`), derived as
+    /// rxe derives it from its network device: [`Mtu::for_link`] of the MTU of the interface
+    /// that holds the NIC's address (1500 → 1024; 9000 and loopback → 4096). 1024 when
+    /// that interface cannot be found or read. The socket sets don't-fragment, as rxe does,
+    /// so a larger path MTU than this would not get its packets out.
+    #[must_use]
+    pub fn active_mtu(&self) -> Mtu {
+        active_mtu_on(self.shared.local.ip())
+    }
+
     /// A snapshot of the engine's counters (rxe's names where rxe has them).
     #[must_use]
     pub fn counters(&self) -> Counters {
@@ -247,4 +258,20 @@ impl std::fmt::Debug for Nic {
             .field("addr", &self.shared.local)
             .finish_non_exhaustive()
     }
+}
+
+/// [`Nic::active_mtu`] of a NIC on `ip`, before opening one.
+#[must_use]
+pub fn active_mtu_on(ip: IpAddr) -> Mtu {
+    link_mtu(ip).map_or(Mtu::M1024, Mtu::for_link)
+}
+
+/// The MTU of the interface that holds `ip`, from sysfs.
+fn link_mtu(ip: IpAddr) -> Option<u32> {
+    let name = sys::interface_of(ip)?;
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use ferroce::cq::WcStatus;
 use ferroce::proto::memory::WriteOrder;
+use ferroce::proto::qp::Mtu;
 use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
 use ferroce::{
     ConnectOptions, Cq, Nic, NicConfig, NicError, Qp, Region, RegionAccess, RegionError,
@@ -228,6 +229,25 @@ fn an_address_in_use_is_named() {
         text.contains("127.0.0.2:24794") && text.contains("UDP port 24794"),
         "{text}"
     );
+}
+
+#[test]
+fn the_active_mtu_follows_the_link_as_rxe_derives_it() {
+    // Loopback's MTU (65536 unless someone changed it) carries 4096-byte RoCE packets.
+    let lo: u32 = std::fs::read_to_string("/sys/class/net/lo/mtu")
+        .expect("loopback's MTU in sysfs")
+        .trim()
+        .parse()
+        .unwrap();
+    let on_lo = nic(2, 24793);
+    assert_eq!(on_lo.active_mtu(), Mtu::for_link(lo));
+    // A NIC on every address has no one link: the common 1024.
+    let anywhere = Nic::open(&NicConfig {
+        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 24789),
+        ..NicConfig::default()
+    })
+    .unwrap();
+    assert_eq!(anywhere.active_mtu(), Mtu::M1024);
 }
 
 #[test]

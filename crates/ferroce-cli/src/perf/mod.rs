@@ -102,9 +102,11 @@ pub(crate) struct PerfArgs {
     /// Ask for a completion every this many requests (CQ moderation).
     #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
     cq_mod: u32,
-    /// Path MTU: 256, 512, 1024, 2048 or 4096 (the smaller of both sides' wins).
-    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
-    mtu: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (the smaller of both sides' wins). Default:
+    /// the NIC's active MTU, from its link (1024 at 1500 bytes, 4096 on loopback), as
+    /// perftest takes the port's.
+    #[arg(short = 'm', long = "mtu")]
+    mtu: Option<u32>,
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
@@ -216,7 +218,8 @@ struct Settings {
     tx_depth: u32,
     rx_depth: u32,
     cq_mod: u32,
-    mtu: Mtu,
+    /// `None`: the NIC's active MTU.
+    mtu: Option<Mtu>,
     port: u16,
     gbits: bool,
     json: Option<PathBuf>,
@@ -288,11 +291,14 @@ impl Settings {
         if a.qps == 0 || (kind == Kind::Lat && a.qps != 1) {
             return Err(" Latency tests use one queue pair; bandwidth tests at least one".into());
         }
-        let Some(mtu) = Mtu::from_bytes(a.mtu) else {
-            return Err(format!(
-                " Invalid MTU {}: use 256, 512, 1024, 2048 or 4096",
-                a.mtu
-            ));
+        let mtu = match a.mtu.map(|m| (m, Mtu::from_bytes(m))) {
+            None => None,
+            Some((_, Some(mtu))) => Some(mtu),
+            Some((m, None)) => {
+                return Err(format!(
+                    " Invalid MTU {m}: use 256, 512, 1024, 2048 or 4096"
+                ))
+            }
         };
         let uc = match a.connection.to_ascii_uppercase().as_str() {
             "RC" => false,
@@ -542,7 +548,7 @@ fn execute(s: &Settings) -> Result<(), String> {
     .map_err(|e| format!("{e}\n Unable to init the socket connection"))?;
     comm.exchange_versions()?;
     comm.check_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
-    let mtu = comm.check_mtu(s.mtu)?;
+    let mtu = comm.check_mtu(s.mtu.unwrap_or_else(|| rig.nic.active_mtu()))?;
     report::print_header(s, mtu.bytes());
 
     let gid = match s.local {

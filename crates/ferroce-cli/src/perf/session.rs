@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use ferroce::nic::active_mtu_on;
 use ferroce::proto::qp::Mtu;
 use ferroce::session::{
     ChannelDesc, ConnectInfo, Controller, Coprocessor, MemoryKind, SessionError, MAX_MESSAGE,
@@ -31,9 +32,10 @@ pub(crate) struct SessionLatArgs {
     /// Round trips to measure.
     #[arg(short = 'n', long = "iters", default_value_t = 1000)]
     iters: u64,
-    /// Path MTU: 256, 512, 1024, 2048 or 4096 (the smaller of both sides' wins).
-    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
-    mtu: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (the smaller of both sides' wins). Default:
+    /// the NIC's active MTU, from its link (1024 at 1500 bytes, 4096 on loopback).
+    #[arg(short = 'm', long = "mtu")]
+    mtu: Option<u32>,
     /// TCP port of the out-of-band connection.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
@@ -59,10 +61,10 @@ pub(crate) fn run(a: &SessionLatArgs) -> Result<(), String> {
     if a.iters < 5 {
         return Err(" Iterations must be at least 5".into());
     }
-    let Some(mtu) = Mtu::from_bytes(a.mtu) else {
+    let asked = a.mtu.unwrap_or_else(|| active_mtu_on(a.local).bytes());
+    let Some(mtu) = Mtu::from_bytes(asked) else {
         return Err(format!(
-            " Invalid MTU {}: use 256, 512, 1024, 2048 or 4096",
-            a.mtu
+            " Invalid MTU {asked}: use 256, 512, 1024, 2048 or 4096"
         ));
     };
     let json = match (&a.out_json_file, a.out_json) {

@@ -245,12 +245,13 @@ impl Core {
             ..NicConfig::default()
         })?;
         let mut stream = link::open(self.role, info.oob, info.timeout)?;
-        let theirs = link::hello(&mut stream, self.role, info.mtu.bytes())?;
+        let ours = info.mtu.unwrap_or_else(|| nic.active_mtu());
+        let theirs = link::hello(&mut stream, self.role, ours.bytes())?;
         let mtu = Mtu::from_bytes(theirs)
             .ok_or_else(|| {
                 SessionError::Protocol(format!("the peer's MTU {theirs} is not one of 256 … 4096"))
             })?
-            .min(info.mtu);
+            .min(ours);
         // Room for every slot's message each way, plus a little.
         let depth = usize::from(super::MAX_SLOTS) + 8;
         let send_cq = Cq::new(&nic, depth * 2);

@@ -202,9 +202,10 @@ pub struct ConnectInfo {
     /// How long the peer may stay silent once the channel is established before it counts as
     /// gone (3 s); heartbeats go every quarter of it, at most every 100 ms.
     pub peer_timeout: Duration,
-    /// The path MTU to ask for; the smaller of both sides' wins (1024, as rxe on a 1500-byte
-    /// link; 4096 on loopback or jumbo links).
-    pub mtu: Mtu,
+    /// The path MTU to ask for; the smaller of both sides' wins. `None` (the default) asks
+    /// for the NIC's [`active_mtu`](crate::Nic::active_mtu): 1024 on a 1500-byte link, 4096
+    /// on loopback or jumbo links, as rxe.
+    pub mtu: Option<Mtu>,
     /// ACK timeout exponent of the queue pair: 4.096 µs × 2^n (14: 67 ms).
     pub ack_timeout: u8,
     /// Retries after ACK timeouts before a request fails with
@@ -221,7 +222,7 @@ impl ConnectInfo {
             oob,
             timeout: Duration::from_secs(10),
             peer_timeout: Duration::from_secs(3),
-            mtu: Mtu::M1024,
+            mtu: None,
             ack_timeout: 14,
             retry_cnt: 7,
         }
@@ -244,7 +245,7 @@ impl ConnectInfo {
     /// The same with another path MTU.
     #[must_use]
     pub fn with_mtu(mut self, mtu: Mtu) -> Self {
-        self.mtu = mtu;
+        self.mtu = Some(mtu);
         self
     }
 

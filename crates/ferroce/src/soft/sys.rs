@@ -504,3 +504,75 @@ pub(crate) fn grow_buffers(socket: &UdpSocket, bytes: usize) -> io::Result<usize
         Err(io::Error::last_os_error())
     }
 }
+
+/// The name of the network interface that holds `ip` (`getifaddrs(3)`): the one with that
+/// very address, else one whose subnet contains it (127.0.0.2 is loopback's, through
+/// 127.0.0.1/8). `None` when there is none, or the list cannot be had.
+pub(crate) fn interface_of(ip: std::net::IpAddr) -> Option<String> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a pointer to a list it allocates into `list`, which is ours
+    // to read until freeifaddrs below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let (mut exact, mut subnet) = (None, None);
+    let mut entry = list;
+    while !entry.is_null() && exact.is_none() {
+        // SAFETY: `entry` is a non-null node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*entry };
+        entry = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null socket address's family field says which structure it is, and
+        // only that structure is read; the netmask, when present, has the same family.
+        let (addr, mask) = unsafe { (ip_of(ifa.ifa_addr), ip_of(ifa.ifa_netmask)) };
+        let Some(addr) = addr else { continue };
+        let slot = if addr == ip {
+            &mut exact
+        } else if mask.is_some_and(|mask| same_subnet(addr, ip, mask)) && subnet.is_none() {
+            &mut subnet
+        } else {
+            continue;
+        };
+        // SAFETY: ifa_name is a non-null, NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        *slot = Some(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once; nothing read from it is kept
+    // (the names were copied).
+    unsafe { libc::freeifaddrs(list) };
+    exact.or(subnet)
+}
+
+/// The IP address in a C socket address, if it is IPv4 or IPv6.
+///
+/// # Safety
+///
+/// `sa` is null or points to a socket address as large as its family says.
+unsafe fn ip_of(sa: *const libc::sockaddr) -> Option<std::net::IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise: a readable socket address of the size its family says.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let sin = &*sa.cast::<libc::sockaddr_in>();
+                Some(u32::from_be(sin.sin_addr.s_addr).to_be_bytes().into())
+            }
+            libc::AF_INET6 => Some((*sa.cast::<libc::sockaddr_in6>()).sin6_addr.s6_addr.into()),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `a` and `b` agree on the bits set in `mask` (all three of one family).
+fn same_subnet(a: std::net::IpAddr, b: std::net::IpAddr, mask: std::net::IpAddr) -> bool {
+    use std::net::IpAddr::{V4, V6};
+    match (a, b, mask) {
+        (V4(a), V4(b), V4(m)) => (a.to_bits() ^ b.to_bits()) & m.to_bits() == 0,
+        (V6(a), V6(b), V6(m)) => (a.to_bits() ^ b.to_bits()) & m.to_bits() == 0,
+        _ => false,
+    }
+}
