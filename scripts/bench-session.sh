@@ -6,11 +6,13 @@
 # Everything runs on loopback, server 127.0.0.62, client 127.0.0.63.
 # Needs: sockperf (apt-get install sockperf).
 # Usage: scripts/bench-session.sh [iterations] [seconds-per-sockperf-run] [mtu]
+# Without an MTU, the NIC's active MTU (4096 on loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-20000}
 secs=${2:-5}
-mtu=${3:-1024}
+mtu=${3:-}
+mtu_flag=${mtu:+-m $mtu}
 cargo build --release -q -p ferroce-cli
 ferroce=./target/release/ferroce
 command -v sockperf >/dev/null || { echo "bench: sockperf is missing (apt-get install sockperf)" >&2; exit 1; }
@@ -18,9 +20,9 @@ command -v sockperf >/dev/null || { echo "bench: sockperf is missing (apt-get in
 # One session-lat run: server in the background, client in front; prints the client's table.
 session() {
     local size=$1
-    $ferroce perf session-lat --local 127.0.0.62 -p 19539 -s "$size" -m "$mtu" > /dev/null 2>&1 &
+    $ferroce perf session-lat --local 127.0.0.62 -p 19539 -s "$size" $mtu_flag > /dev/null 2>&1 &
     local server=$!
-    $ferroce perf session-lat --local 127.0.0.63 -p 19539 -s "$size" -n "$iters" -m "$mtu" 127.0.0.62
+    $ferroce perf session-lat --local 127.0.0.63 -p 19539 -s "$size" -n "$iters" $mtu_flag 127.0.0.62
     wait $server
 }
 # One sockperf ping-pong: prints "median p99 p99.9" (half round trips, µs).
