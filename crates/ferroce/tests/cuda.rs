@@ -15,11 +15,14 @@ use std::time::Duration;
 use ferroce::cache::{CacheError, Context, ContextConfig, Device};
 use ferroce::cuda::{device_count, CudaMemory};
 use ferroce::device::{DeviceError, DeviceMemory};
-use ferroce::frames::{Pattern, Receiver, ReceiverConfig, Sender, Target};
+use ferroce::frames::{Pattern, Receiver, ReceiverConfig, Sender};
 use ferroce::session::{
     ChannelDesc, ConnectInfo, Controller, Coprocessor, MemoryKind, SessionError,
 };
 use ferroce::{Nic, NicConfig};
+
+mod support;
+use support::target;
 
 fn ip(host: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, host))
@@ -65,18 +68,7 @@ fn frames_land_in_cuda_memory() {
         let rx = rx.clone();
         thread::spawn(move || rx.blocking_monitor())
     };
-    let target = Target {
-        dest: rx.local_addr().unwrap(),
-        qp: rx.qp_number().unwrap(),
-        rkey: rx.rkey().unwrap(),
-        address: rx.external_frame_memory().unwrap(),
-        page_size: rx.page_size(),
-        pages: rx.pages(),
-        frame_size: rx.frame_size(),
-        payload: 4096,
-        immediate: ferroce::frames::ImmediateLayout::Page12,
-        fold_metadata: false,
-    };
+    let target = target(&rx, 4096);
     let mut tx = Sender::new(SocketAddr::new(ip(131), 0), target).unwrap();
     for n in 0..6u32 {
         let mut data = vec![0; 1_000_000];

@@ -22,7 +22,7 @@ use ferroce::proto::Psn;
 use ferroce::{Faults, Nic, NicConfig, RegionMemory};
 
 mod support;
-use support::FakeDevice;
+use support::{target, FakeDevice};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -43,22 +43,6 @@ fn receiver(nic: &Nic, config: ReceiverConfig) -> (Receiver, JoinHandle<Result<(
         std::thread::spawn(move || rx.blocking_monitor())
     };
     (rx, monitor)
-}
-
-/// The target a device would be programmed with for `rx`.
-fn target(rx: &Receiver, payload: usize) -> Target {
-    Target {
-        dest: rx.local_addr().unwrap(),
-        qp: rx.qp_number().unwrap(),
-        rkey: rx.rkey().unwrap(),
-        address: rx.external_frame_memory().unwrap(),
-        page_size: rx.page_size(),
-        pages: rx.pages(),
-        frame_size: rx.frame_size(),
-        payload,
-        immediate: ImmediateLayout::Page12,
-        fold_metadata: false,
-    }
 }
 
 fn sender(host: u8, target: Target) -> Sender {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferroce::device::{check_range, DeviceAllocator, DeviceError, DeviceMemory};
+use ferroce::frames::{ImmediateLayout, Receiver, Target};
 
 /// Device memory kept in host RAM, whose copies can be made to fail: what a GPU's would do,
 /// without a GPU. (With the `cuda` feature and a GPU, the `cuda` module's tests and
@@ -78,5 +79,21 @@ impl DeviceAllocator for FakeAllocator {
         }
         self.allocations.fetch_add(1, Ordering::SeqCst);
         Ok(FakeDevice::new(size, usize::MAX))
+    }
+}
+
+/// The target a device would be programmed with for `rx`.
+pub(crate) fn target(rx: &Receiver, payload: usize) -> Target {
+    Target {
+        dest: rx.local_addr().unwrap(),
+        qp: rx.qp_number().unwrap(),
+        rkey: rx.rkey().unwrap(),
+        address: rx.external_frame_memory().unwrap(),
+        page_size: rx.page_size(),
+        pages: rx.pages(),
+        frame_size: rx.frame_size(),
+        payload,
+        immediate: ImmediateLayout::Page12,
+        fold_metadata: false,
     }
 }
