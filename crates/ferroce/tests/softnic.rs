@@ -241,6 +241,13 @@ fn the_active_mtu_follows_the_link_as_rxe_derives_it() {
         .unwrap();
     let on_lo = nic(2, 24793);
     assert_eq!(on_lo.active_mtu(), Mtu::for_link(lo));
+    // IPv6 loopback, where the host has it.
+    if let Ok(v6) = Nic::open(&NicConfig {
+        addr: SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST), 24793),
+        ..NicConfig::default()
+    }) {
+        assert_eq!(v6.active_mtu(), Mtu::for_link(lo));
+    }
     // A NIC on every address has no one link: the common 1024.
     let anywhere = Nic::open(&NicConfig {
         addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 24789),
