@@ -17,7 +17,7 @@ use ferroce::cuda::{device_count, CudaMemory};
 use ferroce::device::{DeviceError, DeviceMemory};
 use ferroce::frames::{Pattern, Receiver, ReceiverConfig, Sender};
 use ferroce::session::{
-    ChannelDesc, ConnectInfo, Controller, Coprocessor, MemoryKind, SessionError,
+    ChannelDesc, ConnectInfo, Controller, Coprocessor, DeviceCall, MemoryKind, SessionError,
 };
 use ferroce::{Nic, NicConfig};
 
@@ -102,8 +102,15 @@ fn a_session_runs_over_cuda_regions() {
             s.alloc_memory(desc.region_bytes() as usize, MemoryKind::Cuda { device: 0 })?;
         let (s, peer) = s.exchange_keys(&mem)?;
         s.establish_channel(&desc, &mem, &peer)?
-            .set_coprocessor_fn(|request: &[u8], reply: &mut [u8]| {
-                reply[..request.len()].copy_from_slice(request);
+            // Echo on the GPU: the request is read from and the reply left in CUDA memory.
+            .set_device_coprocessor_fn(|call: DeviceCall<'_>| {
+                let mut request = vec![0; call.request_len];
+                call.memory
+                    .read(call.request_offset, &mut request)
+                    .map_err(|e| e.to_string())?;
+                call.memory
+                    .write(call.reply_offset, &request)
+                    .map_err(|e| e.to_string())?;
                 Ok(request.len())
             })?
             .start()

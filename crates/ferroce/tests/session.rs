@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use ferroce::device::DeviceMemory;
 use ferroce::session::state::Running;
 use ferroce::session::{
-    AnySession, ChannelDesc, ConnectInfo, Controller, Coprocessor, MemoryKind, Role, Session,
-    SessionError, Step,
+    AnySession, ChannelDesc, ConnectInfo, Controller, Coprocessor, DeviceCall, MemoryKind, Role,
+    Session, SessionError, Step,
 };
 
 mod support;
@@ -677,5 +677,85 @@ fn device_memory_the_session_cannot_have_is_refused_by_name() {
         matches!(&err, SessionError::InvalidArgument(why) if why.contains("alloc_device_memory")),
         "{err}"
     );
+    coprocessor.join().unwrap();
+}
+
+#[test]
+fn a_device_function_works_in_the_device_memory() {
+    let desc = ChannelDesc::new(2, 128, 128);
+    let size = desc.region_bytes() as usize;
+    let device = FakeDevice::new(size, usize::MAX);
+    let coprocessor = {
+        let device = Arc::clone(&device);
+        thread::spawn(move || {
+            let s = Coprocessor::new().connect(&info(85, 85, 19514))?;
+            let (s, mem) = s.alloc_device_memory(device)?;
+            let (s, peer) = s.exchange_keys(&mem)?;
+            s.establish_channel(&desc, &mem, &peer)?
+                .set_device_coprocessor_fn(|call: DeviceCall<'_>| {
+                    assert_eq!(
+                        call.request_address(),
+                        call.memory.address() + call.request_offset
+                    );
+                    let mut request = vec![0; call.request_len];
+                    call.memory
+                        .read(call.request_offset, &mut request)
+                        .map_err(|e| e.to_string())?;
+                    if request == b"too long" {
+                        return Ok(call.reply_capacity + 1);
+                    }
+                    request.reverse();
+                    call.memory
+                        .write(call.reply_offset, &request)
+                        .map_err(|e| e.to_string())?;
+                    Ok(request.len())
+                })?
+                .start()
+        })
+    };
+    let s = Controller::new().connect(&info(84, 85, 19514)).unwrap();
+    let (s, mem) = s.alloc_memory(size, MemoryKind::Host).unwrap();
+    let (s, peer) = s.exchange_keys(&mem).unwrap();
+    let mut controller = s
+        .establish_channel(&desc, &mem, &peer)
+        .unwrap()
+        .start()
+        .unwrap();
+    let coprocessor = coprocessor.join().unwrap().unwrap();
+    let mut reply = [0u8; 128];
+    for n in 0..5u8 {
+        let request = pattern(40 + usize::from(n), n);
+        controller.submit(&request).unwrap();
+        let got = controller.collect(&mut [&mut reply[..]]).unwrap();
+        let reversed: Vec<u8> = request.iter().rev().copied().collect();
+        assert_eq!(reply[..got.bytes], reversed[..], "request {n}");
+    }
+    controller.submit(b"too long").unwrap();
+    let err = controller.collect(&mut [&mut reply[..]]).unwrap_err();
+    assert!(
+        matches!(&err, SessionError::CoprocessorFailed { .. }) && err.to_string().contains("129"),
+        "{err}"
+    );
+    drop((controller, coprocessor));
+
+    // Without device memory there is nothing for a device function to work in.
+    let coprocessor = thread::spawn(move || {
+        let s = Coprocessor::new().connect(&info(87, 87, 19515)).unwrap();
+        let (s, mem) = s.alloc_memory(size, MemoryKind::Host).unwrap();
+        let (s, peer) = s.exchange_keys(&mem).unwrap();
+        let err = s
+            .establish_channel(&desc, &mem, &peer)
+            .unwrap()
+            .set_device_coprocessor_fn(|_: DeviceCall<'_>| Ok(0))
+            .unwrap_err();
+        assert!(
+            matches!(&err, SessionError::InvalidArgument(why) if why.contains("device memory")),
+            "{err}"
+        );
+    });
+    let s = Controller::new().connect(&info(86, 87, 19515)).unwrap();
+    let (s, mem) = s.alloc_memory(size, MemoryKind::Host).unwrap();
+    let (s, peer) = s.exchange_keys(&mem).unwrap();
+    let _established = s.establish_channel(&desc, &mem, &peer).unwrap();
     coprocessor.join().unwrap();
 }

@@ -27,9 +27,15 @@ use ferroce_proto::qp::{
 
 use super::link::{self, Liveness, Watchdog};
 use super::{
-    ChannelDesc, Collected, ConnectInfo, CoprocessorFn, MemRegion, MemoryKind, PeerRef, RequestId,
-    Role, SessionError, Step,
+    ChannelDesc, Collected, ConnectInfo, CoprocessorFn, DeviceCall, DeviceCoprocessorFn, MemRegion,
+    MemoryKind, PeerRef, RequestId, Role, SessionError, Step,
 };
+
+/// The coprocessor's function: on host copies of the messages, or in the device memory.
+pub(super) enum Function {
+    Host(Box<CoprocessorFn>),
+    Device(Box<DeviceCoprocessorFn>),
+}
 use crate::device::DeviceMemory;
 use crate::exchange::{PeerInfo, RemoteRegion};
 use crate::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
@@ -172,7 +178,7 @@ pub(super) struct Core {
     link: Option<Link>,
     peer: Option<PeerRef>,
     channel: Option<Channel>,
-    function: Option<Box<CoprocessorFn>>,
+    function: Option<Function>,
     watchdog: Option<Watchdog>,
     started: bool,
     stopped: bool,
@@ -475,10 +481,7 @@ impl Core {
         Ok(())
     }
 
-    pub(super) fn set_coprocessor_fn(
-        &mut self,
-        function: Box<CoprocessorFn>,
-    ) -> Result<(), SessionError> {
+    pub(super) fn set_coprocessor_fn(&mut self, function: Function) -> Result<(), SessionError> {
         self.not_stopped(Step::SetCoprocessorFn)?;
         if self.role != Role::Coprocessor {
             return Err(SessionError::WrongRole {
@@ -503,6 +506,14 @@ impl Core {
                     Step::EstablishChannel
                 },
             });
+        }
+        let has_device = self.channel.as_ref().is_some_and(|c| c.device.is_some());
+        if matches!(function, Function::Device(_)) && !has_device {
+            return Err(SessionError::InvalidArgument(
+                "a device coprocessor function needs a region with device memory: allocate it \
+                 as MemoryKind::Cuda or with alloc_device_memory"
+                    .into(),
+            ));
         }
         self.function = Some(function);
         Ok(())
@@ -956,7 +967,7 @@ struct Engine {
     liveness: Arc<Liveness>,
     shared: Arc<EngineShared>,
     rtt: Arc<AtomicU64>,
-    function: Box<CoprocessorFn>,
+    function: Function,
 }
 
 impl Engine {
@@ -1025,6 +1036,10 @@ impl Engine {
                 })
                 .map_err(|e| format!("cannot post a receive: {e}"))?;
             let len = wc.byte_len as usize;
+            let staging = u64::from(self.desc.slots) * u64::from(self.desc.request_bytes)
+                + u64::from(slot) * u64::from(self.desc.reply_bytes);
+            // Whether the reply is already in the device memory (a device function's).
+            let mut on_device = false;
             let (kind, n) = if len > request.len() {
                 let message = format!(
                     "a request of {len} bytes is longer than the slot's {}",
@@ -1041,9 +1056,31 @@ impl Engine {
                         .write(at, &request[..len])
                         .map_err(|e| format!("request in slot {slot}: {e}"))?;
                 }
-                let function = &mut self.function;
-                match catch_unwind(AssertUnwindSafe(|| function(&request[..len], &mut reply))) {
-                    Ok(Ok(n)) if n <= reply.len() => (ReplyKind::Ok, n),
+                let capacity = reply.len();
+                let ran = match (&mut self.function, &self.device) {
+                    (Function::Host(function), _) => {
+                        catch_unwind(AssertUnwindSafe(|| function(&request[..len], &mut reply)))
+                    }
+                    (Function::Device(function), Some(device)) => {
+                        let call = DeviceCall {
+                            memory: device.as_ref(),
+                            request_offset: at,
+                            request_len: len,
+                            reply_offset: staging,
+                            reply_capacity: capacity,
+                        };
+                        on_device = true;
+                        catch_unwind(AssertUnwindSafe(|| function(call)))
+                    }
+                    (Function::Device(_), None) => {
+                        return Err("a device function on a region without device memory".into())
+                    }
+                };
+                if !matches!(ran, Ok(Ok(n)) if n <= capacity) {
+                    on_device = false;
+                }
+                match ran {
+                    Ok(Ok(n)) if n <= capacity => (ReplyKind::Ok, n),
                     Ok(Ok(n)) => {
                         let message = format!(
                             "the coprocessor function returned {n} bytes for a reply slot of {}",
@@ -1063,14 +1100,17 @@ impl Engine {
                     }
                 }
             };
-            let staging = u64::from(self.desc.slots) * u64::from(self.desc.request_bytes)
-                + u64::from(slot) * u64::from(self.desc.reply_bytes);
             let mut sges = Vec::new();
             if n > 0 {
+                if let (true, Some(device)) = (on_device, &self.device) {
+                    device
+                        .read(staging, &mut reply[..n])
+                        .map_err(|e| format!("reply in slot {slot}: {e}"))?;
+                }
                 self.region
                     .write(staging, &reply[..n])
                     .map_err(|e| e.to_string())?;
-                if let Some(device) = &self.device {
+                if let (false, Some(device)) = (on_device, &self.device) {
                     device
                         .write(staging, &reply[..n])
                         .map_err(|e| format!("reply in slot {slot}: {e}"))?;

@@ -10,7 +10,9 @@
 //!    staged in registered host memory and kept in step with it;
 //! 3. `exchange_keys` — each side advertises its region and learns the peer's;
 //! 4. `establish_channel` — the slots, request and reply sizes (both sides must agree);
-//! 5. on the coprocessor, `set_coprocessor_fn`;
+//! 5. on the coprocessor, `set_coprocessor_fn` (on copies of the messages in host memory), or
+//!    for a region with device memory `set_device_coprocessor_fn`, whose function works on the
+//!    request where it lies in the device memory and leaves its reply there ([`DeviceCall`]);
 //! 6. `start`, then `submit`/`collect` as often as needed, then `stop`.
 //!
 //! Requests and replies are RDMA WRITEs with immediate: the controller writes a request into a
@@ -106,7 +108,7 @@ use std::time::Duration;
 use ferroce_proto::qp::{ModifyError, Mtu, PostError, WcStatus};
 use ferroce_proto::wire::ROCE_PORT;
 
-use self::core::Core;
+use self::core::{Core, Function};
 pub use self::link::SESSION_VERSION;
 use crate::device::{DeviceError, DeviceMemory};
 use crate::exchange::ExchangeError;
@@ -460,6 +462,44 @@ pub struct Collected {
 /// and returns its length. An `Err` (its message) or a panic becomes an error reply.
 pub type CoprocessorFn = dyn FnMut(&[u8], &mut [u8]) -> Result<usize, String> + Send + 'static;
 
+/// Where a request and its reply slot lie in the region's device memory, as a coprocessor
+/// function set with `set_device_coprocessor_fn` sees them: the request is already there,
+/// and the function leaves its reply at `reply_offset` (a kernel launched on the addresses,
+/// say, finished before it returns) and returns the reply's length. The engine copies the
+/// reply from the device and WRITEs it to the controller.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceCall<'a> {
+    /// The region's device memory.
+    pub memory: &'a dyn DeviceMemory,
+    /// Where the request starts, from the device memory's first byte.
+    pub request_offset: u64,
+    /// The request's length in bytes.
+    pub request_len: usize,
+    /// Where the reply slot starts.
+    pub reply_offset: u64,
+    /// The slot's length: the longest reply.
+    pub reply_capacity: usize,
+}
+
+impl DeviceCall<'_> {
+    /// The device address of the request's first byte (a `CUdeviceptr` for CUDA).
+    #[must_use]
+    pub fn request_address(&self) -> u64 {
+        self.memory.address() + self.request_offset
+    }
+
+    /// The device address of the reply slot's first byte.
+    #[must_use]
+    pub fn reply_address(&self) -> u64 {
+        self.memory.address() + self.reply_offset
+    }
+}
+
+/// A coprocessor function that works in the region's device memory (see [`DeviceCall`]).
+/// An `Err` (its message) or a panic becomes an error reply, as for [`CoprocessorFn`].
+pub type DeviceCoprocessorFn =
+    dyn for<'a> FnMut(DeviceCall<'a>) -> Result<usize, String> + Send + 'static;
+
 /// Why a session call failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -714,6 +754,18 @@ pub trait Session: Send {
     /// `establish_channel`, [`SessionError::TooLate`] after `start`.
     fn set_coprocessor_fn(&mut self, function: Box<CoprocessorFn>) -> Result<(), SessionError>;
 
+    /// Instead of `set_coprocessor_fn`, for a region with device memory: a function that
+    /// works on the request where it lies in the device memory and leaves its reply there.
+    ///
+    /// # Errors
+    ///
+    /// Those of `set_coprocessor_fn`, and [`SessionError::InvalidArgument`] when the
+    /// channel's region has no device memory.
+    fn set_device_coprocessor_fn(
+        &mut self,
+        function: Box<DeviceCoprocessorFn>,
+    ) -> Result<(), SessionError>;
+
     /// Seed 003's `start`: returns at once; the coprocessor's engine serves until `stop`.
     ///
     /// # Errors
@@ -825,7 +877,14 @@ impl Session for AnySession {
     }
 
     fn set_coprocessor_fn(&mut self, function: Box<CoprocessorFn>) -> Result<(), SessionError> {
-        self.core.set_coprocessor_fn(function)
+        self.core.set_coprocessor_fn(Function::Host(function))
+    }
+
+    fn set_device_coprocessor_fn(
+        &mut self,
+        function: Box<DeviceCoprocessorFn>,
+    ) -> Result<(), SessionError> {
+        self.core.set_coprocessor_fn(Function::Device(function))
     }
 
     fn start(&mut self) -> Result<(), SessionError> {
@@ -1100,7 +1159,27 @@ impl Coprocessor<Established> {
     where
         F: FnMut(&[u8], &mut [u8]) -> Result<usize, String> + Send + 'static,
     {
-        self.core.set_coprocessor_fn(Box::new(function))?;
+        self.core
+            .set_coprocessor_fn(Function::Host(Box::new(function)))?;
+        Ok(self.next())
+    }
+
+    /// Instead of `set_coprocessor_fn`, for a region with device memory (CUDA, or supplied):
+    /// the function gets where the request lies in the device memory and leaves its reply
+    /// there, so a kernel can work in place ([`DeviceCall`]).
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::InvalidArgument`] when the channel's region has no device memory.
+    pub fn set_device_coprocessor_fn<F>(
+        mut self,
+        function: F,
+    ) -> Result<Coprocessor<Ready>, SessionError>
+    where
+        F: for<'a> FnMut(DeviceCall<'a>) -> Result<usize, String> + Send + 'static,
+    {
+        self.core
+            .set_coprocessor_fn(Function::Device(Box::new(function)))?;
         Ok(self.next())
     }
 }
