@@ -320,8 +320,6 @@ impl Pool {
                 free.stats.hits += 1;
                 free.stats.cached_buffers -= 1;
                 free.stats.cached_bytes -= class as u64;
-            } else {
-                free.stats.misses += 1;
             }
             region
         };
@@ -333,7 +331,11 @@ impl Pool {
                     Device::Gpu(id) => Some(self.device_memory(id, class)?),
                 };
                 let region = register(&self.nic, vec![0; 0], class)?;
-                self.lock().stats.registrations += 1;
+                // Counted once it worked: a request that failed registered nothing.
+                let mut free = self.lock();
+                free.stats.registrations += 1;
+                free.stats.misses += 1;
+                drop(free);
                 Cached { region, memory }
             }
         };

@@ -308,8 +308,11 @@ fn gpu_buffers_flush_from_and_receive_into_device_memory() {
     assert_eq!(allocator.allocations.load(Ordering::SeqCst), before);
     drop(again);
 
-    // A device the allocator does not have is the seed's -2.
+    // A device the allocator does not have is the seed's -2, and no miss: nothing was
+    // registered for it.
+    let misses = b.stats().misses;
     let err = b.write_memory(64, Device::Gpu(9)).unwrap_err();
+    assert_eq!(b.stats().misses, misses);
     assert_eq!(err.seed_code(), Some(-2), "{err}");
     assert!(err.to_string().contains("no fake device 9"), "{err}");
 
