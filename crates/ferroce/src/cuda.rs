@@ -44,10 +44,7 @@ fn fenced<T, E: std::fmt::Debug>(
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(wrap(format!("{e:?}"))),
         Err(panic) => Err(wrap(
-            panic
-                .downcast_ref::<&str>()
-                .map(ToString::to_string)
-                .or_else(|| panic.downcast_ref::<String>().cloned())
+            crate::panic_message(panic.as_ref())
                 .unwrap_or_else(|| "the driver bindings panicked".into()),
         )),
     }

@@ -32,6 +32,15 @@ pub mod region;
 pub mod session;
 mod soft;
 
+/// The message a caught panic carried (`panic!` with a literal or a formatted string), if
+/// any: how the faces report a callback, function or binding that panicked.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+}
+
 pub use cq::Cq;
 pub use ferroce_proto as proto;
 pub use nic::{Faults, Nic, NicConfig, NicError};

@@ -825,11 +825,8 @@ impl Receiver {
         let callback = lock(&self.inner.callback).clone();
         if let Some(callback) = callback {
             catch_unwind(AssertUnwindSafe(|| callback())).map_err(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(ToString::to_string)
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "no message".into());
+                let what =
+                    crate::panic_message(panic.as_ref()).unwrap_or_else(|| "no message".into());
                 format!("the frame-ready callback panicked: {what}")
             })?;
         }

@@ -1090,10 +1090,7 @@ impl Engine {
                     }
                     Ok(Err(message)) => (ReplyKind::Failed, self.message(&mut reply, &message)),
                     Err(panic) => {
-                        let message = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| (*s).to_owned())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                        let message = crate::panic_message(panic.as_ref())
                             .unwrap_or_else(|| "a panic without a message".into());
                         let message = format!("the coprocessor function panicked: {message}");
                         (ReplyKind::Panicked, self.message(&mut reply, &message))
