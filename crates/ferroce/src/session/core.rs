@@ -915,18 +915,18 @@ fn take_reply(
         ));
     }
     let bytes = scatter_check(len, replies, request)?;
-    if let Some(device) = &channel.device {
-        let mut staged = vec![0u8; len];
-        channel.region.read(at, &mut staged)?;
-        device.write(at, &staged)?;
-    }
     let mut offset = 0usize;
     for buf in replies.iter_mut() {
         let n = (len - offset).min(buf.len());
         if n == 0 {
             break;
         }
-        channel.region.read(at + offset as u64, &mut buf[..n])?;
+        let at = at + offset as u64;
+        channel.region.read(at, &mut buf[..n])?;
+        // Device memory gets the reply from the caller's copy: no second read, no buffer.
+        if let Some(device) = &channel.device {
+            device.write(at, &buf[..n])?;
+        }
         offset += n;
     }
     free(channel);
@@ -1038,8 +1038,6 @@ impl Engine {
             let len = wc.byte_len as usize;
             let staging = u64::from(self.desc.slots) * u64::from(self.desc.request_bytes)
                 + u64::from(slot) * u64::from(self.desc.reply_bytes);
-            // Whether the reply is already in the device memory (a device function's).
-            let mut on_device = false;
             let (kind, n) = if len > request.len() {
                 let message = format!(
                     "a request of {len} bytes is longer than the slot's {}",
@@ -1069,16 +1067,12 @@ impl Engine {
                             reply_offset: staging,
                             reply_capacity: capacity,
                         };
-                        on_device = true;
                         catch_unwind(AssertUnwindSafe(|| function(call)))
                     }
                     (Function::Device(_), None) => {
                         return Err("a device function on a region without device memory".into())
                     }
                 };
-                if !matches!(ran, Ok(Ok(n)) if n <= capacity) {
-                    on_device = false;
-                }
                 match ran {
                     Ok(Ok(n)) if n <= capacity => (ReplyKind::Ok, n),
                     Ok(Ok(n)) => {
@@ -1097,6 +1091,9 @@ impl Engine {
                     }
                 }
             };
+            // A device function's reply is in the device memory already; error replies and a
+            // host function's are in `reply`.
+            let on_device = kind == ReplyKind::Ok && matches!(self.function, Function::Device(_));
             let mut sges = Vec::new();
             if n > 0 {
                 if let (true, Some(device)) = (on_device, &self.device) {
