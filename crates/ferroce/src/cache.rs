@@ -32,8 +32,8 @@
 //! threads may take buffers, flush and receive at once.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -47,6 +47,7 @@ use ferroce_proto::wire::ROCE_PORT;
 
 use crate::device::{DeviceAllocator, DeviceError, DeviceMemory};
 use crate::exchange::{ExchangeError, PeerInfo};
+use crate::oob::{self, LineError, OpenError};
 use crate::{
     ConnectOptions, Cq, Nic, NicConfig, NicError, Qp, Region, RegionAccess, RegionError,
     RegionMemory,
@@ -665,70 +666,48 @@ fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> CacheError {
     move |source| CacheError::Io { what, source }
 }
 
-fn read_line(stream: &mut TcpStream) -> Result<String, CacheError> {
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while line.len() < 256 {
-        if stream
-            .read(&mut byte)
-            .map_err(io_error("reading the remote host's hello"))?
-            == 0
-        {
-            return Err(CacheError::Protocol(
-                "the remote host closed the connection".into(),
-            ));
+/// Reads a line of the remote host's; silence past `timeout` is a timeout.
+fn read_line(stream: &mut TcpStream, timeout: Duration) -> Result<String, CacheError> {
+    oob::read_line(stream).map_err(|e| match e {
+        LineError::Closed => CacheError::Protocol("the remote host closed the connection".into()),
+        LineError::Silent => CacheError::Timeout {
+            what: "waiting for the remote host's hello",
+            after: timeout,
+        },
+        LineError::TooLong => {
+            CacheError::Protocol(format!("a line longer than {} bytes", oob::MAX_LINE))
         }
-        if byte[0] == b'\n' {
-            return Ok(String::from_utf8_lossy(&line).into_owned());
-        }
-        line.push(byte[0]);
-    }
-    Err(CacheError::Protocol("a line longer than 256 bytes".into()))
+        LineError::Io(source) => CacheError::Io {
+            what: "reading the remote host's hello",
+            source,
+        },
+    })
 }
 
 /// Dials `oob` until `timeout`, or listens on it for one peer.
 fn open(config: &ContextConfig) -> Result<TcpStream, CacheError> {
-    let deadline = Instant::now() + config.timeout;
-    let timed_out = || CacheError::Timeout {
-        what: "connecting to the remote host",
-        after: config.timeout,
-    };
-    let stream = if config.listen {
-        let listener = TcpListener::bind(config.oob).map_err(io_error("listening"))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(io_error("listening"))?;
-        loop {
-            match listener.accept() {
-                Ok((stream, _)) => break stream,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(timed_out());
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(e) => return Err(io_error("accepting")(e)),
-            }
-        }
-    } else {
-        loop {
-            match TcpStream::connect(config.oob) {
-                Ok(stream) => break stream,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(_) => return Err(timed_out()),
-            }
-        }
-    };
-    stream
-        .set_nonblocking(false)
-        .map_err(io_error("configuring the connection"))?;
-    stream
-        .set_read_timeout(Some(config.timeout))
-        .map_err(io_error("configuring the connection"))?;
-    let _ = stream.set_nodelay(true);
-    Ok(stream)
+    oob::open(config.listen, config.oob, config.timeout).map_err(|e| match e {
+        OpenError::TimedOut => CacheError::Timeout {
+            what: "connecting to the remote host",
+            after: config.timeout,
+        },
+        OpenError::Listen(source) => CacheError::Io {
+            what: "listening",
+            source,
+        },
+        OpenError::Accept(source) => CacheError::Io {
+            what: "accepting",
+            source,
+        },
+        OpenError::Connect(source) => CacheError::Io {
+            what: "connecting to the remote host",
+            source,
+        },
+        OpenError::Configure(source) => CacheError::Io {
+            what: "configuring the connection",
+            source,
+        },
+    })
 }
 
 impl Context {
@@ -768,32 +747,21 @@ impl Context {
         let mut stream = open(config)?;
         let ours = config.mtu.unwrap_or_else(|| nic.active_mtu());
         let hello = format!(
-            "ferroce-cache/{CACHE_VERSION} max_message={} mtu={}\n",
+            "ferroce-cache/{CACHE_VERSION} max_message={} mtu={}",
             config.max_message,
             ours.bytes()
         );
-        stream
-            .write_all(hello.as_bytes())
-            .map_err(io_error("sending the hello"))?;
-        let line = read_line(&mut stream)?;
+        oob::write_line(&mut stream, &hello).map_err(io_error("sending the hello"))?;
+        let line = read_line(&mut stream, config.timeout)?;
         let bad = || CacheError::Protocol(format!("malformed hello {line:?}"));
-        let version = line
-            .split_whitespace()
-            .next()
-            .and_then(|w| w.strip_prefix("ferroce-cache/"))
-            .and_then(|v| v.parse::<u32>().ok())
-            .ok_or_else(bad)?;
+        let version = oob::version(&line, "ferroce-cache").ok_or_else(bad)?;
         if version != CACHE_VERSION {
             return Err(CacheError::Version {
                 ours: CACHE_VERSION,
                 theirs: version,
             });
         }
-        let field = |key: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-                .and_then(|v| v.parse::<usize>().ok())
-        };
+        let field = |key| oob::field(&line, key).and_then(|v| v.parse::<usize>().ok());
         let remote_max = field("max_message").ok_or_else(bad)?;
         let mtu = field("mtu")
             .and_then(|m| Mtu::from_bytes(m as u32))
@@ -852,10 +820,8 @@ impl Context {
             }
         }
         // Both sides' read buffers are posted before either flushes.
-        stream
-            .write_all(b"ready\n")
-            .map_err(io_error("sending ready"))?;
-        if read_line(&mut stream)? != "ready" {
+        oob::write_line(&mut stream, "ready").map_err(io_error("sending ready"))?;
+        if read_line(&mut stream, config.timeout)? != "ready" {
             return Err(CacheError::Protocol("the remote host is not ready".into()));
         }
         Ok(context)

@@ -27,6 +27,7 @@ pub mod device;
 pub mod exchange;
 pub mod frames;
 pub mod nic;
+mod oob;
 pub mod qp;
 pub mod region;
 pub mod session;

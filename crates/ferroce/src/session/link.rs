@@ -9,19 +9,18 @@
 //! peer timeout (its host or network went away).
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{Role, SessionError};
+pub(super) use crate::oob::field;
+use crate::oob::{self, LineError, OpenError, MAX_LINE};
 
 /// The version of the session's hello; a peer with another is refused by name.
 pub const SESSION_VERSION: u32 = 1;
-
-/// The longest hello line accepted.
-const MAX_LINE: usize = 256;
 
 const HEARTBEAT: u8 = b'h';
 const BYE: u8 = b'b';
@@ -43,110 +42,52 @@ pub(super) fn open(
     oob: SocketAddr,
     timeout: Duration,
 ) -> Result<TcpStream, SessionError> {
-    let deadline = Instant::now() + timeout;
-    let stream = match role {
-        Role::Controller => loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match TcpStream::connect_timeout(&oob, left.max(Duration::from_millis(1))) {
-                Ok(stream) => break stream,
-                Err(e)
-                    if Instant::now() < deadline
-                        && matches!(
-                            e.kind(),
-                            io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
-                        ) =>
-                {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) if e.kind() == io::ErrorKind::TimedOut || Instant::now() >= deadline => {
-                    return Err(SessionError::Timeout {
-                        what: "connecting to the coprocessor",
-                        after: timeout,
-                    })
-                }
-                Err(source) => {
-                    return Err(SessionError::Io {
-                        what: "connecting to the coprocessor",
-                        source,
-                    })
-                }
-            }
-        },
-        Role::Coprocessor => {
-            let listener =
-                TcpListener::bind(oob).map_err(io_error("listening for the controller"))?;
-            listener
-                .set_nonblocking(true)
-                .map_err(io_error("listening for the controller"))?;
-            loop {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        stream
-                            .set_nonblocking(false)
-                            .map_err(io_error("accepting the controller"))?;
-                        break stream;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        if Instant::now() >= deadline {
-                            return Err(SessionError::Timeout {
-                                what: "waiting for the controller to connect",
-                                after: timeout,
-                            });
-                        }
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    Err(source) => {
-                        return Err(SessionError::Io {
-                            what: "accepting the controller",
-                            source,
-                        })
-                    }
-                }
-            }
+    let listen = role == Role::Coprocessor;
+    oob::open(listen, oob, timeout).map_err(|e| {
+        let timed_out = |what| SessionError::Timeout {
+            what,
+            after: timeout,
+        };
+        match e {
+            OpenError::TimedOut if listen => timed_out("waiting for the controller to connect"),
+            OpenError::TimedOut => timed_out("connecting to the coprocessor"),
+            OpenError::Listen(source) => SessionError::Io {
+                what: "listening for the controller",
+                source,
+            },
+            OpenError::Accept(source) => SessionError::Io {
+                what: "accepting the controller",
+                source,
+            },
+            OpenError::Connect(source) => SessionError::Io {
+                what: "connecting to the coprocessor",
+                source,
+            },
+            OpenError::Configure(source) => SessionError::Io {
+                what: "configuring the out-of-band connection",
+                source,
+            },
         }
-    };
-    let _ = stream.set_nodelay(true);
-    stream
-        .set_read_timeout(Some(timeout))
-        .map_err(io_error("configuring the out-of-band connection"))?;
-    Ok(stream)
+    })
 }
 
-/// Reads one `\n`-terminated line (without it).
+/// Reads one `\n`-terminated line (without it); `what` names the step, for errors.
 pub(super) fn read_line(
     stream: &mut TcpStream,
     what: &'static str,
 ) -> Result<String, SessionError> {
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    loop {
-        match stream.read(&mut byte) {
-            Ok(0) => {
-                return Err(SessionError::PeerGone {
-                    reason: format!("the peer closed the out-of-band connection during {what}"),
-                })
-            }
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) => line.push(byte[0]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(SessionError::PeerGone {
-                    reason: format!("the peer said nothing during {what}"),
-                })
-            }
-            Err(source) => return Err(SessionError::Io { what, source }),
+    oob::read_line(stream).map_err(|e| match e {
+        LineError::Closed => SessionError::PeerGone {
+            reason: format!("the peer closed the out-of-band connection during {what}"),
+        },
+        LineError::Silent => SessionError::PeerGone {
+            reason: format!("the peer said nothing during {what}"),
+        },
+        LineError::TooLong => {
+            SessionError::Protocol(format!("a line longer than {MAX_LINE} bytes during {what}"))
         }
-        if line.len() > MAX_LINE {
-            return Err(SessionError::Protocol(format!(
-                "a line longer than {MAX_LINE} bytes during {what}"
-            )));
-        }
-    }
-    Ok(String::from_utf8_lossy(&line).into_owned())
+        LineError::Io(source) => SessionError::Io { what, source },
+    })
 }
 
 /// Writes one line.
@@ -155,15 +96,7 @@ pub(super) fn write_line(
     line: &str,
     what: &'static str,
 ) -> Result<(), SessionError> {
-    let mut bytes = line.as_bytes().to_vec();
-    bytes.push(b'\n');
-    stream.write_all(&bytes).map_err(io_error(what))
-}
-
-/// The value of `key=` in a line of `key=value` words.
-pub(super) fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+    oob::write_line(stream, line).map_err(io_error(what))
 }
 
 /// Says hello and checks the peer's: the same version, the other role. Returns the peer's
@@ -179,12 +112,7 @@ pub(super) fn hello(stream: &mut TcpStream, role: Role, mtu: u32) -> Result<u32,
     )?;
     let line = read_line(stream, "the hello")?;
     let bad = || SessionError::Protocol(format!("malformed hello {line:?}"));
-    let version = line
-        .split_whitespace()
-        .next()
-        .and_then(|w| w.strip_prefix("ferroce-session/"))
-        .and_then(|v| v.parse::<u32>().ok())
-        .ok_or_else(bad)?;
+    let version = oob::version(&line, "ferroce-session").ok_or_else(bad)?;
     if version != SESSION_VERSION {
         return Err(SessionError::Version {
             ours: SESSION_VERSION,

@@ -1,0 +1,162 @@
+//! The out-of-band TCP connection the session and the cache open before any RDMA: one side
+//! listens, the other dials until a deadline, and they trade one-line hellos of the form
+//! `name/version key=value …`. Errors here say what went wrong at the socket level; each
+//! face turns them into its own typed errors and wording.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// The longest line accepted.
+pub(crate) const MAX_LINE: usize = 256;
+
+/// Why [`open`] found no peer.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// Nobody came (or answered) within the timeout.
+    TimedOut,
+    /// The address could not be listened on.
+    Listen(io::Error),
+    /// Accepting the peer failed.
+    Accept(io::Error),
+    /// Dialling failed other than by the peer not listening yet.
+    Connect(io::Error),
+    /// The connection could not be configured.
+    Configure(io::Error),
+}
+
+/// Opens the connection: listens on `addr` and takes one peer, or dials it again and again
+/// (the peer may start later) until `timeout`. The stream blocks, reads time out after
+/// `timeout`, and Nagle is off.
+pub(crate) fn open(
+    listen: bool,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<TcpStream, OpenError> {
+    let deadline = Instant::now() + timeout;
+    let stream = if listen {
+        let listener = TcpListener::bind(addr).map_err(OpenError::Listen)?;
+        listener.set_nonblocking(true).map_err(OpenError::Listen)?;
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(OpenError::TimedOut);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(OpenError::Accept(e)),
+            }
+        }
+    } else {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+                Ok(stream) => break stream,
+                Err(e)
+                    if Instant::now() < deadline
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
+                        ) =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut || Instant::now() >= deadline => {
+                    return Err(OpenError::TimedOut)
+                }
+                Err(e) => return Err(OpenError::Connect(e)),
+            }
+        }
+    };
+    stream
+        .set_nonblocking(false)
+        .map_err(OpenError::Configure)?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(OpenError::Configure)?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// Why [`read_line`] returned no line.
+#[derive(Debug)]
+pub(crate) enum LineError {
+    /// The peer closed the connection.
+    Closed,
+    /// The peer said nothing within the read timeout.
+    Silent,
+    /// The line ran past [`MAX_LINE`] bytes.
+    TooLong,
+    /// The socket failed.
+    Io(io::Error),
+}
+
+/// Reads one `\n`-terminated line (without it).
+pub(crate) fn read_line(stream: &mut TcpStream) -> Result<String, LineError> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match stream.read(&mut byte) {
+            Ok(0) => return Err(LineError::Closed),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => line.push(byte[0]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(LineError::Silent)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(LineError::Io(e)),
+        }
+        if line.len() > MAX_LINE {
+            return Err(LineError::TooLong);
+        }
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+/// Writes `line` and its `\n` in one write.
+pub(crate) fn write_line(stream: &mut TcpStream, line: &str) -> io::Result<()> {
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    stream.write_all(&bytes)
+}
+
+/// The version of a hello line that starts `name/<version>`.
+pub(crate) fn version(line: &str, name: &str) -> Option<u32> {
+    line.split_whitespace()
+        .next()?
+        .strip_prefix(name)?
+        .strip_prefix('/')?
+        .parse()
+        .ok()
+}
+
+/// The value of `key=` in a line of `key=value` words.
+pub(crate) fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_lines_parse() {
+        let line = "ferroce-cache/3 max_message=4096 mtu=1024";
+        assert_eq!(version(line, "ferroce-cache"), Some(3));
+        assert_eq!(version(line, "ferroce-session"), None);
+        assert_eq!(version("ferroce-cache/x", "ferroce-cache"), None);
+        assert_eq!(field(line, "mtu"), Some("1024"));
+        assert_eq!(field(line, "max_message"), Some("4096"));
+        assert_eq!(field(line, "max"), None);
+        assert_eq!(field(line, "role"), None);
+    }
+}
