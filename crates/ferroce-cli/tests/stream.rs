@@ -27,6 +27,18 @@ impl Drop for Reaper {
     }
 }
 
+/// A device (`stream send`) on `local` that waits to be programmed, then sends `frames`
+/// frames at `fps`; given a moment to bind its control port.
+fn device(local: &str, fps: &str, frames: &str) -> Reaper {
+    let device = ferroce(&[
+        "stream", "send", "--local", local, "--fps", fps, "--frames", frames,
+    ])
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    Reaper(device)
+}
+
 fn json_lines(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)
         .lines()
@@ -42,20 +54,7 @@ fn pattern_crc(frame_number: u64, len: usize) -> u64 {
 
 #[test]
 fn a_receiver_programs_the_device_and_checks_every_frame() {
-    let device = ferroce(&[
-        "stream",
-        "send",
-        "--local",
-        "127.0.0.121",
-        "--fps",
-        "200",
-        "--frames",
-        "25",
-    ])
-    .spawn()
-    .unwrap();
-    let mut device = Reaper(device);
-    std::thread::sleep(Duration::from_millis(200));
+    let mut device = device("127.0.0.121", "200", "25");
     let recv = ferroce(&[
         "stream",
         "recv",
@@ -219,20 +218,7 @@ fn recv_needs_to_know_where_frames_come_from() {
 /// then says it skipped the GPU part (`FERROCE_REQUIRE_GPU=1` makes that a failure).
 #[test]
 fn frames_delivered_into_cuda_memory_are_checked_from_there() {
-    let device = ferroce(&[
-        "stream",
-        "send",
-        "--local",
-        "127.0.0.126",
-        "--fps",
-        "100",
-        "--frames",
-        "10",
-    ])
-    .spawn()
-    .unwrap();
-    let mut device = Reaper(device);
-    std::thread::sleep(Duration::from_millis(200));
+    let mut device = device("127.0.0.126", "100", "10");
     let recv = ferroce(&[
         "stream",
         "recv",
