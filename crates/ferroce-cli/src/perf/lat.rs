@@ -73,9 +73,93 @@ fn duration_report(size: u64, count: u64, elapsed: Duration, factor: u64) -> Lat
 struct Sends {
     posted: u64,
     completed: u64,
+    /// When each request was posted, in a run of a fixed count (empty in a timed run).
+    tposted: Vec<Instant>,
+    /// Whether this is a run of a fixed count (per-iteration samples), not of a duration.
+    record: bool,
 }
 
 impl Sends {
+    fn new(s: &Settings) -> Self {
+        let record = s.duration.is_none();
+        Self {
+            posted: 0,
+            completed: 0,
+            tposted: Vec::with_capacity(if record { s.iters as usize } else { 0 }),
+            record,
+        }
+    }
+
+    /// Posts the next signaled request on queue pair 0 once fewer than `depth` are
+    /// outstanding, noting when; `prepare` runs just before (the buffer is free by then).
+    fn post_next(
+        &mut self,
+        rig: &Rig,
+        op: SendOp,
+        size: u64,
+        depth: u64,
+        prepare: impl FnOnce() -> Result<(), String>,
+    ) -> Result<(), String> {
+        self.make_room(rig, depth)?;
+        if self.record {
+            self.tposted.push(Instant::now());
+        }
+        prepare()?;
+        let wr = request(rig, 0, op, size, self.posted, true)?;
+        rig.qps[0]
+            .post_send(wr)
+            .map_err(|e| format!(" Couldn't post send: scnt={} ({e})", self.posted))?;
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// One idle turn while waiting for the peer's next message: reaps sends; when none had
+    /// completed, looks (in a timed run) whether the peer has ended the run, and gives up
+    /// after [`STALL`]. Returns whether the peer has ended it.
+    fn idle(
+        &mut self,
+        rig: &Rig,
+        comm: &Comm,
+        since: Instant,
+        last_peek: &mut Instant,
+        waiting_for: impl FnOnce() -> String,
+    ) -> Result<bool, String> {
+        if self.reap(rig)? {
+            return Ok(false);
+        }
+        if !self.record && last_peek.elapsed() >= PEEK_EVERY {
+            *last_peek = Instant::now();
+            if comm.peer_spoke() {
+                return Ok(true);
+            }
+        }
+        if since.elapsed() > STALL {
+            return Err(stalled(&waiting_for()));
+        }
+        std::thread::yield_now();
+        Ok(false)
+    }
+
+    /// Waits for the last send and reports the ping-pong.
+    fn finish(
+        mut self,
+        rig: &Rig,
+        size: u64,
+        iters: u64,
+        start: Instant,
+    ) -> Result<LatReport, String> {
+        self.make_room(rig, 1)?;
+        Ok(finish(
+            self.record,
+            size,
+            iters,
+            &self.tposted,
+            self.posted,
+            start.elapsed(),
+            PINGPONG_FACTOR,
+        ))
+    }
+
     /// Reaps what has completed; drives the engine when nothing has.
     fn reap(&mut self, rig: &Rig) -> Result<bool, String> {
         let mut any = false;
@@ -125,12 +209,7 @@ pub(super) fn write_pingpong(
     } else {
         s.iters
     };
-    let record = s.duration.is_none();
-    let mut tposted = Vec::with_capacity(if record { s.iters as usize } else { 0 });
-    let mut sends = Sends {
-        posted: 0,
-        completed: 0,
-    };
+    let mut sends = Sends::new(s);
     let mut rcnt = 0u64;
     let start = Instant::now();
     let deadline = s.duration.map(|d| start + d);
@@ -148,20 +227,10 @@ pub(super) fn write_pingpong(
                 if byte[0] == want {
                     break;
                 }
-                if !sends.reap(rig)? {
-                    if !record && last_peek.elapsed() >= PEEK_EVERY {
-                        last_peek = Instant::now();
-                        if comm.peer_spoke() {
-                            break 'run;
-                        }
-                    }
-                    if since.elapsed() > STALL {
-                        return Err(stalled(&format!(
-                            "waiting for the peer's write {}",
-                            rcnt + 1
-                        )));
-                    }
-                    std::thread::yield_now();
+                if sends.idle(rig, comm, since, &mut last_peek, || {
+                    format!("waiting for the peer's write {}", rcnt + 1)
+                })? {
+                    break 'run;
                 }
             }
             rcnt += 1;
@@ -180,29 +249,12 @@ pub(super) fn write_pingpong(
             break;
         }
         if sends.posted < iters {
-            sends.make_room(rig, depth)?;
-            if record {
-                tposted.push(Instant::now());
-            }
-            rig.fill(local + last, &[(sends.posted + 1) as u8])?;
-            let wr = request(rig, 0, op, size, sends.posted, true)?;
-            rig.qps[0]
-                .post_send(wr)
-                .map_err(|e| format!(" Couldn't post send: scnt={} ({e})", sends.posted))?;
-            sends.posted += 1;
+            let counter = (sends.posted + 1) as u8;
+            sends.post_next(rig, op, size, depth, || rig.fill(local + last, &[counter]))?;
         }
         sends.reap(rig)?;
     }
-    sends.make_room(rig, 1)?;
-    Ok(finish(
-        record,
-        size,
-        s.iters,
-        &tposted,
-        sends.posted,
-        start.elapsed(),
-        PINGPONG_FACTOR,
-    ))
+    sends.finish(rig, size, s.iters, start)
 }
 
 /// read-lat and atomic-lat for one message size: one request at a time, the next posted as
@@ -329,12 +381,7 @@ impl SendPingpong {
         } else {
             s.iters
         };
-        let record = s.duration.is_none();
-        let mut tposted = Vec::with_capacity(if record { s.iters as usize } else { 0 });
-        let mut sends = Sends {
-            posted: 0,
-            completed: 0,
-        };
+        let mut sends = Sends::new(s);
         let mut rcnt = 0u64;
         let start = Instant::now();
         let deadline = s.duration.map(|d| start + d);
@@ -347,17 +394,10 @@ impl SendPingpong {
                     if let Some(wc) = rig.recv_cq.poll() {
                         break wc;
                     }
-                    if !sends.reap(rig)? {
-                        if !record && last_peek.elapsed() >= PEEK_EVERY {
-                            last_peek = Instant::now();
-                            if comm.peer_spoke() {
-                                break 'run;
-                            }
-                        }
-                        if since.elapsed() > STALL {
-                            return Err(stalled(&format!("waiting for message {}", rcnt + 1)));
-                        }
-                        std::thread::yield_now();
+                    if sends.idle(rig, comm, since, &mut last_peek, || {
+                        format!("waiting for message {}", rcnt + 1)
+                    })? {
+                        break 'run;
                     }
                 };
                 if wc.status != WcStatus::Success {
@@ -380,7 +420,7 @@ impl SendPingpong {
                     }
                 }
                 rcnt += 1;
-                if !record || self.posted < s.iters {
+                if !sends.record || self.posted < s.iters {
                     super::bw::post_recv(rig, 0)?;
                     self.posted += 1;
                 }
@@ -389,27 +429,10 @@ impl SendPingpong {
                 break;
             }
             if sends.posted < iters {
-                sends.make_room(rig, depth)?;
-                if record {
-                    tposted.push(Instant::now());
-                }
-                let wr = request(rig, 0, SendOp::Send, size, sends.posted, true)?;
-                rig.qps[0]
-                    .post_send(wr)
-                    .map_err(|e| format!(" Couldn't post send: scnt={} ({e})", sends.posted))?;
-                sends.posted += 1;
+                sends.post_next(rig, SendOp::Send, size, depth, || Ok(()))?;
             }
             sends.reap(rig)?;
         }
-        sends.make_room(rig, 1)?;
-        Ok(finish(
-            record,
-            size,
-            s.iters,
-            &tposted,
-            sends.posted,
-            start.elapsed(),
-            PINGPONG_FACTOR,
-        ))
+        sends.finish(rig, size, s.iters, start)
     }
 }
