@@ -16,13 +16,11 @@ use ferroce::cache::{CacheError, Context, ContextConfig, Device};
 use ferroce::cuda::{device_count, CudaMemory};
 use ferroce::device::{DeviceError, DeviceMemory};
 use ferroce::frames::{Pattern, Receiver, ReceiverConfig, Sender};
-use ferroce::session::{
-    ChannelDesc, ConnectInfo, Controller, Coprocessor, DeviceCall, MemoryKind, SessionError,
-};
+use ferroce::session::{ChannelDesc, ConnectInfo, DeviceCall, MemoryKind, SessionError};
 use ferroce::{Nic, NicConfig};
 
 mod support;
-use support::target;
+use support::{established_controller, established_coprocessor, target};
 
 fn ip(host: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, host))
@@ -96,12 +94,11 @@ fn a_session_runs_over_cuda_regions() {
         ConnectInfo::new(ip(host), SocketAddr::new(ip(133), 19540))
             .with_timeout(Duration::from_secs(10))
     };
+    let size = desc.region_bytes() as usize;
+    let cuda = MemoryKind::Cuda { device: 0 };
     let coprocessor = thread::spawn(move || {
-        let s = Coprocessor::new().connect(&info(133))?;
-        let (s, mem) =
-            s.alloc_memory(desc.region_bytes() as usize, MemoryKind::Cuda { device: 0 })?;
-        let (s, peer) = s.exchange_keys(&mem)?;
-        s.establish_channel(&desc, &mem, &peer)?
+        let (s, mem) = established_coprocessor(&info(133), &desc, |s| s.alloc_memory(size, cuda))?;
+        s
             // Echo on the GPU: the request is read from and the reply left in CUDA memory.
             .set_device_coprocessor_fn(|call: DeviceCall<'_>| {
                 let mut request = vec![0; call.request_len];
@@ -116,9 +113,8 @@ fn a_session_runs_over_cuda_regions() {
             .start()
             .map(|s| (s, mem))
     });
-    let s = Controller::new().connect(&info(132)).unwrap();
-    let allocated = s.alloc_memory(desc.region_bytes() as usize, MemoryKind::Cuda { device: 0 });
-    let (s, mem) = match allocated {
+    let established = established_controller(&info(132), &desc, |s| s.alloc_memory(size, cuda));
+    let (s, mem) = match established {
         Ok(done) => done,
         Err(SessionError::Unsupported(why)) => {
             assert!(!gpu("a_session_runs_over_cuda_regions"), "{why}");
@@ -130,12 +126,7 @@ fn a_session_runs_over_cuda_regions() {
         }
         Err(e) => panic!("{e}"),
     };
-    let (s, peer) = s.exchange_keys(&mem).unwrap();
-    let mut controller = s
-        .establish_channel(&desc, &mem, &peer)
-        .unwrap()
-        .start()
-        .unwrap();
+    let mut controller = s.start().unwrap();
     let (mut served, served_mem) = coprocessor.join().unwrap().unwrap();
     let request: Vec<u8> = (0..3000u32).map(|i| (i * 13) as u8).collect();
     controller.submit(&request).unwrap();

@@ -15,7 +15,7 @@ use ferroce::session::{
 };
 
 mod support;
-use support::FakeDevice;
+use support::{established_controller, established_coprocessor, FakeDevice};
 
 fn ip(host: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, host))
@@ -47,25 +47,20 @@ fn pair(
     function: Function,
 ) -> (Controller<Running>, Coprocessor<Running>) {
     let (c, p) = hosts;
+    let size = desc.region_bytes() as usize;
     let coprocessor = thread::spawn(move || {
-        let s = Coprocessor::new().connect(&info(p, p, port))?;
-        let (s, mem) = s.alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)?;
-        let (s, peer) = s.exchange_keys(&mem)?;
-        s.establish_channel(&desc, &mem, &peer)?
-            .set_coprocessor_fn(function)?
-            .start()
-    });
-    let s = Controller::new().connect(&info(c, p, port)).unwrap();
-    let (s, mem) = s
-        .alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)
-        .unwrap();
-    let (s, peer) = s.exchange_keys(&mem).unwrap();
-    let controller = s
-        .establish_channel(&desc, &mem, &peer)
-        .unwrap()
+        established_coprocessor(&info(p, p, port), &desc, |s| {
+            s.alloc_memory(size, MemoryKind::Host)
+        })?
+        .0
+        .set_coprocessor_fn(function)?
         .start()
-        .unwrap();
-    (controller, coprocessor.join().unwrap().unwrap())
+    });
+    let (s, _) = established_controller(&info(c, p, port), &desc, |s| {
+        s.alloc_memory(size, MemoryKind::Host)
+    })
+    .unwrap();
+    (s.start().unwrap(), coprocessor.join().unwrap().unwrap())
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -520,16 +515,11 @@ fn a_silent_peer_is_lost_after_the_peer_timeout() {
     let info = info(70, 71, 19510)
         .with_nic_port(19510)
         .with_peer_timeout(Duration::from_millis(400));
-    let s = Controller::new().connect(&info).unwrap();
-    let (s, mem) = s
-        .alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)
-        .unwrap();
-    let (s, peer) = s.exchange_keys(&mem).unwrap();
-    let controller = s
-        .establish_channel(&desc, &mem, &peer)
-        .unwrap()
-        .start()
-        .unwrap();
+    let (s, _) = established_controller(&info, &desc, |s| {
+        s.alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)
+    })
+    .unwrap();
+    let controller = s.start().unwrap();
     let _stream = fake.join().unwrap();
     let started = Instant::now();
     while controller.peer_gone().is_none() {
@@ -552,16 +542,11 @@ fn a_request_nobody_acknowledges_is_a_transport_error() {
     // 4.096 µs × 2^10 ≈ 4 ms per try, 3 retries.
     info.ack_timeout = 10;
     info.retry_cnt = 3;
-    let s = Controller::new().connect(&info).unwrap();
-    let (s, mem) = s
-        .alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)
-        .unwrap();
-    let (s, peer) = s.exchange_keys(&mem).unwrap();
-    let mut controller = s
-        .establish_channel(&desc, &mem, &peer)
-        .unwrap()
-        .start()
-        .unwrap();
+    let (s, _) = established_controller(&info, &desc, |s| {
+        s.alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)
+    })
+    .unwrap();
+    let mut controller = s.start().unwrap();
     let _stream = fake.join().unwrap();
     let id = controller.submit(b"anyone?").unwrap();
     let started = Instant::now();
@@ -583,30 +568,23 @@ fn device_memory_is_kept_in_step_and_a_failed_copy_is_reported() {
     let coprocessor = {
         let device = Arc::clone(&coprocessor_device);
         thread::spawn(move || {
-            let s = Coprocessor::new().connect(&info(81, 81, 19512))?;
-            let (s, mem) = s.alloc_device_memory(device)?;
+            let (s, mem) = established_coprocessor(&info(81, 81, 19512), &desc, |s| {
+                s.alloc_device_memory(device)
+            })?;
             assert_eq!(mem.kind(), MemoryKind::Device);
             assert_eq!(mem.len(), desc.region_bytes());
-            let (s, peer) = s.exchange_keys(&mem)?;
-            s.establish_channel(&desc, &mem, &peer)?
-                .set_coprocessor_fn(echo())?
-                .start()
+            s.set_coprocessor_fn(echo())?.start()
         })
     };
-    let s = Controller::new().connect(&info(80, 81, 19512)).unwrap();
-    let (s, mem) = s
-        .alloc_device_memory(Arc::clone(&controller_device) as Arc<dyn DeviceMemory>)
-        .unwrap();
+    let (s, mem) = established_controller(&info(80, 81, 19512), &desc, |s| {
+        s.alloc_device_memory(Arc::clone(&controller_device) as Arc<dyn DeviceMemory>)
+    })
+    .unwrap();
     assert_eq!(
         mem.device_memory().map(|d| d.describe()),
         Some("fake device 7".into())
     );
-    let (s, peer) = s.exchange_keys(&mem).unwrap();
-    let mut controller = s
-        .establish_channel(&desc, &mem, &peer)
-        .unwrap()
-        .start()
-        .unwrap();
+    let mut controller = s.start().unwrap();
     let mut coprocessor = coprocessor.join().unwrap().unwrap();
 
     // The controller's region: replies in its slots, then the requests it stages.
@@ -688,39 +666,36 @@ fn a_device_function_works_in_the_device_memory() {
     let coprocessor = {
         let device = Arc::clone(&device);
         thread::spawn(move || {
-            let s = Coprocessor::new().connect(&info(85, 85, 19514))?;
-            let (s, mem) = s.alloc_device_memory(device)?;
-            let (s, peer) = s.exchange_keys(&mem)?;
-            s.establish_channel(&desc, &mem, &peer)?
-                .set_device_coprocessor_fn(|call: DeviceCall<'_>| {
-                    assert_eq!(
-                        call.request_address(),
-                        call.memory.address() + call.request_offset
-                    );
-                    let mut request = vec![0; call.request_len];
-                    call.memory
-                        .read(call.request_offset, &mut request)
-                        .map_err(|e| e.to_string())?;
-                    if request == b"too long" {
-                        return Ok(call.reply_capacity + 1);
-                    }
-                    request.reverse();
-                    call.memory
-                        .write(call.reply_offset, &request)
-                        .map_err(|e| e.to_string())?;
-                    Ok(request.len())
-                })?
-                .start()
+            established_coprocessor(&info(85, 85, 19514), &desc, |s| {
+                s.alloc_device_memory(device)
+            })?
+            .0
+            .set_device_coprocessor_fn(|call: DeviceCall<'_>| {
+                assert_eq!(
+                    call.request_address(),
+                    call.memory.address() + call.request_offset
+                );
+                let mut request = vec![0; call.request_len];
+                call.memory
+                    .read(call.request_offset, &mut request)
+                    .map_err(|e| e.to_string())?;
+                if request == b"too long" {
+                    return Ok(call.reply_capacity + 1);
+                }
+                request.reverse();
+                call.memory
+                    .write(call.reply_offset, &request)
+                    .map_err(|e| e.to_string())?;
+                Ok(request.len())
+            })?
+            .start()
         })
     };
-    let s = Controller::new().connect(&info(84, 85, 19514)).unwrap();
-    let (s, mem) = s.alloc_memory(size, MemoryKind::Host).unwrap();
-    let (s, peer) = s.exchange_keys(&mem).unwrap();
-    let mut controller = s
-        .establish_channel(&desc, &mem, &peer)
-        .unwrap()
-        .start()
-        .unwrap();
+    let (s, _) = established_controller(&info(84, 85, 19514), &desc, |s| {
+        s.alloc_memory(size, MemoryKind::Host)
+    })
+    .unwrap();
+    let mut controller = s.start().unwrap();
     let coprocessor = coprocessor.join().unwrap().unwrap();
     let mut reply = [0u8; 128];
     for n in 0..5u8 {

@@ -7,6 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use ferroce::device::{check_range, DeviceAllocator, DeviceError, DeviceMemory};
 use ferroce::frames::{ImmediateLayout, Receiver, Target};
+use ferroce::session::state::{Allocated, Connected, Established};
+use ferroce::session::{
+    ChannelDesc, ConnectInfo, Controller, Coprocessor, MemRegion, SessionError,
+};
 
 /// Device memory kept in host RAM, whose copies can be made to fail: what a GPU's would do,
 /// without a GPU. (With the `cuda` feature and a GPU, the `cuda` module's tests and
@@ -96,4 +100,31 @@ pub(crate) fn target(rx: &Receiver, payload: usize) -> Target {
         immediate: ImmediateLayout::Page12,
         fold_metadata: false,
     }
+}
+
+/// A controller connected with `info`, given its memory by `alloc`, keyed and established on
+/// `desc`: every step a test does not look into.
+pub(crate) fn established_controller(
+    info: &ConnectInfo,
+    desc: &ChannelDesc,
+    alloc: impl FnOnce(
+        Controller<Connected>,
+    ) -> Result<(Controller<Allocated>, MemRegion), SessionError>,
+) -> Result<(Controller<Established>, MemRegion), SessionError> {
+    let (s, mem) = alloc(Controller::new().connect(info)?)?;
+    let (s, peer) = s.exchange_keys(&mem)?;
+    Ok((s.establish_channel(desc, &mem, &peer)?, mem))
+}
+
+/// The same for a coprocessor.
+pub(crate) fn established_coprocessor(
+    info: &ConnectInfo,
+    desc: &ChannelDesc,
+    alloc: impl FnOnce(
+        Coprocessor<Connected>,
+    ) -> Result<(Coprocessor<Allocated>, MemRegion), SessionError>,
+) -> Result<(Coprocessor<Established>, MemRegion), SessionError> {
+    let (s, mem) = alloc(Coprocessor::new().connect(info)?)?;
+    let (s, peer) = s.exchange_keys(&mem)?;
+    Ok((s.establish_channel(desc, &mem, &peer)?, mem))
 }
