@@ -448,14 +448,16 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
     })?;
     let cuda = cuda_memory(args)?;
     let rx = Receiver::new();
-    let mut monitor = Some(start(
-        &rx,
-        &nic,
-        receiver_config(args, peer, cuda.as_ref()),
-    )?);
-    if let Some(device) = device {
-        program(&rx, device, args.mtu)?;
-    }
+    // Starts the receiver and its monitor, and programs the device to send to it: at first,
+    // and again after the receive path failed.
+    let bring_up = || -> anyhow::Result<_> {
+        let monitor = start(&rx, &nic, receiver_config(args, peer, cuda.as_ref()))?;
+        if let Some(device) = device {
+            program(&rx, device, args.mtu)?;
+        }
+        Ok(monitor)
+    };
+    let mut monitor = Some(bring_up()?);
     let described = describe(&rx, peer)?;
     if args.json {
         println!("{described}");
@@ -495,14 +497,7 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
             while nic.address_gone() {
                 std::thread::sleep(Duration::from_millis(100));
             }
-            monitor = Some(start(
-                &rx,
-                &nic,
-                receiver_config(args, peer, cuda.as_ref()),
-            )?);
-            if let Some(device) = device {
-                program(&rx, device, args.mtu)?;
-            }
+            monitor = Some(bring_up()?);
             tally.restarts += 1;
             eprintln!("stream recv: restarted, QP {:#x}", rx.qp_number()?);
             continue;
