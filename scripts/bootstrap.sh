@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ferroce's build and tests need on a fresh Debian 12 machine: a C toolchain,
-# tshark (the tests compare `ferroce decode` with Wireshark's dissector), and Rust by rustup
-# when cargo is missing. Safe to run again: it installs only what is absent.
+# iproute2 and nftables (the namespace tests), tshark (the tests compare `ferroce decode` with
+# Wireshark's dissector), and Rust by rustup when cargo is missing. Safe to run again: it
+# installs only what is absent.
 set -euo pipefail
 
 sudo=""
@@ -16,6 +17,7 @@ command -v curl >/dev/null || packages+=(curl ca-certificates)
 command -v tshark >/dev/null || packages+=(tshark)
 command -v pkg-config >/dev/null || packages+=(pkg-config)
 command -v ip >/dev/null || packages+=(iproute2)
+command -v nft >/dev/null || packages+=(nftables)
 if [ ${#packages[@]} -gt 0 ]; then
     echo "bootstrap: installing ${packages[*]}"
     $sudo apt-get update -qq

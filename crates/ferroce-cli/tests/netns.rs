@@ -358,3 +358,87 @@ fn session_lat_across_namespaces() {
     assert!(c.contains("): consistent\n"), "{c}");
     assert!(s.contains(" Served 300 requests\n"), "{s}");
 }
+
+/// Waits for `child` up to `limit`; a child still running then is killed, and `None` says so.
+fn output_within(mut child: std::process::Child, limit: Duration) -> Option<Output> {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// A firewall that drops empty RoCE datagrams cannot keep a NIC from closing. The NIC's
+/// progress thread sleeps without a deadline when no timer is armed; it used to be woken by
+/// a zero-length datagram to its own port, which such a rule (or a random-loss rule, as in
+/// the interop suite's loss runs) drops, and the tool then hung on exit for good.
+#[test]
+fn nics_close_when_a_firewall_drops_empty_datagrams() {
+    if !can_run() {
+        return;
+    }
+    let has_nft = Command::new("nft").arg("--version").output().is_ok();
+    if !has_nft {
+        assert!(
+            std::env::var_os("FERROCE_REQUIRE_NETNS").is_none(),
+            "FERROCE_REQUIRE_NETNS is set but this test needs nft (nftables)"
+        );
+        eprintln!("SKIPPED the firewall test: it needs nft (nftables)");
+        return;
+    }
+    let link = Link::new("fw");
+    for ns in [&link.a, &link.b] {
+        let rules = "table inet ferroce_fw { chain in { type filter hook input priority 0; \
+                     udp dport 4791 udp length 8 counter drop; }; }";
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "nft", rules])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "nft in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let server = link
+        .ferroce(&link.a, &["pingpong", "--local", "10.199.7.1", "-n", "50"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let client = link
+        .ferroce(
+            &link.b,
+            &[
+                "pingpong",
+                "--local",
+                "10.199.7.2",
+                "-n",
+                "50",
+                "10.199.7.1",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    let limit = Duration::from_secs(30);
+    let client = output_within(client, limit);
+    let server = output_within(server, limit);
+    for (who, out) in [("client", client), ("server", server)] {
+        let out = out.unwrap_or_else(|| panic!("the {who} did not exit within {limit:?}"));
+        assert!(
+            out.status.success(),
+            "{who}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("50 iters in "),
+            "{who}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}

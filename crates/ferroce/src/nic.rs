@@ -155,7 +155,8 @@ impl Nic {
             ),
             None => None,
         };
-        let shared = Shared::new(socket, local, engine, config.faults, pcap);
+        let shared = Shared::new(socket, local, engine, config.faults, pcap)
+            .map_err(|source| NicError::Socket { addr, source })?;
         shared
             .start()
             .map_err(|source| NicError::Socket { addr, source })?;
@@ -240,9 +241,9 @@ impl Nic {
         )
     }
 
-    /// Wakes whichever thread waits on the NIC's socket (a zero-length datagram to itself).
+    /// Wakes a thread that waits on the NIC's socket itself (a frame receiver's monitor).
     pub(crate) fn wake(&self) {
-        self.shared.ring();
+        self.shared.poke_socket();
     }
 
     /// Stops the progress thread and releases the socket once every handle is dropped.

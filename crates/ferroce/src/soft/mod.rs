@@ -2,10 +2,11 @@
 //!
 //! One progress thread per NIC receives datagrams, runs timers and sends what the engine has
 //! ready; application threads post work and send the packets it produces themselves, so a post
-//! does not wait for the progress thread. The thread sleeps in `recv` until a datagram or the
-//! engine's next timer; when a post arms an earlier timer than the one it sleeps for, a
-//! zero-length datagram to the NIC's own address (the doorbell) wakes it. An idle NIC costs no
-//! CPU.
+//! does not wait for the progress thread. The thread sleeps in `poll` until a datagram or the
+//! engine's next timer; when a post arms an earlier timer than the one it sleeps for, or the
+//! NIC closes, a byte on a private socket pair (the doorbell) wakes it. The doorbell is not a
+//! datagram to the NIC's own address: a firewall that drops RoCE traffic would drop that too,
+//! and a lost wake-up would leave the thread asleep for good. An idle NIC costs no CPU.
 
 pub(crate) mod sys;
 pub(crate) mod tap;
@@ -13,6 +14,7 @@ pub(crate) mod tap;
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -198,6 +200,10 @@ pub(crate) struct Shared {
     pub(crate) waiters: std::sync::atomic::AtomicUsize,
     pub(crate) socket: UdpSocket,
     pub(crate) local: SocketAddr,
+    /// The doorbell: a byte written to `bell` makes `bell_rx` readable, which wakes the
+    /// progress thread. Both ends are non-blocking; a full doorbell has already rung.
+    bell: UnixDatagram,
+    bell_rx: UnixDatagram,
     stop: AtomicBool,
     /// When the progress thread will wake by itself; `None` while it sleeps without limit.
     sleeping_until: Mutex<Option<Instant>>,
@@ -214,8 +220,11 @@ impl Shared {
         engine: Engine,
         faults: Option<tap::Faults>,
         pcap: Option<tap::PcapWriter>,
-    ) -> Arc<Self> {
-        Arc::new(Self {
+    ) -> io::Result<Arc<Self>> {
+        let (bell, bell_rx) = UnixDatagram::pair()?;
+        bell.set_nonblocking(true)?;
+        bell_rx.set_nonblocking(true)?;
+        Ok(Arc::new(Self {
             state: Mutex::new(State {
                 engine,
                 mem: HostMemory::default(),
@@ -231,12 +240,14 @@ impl Shared {
             poller_until: AtomicU64::new(0),
             socket,
             local,
+            bell,
+            bell_rx,
             stop: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
             thread: Mutex::new(None),
             counters: DriverCounters::default(),
             failure: Mutex::new(None),
-        })
+        }))
     }
 
     /// Wakes threads blocked on a CQ, if there are any.
@@ -349,10 +360,31 @@ impl Shared {
         }
     }
 
+    /// Rings the doorbell: the progress thread wakes and looks at its timers and `stop`.
     pub(crate) fn ring(&self) {
+        match self.bell.send(&[1]) {
+            // A full doorbell is one that has rung and not yet been answered.
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => {
+                self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// Wakes a thread blocked on the NIC's socket itself (a frame receiver's monitor in
+    /// [`crate::Cq::drive`]) with a zero-length datagram to the NIC's own address. Best
+    /// effort: such a thread also wakes on its own within 50 ms, so a datagram lost on the
+    /// way (a firewall rule) only delays it.
+    pub(crate) fn poke_socket(&self) {
         if self.socket.send_to(&[], self.local).is_err() {
             self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Takes every byte waiting on the doorbell, so that `poll` blocks again.
+    fn answer_bell(&self) {
+        let mut sink = [0u8; 64];
+        while matches!(self.bell_rx.recv(&mut sink), Ok(n) if n > 0) {}
     }
 
     pub(crate) fn start(self: &Arc<Self>) -> io::Result<()> {
@@ -416,7 +448,7 @@ impl Shared {
                     continue;
                 };
                 match bytes {
-                    // The doorbell.
+                    // A poke (`poke_socket`).
                     Some([]) if from == self.local => {}
                     Some(bytes) => {
                         if let Some(pcap) = pcap.as_mut() {
@@ -479,9 +511,14 @@ impl Shared {
                 std::thread::sleep(wait.map_or(poller_left, |w| w.min(poller_left)));
                 continue;
             }
-            match sys::wait_readable(&self.socket, wait) {
-                Ok(false) => {}
-                Ok(true) => {
+            match sys::wait_either(&self.socket, &self.bell_rx, wait) {
+                Ok([socket, bell]) => {
+                    if bell {
+                        self.answer_bell();
+                    }
+                    if !socket {
+                        continue;
+                    }
                     // Receive only under the lock: two threads taking datagrams and then
                     // racing for the lock would reorder them.
                     let now = Instant::now();

@@ -7,7 +7,8 @@
 
 use std::io;
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixDatagram;
 
 /// Locks the pages of `bytes` in RAM (`mlock(2)`).
 pub(crate) fn mlock(bytes: &[u8]) -> io::Result<()> {
@@ -323,30 +324,46 @@ pub(crate) fn wait_readable(
     socket: &UdpSocket,
     timeout: Option<std::time::Duration>,
 ) -> io::Result<bool> {
-    let mut fd = libc::pollfd {
-        fd: socket.as_raw_fd(),
+    Ok(poll_readable([socket.as_raw_fd()], timeout)?[0])
+}
+
+/// Waits until the socket or the doorbell has something to read, or `timeout` passes
+/// (`None`: without limit). Returns which of the two is readable; neither is read.
+pub(crate) fn wait_either(
+    socket: &UdpSocket,
+    doorbell: &UnixDatagram,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<[bool; 2]> {
+    poll_readable([socket.as_raw_fd(), doorbell.as_raw_fd()], timeout)
+}
+
+/// `poll(2)` for readability on `N` descriptors; an interrupted wait reads as a timeout.
+fn poll_readable<const N: usize>(
+    fds: [RawFd; N],
+    timeout: Option<std::time::Duration>,
+) -> io::Result<[bool; N]> {
+    let mut polled = fds.map(|fd| libc::pollfd {
+        fd,
         events: libc::POLLIN,
         revents: 0,
-    };
+    });
     let ms = timeout.map_or(-1, |t| {
         // Round up, so a wait of a few microseconds does not become a busy loop of zero waits.
         let ms = t.as_nanos().div_ceil(1_000_000);
         libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
     });
-    // SAFETY: one pollfd on this stack frame, and the count passed is 1.
-    let rc = unsafe { libc::poll(&raw mut fd, 1, ms) };
-    match rc {
-        0 => Ok(false),
-        n if n > 0 => Ok(true),
-        _ => {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(e)
-            }
-        }
+    // SAFETY: `polled` is an array of N pollfds on this stack frame, and N is the count
+    // passed; the kernel writes only their `revents`.
+    let rc = unsafe { libc::poll(polled.as_mut_ptr(), N as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok([false; N])
+        } else {
+            Err(e)
+        };
     }
+    Ok(polled.map(|p| p.revents != 0))
 }
 
 /// A shared mapping of `len` bytes of a file descriptor (a dma-buf, a memfd), unmapped on
@@ -369,7 +386,7 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Maps `len` bytes at `offset` of `fd`, readable and writable, shared.
-    pub(crate) fn new(fd: std::os::fd::RawFd, offset: u64, len: usize) -> io::Result<Self> {
+    pub(crate) fn new(fd: RawFd, offset: u64, len: usize) -> io::Result<Self> {
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
             .unwrap_or(4096)
