@@ -15,10 +15,12 @@
 //! duplicate READ and atomic requests replayed from a responder resource ring, and a fatal
 //! error moving the QP to ERR and flushing everything outstanding. Where rxe departs from the
 //! specification, the engine follows the specification: `retry_cnt` 7 means seven retries
-//! (rxe retries forever); `rnr_retry` 7 does mean forever, in both. One addition: after two
-//! retransmission timeouts in a row the requester probes with its oldest packets instead of
-//! resending the whole window, until an ACK makes progress (a slow peer is not buried in
-//! duplicates).
+//! (rxe retries forever); `rnr_retry` 7 does mean forever, in both. Two additions on the
+//! requester's side, neither visible to the responder: after two retransmission timeouts in a
+//! row it probes with its oldest packets instead of resending the whole window, until an ACK
+//! makes progress (a slow peer is not buried in duplicates); and its send window narrows by
+//! half at each retry and widens again by one packet per window acknowledged, so go-back-N on
+//! a lossy path resends a few packets per loss rather than up to 128.
 //!
 //! Safety against peers: every remote request is checked against the [`MemoryTable`] (key,
 //! protection domain, rights, bounds) before [`Memory`] is called, so a peer can only touch
@@ -48,6 +50,8 @@ pub const MAX_UNACKED_PSNS: u32 = 128;
 /// After two retransmission timeouts in a row, the requester resends at most this many PSNs,
 /// each asking for an ACK, until an ACK makes progress.
 pub const PROBE_PSNS: u32 = 4;
+/// The narrowest the send window closes to after losses (see [`Qp::cwnd`]).
+pub const MIN_WINDOW_PSNS: u32 = 16;
 /// A requester asks for an ACK at least every this many packets of a long message (rxe's
 /// `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
@@ -378,6 +382,14 @@ struct Qp {
     probing: bool,
     /// Where the last retry went back to: further signals of the same loss are ignored.
     retrying_from: Option<Psn>,
+    /// The send window in PSNs, at most [`MAX_UNACKED_PSNS`]: halved by each retry (down to
+    /// [`MIN_WINDOW_PSNS`]) and widened by one PSN per window's worth acknowledged, as TCP's
+    /// congestion avoidance does. Go-back-N resends everything behind a lost packet, so on a
+    /// lossy path a full window of 128 multiplies each loss into up to 128 packets; a window
+    /// that follows the loss keeps goodput up. A path that never loses keeps the full window.
+    cwnd: u32,
+    /// PSNs acknowledged towards the next widening of `cwnd`.
+    cwnd_credit: u32,
     rnr_wait_until: Option<Instant>,
 
     // Responder.
@@ -420,6 +432,8 @@ impl Qp {
             timed_out: false,
             probing: false,
             retrying_from: None,
+            cwnd: MAX_UNACKED_PSNS,
+            cwnd_credit: 0,
             rnr_wait_until: None,
             rq: VecDeque::new(),
             epsn: Psn::default(),
@@ -577,11 +591,7 @@ impl Qp {
             return None;
         }
         if self.is_rc() {
-            let window = if self.probing {
-                PROBE_PSNS
-            } else {
-                MAX_UNACKED_PSNS
-            };
+            let window = if self.probing { PROBE_PSNS } else { self.cwnd };
             if self.comp_psn.steps_to(self.req_psn) >= window {
                 return None;
             }
@@ -678,7 +688,10 @@ impl Qp {
                 bth.opcode = Opcode::from_parts(transport, operation)?;
                 bth.solicited = last && wqe.solicited && (!is_write || imm.is_some());
                 if transport == Transport::Rc {
-                    bth.ack_req = last || self.probing || self.since_ack_req + 1 >= MAX_PKT_PER_ACK;
+                    // Twice per window at least, so a narrowed window never waits for a
+                    // timeout to open again.
+                    let every = MAX_PKT_PER_ACK.min(self.cwnd / 2).max(1);
+                    bth.ack_req = last || self.probing || self.since_ack_req + 1 >= every;
                 }
                 let mut repr = PacketRepr::new(bth);
                 if first {
@@ -773,6 +786,8 @@ impl Qp {
         }
         self.retries_left -= 1;
         ctx.counters.completer_retry_err += 1;
+        self.cwnd = (self.cwnd / 2).max(MIN_WINDOW_PSNS);
+        self.cwnd_credit = 0;
         self.rewind(from);
         self.retransmit_at = None;
     }
@@ -781,6 +796,7 @@ impl Qp {
     /// moves the completer past `psn`. A READ or atomic in the way whose PSN is covered was
     /// answered by its peer with an ACK instead: an implied NAK, so it is retried.
     fn ack_through(&mut self, ctx: &mut Ctx, psn: Psn) {
+        let start = self.comp_psn;
         let mut progressed = false;
         while let Some(front) = self.sq.front() {
             if !front.started || psn.precedes(front.first_psn) {
@@ -817,13 +833,18 @@ impl Qp {
             progressed = true;
         }
         if progressed {
-            self.made_progress();
+            self.made_progress(start.steps_to(self.comp_psn));
         }
     }
 
-    /// The peer acknowledged or answered something new: the retry counts start over and the
-    /// requester leaves probing.
-    fn made_progress(&mut self) {
+    /// The peer acknowledged or answered `acked` PSNs more: the retry counts start over, the
+    /// requester leaves probing, and the send window widens by one PSN per window acked.
+    fn made_progress(&mut self, acked: u32) {
+        self.cwnd_credit = self.cwnd_credit.saturating_add(acked);
+        while self.cwnd < MAX_UNACKED_PSNS && self.cwnd_credit >= self.cwnd {
+            self.cwnd_credit -= self.cwnd;
+            self.cwnd += 1;
+        }
         self.retries_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
         self.timed_out = false;
@@ -927,8 +948,9 @@ impl Qp {
                 scatter(front.segs(), 0, &ack.orig.to_ne_bytes(), mem);
                 let wqe = self.sq.pop_front().expect("front exists");
                 self.req_index = self.req_index.saturating_sub(1);
+                let acked = self.comp_psn.steps_to(psn.next());
                 self.comp_psn = psn.next();
-                self.made_progress();
+                self.made_progress(acked);
                 self.complete_send(ctx, &wqe, WcStatus::Success);
             }
             op @ (Operation::RdmaReadResponseFirst
@@ -980,7 +1002,7 @@ impl Qp {
                 }
                 scatter(front.segs(), offset, payload, mem);
                 self.comp_psn = psn.next();
-                self.made_progress();
+                self.made_progress(1);
                 if ends {
                     let wqe = self.sq.pop_front().expect("front exists");
                     self.req_index = self.req_index.saturating_sub(1);
