@@ -42,6 +42,9 @@ counters! {
     retry_rnr_exceeded_err,
     /// Retransmissions started by a timeout, a sequence NAK or an implied NAK (rxe).
     completer_retry_err,
+    /// Go-back-N resends started early, a few measured round trips into a stall with nothing
+    /// answered, before the ACK timeout (these spend no `retry_cnt`).
+    early_resends,
     /// Send work requests completed with an error (rxe).
     send_err,
     /// SEND messages completed by a requester (rxe).

@@ -15,12 +15,17 @@
 //! duplicate READ and atomic requests replayed from a responder resource ring, and a fatal
 //! error moving the QP to ERR and flushing everything outstanding. Where rxe departs from the
 //! specification, the engine follows the specification: `retry_cnt` 7 means seven retries
-//! (rxe retries forever); `rnr_retry` 7 does mean forever, in both. Two additions on the
-//! requester's side, neither visible to the responder: after two retransmission timeouts in a
-//! row it probes with its oldest packets instead of resending the whole window, until an ACK
-//! makes progress (a slow peer is not buried in duplicates); and its send window narrows by
-//! half at each retry and widens again by one packet per window acknowledged, so go-back-N on
-//! a lossy path resends a few packets per loss rather than up to 128.
+//! (rxe retries forever); `rnr_retry` 7 does mean forever, in both. Three additions on the
+//! requester's side, none visible to the responder:
+//! - after two retransmission timeouts in a row it probes with its oldest packets instead of
+//!   resending the whole window, until an ACK makes progress (a slow peer is not buried in
+//!   duplicates);
+//! - its send window narrows by half at each retry and widens again by one packet per window
+//!   acknowledged, so go-back-N on a lossy path resends a few packets per loss rather than up
+//!   to 128;
+//! - a stall of a few measured round trips with nothing answered (a lost last packet, ACK or
+//!   sequence NAK) starts an early resend that spends no `retry_cnt`, instead of waiting out
+//!   the ACK timeout (67 ms at perftest's default).
 //!
 //! Safety against peers: every remote request is checked against the [`MemoryTable`] (key,
 //! protection domain, rights, bounds) before [`Memory`] is called, so a peer can only touch
@@ -50,8 +55,14 @@ pub const MAX_UNACKED_PSNS: u32 = 128;
 /// After two retransmission timeouts in a row, the requester resends at most this many PSNs,
 /// each asking for an ACK, until an ACK makes progress.
 pub const PROBE_PSNS: u32 = 4;
-/// The narrowest the send window closes to after losses (see [`Qp::cwnd`]).
+/// The narrowest a requester's send window closes to after losses. The window starts at
+/// [`MAX_UNACKED_PSNS`], halves at each retry and widens by one PSN per window acknowledged.
 pub const MIN_WINDOW_PSNS: u32 = 16;
+/// The earliest an early resend fires after the last response, however short the measured
+/// round trip: a scheduler's hiccup on a busy host lasts longer than a loopback round trip,
+/// and each spurious resend is a window of duplicates. (An early resend goes back to the
+/// oldest unanswered PSN after a stall of a few round trips, spending no `retry_cnt`.)
+pub const MIN_EARLY_RESEND: Duration = Duration::from_millis(1);
 /// A requester asks for an ACK at least every this many packets of a long message (rxe's
 /// `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
@@ -390,6 +401,22 @@ struct Qp {
     cwnd: u32,
     /// PSNs acknowledged towards the next widening of `cwnd`.
     cwnd_credit: u32,
+    /// The smoothed round trip and its mean deviation (RFC 6298), from packets that asked for
+    /// an answer and were sent once.
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// The packet timing the next round-trip sample, and when it left.
+    rtt_sample: Option<(Psn, Instant)>,
+    /// When to resend early: a stall of a few round trips with nothing answered means a lost
+    /// tail packet, ACK or sequence NAK, which would otherwise cost a whole ACK timeout (67 ms
+    /// at perftest's default). It goes back to the oldest unanswered PSN as a retry would,
+    /// without spending `retry_cnt`; the responder answers duplicates with an ACK. Each
+    /// further early resend of one stall waits twice as long, while that stays under half the
+    /// ACK timeout, which still fires on its own schedule: a dead peer is found as soon as
+    /// before.
+    early_at: Option<Instant>,
+    /// Early resends since the last progress.
+    early_count: u32,
     rnr_wait_until: Option<Instant>,
 
     // Responder.
@@ -434,6 +461,11 @@ impl Qp {
             retrying_from: None,
             cwnd: MAX_UNACKED_PSNS,
             cwnd_credit: 0,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rtt_sample: None,
+            early_at: None,
+            early_count: 0,
             rnr_wait_until: None,
             rq: VecDeque::new(),
             epsn: Psn::default(),
@@ -522,6 +554,7 @@ impl Qp {
     fn enter_err(&mut self, ctx: &mut Ctx) {
         self.state = QpState::Err;
         self.retransmit_at = None;
+        self.early_at = None;
         self.rnr_wait_until = None;
         while let Some(wqe) = self.sq.pop_front() {
             self.complete_send(ctx, &wqe, WcStatus::WrFlushErr);
@@ -724,6 +757,11 @@ impl Qp {
 
         if repr.bth.ack_req {
             self.since_ack_req = 0;
+            // Time a packet sent for the first time (Karn: a resent one's answer could be
+            // the first copy's).
+            if self.is_rc() && self.rtt_sample.is_none() && !psn.precedes(self.sent_psn) {
+                self.rtt_sample = Some((psn, now));
+            }
         } else {
             self.since_ack_req += 1;
         }
@@ -743,6 +781,7 @@ impl Qp {
         }
         if self.is_rc() && self.retransmit_at.is_none() {
             self.retransmit_at = self.timeout.map(|t| now + t);
+            self.early_at = self.early_resend_at(now);
         }
         Some(len)
     }
@@ -764,6 +803,7 @@ impl Qp {
         self.req_pkt = pkt;
         self.req_psn = psn;
         self.since_ack_req = 0;
+        self.rtt_sample = None;
     }
 
     /// A retry after a timeout, a sequence NAK or an implied NAK: counts it, or gives up.
@@ -849,6 +889,47 @@ impl Qp {
         self.rnr_left = self.rnr_retry;
         self.timed_out = false;
         self.probing = false;
+        self.early_count = 0;
+    }
+
+    /// Takes the round-trip sample if its packet is now answered, and updates the estimate.
+    fn sample_rtt(&mut self, now: Instant) {
+        let Some((psn, sent)) = self.rtt_sample else {
+            return;
+        };
+        if !psn.precedes(self.comp_psn) {
+            return;
+        }
+        self.rtt_sample = None;
+        let rtt = now.saturating_duration_since(sent);
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(srtt) => {
+                let dev = rtt.abs_diff(srtt);
+                self.rttvar = (self.rttvar * 3 + dev) / 4;
+                self.srtt = Some((srtt * 7 + rtt) / 8);
+            }
+        }
+    }
+
+    /// When an early resend would be due if nothing is answered from `now` on: the RFC 6298
+    /// timeout from the measured round trip, or a sixteenth of the ACK timeout before there is
+    /// a measurement (a loss in the first window leaves none), at least [`MIN_EARLY_RESEND`]
+    /// and doubled per early resend already made in this stall; `None` when it would not come
+    /// well before the ACK timeout.
+    fn early_resend_at(&self, now: Instant) -> Option<Instant> {
+        let timeout = self.timeout?;
+        let estimate = match self.srtt {
+            Some(srtt) => srtt + 4 * self.rttvar,
+            None => timeout / 16,
+        };
+        let after = estimate
+            .max(MIN_EARLY_RESEND)
+            .checked_mul(1 << self.early_count.min(16))?;
+        (after * 2 <= timeout).then(|| now + after)
     }
 
     fn ack_before(&mut self, ctx: &mut Ctx, psn: Psn) {
@@ -859,11 +940,33 @@ impl Qp {
     }
 
     fn rearm(&mut self, now: Instant) {
-        self.retransmit_at = if self.comp_psn != self.req_psn && self.state == QpState::Rts {
+        let waiting = self.comp_psn != self.req_psn && self.state == QpState::Rts;
+        self.retransmit_at = if waiting {
             self.timeout.map(|t| now + t)
         } else {
             None
         };
+        self.early_at = if waiting {
+            self.early_resend_at(now)
+        } else {
+            None
+        };
+    }
+
+    /// The early resend is due: go back to the oldest unanswered PSN, as a retry would, but
+    /// without spending `retry_cnt` (see [`Qp::early_at`]). The first of a stall halves the
+    /// window, as a retry does; those after it, backing off, leave it.
+    fn resend_early(&mut self, ctx: &mut Ctx, now: Instant) {
+        if self.early_count == 0 {
+            self.cwnd = (self.cwnd / 2).max(MIN_WINDOW_PSNS);
+            self.cwnd_credit = 0;
+        }
+        self.early_count += 1;
+        ctx.counters.early_resends += 1;
+        let from = self.comp_psn;
+        self.retrying_from = Some(from);
+        self.rewind(from);
+        self.early_at = self.early_resend_at(now);
     }
 
     /// A response (ACK, NAK, READ response, atomic ACK) reached the requester.
@@ -1015,6 +1118,7 @@ impl Qp {
             // Acknowledged past what a rewind left to resend: carry on from there.
             self.rewind(self.comp_psn);
         }
+        self.sample_rtt(now);
         self.rearm(now);
     }
 
@@ -2122,7 +2226,7 @@ impl Engine {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.qps
             .values()
-            .flat_map(|qp| [qp.retransmit_at, qp.rnr_wait_until])
+            .flat_map(|qp| [qp.retransmit_at, qp.early_at, qp.rnr_wait_until])
             .flatten()
             .min()
     }
@@ -2133,6 +2237,18 @@ impl Engine {
         for qp in self.qps.values_mut() {
             if qp.rnr_wait_until.is_some_and(|t| t <= now) {
                 qp.rnr_wait_until = None;
+            }
+            if qp.early_at.is_some_and(|t| t <= now) {
+                qp.early_at = None;
+                let due_anyway = qp.retransmit_at.is_some_and(|t| t <= now);
+                // An RNR wait is the responder's word, not a loss.
+                if qp.state == QpState::Rts
+                    && qp.comp_psn != qp.req_psn
+                    && qp.rnr_wait_until.is_none()
+                    && !due_anyway
+                {
+                    qp.resend_early(&mut self.ctx, now);
+                }
             }
             if qp.retransmit_at.is_some_and(|t| t <= now) {
                 qp.retransmit_at = None;

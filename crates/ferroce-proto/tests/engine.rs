@@ -455,6 +455,34 @@ fn retry_exhaustion_against_a_silent_peer_flushes_the_rest() {
     assert_eq!(f.nodes[0].engine.qp_state(qa), Some(QpState::Err));
 }
 
+/// Early resends do not hide a dead peer: they back off, stop short of the ACK timeout, and
+/// `retry_cnt` still runs out after the same number of ACK timeouts as without them.
+#[test]
+fn early_resends_back_off_and_a_dead_peer_is_still_found_by_the_ack_timeout() {
+    let mut f = Fabric::new(2, 25);
+    let opts = ConnectOptions {
+        timeout: 14,
+        retry_cnt: 3,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 64, Access::LOCAL, 0);
+    f.link.loss = 1.0;
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 64)))
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::RetryExcErr);
+    let c = f.nodes[0].engine.counters();
+    assert_eq!((c.completer_retry_err, c.retry_exceeded_err), (3, 1));
+    // Without a measured round trip the first waits a sixteenth of the 67 ms ACK timeout,
+    // then 2/16 and 4/16; 8/16 is still allowed, 16/16 is the ACK timeout's own.
+    assert_eq!(c.early_resends, 4);
+    let ack_timeout = Duration::from_nanos(4096 << 14);
+    assert!(f.elapsed() >= ack_timeout * 4);
+}
+
 /// A responder too slow to answer within the ACK timeout (an emulated rxe behind a 128-packet
 /// burst): the first timeout resends the window, a second one in a row resends only the
 /// oldest four packets, each asking for an ACK, and the ACK they draw (for PSNs sent before the
@@ -498,6 +526,94 @@ fn timeouts_in_a_row_probe_with_a_few_packets_until_an_ack() {
         );
     }
     assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 2);
+}
+
+/// A lost tail packet leaves nothing behind it to draw a sequence NAK: without the early
+/// resend the requester would wait out the whole ACK timeout (67 ms at `timeout` 14, perftest's
+/// default). Once a round trip is measured, it goes back a few round trips into the stall, and
+/// spends no `retry_cnt` on it.
+#[test]
+fn a_lost_tail_is_resent_after_a_few_round_trips_not_the_ack_timeout() {
+    let mut f = Fabric::new(2, 23);
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 8192, Access::LOCAL, 0);
+    let dst = f.region(1, 8192, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, 5));
+    // A first WRITE, answered: the round trip is measured.
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 4096)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    let before = f.elapsed();
+    // The second WRITE loses its last packet, once.
+    let mut dropped = false;
+    f.filter = Some(Box::new(move |from, p| {
+        let hit = from == 0 && !dropped && p.opcode().operation() == Operation::RdmaWriteLast;
+        dropped |= hit;
+        hit
+    }));
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(2, SendOp::Write(remote(&dst, 4096)), sge(&src, 4096, 4096)),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert!(f.bytes(1, &dst) == &pattern(8192, 5)[..], "bytes differ");
+    let took = f.elapsed() - before;
+    let ack_timeout = Duration::from_nanos(4096 << 14);
+    assert!(
+        took < ack_timeout / 10,
+        "{took:?}: recovered by the ACK timeout, not early"
+    );
+    let c = f.nodes[0].engine.counters();
+    assert_eq!(c.early_resends, 1);
+    assert_eq!(c.completer_retry_err, 0, "no retry_cnt spent");
+}
+
+/// An RNR NAK is the responder asking the requester to wait, not a loss: the stall while the
+/// RNR timer runs starts no early resend.
+#[test]
+fn an_rnr_wait_starts_no_early_resend() {
+    let mut f = Fabric::new(2, 24);
+    let opts = ConnectOptions {
+        timeout: 14,
+        min_rnr_timer: RnrTimer::new(20).unwrap(),
+        ..ConnectOptions::default()
+    };
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 64, Access::LOCAL, 0x42);
+    let dst = f.region(1, 128, Access::LOCAL, 0);
+    // A first SEND, received: the round trip is measured.
+    f.post_recv(1, qb, 8, &dst, 0, 64);
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 64)))
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(2, SendOp::Send, sge(&src, 0, 64)))
+        .unwrap();
+    // The RNR timer (code 20: 10.24 ms) runs for many round trips.
+    assert!(!f.run_for(Duration::from_millis(8)));
+    assert!(f.nodes[0].engine.counters().rcvd_rnr_err >= 1);
+    f.post_recv(1, qb, 9, &dst, 64, 64);
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert_eq!(f.nodes[0].engine.counters().early_resends, 0);
 }
 
 #[test]

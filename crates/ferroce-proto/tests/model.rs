@@ -46,6 +46,9 @@ struct Faults {
     seed: u64,
     mtu: usize,
     psn: u32,
+    /// The ACK timeout's exponent: 8 (1 ms) leaves no room for early resends, 12 and 14
+    /// (17 and 67 ms) do.
+    timeout: u8,
 }
 
 fn faults() -> impl Strategy<Value = Faults> {
@@ -57,16 +60,20 @@ fn faults() -> impl Strategy<Value = Faults> {
         any::<u64>(),
         0..5usize,
         0..(1u32 << 24),
+        prop::sample::select(vec![8u8, 12, 14]),
     )
-        .prop_map(|(loss, dup, reorder, corrupt, seed, mtu, psn)| Faults {
-            loss,
-            dup,
-            reorder,
-            corrupt,
-            seed,
-            mtu,
-            psn,
-        })
+        .prop_map(
+            |(loss, dup, reorder, corrupt, seed, mtu, psn, timeout)| Faults {
+                loss,
+                dup,
+                reorder,
+                corrupt,
+                seed,
+                mtu,
+                psn,
+                timeout,
+            },
+        )
 }
 
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
@@ -80,6 +87,7 @@ fn run(ops: &[Op], faults: Faults) -> Result<(), TestCaseError> {
     let opts = ConnectOptions {
         mtu,
         psn_a: Psn::from_low_bits(faults.psn),
+        timeout: faults.timeout,
         ..ConnectOptions::default()
     };
     let (qa, qb) = f.connect(0, 1, QpType::Rc, &opts);
@@ -273,6 +281,7 @@ fn regression_hang_after_loss() {
         seed: 3832681833166687783,
         mtu: 1,
         psn: 5642363,
+        timeout: 8,
     };
     run(&ops, faults).unwrap();
 }
