@@ -381,6 +381,14 @@ def interop_plan(lab):
         flags = perf_flags(kind, sub)
         plan.append((f"loss-{tool}-{role}", kind, server, client, server.perf(tool, sub, flags),
                      client.perf(tool, sub, flags, server.addr), 90, loss, 1024))
+    # a READ longer than the requester's largest window: ferroce asks for 1 MiB as eight READ
+    # requests of 128 response packets, which rxe must serve within max_rd_atomic, with and
+    # without loss
+    flags = f"-s {MIB} -n {iters(8)}"
+    for name, drop in (("ib_read_bw-1MiB-ferroce-client", 0),
+                       ("loss-ib_read_bw-1MiB-ferroce-client", loss)):
+        plan.append((name, "bw", vm, host, vm.perf("ib_read_bw", "read-bw", flags),
+                     host.perf("ib_read_bw", "read-bw", flags, vm.addr), 90, drop, 1024))
     return plan
 
 

@@ -45,6 +45,9 @@ counters! {
     /// Go-back-N resends started early, a few measured round trips into a stall with nothing
     /// answered, before the ACK timeout (these spend no `retry_cnt`).
     early_resends,
+    /// Early resends found needless: the answers that ended the stall covered packets the
+    /// resend had not sent again (a slow peer or a lost ACK, not a lost packet).
+    early_needless,
     /// Send work requests completed with an error (rxe).
     send_err,
     /// SEND messages completed by a requester (rxe).

@@ -27,6 +27,11 @@
 //!   sequence NAK) starts an early resend that spends no `retry_cnt`, instead of waiting out
 //!   the ACK timeout (67 ms at perftest's default).
 //!
+//! And one the responder sees, within what IBTA allows it to expect: a READ of more than
+//! [`MAX_UNACKED_PSNS`] response packets is asked for in several READ requests of that many
+//! (never more unanswered than `max_rd_atomic`), so a lost response costs the rest of its
+//! piece rather than of the whole message.
+//!
 //! Safety against peers: every remote request is checked against the [`MemoryTable`] (key,
 //! protection domain, rights, bounds) before [`Memory`] is called, so a peer can only touch
 //! bytes of regions that granted it access.
@@ -63,6 +68,8 @@ pub const MIN_WINDOW_PSNS: u32 = 16;
 /// and each spurious resend is a window of duplicates. (An early resend goes back to the
 /// oldest unanswered PSN after a stall of a few round trips, spending no `retry_cnt`.)
 pub const MIN_EARLY_RESEND: Duration = Duration::from_millis(1);
+/// The most doublings a QP's early-resend delay takes on after needless early resends.
+const MAX_EARLY_SHIFT: u32 = 8;
 /// A requester asks for an ACK at least every this many packets of a long message (rxe's
 /// `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
@@ -164,6 +171,13 @@ struct SendWqe {
     len: u32,
     /// PSNs the message uses: its packets, or for a READ its response packets.
     npkts: u32,
+    /// PSNs per READ request. A READ of more than [`MAX_UNACKED_PSNS`] response packets is
+    /// asked for in pieces of that many, so that a lost response costs at most the rest of
+    /// its piece rather than the rest of the message (a 1 MiB READ at MTU 1024 is 1024
+    /// packets). Fixed when the request starts, so that a retry asks again for exactly the
+    /// rest of a piece the responder holds. `npkts` otherwise. (Pieces sized to the adaptive
+    /// window were tried: with few READs in flight allowed, they throttled 64 KiB READs.)
+    piece: u32,
     first_psn: Psn,
     started: bool,
     /// A local error found at post time, reported when the request reaches the front.
@@ -417,6 +431,16 @@ struct Qp {
     early_at: Option<Instant>,
     /// Early resends since the last progress.
     early_count: u32,
+    /// The oldest unanswered PSN when the last early resend probed, and whether it probed a
+    /// READ, until an answer shows whether the stall was a loss.
+    early_probe: Option<(Psn, bool)>,
+    /// A READ early resend asked again for responses that may still have been on their
+    /// way: a copy of one arriving twice shows it was needless.
+    early_read_watch: bool,
+    /// Doublings added to the early-resend delay for this QP: one more for each early resend
+    /// found needless (the originals were answered), one fewer for each that found a loss.
+    /// A peer whose answers come late and unevenly (an emulated rxe) is soon left alone.
+    early_shift: u32,
     rnr_wait_until: Option<Instant>,
 
     // Responder.
@@ -466,6 +490,9 @@ impl Qp {
             rtt_sample: None,
             early_at: None,
             early_count: 0,
+            early_probe: None,
+            early_read_watch: false,
+            early_shift: 0,
             rnr_wait_until: None,
             rq: VecDeque::new(),
             epsn: Psn::default(),
@@ -597,6 +624,45 @@ impl Qp {
             .count()
     }
 
+    /// How many response PSNs each request of a READ of `npkts` asks for: all of them, unless
+    /// the READ is longer than the largest window; then the current window's worth.
+    fn read_piece(&self, npkts: u32) -> u32 {
+        if npkts > MAX_UNACKED_PSNS {
+            self.cwnd
+        } else {
+            npkts
+        }
+    }
+
+    /// READ and atomic requests (READ pieces counted one by one) ever sent and not fully
+    /// answered: each holds one of the responder's `max_dest_rd_atomic` resources, even when
+    /// a rewind means it will be asked for again.
+    fn requests_outstanding(&self) -> u32 {
+        let mut n = 0;
+        for w in self
+            .sq
+            .iter()
+            .filter(|w| w.started && w.op.is_read_or_atomic())
+        {
+            if !w.first_psn.precedes(self.sent_psn) {
+                break;
+            }
+            let issued = w.first_psn.steps_to(self.sent_psn).min(w.npkts);
+            let answered = if w.first_psn.precedes(self.comp_psn) {
+                w.first_psn.steps_to(self.comp_psn).min(w.npkts)
+            } else {
+                0
+            };
+            let done = if answered == w.npkts {
+                w.npkts.div_ceil(w.piece)
+            } else {
+                answered / w.piece
+            };
+            n += issued.div_ceil(w.piece).saturating_sub(done);
+        }
+        n
+    }
+
     /// Builds the next request packet into `buf`, if one may be sent now.
     fn next_request(
         &mut self,
@@ -628,40 +694,47 @@ impl Qp {
             if self.comp_psn.steps_to(self.req_psn) >= window {
                 return None;
             }
-            if self.req_pkt == 0 {
-                let outstanding = self.reads_outstanding(index);
-                if wqe.op.is_read_or_atomic()
-                    && outstanding >= usize::from(self.max_rd_atomic.max(1))
-                {
-                    return None;
-                }
-                if wqe.fence && outstanding > 0 {
-                    return None;
-                }
+            // A new READ or atomic request takes a responder resource; asking again for one
+            // already sent (after a rewind) reuses its own.
+            if wqe.op.is_read_or_atomic()
+                && !self.req_psn.precedes(self.sent_psn)
+                && self.requests_outstanding() >= u32::from(self.max_rd_atomic.max(1))
+            {
+                return None;
+            }
+            if self.req_pkt == 0 && wqe.fence && self.reads_outstanding(index) > 0 {
+                return None;
             }
         }
         let mtu = self.mtu;
         let transport = self.transport();
+        let read_piece = self.read_piece(self.sq[index].npkts);
         let wqe = &mut self.sq[index];
         if !wqe.started {
             wqe.started = true;
             wqe.first_psn = self.req_psn;
+            if matches!(wqe.op, SendOp::Read(_)) && transport == Transport::Rc {
+                wqe.piece = read_piece;
+            }
         }
         let k = self.req_pkt;
         let psn = self.req_psn;
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
         let (repr, consumed, payload_at) = match wqe.op {
             SendOp::Read(remote) => {
+                // From here to the end of the piece holding PSN k.
                 let done = u64::from(k) * u64::from(mtu);
+                let piece_end = ((k / wqe.piece + 1) * wqe.piece).min(wqe.npkts);
+                let end = (u64::from(piece_end) * u64::from(mtu)).min(u64::from(wqe.len));
                 bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
                 bth.ack_req = true;
                 let mut repr = PacketRepr::new(bth);
                 repr.reth = Some(Reth {
                     va: remote.va.wrapping_add(done),
                     rkey: remote.rkey,
-                    len: wqe.len - done as u32,
+                    len: (end - done) as u32,
                 });
-                (repr, wqe.npkts - k, None)
+                (repr, piece_end - k, None)
             }
             SendOp::CompareSwap {
                 remote,
@@ -819,6 +892,10 @@ impl Qp {
             return;
         }
         self.retrying_from = Some(from);
+        // A loss signalled or timed out: whatever an early probe was waiting to learn, this
+        // retry is the answer.
+        self.early_probe = None;
+        self.early_read_watch = false;
         if self.retries_left == 0 {
             ctx.counters.retry_exceeded_err += 1;
             self.fail_front(ctx, WcStatus::RetryExcErr);
@@ -928,7 +1005,7 @@ impl Qp {
         };
         let after = estimate
             .max(MIN_EARLY_RESEND)
-            .checked_mul(1 << self.early_count.min(16))?;
+            .checked_mul(1 << (self.early_count + self.early_shift).min(16))?;
         (after * 2 <= timeout).then(|| now + after)
     }
 
@@ -953,17 +1030,30 @@ impl Qp {
         };
     }
 
-    /// The early resend is due: go back to the oldest unanswered PSN, as a retry would, but
-    /// without spending `retry_cnt` (see [`Qp::early_at`]). The first of a stall halves the
-    /// window, as a retry does; those after it, backing off, leave it.
+    /// The early resend is due (see [`Qp::early_at`]). It spends no `retry_cnt`. A stall
+    /// can be a slow peer rather than a loss (an emulated rxe working through a window), so
+    /// it costs as little as it can when it turns out needless:
+    ///
+    /// - Behind a SEND or WRITE, it goes back to the oldest unanswered PSN as a retry would,
+    ///   but probes: it resends only the oldest [`PROBE_PSNS`] packets, each asking for an
+    ///   ACK, until an ACK makes progress. After a real loss, go-back-N then carries on; if
+    ///   the ACK covers packets the probe did not resend, the originals got through.
+    /// - Behind a READ, it asks again for the rest of the piece in flight (rxe's responder
+    ///   cannot serve a smaller part first and the rest later: a replay moves the start of
+    ///   its record). If a response then arrives twice, the originals were on their way.
+    ///
+    /// Either finding of a needless resend doubles this QP's later early-resend delays.
     fn resend_early(&mut self, ctx: &mut Ctx, now: Instant) {
-        if self.early_count == 0 {
-            self.cwnd = (self.cwnd / 2).max(MIN_WINDOW_PSNS);
-            self.cwnd_credit = 0;
-        }
         self.early_count += 1;
         ctx.counters.early_resends += 1;
         let from = self.comp_psn;
+        let read = self
+            .sq
+            .front()
+            .is_some_and(|w| matches!(w.op, SendOp::Read(_)) && w.contains(from));
+        self.early_probe = Some((from, read));
+        self.early_read_watch = read;
+        self.probing = !read;
         self.retrying_from = Some(from);
         self.rewind(from);
         self.early_at = self.early_resend_at(now);
@@ -989,6 +1079,16 @@ impl Qp {
         let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
         if !sent || self.sq.is_empty() {
             ctx.counters.stale_response += 1;
+            if self.early_read_watch
+                && packet.opcode().operation() != Operation::Acknowledge
+                && psn.precedes(self.comp_psn)
+            {
+                // A second copy of a READ response already taken: the early resend asked
+                // again for responses that were on their way.
+                self.early_read_watch = false;
+                ctx.counters.early_needless += 1;
+                self.early_shift = (self.early_shift + 1).min(MAX_EARLY_SHIFT);
+            }
             return;
         }
         match packet.opcode().operation() {
@@ -1085,20 +1185,19 @@ impl Qp {
                 let k = front.first_psn.steps_to(psn);
                 let offset = u64::from(k) * u64::from(mtu);
                 let remaining = u64::from(front.len) - offset;
+                let last = k + 1 == front.npkts;
                 // The PSN fixes the offset. Whether the packet says FIRST or MIDDLE depends on
                 // which request (the original or a retry) it answers, so only its length and
-                // whether it ends the message are checked. Anything else is dropped; the
-                // retransmission timer recovers.
+                // whether it ends a request (the last PSN of a piece) are checked. Anything
+                // else is dropped; the retransmission timer recovers.
                 let payload = packet.payload();
                 let ends = matches!(
                     op,
                     Operation::RdmaReadResponseLast | Operation::RdmaReadResponseOnly
                 );
-                let len_ok = if ends {
-                    payload.len() as u64 == remaining
-                } else {
-                    payload.len() as u64 == u64::from(mtu) && remaining > u64::from(mtu)
-                };
+                let piece_ends = last || (k + 1) % front.piece == 0;
+                let len_ok =
+                    ends == piece_ends && payload.len() as u64 == remaining.min(u64::from(mtu));
                 if !len_ok {
                     ctx.counters.stale_response += 1;
                     return;
@@ -1106,13 +1205,31 @@ impl Qp {
                 scatter(front.segs(), offset, payload, mem);
                 self.comp_psn = psn.next();
                 self.made_progress(1);
-                if ends {
+                if last {
                     let wqe = self.sq.pop_front().expect("front exists");
                     self.req_index = self.req_index.saturating_sub(1);
                     self.complete_send(ctx, &wqe, WcStatus::Success);
                 }
             }
             _ => ctx.counters.opcode_err += 1,
+        }
+        if let Some((from, read)) = self.early_probe {
+            if self.comp_psn != from || self.state != QpState::Rts {
+                self.early_probe = None;
+                // Answered past what the probe resent: the originals got through, and the
+                // stall was a slow peer or a lost ACK, not a loss (which would have been a
+                // retry by now). Carry on from where sending had got to rather than resend
+                // what is still on its way, and wait longer before the next early resend.
+                // (A READ's answer tells nothing yet: see `early_read_watch`.)
+                if read {
+                } else if self.req_psn.precedes(self.comp_psn) {
+                    ctx.counters.early_needless += 1;
+                    self.early_shift = (self.early_shift + 1).min(MAX_EARLY_SHIFT);
+                    self.rewind(self.sent_psn);
+                } else {
+                    self.early_shift = self.early_shift.saturating_sub(1);
+                }
+            }
         }
         if self.req_psn.precedes(self.comp_psn) {
             // Acknowledged past what a rewind left to resend: carry on from there.
@@ -2051,6 +2168,7 @@ impl Engine {
             data,
             len,
             npkts,
+            piece: npkts,
             first_psn: Psn::default(),
             started: false,
             fault,

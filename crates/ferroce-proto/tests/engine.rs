@@ -582,6 +582,58 @@ fn a_lost_tail_is_resent_after_a_few_round_trips_not_the_ack_timeout() {
     assert_eq!(c.completer_retry_err, 0, "no retry_cnt spent");
 }
 
+/// A peer that suddenly answers slowly (an emulated rxe working through a window) is not a
+/// loss: the early resend probes with a few packets only, the ACKs for the originals show it
+/// was needless, and the requester carries on from where it had got to instead of sending
+/// the rest of the window again.
+#[test]
+fn a_needless_early_resend_costs_a_probe_not_a_window() {
+    let mut f = Fabric::new(2, 27);
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let len = 128 * 1024;
+    let src = f.region(0, 2 * len, Access::LOCAL, 0);
+    let dst = f.region(1, 2 * len, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(2 * len, 6));
+    let write = |f: &mut Fabric, id: u64, at: usize| {
+        f.nodes[0]
+            .engine
+            .post_send(
+                qa,
+                SendWr::new(
+                    id,
+                    SendOp::Write(remote(&dst, at as u64)),
+                    sge(&src, at as u64, len as u32),
+                ),
+            )
+            .unwrap();
+        f.run();
+        assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    };
+    // Quick answers first: a round trip of about 10 µs is measured.
+    write(&mut f, 1, 0);
+    let sent_before = f.nodes[0].engine.counters().sent_pkts;
+    // Then 4 ms each way: the stall outlasts the early-resend delay (1 ms at least).
+    f.link.delay = Duration::from_millis(4);
+    write(&mut f, 2, len);
+    assert!(f.bytes(1, &dst) == &pattern(2 * len, 6)[..], "bytes differ");
+    let c = f.nodes[0].engine.counters();
+    assert!(c.early_resends >= 1, "no early resend: {c:?}");
+    assert!(c.early_needless >= 1, "not found needless: {c:?}");
+    assert_eq!(c.completer_retry_err, 0);
+    // 128 packets (ACKs asked for at the 64th and the 128th), and per early resend a probe
+    // of at most four; the ACK for the first 64 must not send the second 64 again.
+    let sent = c.sent_pkts - sent_before;
+    assert!(
+        sent <= 128 + 4 * c.early_resends,
+        "{sent} packets for 128 with {} early resends",
+        c.early_resends
+    );
+}
+
 /// An RNR NAK is the responder asking the requester to wait, not a loss: the stall while the
 /// RNR timer runs starts no early resend.
 #[test]
@@ -1048,6 +1100,95 @@ fn a_gap_in_a_long_read_costs_one_retry() {
     f.run();
     assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
     assert!(f.bytes(0, &local) == &pattern(len, 11)[..], "bytes differ");
+    assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 1);
+}
+
+/// A READ of more packets than the largest window goes out in pieces of 128 response PSNs:
+/// a 1 MiB READ at MTU 1024 is eight requests, at most `max_rd_atomic` of them unanswered at a
+/// time. A response lost in the third piece is asked for again up to the end of that piece
+/// only.
+#[test]
+fn a_long_read_goes_out_in_pieces_and_a_gap_costs_only_the_rest_of_its_piece() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let mut f = Fabric::new(2, 26);
+    let opts = ConnectOptions {
+        max_rd_atomic: 2,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let len = 1 << 20;
+    let local = f.region(0, len, Access::LOCAL, 0);
+    let target = f.region(1, len, Access::REMOTE, 0);
+    f.bytes_mut(1, &target).copy_from_slice(&pattern(len, 12));
+    // Each READ request as (response PSN offset, RETH va offset, RETH len), with how many
+    // response PSNs had arrived in order when it left.
+    let requests = Rc::new(RefCell::new(Vec::new()));
+    let log = requests.clone();
+    let mut first = None;
+    let mut in_order = 0u32;
+    let mut dropped = false;
+    f.filter = Some(Box::new(move |from, p| {
+        let first = *first.get_or_insert(p.psn());
+        let k = first.steps_to(p.psn());
+        if from == 0 {
+            if let Some(reth) = p.reth() {
+                let at = (k, reth.va - target.va, reth.len);
+                log.borrow_mut().push((at, in_order));
+            }
+            return false;
+        }
+        // Response PSN 300 (in the third piece, 256..384) is lost once.
+        let hit = k == 300 && !dropped;
+        dropped |= hit;
+        if !hit && k == in_order {
+            in_order += 1;
+        }
+        hit
+    }));
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(
+                1,
+                SendOp::Read(remote(&target, 0)),
+                sge(&local, 0, len as u32),
+            ),
+        )
+        .unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert!(f.bytes(0, &local) == &pattern(len, 12)[..], "bytes differ");
+    let requests = requests.borrow();
+    let pieces: Vec<(u32, u64, u32)> = (0..8)
+        .map(|i| (i * 128, u64::from(i) << 17, 1 << 17))
+        .collect();
+    let retry = (300, 300 << 10, (384 - 300) << 10);
+    for (at, _) in requests.iter() {
+        assert!(
+            pieces.contains(at) || *at == retry,
+            "{at:?} is neither a piece nor the rest of the third: {requests:?}"
+        );
+    }
+    for piece in &pieces {
+        assert!(
+            requests.iter().any(|(at, _)| at == piece),
+            "{piece:?} never asked for"
+        );
+    }
+    assert_eq!(requests.iter().filter(|(at, _)| *at == retry).count(), 1);
+    // Never more than max_rd_atomic (2) pieces asked for and not wholly answered in order.
+    for &((k, _, len), in_order) in requests.iter() {
+        let end = k + (len >> 10);
+        let open = (0..8u32)
+            .filter(|&i| i * 128 < end && (i + 1) * 128 > in_order)
+            .count();
+        assert!(open <= 2, "{open} pieces open at PSN {k}: {requests:?}");
+    }
+    // The gap cost the rest of its piece and at most one piece sent after it.
+    let sent = f.nodes[1].engine.counters().sent_pkts;
+    assert!(sent <= 1024 + 84 + 128, "{sent} response packets");
     assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 1);
 }
 

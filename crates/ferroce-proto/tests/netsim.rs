@@ -1,6 +1,7 @@
-//! Goodput against loss, as a snapshot: a recovery regression shows up as a diff.
+//! Goodput against loss, as snapshots: a recovery regression shows up as a diff.
 //!
-//! Sixteen 64 KiB RDMA WRITEs (1 MiB) over one RC QP, MTU 1024, on a simulated 10 Gbit/s link
+//! Sixteen 64 KiB RDMA WRITEs, or one 1 MiB RDMA READ (eight READ requests of 128 packets),
+//! over one RC QP, MTU 1024, on a simulated 10 Gbit/s link
 //! with 5 µs of delay each way, perftest's and `ibv_rc_pingpong`'s ACK timeout (`timeout` 14,
 //! 67 ms) and `retry_cnt` 7, for each loss rate. One run hangs on where a handful of packets fall (a lost sequence NAK costs a
 //! whole timeout), so each row is the mean of [`SEEDS`] runs with different losses.
@@ -16,11 +17,21 @@ use ferroce_proto::qp::{Payload, QpType, RemoteAddr, SendOp, SendWr, Sge, WcStat
 
 const WRITES: usize = 16;
 const SIZE: usize = 64 * 1024;
+
+/// What a run moves: 1 MiB either way.
+#[derive(Clone, Copy)]
+enum Work {
+    /// Sixteen 64 KiB WRITEs.
+    Writes,
+    /// One 1 MiB READ.
+    Read,
+}
 /// Runs per loss rate.
 const SEEDS: u64 = 10;
 
-/// One run's figures: goodput, duration, completions, packets sent, retries, early resends,
-/// sequence NAKs received and duplicates the responder saw.
+/// One run's figures: goodput, duration, completions, data packets sent (requests for the
+/// WRITEs, responses for the READ), retries, early resends, sequence NAKs received and
+/// duplicates the responder saw.
 #[derive(Default)]
 struct Figures {
     gbits: f64,
@@ -33,7 +44,7 @@ struct Figures {
     dups: u64,
 }
 
-fn run(loss_percent: u32, seed: u64) -> Figures {
+fn run(work: Work, loss_percent: u32, seed: u64) -> Figures {
     let mut f = Fabric::new(2, 0x600d_0000 + u64::from(loss_percent) + (seed << 32));
     f.link.bits_per_sec = 10_000_000_000;
     f.link.loss = f64::from(loss_percent) / 100.0;
@@ -42,30 +53,58 @@ fn run(loss_percent: u32, seed: u64) -> Figures {
         ..ConnectOptions::default()
     };
     let (qa, _) = f.connect(0, 1, QpType::Rc, &opts);
-    let src = f.region(0, SIZE, Access::LOCAL, 0x5a);
-    let dst = f.region(1, WRITES * SIZE, Access::REMOTE, 0);
-    for i in 0..WRITES {
-        let local = Payload::Sges(vec![Sge {
-            addr: src.va,
-            len: SIZE as u32,
-            lkey: src.lkey,
-        }]);
-        let remote = RemoteAddr {
-            va: dst.va + (i * SIZE) as u64,
-            rkey: dst.rkey,
-        };
-        f.nodes[0]
-            .engine
-            .post_send(qa, SendWr::new(i as u64, SendOp::Write(remote), local))
-            .unwrap();
-    }
+    let (dst, data_side) = match work {
+        Work::Writes => {
+            let src = f.region(0, SIZE, Access::LOCAL, 0x5a);
+            let dst = f.region(1, WRITES * SIZE, Access::REMOTE, 0);
+            for i in 0..WRITES {
+                let local = Payload::Sges(vec![Sge {
+                    addr: src.va,
+                    len: SIZE as u32,
+                    lkey: src.lkey,
+                }]);
+                let remote = RemoteAddr {
+                    va: dst.va + (i * SIZE) as u64,
+                    rkey: dst.rkey,
+                };
+                f.nodes[0]
+                    .engine
+                    .post_send(qa, SendWr::new(i as u64, SendOp::Write(remote), local))
+                    .unwrap();
+            }
+            ((1, dst), 0)
+        }
+        Work::Read => {
+            let len = WRITES * SIZE;
+            let src = f.region(1, len, Access::REMOTE, 0x5a);
+            let dst = f.region(0, len, Access::LOCAL, 0);
+            let local = Payload::Sges(vec![Sge {
+                addr: dst.va,
+                len: len as u32,
+                lkey: dst.lkey,
+            }]);
+            let remote = RemoteAddr {
+                va: src.va,
+                rkey: src.rkey,
+            };
+            f.nodes[0]
+                .engine
+                .post_send(qa, SendWr::new(0, SendOp::Read(remote), local))
+                .unwrap();
+            ((0, dst), 1)
+        }
+    };
     f.run();
     let done = f.completions(0);
     let ok = done
         .iter()
         .filter(|c| c.status == WcStatus::Success)
         .count();
-    let landed = f.bytes(1, &dst).iter().filter(|&&b| b == 0x5a).count();
+    let landed = f
+        .bytes(dst.0, &dst.1)
+        .iter()
+        .filter(|&&b| b == 0x5a)
+        .count();
     let secs = f.elapsed().as_secs_f64();
     let c = *f.nodes[0].engine.counters();
     let r = *f.nodes[1].engine.counters();
@@ -73,7 +112,7 @@ fn run(loss_percent: u32, seed: u64) -> Figures {
         gbits: (landed * 8) as f64 / secs / 1e9,
         ms: secs * 1e3,
         ok,
-        packets: c.sent_pkts,
+        packets: f.nodes[data_side].engine.counters().sent_pkts,
         retries: c.completer_retry_err,
         early: c.early_resends,
         seq_naks: c.rcvd_seq_err,
@@ -81,11 +120,11 @@ fn run(loss_percent: u32, seed: u64) -> Figures {
     }
 }
 
-/// A row of the table: the means over [`SEEDS`] runs, and the completions of all of them.
-fn row(loss_percent: u32) -> String {
+/// A row of a table: the means over [`SEEDS`] runs, and the completions of all of them.
+fn row(work: Work, loss_percent: u32) -> String {
     let mut sum = Figures::default();
     for seed in 0..SEEDS {
-        let f = run(loss_percent, seed);
+        let f = run(work, loss_percent, seed);
         sum.gbits += f.gbits;
         sum.ms += f.ms;
         sum.ok += f.ok;
@@ -102,7 +141,10 @@ fn row(loss_percent: u32) -> String {
         sum.gbits / n,
         sum.ms / n,
         sum.ok,
-        WRITES as u64 * SEEDS,
+        match work {
+            Work::Writes => WRITES as u64,
+            Work::Read => 1,
+        } * SEEDS,
         mean(sum.packets),
         mean(sum.retries),
         mean(sum.early),
@@ -111,14 +153,23 @@ fn row(loss_percent: u32) -> String {
     )
 }
 
-#[test]
-fn goodput_versus_loss() {
+fn table(work: Work, losses: &[u32]) -> String {
     let mut table = String::from(
         "| loss | Gbit/s | ms | done | packets | retries | early | seqNAK | dups |\n\
          |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for loss in [0, 1, 3, 5, 10, 20, 30] {
-        writeln!(table, "{}", row(loss)).unwrap();
+    for &loss in losses {
+        writeln!(table, "{}", row(work, loss)).unwrap();
     }
-    insta::assert_snapshot!(table);
+    table
+}
+
+#[test]
+fn goodput_versus_loss() {
+    insta::assert_snapshot!(table(Work::Writes, &[0, 1, 3, 5, 10, 20, 30]));
+}
+
+#[test]
+fn read_goodput_versus_loss() {
+    insta::assert_snapshot!(table(Work::Read, &[0, 1, 3, 5, 10, 20]));
 }
