@@ -39,6 +39,16 @@ fn only(completions: &[Completion]) -> Completion {
     completions[0]
 }
 
+/// Drops the first packet node `sender` sends with operation `op`, and only that one.
+fn drop_first(f: &mut Fabric, sender: usize, op: Operation) {
+    let mut dropped = false;
+    f.filter = Some(Box::new(move |from, p| {
+        let hit = from == sender && !dropped && p.opcode().operation() == op;
+        dropped |= hit;
+        hit
+    }));
+}
+
 #[test]
 fn send_recv_single_and_multi_packet() {
     let mut f = Fabric::new(2, 1);
@@ -555,12 +565,7 @@ fn a_lost_tail_is_resent_after_a_few_round_trips_not_the_ack_timeout() {
     assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
     let before = f.elapsed();
     // The second WRITE loses its last packet, once.
-    let mut dropped = false;
-    f.filter = Some(Box::new(move |from, p| {
-        let hit = from == 0 && !dropped && p.opcode().operation() == Operation::RdmaWriteLast;
-        dropped |= hit;
-        hit
-    }));
+    drop_first(&mut f, 0, Operation::RdmaWriteLast);
     f.nodes[0]
         .engine
         .post_send(
@@ -675,12 +680,7 @@ fn lost_packet_gets_a_sequence_nak_and_go_back_n() {
     let src = f.region(0, 8192, Access::LOCAL, 0);
     let dst = f.region(1, 8192, Access::REMOTE, 0);
     f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, 1));
-    let mut dropped = false;
-    f.filter = Some(Box::new(move |from, p| {
-        let hit = from == 0 && !dropped && p.opcode().operation() == Operation::RdmaWriteMiddle;
-        dropped |= hit;
-        hit
-    }));
+    drop_first(&mut f, 0, Operation::RdmaWriteMiddle);
     f.nodes[0]
         .engine
         .post_send(
@@ -735,12 +735,7 @@ fn duplicate_atomic_is_answered_from_the_saved_value() {
     let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
     let local = f.region(0, 8, Access::LOCAL, 0);
     let target = f.region(1, 8, Access::REMOTE, 0);
-    let mut dropped = false;
-    f.filter = Some(Box::new(move |from, p| {
-        let hit = from == 1 && !dropped && p.opcode().operation() == Operation::AtomicAcknowledge;
-        dropped |= hit;
-        hit
-    }));
+    drop_first(&mut f, 1, Operation::AtomicAcknowledge);
     f.nodes[0]
         .engine
         .post_send(
@@ -812,12 +807,7 @@ fn uc_gap_abandons_the_message_and_the_next_one_lands() {
     let dst = f.region(1, 8192, Access::LOCAL, 0);
     f.bytes_mut(0, &src).copy_from_slice(&pattern(4096, 2));
     f.post_recv(1, qb, 1, &dst, 0, 4096);
-    let mut dropped = false;
-    f.filter = Some(Box::new(move |_, p| {
-        let hit = !dropped && p.opcode().operation() == Operation::SendMiddle;
-        dropped |= hit;
-        hit
-    }));
+    drop_first(&mut f, 0, Operation::SendMiddle);
     let engine = &mut f.nodes[0].engine;
     engine
         .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 4096)))
