@@ -431,9 +431,9 @@ struct Qp {
     early_at: Option<Instant>,
     /// Early resends since the last progress.
     early_count: u32,
-    /// The oldest unanswered PSN when the last early resend probed, and whether it probed a
-    /// READ, until an answer shows whether the stall was a loss.
-    early_probe: Option<(Psn, bool)>,
+    /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
+    /// until an answer shows whether the stall was a loss.
+    early_probe: Option<Psn>,
     /// A READ early resend asked again for responses that may still have been on their
     /// way: a copy of one arriving twice shows it was needless.
     early_read_watch: bool,
@@ -1051,12 +1051,18 @@ impl Qp {
             .sq
             .front()
             .is_some_and(|w| matches!(w.op, SendOp::Read(_)) && w.contains(from));
-        self.early_probe = Some((from, read));
+        self.early_probe = (!read).then_some(from);
         self.early_read_watch = read;
         self.probing = !read;
         self.retrying_from = Some(from);
         self.rewind(from);
         self.early_at = self.early_resend_at(now);
+    }
+
+    /// An early resend turned out needless: later ones of this QP wait twice as long.
+    fn early_was_needless(&mut self, ctx: &mut Ctx) {
+        ctx.counters.early_needless += 1;
+        self.early_shift = (self.early_shift + 1).min(MAX_EARLY_SHIFT);
     }
 
     /// A response (ACK, NAK, READ response, atomic ACK) reached the requester.
@@ -1086,8 +1092,7 @@ impl Qp {
                 // A second copy of a READ response already taken: the early resend asked
                 // again for responses that were on their way.
                 self.early_read_watch = false;
-                ctx.counters.early_needless += 1;
-                self.early_shift = (self.early_shift + 1).min(MAX_EARLY_SHIFT);
+                self.early_was_needless(ctx);
             }
             return;
         }
@@ -1213,18 +1218,15 @@ impl Qp {
             }
             _ => ctx.counters.opcode_err += 1,
         }
-        if let Some((from, read)) = self.early_probe {
+        if let Some(from) = self.early_probe {
             if self.comp_psn != from || self.state != QpState::Rts {
                 self.early_probe = None;
                 // Answered past what the probe resent: the originals got through, and the
                 // stall was a slow peer or a lost ACK, not a loss (which would have been a
                 // retry by now). Carry on from where sending had got to rather than resend
-                // what is still on its way, and wait longer before the next early resend.
-                // (A READ's answer tells nothing yet: see `early_read_watch`.)
-                if read {
-                } else if self.req_psn.precedes(self.comp_psn) {
-                    ctx.counters.early_needless += 1;
-                    self.early_shift = (self.early_shift + 1).min(MAX_EARLY_SHIFT);
+                // what is still on its way.
+                if self.req_psn.precedes(self.comp_psn) {
+                    self.early_was_needless(ctx);
                     self.rewind(self.sent_psn);
                 } else {
                     self.early_shift = self.early_shift.saturating_sub(1);
