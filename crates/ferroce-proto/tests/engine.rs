@@ -10,7 +10,7 @@ use ferroce_proto::qp::{
     Completion, ModifyError, Mtu, Payload, PostError, QpAttr, QpState, QpType, RemoteAddr, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,
 };
-use ferroce_proto::wire::{NakCode, Operation, RnrTimer, Syndrome};
+use ferroce_proto::wire::{NakCode, Operation, Qpn, RnrTimer, Syndrome};
 use ferroce_proto::Psn;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -37,6 +37,14 @@ fn remote(region: &ferroce_proto::memory::RegionInfo, at: u64) -> RemoteAddr {
 fn only(completions: &[Completion]) -> Completion {
     assert_eq!(completions.len(), 1, "{completions:?}");
     completions[0]
+}
+
+/// Posts `wr` on node 0's QP `qp`, runs the fabric until it is idle, and checks that the
+/// request completed, alone and successfully.
+fn post_and_complete(f: &mut Fabric, qp: Qpn, wr: SendWr) {
+    f.nodes[0].engine.post_send(qp, wr).unwrap();
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
 }
 
 /// Drops the first packet node `sender` sends with operation `op`, and only that one.
@@ -515,15 +523,11 @@ fn timeouts_in_a_row_probe_with_a_few_packets_until_an_ack() {
         // Every answer is lost until the requester has sent two full windows (16 packets each).
         log.borrow().len() <= 32
     }));
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, len as u32)),
-        )
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, len as u32)),
+    );
     assert!(f.bytes(1, &dst) == &pattern(len, 3)[..], "bytes differ");
     let sent = sent.borrow();
     // 16 packets, 16 again after the first timeout, then a probe of four for the second.
@@ -554,27 +558,19 @@ fn a_lost_tail_is_resent_after_a_few_round_trips_not_the_ack_timeout() {
     let dst = f.region(1, 8192, Access::REMOTE, 0);
     f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, 5));
     // A first WRITE, answered: the round trip is measured.
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 4096)),
-        )
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 4096)),
+    );
     let before = f.elapsed();
     // The second WRITE loses its last packet, once.
     drop_first(&mut f, 0, Operation::RdmaWriteLast);
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(2, SendOp::Write(remote(&dst, 4096)), sge(&src, 4096, 4096)),
-        )
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(2, SendOp::Write(remote(&dst, 4096)), sge(&src, 4096, 4096)),
+    );
     assert!(f.bytes(1, &dst) == &pattern(8192, 5)[..], "bytes differ");
     let took = f.elapsed() - before;
     let ack_timeout = Duration::from_nanos(4096 << 14);
@@ -604,19 +600,12 @@ fn a_needless_early_resend_costs_a_probe_not_a_window() {
     let dst = f.region(1, 2 * len, Access::REMOTE, 0);
     f.bytes_mut(0, &src).copy_from_slice(&pattern(2 * len, 6));
     let write = |f: &mut Fabric, id: u64, at: usize| {
-        f.nodes[0]
-            .engine
-            .post_send(
-                qa,
-                SendWr::new(
-                    id,
-                    SendOp::Write(remote(&dst, at as u64)),
-                    sge(&src, at as u64, len as u32),
-                ),
-            )
-            .unwrap();
-        f.run();
-        assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+        let wr = SendWr::new(
+            id,
+            SendOp::Write(remote(&dst, at as u64)),
+            sge(&src, at as u64, len as u32),
+        );
+        post_and_complete(f, qa, wr);
     };
     // Quick answers first: a round trip of about 10 µs is measured.
     write(&mut f, 1, 0);
@@ -654,12 +643,7 @@ fn an_rnr_wait_starts_no_early_resend() {
     let dst = f.region(1, 128, Access::LOCAL, 0);
     // A first SEND, received: the round trip is measured.
     f.post_recv(1, qb, 8, &dst, 0, 64);
-    f.nodes[0]
-        .engine
-        .post_send(qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 64)))
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(&mut f, qa, SendWr::new(1, SendOp::Send, sge(&src, 0, 64)));
     f.nodes[0]
         .engine
         .post_send(qa, SendWr::new(2, SendOp::Send, sge(&src, 0, 64)))
@@ -681,15 +665,11 @@ fn lost_packet_gets_a_sequence_nak_and_go_back_n() {
     let dst = f.region(1, 8192, Access::REMOTE, 0);
     f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, 1));
     drop_first(&mut f, 0, Operation::RdmaWriteMiddle);
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8192)),
-        )
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8192)),
+    );
     assert!(f.bytes(1, &dst) == &pattern(8192, 1)[..], "bytes differ");
     let (a, b) = (f.nodes[0].engine.counters(), f.nodes[1].engine.counters());
     assert_eq!(a.rcvd_seq_err, 1);
@@ -714,15 +694,11 @@ fn duplicate_read_is_replayed_and_resumes_mid_message() {
         }
         false
     }));
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(1, SendOp::Read(remote(&target, 0)), sge(&local, 0, 4096)),
-        )
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(1, SendOp::Read(remote(&target, 0)), sge(&local, 0, 4096)),
+    );
     assert!(f.bytes(0, &local) == &pattern(4096, 5)[..], "bytes differ");
     // The re-sent request was a duplicate the responder replayed from its resource ring.
     assert_eq!(f.nodes[1].engine.counters().duplicate_request, 1);
@@ -736,22 +712,18 @@ fn duplicate_atomic_is_answered_from_the_saved_value() {
     let local = f.region(0, 8, Access::LOCAL, 0);
     let target = f.region(1, 8, Access::REMOTE, 0);
     drop_first(&mut f, 1, Operation::AtomicAcknowledge);
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(
-                1,
-                SendOp::FetchAdd {
-                    remote: remote(&target, 0),
-                    add: 3,
-                },
-                sge(&local, 0, 8),
-            ),
-        )
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(
+            1,
+            SendOp::FetchAdd {
+                remote: remote(&target, 0),
+                add: 3,
+            },
+            sge(&local, 0, 8),
+        ),
+    );
     // Executed once, though requested twice.
     assert_eq!(
         u64::from_ne_bytes(f.bytes(1, &target).try_into().unwrap()),
@@ -1076,19 +1048,15 @@ fn a_gap_in_a_long_read_costs_one_retry() {
         }
         false
     }));
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(
-                1,
-                SendOp::Read(remote(&target, 0)),
-                sge(&local, 0, len as u32),
-            ),
-        )
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(
+            1,
+            SendOp::Read(remote(&target, 0)),
+            sge(&local, 0, len as u32),
+        ),
+    );
     assert!(f.bytes(0, &local) == &pattern(len, 11)[..], "bytes differ");
     assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 1);
 }
@@ -1136,19 +1104,15 @@ fn a_long_read_goes_out_in_pieces_and_a_gap_costs_only_the_rest_of_its_piece() {
         }
         hit
     }));
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(
-                1,
-                SendOp::Read(remote(&target, 0)),
-                sge(&local, 0, len as u32),
-            ),
-        )
-        .unwrap();
-    f.run();
-    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(
+            1,
+            SendOp::Read(remote(&target, 0)),
+            sge(&local, 0, len as u32),
+        ),
+    );
     assert!(f.bytes(0, &local) == &pattern(len, 12)[..], "bytes differ");
     let requests = requests.borrow();
     let pieces: Vec<(u32, u64, u32)> = (0..8)
@@ -1244,5 +1208,5 @@ fn a_write_filter_refuses_like_a_key_and_sees_every_packet() {
     assert_eq!(seen.lock().unwrap().len(), 3);
     assert!(!f.nodes[1]
         .engine
-        .set_write_filter(ferroce_proto::wire::Qpn::from_low_bits(0xabcd), None));
+        .set_write_filter(Qpn::from_low_bits(0xabcd), None));
 }
