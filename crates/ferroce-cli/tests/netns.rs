@@ -79,6 +79,18 @@ impl Drop for Link {
     }
 }
 
+/// The standard output of a tool run that must have succeeded; a failure shows both of its
+/// streams, under `who`.
+fn stdout_of(who: &str, out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{who}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 fn can_run() -> bool {
     let root = Command::new("id")
         .arg("-u")
@@ -129,20 +141,7 @@ fn pingpong_across_namespaces() {
             .output()
             .unwrap();
         let server = server.wait_with_output().unwrap();
-        let (c, s) = (
-            String::from_utf8_lossy(&client.stdout),
-            String::from_utf8_lossy(&server.stdout),
-        );
-        assert!(
-            client.status.success(),
-            "client: {c}{}",
-            String::from_utf8_lossy(&client.stderr)
-        );
-        assert!(
-            server.status.success(),
-            "server: {s}{}",
-            String::from_utf8_lossy(&server.stderr)
-        );
+        let (c, s) = (stdout_of("client", &client), stdout_of("server", &server));
         assert!(c.contains("300 iters in "), "{c}");
         assert!(
             c.contains(&format!(
@@ -295,15 +294,9 @@ fn every_verb_both_ways_across_namespaces_under_faults() {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let client = link.ferroce(client_ns, &args).output().unwrap();
             let server = server.wait_with_output().unwrap();
-            for (who, out) in [("client", &client), ("server", &server)] {
-                assert!(
-                    out.status.success(),
-                    "{test} {who} in {server_ns}->{client_ns}: {}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            let stdout = String::from_utf8_lossy(&client.stdout);
+            let run = |who| format!("{test} {who} in {server_ns}->{client_ns}");
+            let stdout = stdout_of(&run("client"), &client);
+            stdout_of(&run("server"), &server);
             assert!(stdout.contains(&format!(" {size} ")), "{test}: {stdout}");
             // No -m: the veth's 1500 bytes carry 1024-byte RoCE packets, as rxe would use.
             assert!(
@@ -340,20 +333,7 @@ fn session_lat_across_namespaces() {
     client_args.extend(["--local", "10.199.7.2", "10.199.7.1"]);
     let client = link.ferroce(&link.b, &client_args).output().unwrap();
     let server = server.wait_with_output().unwrap();
-    let (c, s) = (
-        String::from_utf8_lossy(&client.stdout),
-        String::from_utf8_lossy(&server.stdout),
-    );
-    assert!(
-        client.status.success(),
-        "client: {c}{}",
-        String::from_utf8_lossy(&client.stderr)
-    );
-    assert!(
-        server.status.success(),
-        "server: {s}{}",
-        String::from_utf8_lossy(&server.stderr)
-    );
+    let (c, s) = (stdout_of("client", &client), stdout_of("server", &server));
     assert!(c.contains("\n 3000    300 "), "{c}");
     assert!(c.contains("): consistent\n"), "{c}");
     assert!(s.contains(" Served 300 requests\n"), "{s}");
@@ -429,16 +409,7 @@ fn nics_close_when_a_firewall_drops_empty_datagrams() {
     let server = output_within(server, limit);
     for (who, out) in [("client", client), ("server", server)] {
         let out = out.unwrap_or_else(|| panic!("the {who} did not exit within {limit:?}"));
-        assert!(
-            out.status.success(),
-            "{who}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("50 iters in "),
-            "{who}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        let stdout = stdout_of(who, &out);
+        assert!(stdout.contains("50 iters in "), "{who}: {stdout}");
     }
 }
