@@ -371,6 +371,73 @@ pub fn recover_ipv4_id(ip: &super::Ipv4Header, udp: &UdpHeader, packet: &[u8]) -
     (rest == 0).then_some(id)
 }
 
+/// How a packet's ICRC changes when it leaves with another IPv4 ID or UDP source port than it
+/// was sealed for: UDP GSO gives segment *i* of a send ID *i* (gso.md §1), and GSO sends leave a
+/// socket of their own, on another source port than the one the engine sealed for.
+///
+/// CRC-32 is linear: changing two bytes of the input XORs the CRC with a value that depends
+/// only on the change and on how many bytes follow it. A `Reseal` holds that dependence for one
+/// packet length and IP version, so re-sealing costs two carry-less multiplications instead
+/// of another pass over the packet. Applying the same change twice restores the original.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reseal {
+    /// x^(8·bytes after the IPv4 ID), or 0 for IPv6 (no ID in the header).
+    id_factor: u32,
+    /// x^(8·bytes after the UDP source port).
+    port_factor: u32,
+}
+
+impl Reseal {
+    /// The re-seal for packets of `packet_len` bytes (BTH through ICRC) over IPv4 (`ipv4`) or
+    /// IPv6.
+    #[must_use]
+    pub const fn new(ipv4: bool, packet_len: usize) -> Self {
+        let covered = packet_len.saturating_sub(ICRC_LEN) as u64;
+        // After the source port: its UDP neighbours (destination port, length, checksum:
+        // 6 bytes), then the covered bytes. The IPv4 ID has 16 more bytes behind it: the
+        // rest of the IPv4 header (14) and the source port itself (2).
+        let x = gf2::ONE >> 1;
+        let port_factor = gf2::pow(x, 8 * (covered + 6));
+        let id_factor = if ipv4 {
+            gf2::mul(port_factor, gf2::pow(x, 8 * 16))
+        } else {
+            0
+        };
+        Self {
+            id_factor,
+            port_factor,
+        }
+    }
+
+    /// The value to XOR into the ICRC when the IPv4 ID changes by `id_xor` (ignored for
+    /// IPv6) and the UDP source port by `port_xor` (old XOR new, each).
+    #[must_use]
+    pub const fn delta(&self, id_xor: u16, port_xor: u16) -> u32 {
+        let id = if id_xor == 0 || self.id_factor == 0 {
+            0
+        } else {
+            gf2::mul(gf2::raw2((id_xor >> 8) as u8, id_xor as u8), self.id_factor)
+        };
+        let port = if port_xor == 0 {
+            0
+        } else {
+            gf2::mul(
+                gf2::raw2((port_xor >> 8) as u8, port_xor as u8),
+                self.port_factor,
+            )
+        };
+        id ^ port
+    }
+
+    /// Re-seals the little-endian ICRC in `icrc` for the change [`Reseal::delta`] describes.
+    pub fn apply(&self, icrc: &mut [u8], id_xor: u16, port_xor: u16) {
+        let delta = self.delta(id_xor, port_xor).to_le_bytes();
+        for (b, d) in icrc.iter_mut().zip(delta) {
+            *b ^= d;
+        }
+    }
+}
+
 #[cfg(test)]
 mod recover_tests {
     use super::*;
@@ -384,6 +451,54 @@ mod recover_tests {
         // crc(m) = raw(m) ^ raw(init effect) ^ !0, so differences agree.
         let a = crc32fast::hash(&[0x12, 0x34]) ^ crc32fast::hash(&[0, 0]);
         assert_eq!(a, gf2::raw2(0x12, 0x34));
+    }
+
+    #[test]
+    fn a_reseal_equals_sealing_anew() {
+        let covered: Vec<u8> = (0..1500u32).map(|i| (i * 13 + 5) as u8).collect();
+        for len in [12usize, 100, 1500] {
+            for (v4, ip) in [
+                (
+                    true,
+                    IpHeader::V4(Ipv4Header::new([10, 0, 0, 1].into(), [10, 0, 0, 2].into())),
+                ),
+                (
+                    false,
+                    IpHeader::V6(crate::wire::Ipv6Header::new(
+                        "fd00::1".parse().unwrap(),
+                        "fd00::2".parse().unwrap(),
+                    )),
+                ),
+            ] {
+                let udp = UdpHeader {
+                    src_port: 4791,
+                    dst_port: 4791,
+                };
+                let mut packet = covered[..len].to_vec();
+                packet.extend_from_slice(&[0; 4]);
+                seal(&ip, &udp, &mut packet).unwrap();
+                let reseal = Reseal::new(v4, packet.len());
+                for (id, port) in [(0u16, 40000u16), (1, 4791), (7, 51234), (0xffff, 1)] {
+                    let mut moved = packet.clone();
+                    reseal.apply(&mut moved[len..], id, 4791 ^ port);
+                    let ip2 = match ip {
+                        IpHeader::V4(h) => IpHeader::V4(Ipv4Header { id, ..h }),
+                        v6 => v6,
+                    };
+                    let udp2 = UdpHeader {
+                        src_port: port,
+                        ..udp
+                    };
+                    assert!(
+                        verify(&ip2, &udp2, &moved),
+                        "len {len} v4 {v4} id {id} port {port}"
+                    );
+                    // Applying it again gives back the packet sealed for the old header.
+                    reseal.apply(&mut moved[len..], id, 4791 ^ port);
+                    assert_eq!(moved, packet);
+                }
+            }
+        }
     }
 
     #[test]
