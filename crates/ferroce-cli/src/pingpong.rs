@@ -67,6 +67,9 @@ pub(crate) struct PingpongArgs {
     /// Inject faults on every packet sent: loss=P,dup=P,reorder=P,corrupt=P,delay=US,seed=N.
     #[arg(long = "fault")]
     fault: Option<ferroce::nic::Faults>,
+    /// Send every packet as its own datagram: no UDP GSO, even where the path allows it.
+    #[arg(long = "no-gso")]
+    no_gso: bool,
 }
 
 /// The buffer `ibv_rc_pingpong` sends: 0x7b everywhere, 0 at every page start when checking.
@@ -95,6 +98,7 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
     let config = NicConfig {
         faults: args.fault,
         pcap: args.pcap.clone(),
+        gso: !args.no_gso,
         ..NicConfig::on(args.local)
     };
     let nic = match Nic::open(&config) {

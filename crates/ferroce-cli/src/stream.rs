@@ -85,6 +85,10 @@ pub(crate) struct RecvArgs {
     /// Write every packet sent and received to this pcap file.
     #[arg(long)]
     pcap: Option<PathBuf>,
+    /// Send every packet as its own datagram: no UDP GSO, even where the path allows it.
+    #[arg(long = "no-gso")]
+    no_gso: bool,
+
     /// Print the NIC's counters at exit, as `rdma statistic show` does.
     #[arg(long)]
     stats: bool,
@@ -149,6 +153,10 @@ pub(crate) struct SendArgs {
     /// Write every packet sent to this pcap file.
     #[arg(long)]
     pcap: Option<PathBuf>,
+    /// Send every packet as its own datagram: no UDP GSO, even where the path allows it.
+    #[arg(long = "no-gso")]
+    no_gso: bool,
+
     /// Print JSON lines: one per frame sent and a summary.
     #[arg(long)]
     json: bool,
@@ -445,6 +453,8 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         addr: SocketAddr::new(args.local, ROCE_PORT),
         faults: None,
         pcap: args.pcap.clone(),
+        gso: !args.no_gso,
+        gro: true,
     })?;
     let cuda = cuda_memory(args)?;
     let rx = Receiver::new();
@@ -723,7 +733,7 @@ fn send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         target.fold_metadata = args.fold;
         (Some(registers), target)
     };
-    let mut sender = Sender::new(data_addr, target)?;
+    let mut sender = Sender::open(data_addr, target, !args.no_gso)?;
     sender.set_faults(args.fault);
     if let Some(path) = &args.pcap {
         sender.set_pcap(path)?;

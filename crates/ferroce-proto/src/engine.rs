@@ -2235,15 +2235,35 @@ impl Engine {
         bytes: &[u8],
         mem: &mut dyn Memory,
     ) {
+        self.handle_segment(now, src, dst, bytes, 0, mem);
+    }
+
+    /// Handles one segment of a coalesced UDP GRO buffer, as [`Engine::handle_datagram`]
+    /// does a datagram: segment `index` of a peer's GSO send left with IPv4 ID `index`
+    /// (gso.md §1), so the ICRC is checked with that ID first, and recovered only when that
+    /// fails.
+    pub fn handle_segment(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        dst: IpAddr,
+        bytes: &[u8],
+        index: u16,
+        mem: &mut dyn Memory,
+    ) {
         let counters = &mut self.ctx.counters;
         counters.rcvd_pkts += 1;
         let Ok(packet) = Packet::new_checked(bytes) else {
             counters.malformed_pkts += 1;
             return;
         };
-        let Some(ip) = IpHeader::between(src.ip(), dst) else {
-            counters.icrc_err += 1;
-            return;
+        let ip = match IpHeader::between(src.ip(), dst) {
+            Some(IpHeader::V4(v4)) => IpHeader::V4(crate::wire::Ipv4Header { id: index, ..v4 }),
+            Some(v6) => v6,
+            None => {
+                counters.icrc_err += 1;
+                return;
+            }
         };
         let udp = UdpHeader {
             src_port: src.port(),

@@ -68,8 +68,8 @@ impl Cq {
             };
             // Readable or not, the next poll takes what there is; a failed socket is the
             // progress thread's to report (`Nic::failure`), so only pace the loop here.
-            if crate::soft::sys::wait_readable(
-                &self.nic.shared.socket,
+            if crate::sys::wait_readable(
+                self.nic.shared.port.socket(),
                 Some(step.min(deadline - now)),
             )
             .is_err()

@@ -11,8 +11,8 @@
 //! `cuda` feature provides it for CUDA devices (`cuda::CudaMemory`), loading the driver at run
 //! time so the same build runs, and says why, on a host without one.
 //!
-//! `unsafe` is denied everywhere but `soft::sys`, the few system calls std lacks (`mlock`,
-//! `getrlimit`, socket options, batched sends and receives), and the one call in `cuda` that
+//! `unsafe` is denied everywhere but `sys`, the few system calls std lacks (`mlock`,
+//! `getrlimit`, socket options, batched sends and receives with GSO and GRO), and the one call in `cuda` that
 //! probes for the driver, each with its reason.
 
 #![deny(unsafe_code)]
@@ -32,6 +32,8 @@ pub mod qp;
 pub mod region;
 pub mod session;
 mod soft;
+mod sys;
+mod udp;
 
 /// The message a caught panic carried (`panic!` with a literal or a formatted string), if
 /// any: how the faces report a callback, function or binding that panicked.
@@ -44,6 +46,6 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<Stri
 
 pub use cq::Cq;
 pub use ferroce_proto as proto;
-pub use nic::{Faults, Nic, NicConfig, NicError};
+pub use nic::{Faults, GsoStatus, Nic, NicConfig, NicError};
 pub use qp::{ConnectOptions, Qp, QpEndpoint};
 pub use region::{Region, RegionAccess, RegionError, RegionMemory};

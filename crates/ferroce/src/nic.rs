@@ -6,7 +6,6 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ferroce_proto::memory::PdId;
@@ -16,8 +15,11 @@ use ferroce_proto::{Counters, Engine, EngineConfig};
 
 use std::path::PathBuf;
 
-pub use crate::soft::tap::{Faults, FaultsError};
-use crate::soft::{sys, tap, Shared};
+use crate::soft::Shared;
+use crate::sys;
+pub use crate::udp::tap::{Faults, FaultsError};
+pub use crate::udp::GsoStatus;
+use crate::udp::{self, tap};
 
 /// How to open a NIC.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,6 +30,12 @@ pub struct NicConfig {
     pub faults: Option<Faults>,
     /// Where to write every packet sent and received as a pcap capture (`--pcap`).
     pub pcap: Option<PathBuf>,
+    /// Send runs of equal-sized packets to one peer as one UDP GSO send, where the path
+    /// segments in software (loopback, veth, bridges, tap) and a self-test at start-up
+    /// passes; `false` (`--no-gso`) sends every packet as its own datagram. On by default.
+    pub gso: bool,
+    /// Receive with UDP GRO: a peer's GSO train arrives as one buffer. On by default.
+    pub gro: bool,
 }
 
 impl Default for NicConfig {
@@ -44,6 +52,8 @@ impl NicConfig {
             addr: SocketAddr::new(ip, ROCE_PORT),
             faults: None,
             pcap: None,
+            gso: true,
+            gro: true,
         }
     }
 }
@@ -111,7 +121,16 @@ impl Nic {
     /// [`NicError::Socket`] carries any other failure.
     pub fn open(config: &NicConfig) -> Result<Self, NicError> {
         let addr = config.addr;
-        let socket = UdpSocket::bind(addr).map_err(|source| match source.kind() {
+        // A READ response or a window of WRITEs arrives as a burst of up to hundreds of
+        // packets; the default 208 KiB receive buffer drops the tail of it whenever the
+        // progress thread is not scheduled at once. Ask for 8 MiB (granted in full to root;
+        // capped by net.core.rmem_max otherwise).
+        let options = udp::PortOptions {
+            gso: config.gso,
+            gro: config.gro,
+            buffers: 8 << 20,
+        };
+        let port = udp::Port::open(addr, options).map_err(|source| match source.kind() {
             io::ErrorKind::AddrInUse => NicError::AddressInUse {
                 addr,
                 port: addr.port(),
@@ -119,23 +138,7 @@ impl Nic {
             io::ErrorKind::AddrNotAvailable => NicError::AddressNotAvailable(addr),
             _ => NicError::Socket { addr, source },
         })?;
-        let local = socket
-            .local_addr()
-            .map_err(|source| NicError::Socket { addr, source })?;
-        let options = match addr {
-            SocketAddr::V4(_) => {
-                sys::set_dont_fragment(&socket).and_then(|()| sys::send_zero_checksum4(&socket))
-            }
-            SocketAddr::V6(_) => {
-                sys::accept_zero_checksum6(&socket).and_then(|()| sys::send_zero_checksum6(&socket))
-            }
-        };
-        options.map_err(|source| NicError::Socket { addr, source })?;
-        // A READ response or a window of WRITEs arrives as a burst of up to hundreds of
-        // packets; the default 208 KiB receive buffer drops the tail of it whenever the
-        // progress thread is not scheduled at once. Ask for 8 MiB (granted in full to root;
-        // capped by net.core.rmem_max otherwise).
-        sys::grow_buffers(&socket, 8 << 20).map_err(|source| NicError::Socket { addr, source })?;
+        let local = port.local();
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
@@ -155,7 +158,7 @@ impl Nic {
             ),
             None => None,
         };
-        let shared = Shared::new(socket, local, engine, config.faults, pcap)
+        let shared = Shared::new(port, engine, config.faults, pcap)
             .map_err(|source| NicError::Socket { addr, source })?;
         shared
             .start()
@@ -196,15 +199,16 @@ impl Nic {
         for (name, value) in self.counters().iter() {
             line.push_str(&format!(" {name} {value}"));
         }
-        let c = &self.shared.counters;
-        line.push_str(&format!(
-            " udp_send_errors {} udp_recv_errors {} udp_oversized {} pcap_errors {}",
-            c.send_errors.load(Ordering::Relaxed),
-            c.recv_errors.load(Ordering::Relaxed),
-            c.oversized.load(Ordering::Relaxed),
-            c.pcap_errors.load(Ordering::Relaxed)
-        ));
+        for (name, value) in self.shared.port.counters.iter() {
+            line.push_str(&format!(" {name} {value}"));
+        }
         line
+    }
+
+    /// Whether the NIC sends by UDP GSO, and if not, why not ([`NicConfig::gso`]).
+    #[must_use]
+    pub fn gso_status(&self) -> GsoStatus {
+        self.shared.port.gso_status()
     }
 
     /// Why the receive path stopped, if it did (the socket failed).
@@ -226,7 +230,7 @@ impl Nic {
     ///
     /// What the kernel said when it refused both options.
     pub fn grow_buffers(&self, bytes: usize) -> io::Result<usize> {
-        sys::grow_buffers(&self.shared.socket, bytes)
+        sys::grow_buffers(self.shared.port.socket(), bytes)
     }
 
     /// Whether the NIC's address has gone from the host (an interface taken down, an

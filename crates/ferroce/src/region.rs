@@ -14,7 +14,8 @@ use std::sync::Arc;
 use ferroce_proto::memory::{Access, RegionInfo, WriteOrder};
 use ferroce_proto::qp::{RemoteAddr, Sge};
 
-use crate::soft::{sys, HostBuf, Storage};
+use crate::soft::{HostBuf, Storage};
+use crate::sys;
 use crate::Nic;
 
 /// What peers may do to a region (seed 004's `access`).

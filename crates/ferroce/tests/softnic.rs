@@ -432,7 +432,7 @@ fn reads_in_flight_survive_loss() {
         Nic::open(&NicConfig {
             addr,
             faults: Some("loss=0.02,seed=5".parse().unwrap()),
-            pcap: None,
+            ..NicConfig::on(addr.ip())
         })
         .unwrap()
     };

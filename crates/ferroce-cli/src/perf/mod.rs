@@ -159,6 +159,9 @@ pub(crate) struct PerfArgs {
     /// Inject faults on every packet sent: loss=P,dup=P,reorder=P,corrupt=P,delay=US,seed=N.
     #[arg(long = "fault")]
     fault: Option<ferroce::nic::Faults>,
+    /// Send every packet as its own datagram: no UDP GSO, even where the path allows it.
+    #[arg(long = "no-gso")]
+    no_gso: bool,
     /// Print the NIC's counters at exit, as `rdma statistic show` does.
     #[arg(long = "stats")]
     stats: bool,
@@ -234,6 +237,7 @@ struct Settings {
     check: bool,
     pcap: Option<PathBuf>,
     fault: Option<ferroce::nic::Faults>,
+    gso: bool,
     stats: bool,
 }
 
@@ -361,6 +365,7 @@ impl Settings {
             check: a.check,
             pcap: a.pcap.clone(),
             fault: a.fault,
+            gso: !a.no_gso,
             stats: a.stats,
         })
     }
@@ -414,6 +419,7 @@ impl Rig {
         let config = NicConfig {
             faults: s.fault,
             pcap: s.pcap.clone(),
+            gso: s.gso,
             ..NicConfig::on(s.local)
         };
         let nic = Nic::open(&config)

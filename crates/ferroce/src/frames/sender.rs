@@ -4,20 +4,25 @@
 //! Each packet is a UC RDMA WRITE ONLY with its own RETH; the frame ends with a WRITE ONLY
 //! WITH IMMEDIATE carrying the metadata block at `round_up(frame_size, 128)` of the page,
 //! either alone (as the FPGA sends it) or folded behind the frame's tail (as the bridge's
-//! emulator does). PSNs run on across frames and pages rotate. Packets leave an unconnected
-//! socket with DF set, so IPv4 carries ID 0 and the ICRC is computed over exactly what the
-//! receiver sees.
+//! emulator does). PSNs run on across frames and pages rotate. Packets leave through the
+//! datagram layer ([`crate::udp`]): an unconnected socket with DF set, so IPv4 carries ID 0 and
+//! the ICRC is computed over exactly what the receiver sees, and runs of equal-sized packets as
+//! UDP GSO sends, each segment's ICRC sealed for the ID the kernel gives it.
 
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferroce_proto::wire::{icrc, Bth, IpHeader, Opcode, PacketRepr, Qpn, Reth, UdpHeader};
 use ferroce_proto::Psn;
 
 use super::metadata::{round_up, ImmediateLayout, Metadata, FLAG_EARLY_END, METADATA_SIZE};
-use crate::soft::{sys, tap};
-use crate::Faults;
+use crate::udp::{self, tap};
+use crate::{Faults, GsoStatus};
+
+/// The most packets a sender hands the datagram layer at once: four GSO sends of 4 KiB
+/// segments.
+const BURST: usize = 64;
 
 /// The largest payload a RoCE path carries in one packet (IB MTU 4096).
 const MAX_PAYLOAD: usize = 4096;
@@ -148,7 +153,8 @@ impl Pattern {
 /// A sensor bridge's data plane in software.
 #[derive(Debug)]
 pub struct Sender {
-    socket: UdpSocket,
+    port: udp::Port,
+    link: udp::Link,
     local: SocketAddr,
     target: Target,
     psn: Psn,
@@ -157,8 +163,6 @@ pub struct Sender {
     packet: Vec<u8>,
     scratch: Vec<u8>,
     packets_sent: u64,
-    faults: Option<tap::FaultInjector>,
-    pcap: Option<tap::PcapWriter>,
     window: Option<Window>,
 }
 
@@ -180,17 +184,6 @@ impl std::fmt::Debug for Window {
         f.debug_struct("Window")
             .field("packets", &self.packets)
             .finish_non_exhaustive()
-    }
-}
-
-/// Sends one datagram, waiting while the socket's queue is full, as a NIC would.
-fn send_to(socket: &UdpSocket, bytes: &[u8], dst: SocketAddr) -> io::Result<()> {
-    loop {
-        match socket.send_to(bytes, dst) {
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-            Err(e) => return Err(e),
-        }
     }
 }
 
@@ -234,21 +227,30 @@ impl Sender {
     /// [`SendError::Target`] for a target no bridge could be programmed with;
     /// [`SendError::Io`] when the socket cannot be opened.
     pub fn new(local: SocketAddr, target: Target) -> Result<Self, SendError> {
+        Self::open(local, target, true)
+    }
+
+    /// As [`Sender::new`], choosing whether runs of packets may leave as UDP GSO sends
+    /// (`gso`; `stream send --no-gso` says `false`). GSO is used only where the path
+    /// segments in software and a self-test passes ([`Sender::gso_status`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Sender::new`].
+    pub fn open(local: SocketAddr, target: Target, gso: bool) -> Result<Self, SendError> {
         check_target(&target)?;
         let io = |source| SendError::Io { local, source };
-        let socket = UdpSocket::bind(local).map_err(io)?;
-        let local = socket.local_addr().map_err(io)?;
-        match local {
-            SocketAddr::V4(_) => {
-                sys::set_dont_fragment(&socket).and_then(|()| sys::send_zero_checksum4(&socket))
-            }
-            SocketAddr::V6(_) => sys::send_zero_checksum6(&socket),
-        }
-        .map_err(io)?;
         // A frame leaves in a burst; let the kernel queue it rather than refuse it.
-        sys::grow_buffers(&socket, 8 << 20).map_err(io)?;
+        let options = udp::PortOptions {
+            gso,
+            gro: false,
+            buffers: 8 << 20,
+        };
+        let port = udp::Port::open(local, options).map_err(io)?;
+        let local = port.local();
         Ok(Self {
-            socket,
+            port,
+            link: udp::Link::new(None, None),
             local,
             target,
             psn: Psn::default(),
@@ -257,10 +259,27 @@ impl Sender {
             packet: vec![0; MAX_PAYLOAD + 128],
             scratch: Vec::with_capacity(MAX_PAYLOAD),
             packets_sent: 0,
-            faults: None,
-            pcap: None,
             window: None,
         })
+    }
+
+    /// Whether frames leave by UDP GSO, and if not, why not.
+    #[must_use]
+    pub fn gso_status(&self) -> GsoStatus {
+        self.port.gso_status()
+    }
+
+    /// Hands what the batch holds to the datagram layer (bodies from `ext`), and reports the
+    /// first send the kernel refused.
+    fn transmit(&mut self, ext: &[u8]) -> Result<(), SendError> {
+        self.link.transmit(&self.port, Instant::now(), ext);
+        match self.port.take_send_error() {
+            Some(source) => Err(SendError::Io {
+                local: self.local,
+                source,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The sender's own address.
@@ -330,39 +349,17 @@ impl Sender {
         };
         icrc::seal(&ip, &udp, &mut self.packet[..len])
             .map_err(|e| io(io::Error::other(e.to_string())))?;
-        if let Some(pcap) = self.pcap.as_mut() {
-            pcap.record(self.local, t.dest, &self.packet[..len])
-                .map_err(|e| SendError::Io {
-                    local: self.local,
-                    source: e,
-                })?;
-        }
-        let socket = &self.socket;
-        let mut failed = None;
-        let mut send = |dst: SocketAddr, bytes: &[u8]| {
-            if let Err(e) = send_to(socket, bytes, dst) {
-                failed.get_or_insert(e);
-            }
-        };
-        match self.faults.as_mut() {
-            Some(faults) => {
-                let now = Instant::now();
-                faults.release(now, &mut send);
-                faults.submit(now, t.dest, &self.packet[..len], &mut send);
-            }
-            None => send(t.dest, &self.packet[..len]),
-        }
-        if let Some(e) = failed {
-            return Err(io(e));
-        }
+        self.link.tx.push_copy(t.dest, &self.packet[..len]);
+        self.transmit(&[])?;
         self.psn = self.psn.next();
         self.packets_sent += 1;
         Ok(())
     }
 
     /// Sends `n` WRITE ONLY packets carrying chunks `first..first + n` of `data` to the page
-    /// at `base` in one system call, each gathered from its headers, its chunk of `data` and
-    /// its ICRC, so the payload is never copied in user space.
+    /// at `base` as one batch (GSO sends where the path allows), each gathered from its
+    /// headers, its chunk of `data` and its ICRC, so the payload is never copied in user
+    /// space.
     fn send_batch(
         &mut self,
         base: u64,
@@ -383,13 +380,12 @@ impl Sender {
             src_port: local.port(),
             dst_port: t.dest.port(),
         };
-        let mut heads = [[0u8; HEADERS]; sys::SEND_BATCH];
-        let mut trailers = [[0u8; 8]; sys::SEND_BATCH];
-        let mut trailer_len = [0usize; sys::SEND_BATCH];
-        let mut payloads: [&[u8]; sys::SEND_BATCH] = [&[]; sys::SEND_BATCH];
+        let mut head = [0u8; HEADERS];
+        let mut trailer = [0u8; 8];
         for k in 0..n {
             let off = (first + k) * t.payload;
-            let payload = &data[off..(off + t.payload).min(data.len())];
+            let end = (off + t.payload).min(data.len());
+            let payload = &data[off..end];
             let psn = self.psn.add(k as u32);
             let mut repr = PacketRepr::new(Bth::new(
                 Opcode::UC_RDMA_WRITE_ONLY,
@@ -403,33 +399,18 @@ impl Sender {
             });
             repr.payload_len = payload.len();
             let len = repr
-                .emit_headers(&mut heads[k])
+                .emit_headers(&mut head)
                 .map_err(|e| fail(e.to_string()))?;
             let pad = usize::from(repr.pad());
-            let icrc =
-                icrc::compute_gathered(&ip, &udp, &heads[k][..len], &[payload, &[0; 3][..pad]])
-                    .map_err(|e| fail(e.to_string()))?;
-            trailers[k][pad..pad + 4].copy_from_slice(&icrc.to_le_bytes());
-            trailer_len[k] = pad + 4;
-            payloads[k] = payload;
+            let icrc = icrc::compute_gathered(&ip, &udp, &head[..len], &[payload, &[0; 3][..pad]])
+                .map_err(|e| fail(e.to_string()))?;
+            trailer[..pad].fill(0);
+            trailer[pad..pad + 4].copy_from_slice(&icrc.to_le_bytes());
+            self.link
+                .tx
+                .push_gathered(t.dest, &head[..len], off..end, &trailer[..pad + 4]);
         }
-        let empty = io::IoSlice::new(&[]);
-        let mut datagrams = [(t.dest, [empty, empty, empty]); sys::SEND_BATCH];
-        for k in 0..n {
-            datagrams[k].1 = [
-                io::IoSlice::new(&heads[k]),
-                io::IoSlice::new(payloads[k]),
-                io::IoSlice::new(&trailers[k][..trailer_len[k]]),
-            ];
-        }
-        let mut done = 0;
-        while done < n {
-            match sys::send_batch(&self.socket, &datagrams[done..n]) {
-                Ok(k) => done += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                Err(source) => return Err(SendError::Io { local, source }),
-            }
-        }
+        self.transmit(data)?;
         self.psn = self.psn.add(n as u32);
         self.packets_sent += n as u64;
         Ok(())
@@ -467,7 +448,7 @@ impl Sender {
     /// Injects `faults` (loss, duplication, reordering, corruption, delay) into every packet
     /// sent from now on, as `--fault` does; `None` stops.
     pub fn set_faults(&mut self, faults: Option<Faults>) {
-        self.faults = faults.map(tap::FaultInjector::new);
+        self.link.set_faults(faults);
     }
 
     /// Writes every packet sent from now on to a pcap capture at `path` (`--pcap`), with the
@@ -482,7 +463,7 @@ impl Sender {
             local: self.local,
             source,
         })?;
-        self.pcap = Some(pcap);
+        self.link.set_pcap(pcap);
         Ok(())
     }
 
@@ -493,32 +474,14 @@ impl Sender {
     ///
     /// [`SendError::Io`] when the socket fails.
     pub fn flush(&mut self) -> Result<(), SendError> {
-        if let Some(pcap) = self.pcap.as_mut() {
-            pcap.flush().map_err(|source| SendError::Io {
-                local: self.local,
-                source,
-            })?;
-        }
-        let Some(faults) = self.faults.as_mut() else {
-            return Ok(());
-        };
-        let socket = &self.socket;
-        let mut failed = None;
-        while let Some(due) = faults.next_due() {
+        while let Some(due) = self.link.next_due() {
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
-            faults.release(Instant::now(), &mut |dst: SocketAddr, bytes: &[u8]| {
-                if let Err(e) = send_to(socket, bytes, dst) {
-                    failed.get_or_insert(e);
-                }
-            });
+            self.transmit(&[])?;
         }
-        match failed {
-            Some(source) => Err(SendError::Io {
-                local: self.local,
-                source,
-            }),
-            None => Ok(()),
-        }
+        self.link.flush_capture().map_err(|source| SendError::Io {
+            local: self.local,
+            source,
+        })
     }
 
     /// Sends one frame of `data` (at most the target's frame size; less is an early end,
@@ -566,34 +529,20 @@ impl Sender {
             && chunks > 0
             && tail_len + (md_offset - data.len()) + METADATA_SIZE <= t.payload;
         let plain = if fold { chunks - 1 } else { chunks };
-        if self.faults.is_none() && self.pcap.is_none() {
-            // No tap on the path: gather packets straight from `data`, a batch per call.
-            let burst = self.window.as_ref().map_or(sys::SEND_BATCH, |w| {
-                (w.packets as usize).clamp(1, sys::SEND_BATCH)
-            });
-            let mut first = 0;
-            while first < plain {
-                let n = (plain - first).min(burst);
-                pace_to(sent);
-                self.wait_window(n as u64);
-                self.send_batch(base, data, first, n)?;
-                first += n;
-                sent += n as u64;
-            }
-        } else {
-            for i in 0..plain {
-                let off = i * t.payload;
-                let end = (off + t.payload).min(data.len());
-                pace_to(sent);
-                self.wait_window(1);
-                self.emit(
-                    Opcode::UC_RDMA_WRITE_ONLY,
-                    base + off as u64,
-                    None,
-                    &data[off..end],
-                )?;
-                sent += 1;
-            }
+        // Packets are gathered straight from `data`, a batch at a time; the taps, when set,
+        // work on the batches.
+        let burst = self
+            .window
+            .as_ref()
+            .map_or(BURST, |w| (w.packets as usize).clamp(1, BURST));
+        let mut first = 0;
+        while first < plain {
+            let n = (plain - first).min(burst);
+            pace_to(sent);
+            self.wait_window(n as u64);
+            self.send_batch(base, data, first, n)?;
+            first += n;
+            sent += n as u64;
         }
         let end_psn = self.psn;
         let crc32 = crc32fast::hash(data);

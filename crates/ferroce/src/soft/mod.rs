@@ -1,4 +1,5 @@
-//! The soft backend: the `ferroce-proto` engine driven over a UDP socket.
+//! The soft backend: the `ferroce-proto` engine driven over the datagram layer
+//! ([`crate::udp`]).
 //!
 //! One progress thread per NIC receives datagrams, runs timers and sends what the engine has
 //! ready; application threads post work and send the packets it produces themselves, so a post
@@ -8,12 +9,9 @@
 //! datagram to the NIC's own address: a firewall that drops RoCE traffic would drop that too,
 //! and a lost wake-up would leave the thread asleep for good. An idle NIC costs no CPU.
 
-pub(crate) mod sys;
-pub(crate) mod tap;
-
 use std::collections::HashMap;
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -26,9 +24,11 @@ const COPY_PIECE: usize = 64 * 1024;
 /// How long after its last poll an application is taken to be still polling.
 const POLLER_GRACE: Duration = Duration::from_millis(2);
 
-use ferroce_proto::engine::MAX_PACKET;
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
 use ferroce_proto::Engine;
+
+use crate::sys;
+use crate::udp::{self, tap};
 
 /// Where a region's bytes live.
 #[derive(Debug)]
@@ -156,37 +156,23 @@ impl Memory for HostMemory {
     }
 }
 
-/// The engine and its memory, behind the NIC's lock, with the taps on its I/O path.
+/// The engine and its memory, behind the NIC's lock, with the datagram link (batches and
+/// taps) it sends and receives through.
 pub(crate) struct State {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
-    tx: Vec<u8>,
-    /// Where each packet waiting in `tx` goes, and its length.
-    tx_queue: Vec<(SocketAddr, usize)>,
-    rx: sys::RecvBatch,
-    faults: Option<tap::FaultInjector>,
-    pcap: Option<tap::PcapWriter>,
+    link: udp::Link,
 }
 
 impl State {
     /// When something is next due: an engine timer or a delayed packet.
     fn next_due(&self) -> Option<Instant> {
-        let held = self.faults.as_ref().and_then(tap::FaultInjector::next_due);
+        let held = self.link.next_due();
         match (self.engine.poll_timeout(), held) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
-}
-
-/// Counters of the UDP driver itself (the engine counts the protocol).
-#[derive(Debug, Default)]
-pub(crate) struct DriverCounters {
-    pub(crate) send_errors: AtomicU64,
-    pub(crate) recv_errors: AtomicU64,
-    pub(crate) pcap_errors: AtomicU64,
-    /// Datagrams too large for any RoCE packet, dropped.
-    pub(crate) oversized: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -198,7 +184,8 @@ pub(crate) struct Shared {
     poller_until: AtomicU64,
     /// Threads blocked in `Cq::wait`: without any, waking costs a system call for nothing.
     pub(crate) waiters: std::sync::atomic::AtomicUsize,
-    pub(crate) socket: UdpSocket,
+    /// The sockets: everything is received on `port.socket()`.
+    pub(crate) port: udp::Port,
     pub(crate) local: SocketAddr,
     /// The doorbell: a byte written to `bell` makes `bell_rx` readable, which wakes the
     /// progress thread. Both ends are non-blocking; a full doorbell has already rung.
@@ -208,15 +195,13 @@ pub(crate) struct Shared {
     /// When the progress thread will wake by itself; `None` while it sleeps without limit.
     sleeping_until: Mutex<Option<Instant>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    pub(crate) counters: DriverCounters,
     /// Why the receive path died, if it did.
     pub(crate) failure: Mutex<Option<io::Error>>,
 }
 
 impl Shared {
     pub(crate) fn new(
-        socket: UdpSocket,
-        local: SocketAddr,
+        port: udp::Port,
         engine: Engine,
         faults: Option<tap::Faults>,
         pcap: Option<tap::PcapWriter>,
@@ -228,24 +213,19 @@ impl Shared {
             state: Mutex::new(State {
                 engine,
                 mem: HostMemory::default(),
-                tx: vec![0; MAX_PACKET * sys::SEND_BATCH],
-                tx_queue: Vec::with_capacity(sys::SEND_BATCH),
-                rx: sys::RecvBatch::new(),
-                faults: faults.map(tap::FaultInjector::new),
-                pcap,
+                link: udp::Link::new(faults, pcap),
             }),
             completions: Condvar::new(),
             waiters: std::sync::atomic::AtomicUsize::new(0),
             epoch: Instant::now(),
             poller_until: AtomicU64::new(0),
-            socket,
-            local,
+            local: port.local(),
+            port,
             bell,
             bell_rx,
             stop: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
             thread: Mutex::new(None),
-            counters: DriverCounters::default(),
             failure: Mutex::new(None),
         }))
     }
@@ -261,83 +241,21 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends everything the engine has ready (and held packets now due), through the taps.
+    /// Sends everything the engine has ready (and held packets now due), a batch at a time,
+    /// through the taps.
     pub(crate) fn flush(&self, state: &mut State, now: Instant) {
-        let State {
-            engine,
-            mem,
-            tx,
-            tx_queue,
-            faults,
-            pcap,
-            ..
-        } = state;
-        let mut send = |dst: SocketAddr, bytes: &[u8]| {
-            if self.socket.send_to(bytes, dst).is_err() {
-                self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        };
-        if let Some(faults) = faults.as_mut() {
-            faults.release(now, &mut send);
-        }
-        // Packets wait in `tx`, one MAX_PACKET slot each, and leave a batch per system call.
-        tx_queue.clear();
+        let State { engine, mem, link } = state;
         loop {
-            let at = tx_queue.len() * MAX_PACKET;
-            let slot = &mut tx[at..at + MAX_PACKET];
-            let Some(t) = engine.poll_transmit(now, mem, slot) else {
+            let Some(t) = engine.poll_transmit(now, mem, link.tx.slot()) else {
                 break;
             };
-            let bytes = &slot[..t.len];
-            if let Some(pcap) = pcap.as_mut() {
-                if pcap.record(self.local, t.dst, bytes).is_err() {
-                    self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            match faults.as_mut() {
-                Some(faults) => faults.submit(now, t.dst, bytes, &mut send),
-                None => {
-                    tx_queue.push((t.dst, t.len));
-                    if tx_queue.len() == sys::SEND_BATCH {
-                        self.send_queued(tx, tx_queue);
-                        tx_queue.clear();
-                    }
-                }
+            link.tx.push_written(t.dst, t.len);
+            if link.tx.is_full() {
+                link.transmit(&self.port, now, &[]);
             }
         }
-        self.send_queued(tx, tx_queue);
-    }
-
-    /// Sends the packets queued in `tx` slots, a `sendmmsg` call for all of them; a packet
-    /// the kernel refuses is counted and skipped, as a lone `sendto` failure would be.
-    fn send_queued(&self, tx: &[u8], queued: &[(SocketAddr, usize)]) {
-        match queued {
-            [] => {}
-            // One packet (a latency-bound exchange): a plain sendto costs less than setting
-            // up a batch.
-            [(dst, len)] => {
-                if self.socket.send_to(&tx[..*len], *dst).is_err() {
-                    self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            _ => {
-                let mut datagrams = [(self.local, [io::IoSlice::new(&[])]); sys::SEND_BATCH];
-                for (k, &(dst, len)) in queued.iter().enumerate() {
-                    datagrams[k] = (dst, [io::IoSlice::new(&tx[k * MAX_PACKET..][..len])]);
-                }
-                let datagrams = &datagrams[..queued.len()];
-                let mut done = 0;
-                while done < datagrams.len() {
-                    match sys::send_batch(&self.socket, &datagrams[done..]) {
-                        Ok(0) => break,
-                        Ok(n) => done += n,
-                        Err(_) => {
-                            self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
-                            done += 1;
-                        }
-                    }
-                }
-            }
+        if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
+            link.transmit(&self.port, now, &[]);
         }
     }
 
@@ -365,7 +283,10 @@ impl Shared {
         match self.bell.send(&[1]) {
             // A full doorbell is one that has rung and not yet been answered.
             Err(e) if e.kind() != io::ErrorKind::WouldBlock => {
-                self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+                self.port
+                    .counters
+                    .send_errors
+                    .fetch_add(1, Ordering::Relaxed);
             }
             _ => {}
         }
@@ -376,8 +297,11 @@ impl Shared {
     /// effort: such a thread also wakes on its own within 50 ms, so a datagram lost on the
     /// way (a firewall rule) only delays it.
     pub(crate) fn poke_socket(&self) {
-        if self.socket.send_to(&[], self.local).is_err() {
-            self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+        if self.port.socket().send_to(&[], self.local).is_err() {
+            self.port
+                .counters
+                .send_errors
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -398,10 +322,11 @@ impl Shared {
 
     /// Stops and joins the progress thread, and flushes the capture. Idempotent.
     pub(crate) fn stop(&self) {
-        if let Some(pcap) = self.lock().pcap.as_mut() {
-            if pcap.flush().is_err() {
-                self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
-            }
+        if self.lock().link.flush_capture().is_err() {
+            self.port
+                .counters
+                .pcap_errors
+                .fetch_add(1, Ordering::Relaxed);
         }
         self.stop.store(true, Ordering::SeqCst);
         self.ring();
@@ -421,55 +346,11 @@ impl Shared {
     /// Handles up to two batches of datagrams that have already arrived, without blocking.
     /// The caller holds the lock, so datagrams are handled in the order they arrived.
     fn drain(&self, state: &mut State, now: Instant) -> usize {
-        let State {
-            engine,
-            mem,
-            pcap,
-            rx,
-            ..
-        } = state;
+        let State { engine, mem, link } = state;
         let dst = self.local.ip();
-        let mut handled = 0;
-        for _ in 0..2 {
-            let n = match rx.receive(&self.socket) {
-                Ok(0) => break,
-                Ok(n) => n,
-                // ICMP port unreachable from an earlier send: the peer is gone; retries and
-                // timeouts will say so.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
-                Err(_) => {
-                    self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-            };
-            for i in 0..n {
-                let Ok((bytes, from)) = rx.get(i) else {
-                    self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                match bytes {
-                    // A poke (`poke_socket`).
-                    Some([]) if from == self.local => {}
-                    Some(bytes) => {
-                        if let Some(pcap) = pcap.as_mut() {
-                            if pcap.record(from, self.local, bytes).is_err() {
-                                self.counters.pcap_errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        engine.handle_datagram(now, from, dst, bytes, mem);
-                        handled += 1;
-                    }
-                    // Larger than any RoCE packet: counted as such, never half-handled.
-                    None => {
-                        self.counters.oversized.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            if n < sys::RECV_BATCH {
-                break;
-            }
-        }
-        handled
+        link.receive(&self.port, |from, bytes, index| {
+            engine.handle_segment(now, from, dst, bytes, index, mem);
+        })
     }
 
     /// Drives the engine on the caller's thread: takes what has arrived, runs due timers and
@@ -511,7 +392,7 @@ impl Shared {
                 std::thread::sleep(wait.map_or(poller_left, |w| w.min(poller_left)));
                 continue;
             }
-            match sys::wait_either(&self.socket, &self.bell_rx, wait) {
+            match sys::wait_either(self.port.socket(), &self.bell_rx, wait) {
                 Ok([socket, bell]) => {
                     if bell {
                         self.answer_bell();
@@ -529,7 +410,10 @@ impl Shared {
                     self.wake_waiters();
                 }
                 Err(e) => {
-                    self.counters.recv_errors.fetch_add(1, Ordering::Relaxed);
+                    self.port
+                        .counters
+                        .recv_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
                     break;
                 }

@@ -1,7 +1,8 @@
-//! The few system calls the soft NIC needs that std does not offer: locking pages in memory,
-//! reading the locked-memory limit, the IP socket options RoCEv2 depends on, and sending and
-//! receiving datagrams in batches (`sendmmsg`, `recvmmsg`). Every
-//! `unsafe` block of the crate is here, each with its reason.
+//! The few system calls ferroce needs that std does not offer: locking pages in memory, reading
+//! the locked-memory limit, the IP and UDP socket options RoCEv2 depends on, and sending and
+//! receiving datagrams in batches (`sendmmsg` with UDP GSO, `recvmmsg` with UDP GRO). Every
+//! OS `unsafe` block of the crate is here, each with its reason; the datagram layer above
+//! (`crate::udp`) is safe code.
 
 #![allow(unsafe_code)]
 
@@ -102,8 +103,107 @@ pub(crate) fn send_zero_checksum6(socket: &UdpSocket) -> io::Result<()> {
     set_int_option(socket, libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
 }
 
-/// The most datagrams one [`send_batch`] call takes.
-pub(crate) const SEND_BATCH: usize = 32;
+/// The most messages one [`send_messages`] call takes.
+pub(crate) const MAX_MESSAGES: usize = 64;
+
+/// IPv4 and IPv6: turn UDP generic receive offload on (`UDP_GRO`): a train of segments from
+/// one GSO send arrives as one buffer, with the segment size in a control message.
+pub(crate) fn enable_gro(socket: &UdpSocket) -> io::Result<()> {
+    set_int_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1)
+}
+
+/// Room for the one control message ferroce sends or reads: `UDP_SEGMENT` (a `u16`) or
+/// `UDP_GRO` (an `int`); `CMSG_SPACE` of either is 24 bytes on 64-bit Linux, 16 on 32-bit.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct Cmsg([u8; 32]);
+
+/// One message for [`send_messages`]: a datagram gathered from `iov`, or with `segment` a GSO
+/// send that the kernel cuts into datagrams of that many bytes (the last may be shorter).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutMessage<'a> {
+    pub(crate) dst: std::net::SocketAddr,
+    pub(crate) iov: &'a [io::IoSlice<'a>],
+    pub(crate) segment: Option<u16>,
+}
+
+/// Sends up to [`MAX_MESSAGES`] messages in one `sendmmsg(2)` call, each to its own address,
+/// gathered from its slices (headers, a payload in place, a trailer) without copying them
+/// together, and each with its own `UDP_SEGMENT` control message when it is a GSO send.
+/// Returns how many messages the kernel took, which may be fewer than offered; an error means
+/// the first one was refused.
+pub(crate) fn send_messages(socket: &UdpSocket, msgs: &[OutMessage<'_>]) -> io::Result<usize> {
+    let n = msgs.len().min(MAX_MESSAGES);
+    // SAFETY: all-zero sockaddr_storages and mmsghdrs (null pointers, zero lengths) are valid
+    // values of those plain C structs.
+    let mut names: [libc::sockaddr_storage; MAX_MESSAGES] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut headers: [libc::mmsghdr; MAX_MESSAGES] = unsafe { std::mem::zeroed() };
+    let mut controls = [Cmsg([0; 32]); MAX_MESSAGES];
+    for (i, m) in msgs[..n].iter().enumerate() {
+        let name_len = sockaddr(m.dst, &mut names[i]);
+        let h = &mut headers[i].msg_hdr;
+        h.msg_name = (&raw mut names[i]).cast();
+        h.msg_namelen = name_len;
+        // IoSlice is guaranteed ABI-compatible with iovec on Unix.
+        h.msg_iov = m.iov.as_ptr().cast_mut().cast();
+        h.msg_iovlen = m.iov.len() as _;
+        if let Some(segment) = m.segment {
+            h.msg_control = (&raw mut controls[i]).cast();
+            // SAFETY: CMSG_SPACE only computes a size.
+            h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
+            // SAFETY: msg_control points at 32 aligned bytes of `controls[i]`, more than the
+            // CMSG_SPACE(2) set as its length, so the first header and its data lie inside.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(h);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = libc::UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment);
+            }
+        }
+    }
+    // SAFETY: the first `n` headers point at `names` and `controls` on this frame and at
+    // iovecs borrowed from `msgs`, all alive for the call; the kernel only reads them (and
+    // writes each header's msg_len, inside `headers`).
+    let sent = unsafe {
+        libc::sendmmsg(
+            socket.as_raw_fd(),
+            headers.as_mut_ptr(),
+            n as libc::c_uint,
+            0,
+        )
+    };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
+/// The segment size in a received message's `UDP_GRO` control message, if it has one.
+///
+/// # Safety
+///
+/// `h` is a header the kernel has just filled by `recvmsg`/`recvmmsg`: its `msg_control` and
+/// `msg_controllen` describe control messages inside a buffer that is still alive.
+unsafe fn gro_segment(h: &libc::msghdr) -> Option<usize> {
+    if h.msg_control.is_null() || h.msg_controllen == 0 {
+        return None;
+    }
+    // SAFETY: the caller's promise; CMSG_FIRSTHDR/CMSG_NXTHDR stay within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                let size = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return usize::try_from(size).ok().filter(|&s| s > 0);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
+}
 
 /// Writes `addr` as the C socket address the kernel expects, returning its length.
 fn sockaddr(addr: std::net::SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
@@ -135,47 +235,6 @@ fn sockaddr(addr: std::net::SocketAddr, out: &mut libc::sockaddr_storage) -> lib
             unsafe { std::ptr::write((&raw mut *out).cast(), sin6) };
             size_of::<libc::sockaddr_in6>() as libc::socklen_t
         }
-    }
-}
-
-/// Sends up to [`SEND_BATCH`] datagrams in one `sendmmsg(2)` call, each to its own address
-/// and gathered from its slices (headers, a payload in place, a trailer) without copying them
-/// together. Returns how many datagrams the kernel took, which may be fewer than offered; an
-/// error means the first one was refused.
-pub(crate) fn send_batch<const K: usize>(
-    socket: &UdpSocket,
-    datagrams: &[(std::net::SocketAddr, [io::IoSlice<'_>; K])],
-) -> io::Result<usize> {
-    let n = datagrams.len().min(SEND_BATCH);
-    // SAFETY: all-zero sockaddr_storages and mmsghdrs (null pointers, zero lengths) are valid
-    // values of those plain C structs.
-    let mut names: [libc::sockaddr_storage; SEND_BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut headers: [libc::mmsghdr; SEND_BATCH] = unsafe { std::mem::zeroed() };
-    for (i, (dst, slices)) in datagrams[..n].iter().enumerate() {
-        let name_len = sockaddr(*dst, &mut names[i]);
-        let h = &mut headers[i].msg_hdr;
-        h.msg_name = (&raw mut names[i]).cast();
-        h.msg_namelen = name_len;
-        // IoSlice is guaranteed ABI-compatible with iovec on Unix.
-        h.msg_iov = slices.as_ptr().cast_mut().cast();
-        h.msg_iovlen = K;
-    }
-    // SAFETY: the first `n` headers point at `names` on this frame and at iovecs borrowed
-    // from `datagrams`, all alive for the call; the kernel only reads them (and writes each
-    // header's msg_len, inside `headers`).
-    let sent = unsafe {
-        libc::sendmmsg(
-            socket.as_raw_fd(),
-            headers.as_mut_ptr(),
-            n as libc::c_uint,
-            0,
-        )
-    };
-    if sent < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(sent as usize)
     }
 }
 
@@ -212,19 +271,36 @@ fn socket_addr(storage: &libc::sockaddr_storage) -> io::Result<std::net::SocketA
 /// Datagrams [`RecvBatch::receive`] takes in one call.
 pub(crate) const RECV_BATCH: usize = 32;
 
-/// Room for one datagram: a RoCE packet is at most a 4096-byte payload and its headers; a
-/// larger datagram is cut short and reported as such, never overrun.
-const DATAGRAM_ROOM: usize = 9216;
+/// Room for one received buffer: the largest UDP payload (65507 bytes over IPv4, about 65527
+/// over IPv6) and then some, because with `UDP_GRO` a buffer is a train of coalesced
+/// segments and a shorter room would lose the rest of it (`MSG_TRUNC`). A larger datagram is
+/// cut short and reported as such, never overrun.
+const DATAGRAM_ROOM: usize = 65536;
 
-/// Buffers for receiving up to [`RECV_BATCH`] datagrams in one `recvmmsg(2)` call, with the
-/// call's headers built once: a receive that finds one datagram (or none) costs no setup.
+/// Buffers for receiving up to [`RECV_BATCH`] datagrams (or GRO trains) in one
+/// `recvmmsg(2)` call, with the call's headers built once: a receive that finds one datagram
+/// (or none) costs no setup.
 pub(crate) struct RecvBatch {
     bufs: Box<[u8]>,
     addrs: Box<[libc::sockaddr_storage]>,
     iovs: Box<[libc::iovec]>,
     headers: Box<[libc::mmsghdr]>,
+    controls: Box<[Cmsg]>,
     lens: [usize; RECV_BATCH],
     truncated: [bool; RECV_BATCH],
+    segments: [Option<usize>; RECV_BATCH],
+}
+
+/// One received buffer of a [`RecvBatch`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Received<'a> {
+    /// Its bytes; `None` when it did not fit and was cut short.
+    pub(crate) bytes: Option<&'a [u8]>,
+    /// Its sender.
+    pub(crate) from: std::net::SocketAddr,
+    /// With UDP GRO, the size of each coalesced segment (the last may be shorter); `None` for
+    /// a plain datagram.
+    pub(crate) segment: Option<usize>,
 }
 
 // SAFETY: the raw pointers in `iovs` and `headers` point only into the batch's own heap
@@ -253,8 +329,10 @@ impl RecvBatch {
             addrs: vec![zero_addr; RECV_BATCH].into_boxed_slice(),
             iovs: vec![zero_iov; RECV_BATCH].into_boxed_slice(),
             headers: vec![zero_header; RECV_BATCH].into_boxed_slice(),
+            controls: vec![Cmsg([0; 32]); RECV_BATCH].into_boxed_slice(),
             lens: [0; RECV_BATCH],
             truncated: [false; RECV_BATCH],
+            segments: [None; RECV_BATCH],
         };
         let base = batch.bufs.as_mut_ptr();
         for i in 0..RECV_BATCH {
@@ -265,6 +343,7 @@ impl RecvBatch {
             h.msg_name = (&raw mut batch.addrs[i]).cast();
             h.msg_iov = &raw mut batch.iovs[i];
             h.msg_iovlen = 1;
+            h.msg_control = (&raw mut batch.controls[i]).cast();
         }
         batch
     }
@@ -276,11 +355,13 @@ impl RecvBatch {
         for h in self.headers.iter_mut() {
             // The kernel shrinks these to what it wrote; give each its full room again.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = size_of::<Cmsg>() as _;
             h.msg_hdr.msg_flags = 0;
         }
         // SAFETY: each header points at one room of `bufs` (DATAGRAM_ROOM bytes, through its
-        // iovec) and at one sockaddr_storage of `addrs` with its size, all owned by `self`
-        // and alive for the call; the kernel writes only within them.
+        // iovec), at one sockaddr_storage of `addrs` and at one control buffer of `controls`,
+        // each with its size, all owned by `self` and alive for the call; the kernel writes
+        // only within them.
         let n = unsafe {
             libc::recvmmsg(
                 socket.as_raw_fd(),
@@ -303,17 +384,23 @@ impl RecvBatch {
             let h = &self.headers[i];
             self.lens[i] = (h.msg_len as usize).min(DATAGRAM_ROOM);
             self.truncated[i] = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            // SAFETY: the kernel has just filled this header; its control buffer is
+            // `controls[i]`, owned by `self`.
+            self.segments[i] = unsafe { gro_segment(&h.msg_hdr) };
         }
         Ok(n)
     }
 
-    /// Datagram `i` of the last [`RecvBatch::receive`]: its bytes (`None` when it did not
-    /// fit and was cut short) and its sender.
-    pub(crate) fn get(&self, i: usize) -> io::Result<(Option<&[u8]>, std::net::SocketAddr)> {
+    /// Buffer `i` of the last [`RecvBatch::receive`].
+    pub(crate) fn get(&self, i: usize) -> io::Result<Received<'_>> {
         let from = socket_addr(&self.addrs[i])?;
         let start = i * DATAGRAM_ROOM;
         let bytes = &self.bufs[start..start + self.lens[i]];
-        Ok(((!self.truncated[i]).then_some(bytes), from))
+        Ok(Received {
+            bytes: (!self.truncated[i]).then_some(bytes),
+            from,
+            segment: self.segments[i],
+        })
     }
 }
 

@@ -1,5 +1,6 @@
-//! Taps on the soft NIC's I/O path: a fault injector for sends and a pcap writer for both
-//! directions, as `--fault` and `--pcap` of the tools configure them.
+//! Taps on the datagram layer's I/O path: a fault injector for sends and a pcap writer for both
+//! directions, as `--fault` and `--pcap` of the tools configure them. Both work on whole
+//! batches ([`super::Link`]), so that batching and GSO stay on under them.
 
 use std::collections::BinaryHeap;
 use std::fmt;
@@ -11,6 +12,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferroce_proto::wire::{icrc, Datagram, IpHeader, UdpHeader};
+
+use super::{TxBatch, TxPacket};
 
 /// Faults to inject on every packet the NIC sends (`--fault loss=P,dup=P,reorder=P,
 /// corrupt=P,delay=US,seed=N`): probabilities in 0..=1, a delay in microseconds.
@@ -119,12 +122,15 @@ impl PartialOrd for Held {
     }
 }
 
-/// Applies [`Faults`] to outgoing packets; delayed ones wait in a queue until due.
+/// Applies [`Faults`] to outgoing batches; delayed packets wait in a queue until due, then
+/// join the next batch sent.
 pub(crate) struct FaultInjector {
     faults: Faults,
     rng: u64,
     held: BinaryHeap<Held>,
     seq: u64,
+    /// The batch's packets while the new list is built, kept for its capacity.
+    scratch: Vec<TxPacket>,
 }
 
 impl fmt::Debug for FaultInjector {
@@ -143,6 +149,7 @@ impl FaultInjector {
             rng: faults.seed,
             held: BinaryHeap::new(),
             seq: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -158,54 +165,66 @@ impl FaultInjector {
         p > 0.0 && (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
     }
 
-    /// Takes a packet to send; what is due now goes to `send`, the rest waits.
-    pub(crate) fn submit(
-        &mut self,
-        now: Instant,
-        dst: SocketAddr,
-        bytes: &[u8],
-        send: &mut impl FnMut(SocketAddr, &[u8]),
-    ) {
-        if self.chance(self.faults.loss) {
-            return;
-        }
-        let copies = if self.chance(self.faults.dup) { 2 } else { 1 };
-        for _ in 0..copies {
-            let mut bytes = bytes.to_vec();
-            if self.chance(self.faults.corrupt) && !bytes.is_empty() {
-                let at = (self.next() % bytes.len() as u64) as usize;
-                bytes[at] ^= 1 << (self.next() % 8);
-            }
-            let mut delay = self.faults.delay;
-            if self.chance(self.faults.reorder) {
-                delay += (self.faults.delay * 2).max(Duration::from_micros(100));
-            }
-            if delay.is_zero() {
-                send(dst, &bytes);
-            } else {
-                self.seq += 1;
-                self.held.push(Held {
-                    at: now + delay,
-                    seq: self.seq,
-                    dst,
-                    bytes,
-                });
-            }
-        }
-    }
-
-    /// Sends what has become due.
-    pub(crate) fn release(&mut self, now: Instant, send: &mut impl FnMut(SocketAddr, &[u8])) {
+    /// Applies the faults to every packet of `batch` (bodies in `ext`): lost packets leave
+    /// it, duplicates and corrupted copies join it, delayed ones wait. Held packets now due
+    /// go first, as they were sent earlier.
+    pub(crate) fn apply(&mut self, now: Instant, batch: &mut TxBatch, ext: &[u8]) {
+        let mut packets = std::mem::take(&mut self.scratch);
+        packets.clear();
+        batch.take_packets(&mut packets);
         while self.held.peek().is_some_and(|h| h.at <= now) {
             let held = self.held.pop().expect("peeked");
-            send(held.dst, &held.bytes);
+            batch.push_copy(held.dst, &held.bytes);
         }
+        for p in &packets {
+            if self.chance(self.faults.loss) {
+                continue;
+            }
+            let copies = if self.chance(self.faults.dup) { 2 } else { 1 };
+            for _ in 0..copies {
+                let corrupt = self.chance(self.faults.corrupt);
+                let mut delay = self.faults.delay;
+                if self.chance(self.faults.reorder) {
+                    delay += (self.faults.delay * 2).max(Duration::from_micros(100));
+                }
+                if !corrupt && delay.is_zero() {
+                    batch.push_packet(*p);
+                    continue;
+                }
+                let mut bytes = batch.parts(p, ext).concat();
+                if corrupt && !bytes.is_empty() {
+                    let at = (self.next() % bytes.len() as u64) as usize;
+                    bytes[at] ^= 1 << (self.next() % 8);
+                }
+                if delay.is_zero() {
+                    batch.push_copy(p.dst, &bytes);
+                } else {
+                    self.seq += 1;
+                    self.held.push(Held {
+                        at: now + delay,
+                        seq: self.seq,
+                        dst: p.dst,
+                        bytes,
+                    });
+                }
+            }
+        }
+        self.scratch = packets;
     }
 
     /// When the next held packet is due.
     pub(crate) fn next_due(&self) -> Option<Instant> {
         self.held.peek().map(|h| h.at)
     }
+}
+
+/// How a packet left: what the socket does not show but the wire carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OnWire {
+    /// The IPv4 ID (0 for a plain datagram; its index for a GSO segment).
+    pub(crate) ipv4_id: u16,
+    /// Whether the UDP checksum is filled in (GSO sends) or zero (plain sends).
+    pub(crate) udp_checksum: bool,
 }
 
 /// Writes packets as a classic pcap file of Ethernet frames, rebuilding the IP and UDP
@@ -215,6 +234,39 @@ impl FaultInjector {
 pub(crate) struct PcapWriter {
     out: BufWriter<File>,
     frame: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+/// The UDP checksum of `datagram` (header, checksum field zero, then payload) between the
+/// addresses of `ip` (RFC 768; RFC 8200 §8.1 for IPv6). Zero comes out as 0xFFFF.
+fn udp_checksum(ip: &IpHeader, datagram: &[u8]) -> u16 {
+    let mut sum: u64 = 0;
+    let mut add = |bytes: &[u8]| {
+        for pair in bytes.chunks(2) {
+            let hi = u64::from(pair[0]) << 8;
+            sum += hi | pair.get(1).map_or(0, |&lo| u64::from(lo));
+        }
+    };
+    match ip {
+        IpHeader::V4(h) => {
+            add(&h.src.octets());
+            add(&h.dst.octets());
+        }
+        IpHeader::V6(h) => {
+            add(&h.src.octets());
+            add(&h.dst.octets());
+        }
+    }
+    add(&(datagram.len() as u32).to_be_bytes());
+    add(&[0, 17]);
+    add(datagram);
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    match !(sum as u16) {
+        0 => 0xffff,
+        c => c,
+    }
 }
 
 impl PcapWriter {
@@ -230,15 +282,36 @@ impl PcapWriter {
         Ok(Self {
             out,
             frame: Vec::with_capacity(9000),
+            payload: Vec::with_capacity(9000),
         })
     }
 
-    /// Records one RoCE packet (a UDP payload) from `src` to `dst`.
+    /// Records one RoCE packet (a UDP payload, gathered from `parts`) from `src` to `dst`:
+    /// with `sent`, one this host sent, as it left; without, one it received, whose IPv4 ID is
+    /// recovered from the ICRC.
     pub(crate) fn record(
         &mut self,
         src: SocketAddr,
         dst: SocketAddr,
+        parts: &[&[u8]],
+        sent: Option<OnWire>,
+    ) -> io::Result<()> {
+        self.payload.clear();
+        for part in parts {
+            self.payload.extend_from_slice(part);
+        }
+        let payload = std::mem::take(&mut self.payload);
+        let result = self.record_payload(src, dst, &payload, sent);
+        self.payload = payload;
+        result
+    }
+
+    fn record_payload(
+        &mut self,
+        src: SocketAddr,
+        dst: SocketAddr,
         payload: &[u8],
+        sent: Option<OnWire>,
     ) -> io::Result<()> {
         let Some(mut ip) = IpHeader::between(src.ip(), dst.ip()) else {
             return Ok(());
@@ -247,13 +320,17 @@ impl PcapWriter {
             src_port: src.port(),
             dst_port: dst.port(),
         };
-        // Put back the ID the sender used: 0 from ferroce, or the one the ICRC reveals.
-        let verified = icrc::verify(&ip, &udp, payload);
+        // Put back the ID the sender used: the one it was sent with, or the one the ICRC
+        // reveals.
         if let IpHeader::V4(v4) = &mut ip {
-            if !verified {
-                if let Some(id) = icrc::recover_ipv4_id(v4, &udp, payload) {
-                    v4.id = id;
+            match sent {
+                Some(wire) => v4.id = wire.ipv4_id,
+                None if !icrc::verify(&IpHeader::V4(*v4), &udp, payload) => {
+                    if let Some(id) = icrc::recover_ipv4_id(v4, &udp, payload) {
+                        v4.id = id;
+                    }
                 }
+                None => {}
             }
         }
         let ethertype: u16 = if matches!(src.ip(), IpAddr::V4(_)) {
@@ -270,6 +347,11 @@ impl PcapWriter {
         Datagram::emit_headers(&ip, &udp, payload.len(), &mut self.frame[at..])
             .map_err(io::Error::other)?;
         self.frame.extend_from_slice(payload);
+        if sent.is_some_and(|w| w.udp_checksum) {
+            let sum = udp_checksum(&ip, &self.frame[at + ip.len()..]);
+            let c = at + ip.len() + 6;
+            self.frame[c..c + 2].copy_from_slice(&sum.to_be_bytes());
+        }
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -308,21 +390,69 @@ mod tests {
     fn loss_one_drops_everything_and_delay_holds() {
         let now = Instant::now();
         let dst: SocketAddr = "127.0.0.1:4791".parse().unwrap();
-        let sent = std::cell::RefCell::new(Vec::new());
-        let mut send = |_: SocketAddr, b: &[u8]| sent.borrow_mut().push(b.to_vec());
+        let mut batch = TxBatch::default();
+        batch.push_copy(dst, &[1, 2, 3, 4, 5]);
         let mut lossy = FaultInjector::new(Faults {
             loss: 1.0,
             ..Faults::default()
         });
-        lossy.submit(now, dst, &[1, 2, 3], &mut send);
+        lossy.apply(now, &mut batch, &[]);
+        assert_eq!(batch.len(), 0);
         let mut slow = FaultInjector::new(Faults {
             delay: Duration::from_millis(1),
             ..Faults::default()
         });
-        slow.submit(now, dst, &[4], &mut send);
-        assert!(sent.borrow().is_empty());
+        batch.push_copy(dst, &[4, 0, 0, 0, 0]);
+        slow.apply(now, &mut batch, &[]);
+        assert_eq!(batch.len(), 0);
         assert_eq!(slow.next_due(), Some(now + Duration::from_millis(1)));
-        slow.release(now + Duration::from_millis(1), &mut send);
-        assert_eq!(*sent.borrow(), [vec![4]]);
+        slow.apply(now + Duration::from_millis(1), &mut batch, &[]);
+        assert_eq!(batch.len(), 1);
+        let p = batch.packet(0);
+        assert_eq!(batch.parts(&p, &[]).concat(), [4, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn duplicates_and_corruption_copy_the_packet_with_its_body() {
+        let dst: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let body = [9u8; 6];
+        let mut batch = TxBatch::default();
+        batch.push_gathered(dst, &[1, 2], 0..6, &[7, 7, 7, 7]);
+        let mut twice = FaultInjector::new(Faults {
+            dup: 1.0,
+            ..Faults::default()
+        });
+        twice.apply(Instant::now(), &mut batch, &body);
+        assert_eq!(batch.len(), 2);
+        let whole = [1, 2, 9, 9, 9, 9, 9, 9, 7, 7, 7, 7];
+        for i in 0..2 {
+            assert_eq!(batch.parts(&batch.packet(i), &body).concat(), whole);
+        }
+        let mut flip = FaultInjector::new(Faults {
+            corrupt: 1.0,
+            ..Faults::default()
+        });
+        flip.apply(Instant::now(), &mut batch, &body);
+        for i in 0..2 {
+            let got = batch.parts(&batch.packet(i), &body).concat();
+            let flipped: u32 = got
+                .iter()
+                .zip(whole)
+                .map(|(a, b)| (a ^ b).count_ones())
+                .sum();
+            assert_eq!(flipped, 1);
+        }
+    }
+
+    #[test]
+    fn udp_checksums_match_an_independent_computation() {
+        // 10.0.0.1:4660 -> 10.0.0.2:4791, payload de ad be ef; 0x294b computed apart from
+        // this code (Python, over the pseudo-header and datagram as RFC 768 lays them out).
+        let ip = IpHeader::V4(ferroce_proto::wire::Ipv4Header::new(
+            [10, 0, 0, 1].into(),
+            [10, 0, 0, 2].into(),
+        ));
+        let datagram = [0x12, 0x34, 0x12, 0xb7, 0, 12, 0, 0, 0xde, 0xad, 0xbe, 0xef];
+        assert_eq!(udp_checksum(&ip, &datagram), 0x294b);
     }
 }

@@ -1,0 +1,873 @@
+//! The datagram layer: the UDP sockets a RoCEv2 endpoint sends and receives on, with batched
+//! sends (UDP GSO where the path segments in software), batched receives (UDP GRO), and the taps
+//! (fault injection, capture) as layers over whole batches. The soft NIC and the device side of
+//! the frames face both stand on it; neither touches a socket but through it.
+//!
+//! A [`Port`] is the sockets: the one bound to the endpoint's address (port 4791 for a NIC),
+//! which receives and sends plain datagrams with zero UDP checksums as rxe does, and, when GSO
+//! is on, a send-only socket on another source port of the same address with checksums on (the
+//! kernel refuses GSO without them, gso.md §2). Peers answer to 4791 whatever port a request
+//! came from. A [`Link`] is what one sender owns around a port: the batch being built, the
+//! receive buffers, and the taps.
+//!
+//! GSO sends change two things the ICRC covers: the UDP source port, and the IPv4 ID, which
+//! the kernel numbers 0, 1, … across the segments of one send. Packets are sealed by their
+//! maker for the plain socket (its port, ID 0) and re-sealed here for what they will carry
+//! ([`ferroce_proto::wire::icrc::Reseal`]).
+
+pub(crate) mod gso;
+pub(crate) mod tap;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use ferroce_proto::engine::MAX_PACKET;
+use ferroce_proto::wire::icrc::Reseal;
+
+use crate::sys;
+
+/// The most packets a [`TxBatch`] holds before it must be sent.
+pub(crate) const TX_BATCH: usize = 128;
+
+/// How a [`Port`] is set up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PortOptions {
+    /// Send by UDP GSO where the path allows it.
+    pub(crate) gso: bool,
+    /// Receive with UDP GRO.
+    pub(crate) gro: bool,
+    /// Socket buffers to ask for, each way.
+    pub(crate) buffers: usize,
+}
+
+/// Whether a NIC or sender sends by UDP GSO, and if not, why not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GsoStatus {
+    /// Runs of equal-sized packets to one peer leave as one GSO send.
+    Active,
+    /// Turned off by configuration (`NicConfig::gso`, `--no-gso`).
+    Disabled,
+    /// The address belongs to a physical network device, which may segment UDP in hardware
+    /// and then writes IPv4 IDs of its own choosing, which the ICRC covers. GSO is used by
+    /// default only where the kernel segments in software (loopback, veth, bridges, tap).
+    Hardware(String),
+    /// The start-up self-test failed: the kernel refused GSO or did not deliver it.
+    Unsupported(String),
+    /// A GSO send failed with EIO or EINVAL after start-up; every send since is plain.
+    FellBack(String),
+}
+
+impl std::fmt::Display for GsoStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Active => f.write_str("on"),
+            Self::Disabled => f.write_str("off (configured)"),
+            Self::Hardware(dev) => write!(
+                f,
+                "off ({dev} is a physical device, which may segment in hardware and choose its own IPv4 IDs)"
+            ),
+            Self::Unsupported(why) => write!(f, "off (self-test failed: {why})"),
+            Self::FellBack(why) => write!(f, "off (fell back to plain sends: {why})"),
+        }
+    }
+}
+
+/// Counters of the datagram layer (the engine counts the protocol).
+#[derive(Debug, Default)]
+pub(crate) struct UdpCounters {
+    pub(crate) send_errors: AtomicU64,
+    pub(crate) recv_errors: AtomicU64,
+    pub(crate) pcap_errors: AtomicU64,
+    /// Datagrams too large for any RoCE packet, dropped.
+    pub(crate) oversized: AtomicU64,
+    /// Packets handed to the kernel as plain datagrams.
+    pub(crate) plain_sends: AtomicU64,
+    /// GSO sends of two or more segments, and the segments they carried.
+    pub(crate) gso_sends: AtomicU64,
+    pub(crate) gso_segments: AtomicU64,
+    /// GSO sends refused with EIO or EINVAL, after which the port sends plain datagrams.
+    pub(crate) gso_fallbacks: AtomicU64,
+    /// Received buffers of two or more coalesced segments, and the segments they carried.
+    pub(crate) gro_buffers: AtomicU64,
+    pub(crate) gro_segments: AtomicU64,
+}
+
+impl UdpCounters {
+    /// The counters by name, for `statistics_line`.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        [
+            ("udp_send_errors", &self.send_errors),
+            ("udp_recv_errors", &self.recv_errors),
+            ("udp_oversized", &self.oversized),
+            ("pcap_errors", &self.pcap_errors),
+            ("udp_plain_sends", &self.plain_sends),
+            ("udp_gso_sends", &self.gso_sends),
+            ("udp_gso_segments", &self.gso_segments),
+            ("udp_gso_fallbacks", &self.gso_fallbacks),
+            ("udp_gro_buffers", &self.gro_buffers),
+            ("udp_gro_segments", &self.gro_segments),
+        ]
+        .into_iter()
+        .map(|(name, c)| (name, c.load(Ordering::Relaxed)))
+    }
+
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The sockets of one endpoint; see the module's documentation.
+#[derive(Debug)]
+pub(crate) struct Port {
+    socket: UdpSocket,
+    local: SocketAddr,
+    /// The send-only GSO socket and its address, when GSO passed its checks at start-up.
+    gso: Option<(UdpSocket, SocketAddr)>,
+    /// Cleared for good by the first EIO or EINVAL of a GSO send.
+    gso_on: AtomicBool,
+    status: Mutex<GsoStatus>,
+    /// The first send the kernel refused since [`Port::take_send_error`] last looked.
+    send_error: Mutex<Option<io::Error>>,
+    pub(crate) counters: UdpCounters,
+}
+
+impl Port {
+    /// Binds the endpoint's socket to `addr` and, with `options.gso`, a GSO socket beside it,
+    /// which must pass a self-test over the local address before it is used.
+    ///
+    /// # Errors
+    ///
+    /// What the operating system said when binding or setting up the endpoint's socket
+    /// failed. A GSO socket that cannot be had only turns GSO off ([`Port::gso_status`]).
+    pub(crate) fn open(addr: SocketAddr, options: PortOptions) -> io::Result<Self> {
+        let socket = UdpSocket::bind(addr)?;
+        let local = socket.local_addr()?;
+        match local {
+            SocketAddr::V4(_) => {
+                sys::set_dont_fragment(&socket)?;
+                sys::send_zero_checksum4(&socket)?;
+            }
+            SocketAddr::V6(_) => {
+                sys::accept_zero_checksum6(&socket)?;
+                sys::send_zero_checksum6(&socket)?;
+            }
+        }
+        sys::grow_buffers(&socket, options.buffers)?;
+        if options.gro {
+            // A kernel without UDP_GRO (before 5.0) splits trains itself: slower, not wrong.
+            let _ = sys::enable_gro(&socket);
+        }
+        let (gso, status) = if options.gso {
+            match open_gso(local.ip(), options.buffers) {
+                Ok(pair) => (Some(pair), GsoStatus::Active),
+                Err(status) => (None, status),
+            }
+        } else {
+            (None, GsoStatus::Disabled)
+        };
+        Ok(Self {
+            socket,
+            local,
+            gso_on: AtomicBool::new(gso.is_some()),
+            gso,
+            status: Mutex::new(status),
+            send_error: Mutex::new(None),
+            counters: UdpCounters::default(),
+        })
+    }
+
+    /// The endpoint's socket: it receives everything, and sends plain datagrams.
+    pub(crate) fn socket(&self) -> &UdpSocket {
+        &self.socket
+    }
+
+    /// The endpoint's address.
+    pub(crate) fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether GSO sends are in use, and if not, why.
+    pub(crate) fn gso_status(&self) -> GsoStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The first send the kernel refused since the last call, if any.
+    pub(crate) fn take_send_error(&self) -> Option<io::Error> {
+        self.send_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    fn refused(&self, e: io::Error) {
+        UdpCounters::add(&self.counters.send_errors, 1);
+        self.send_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(e);
+    }
+
+    /// Sends every packet of `batch` in order, whose bodies lie in `ext`, recording each as it
+    /// leaves in `pcap`. A packet the kernel refuses is counted and skipped, as a lost packet
+    /// would be; the protocol above recovers it. Leaves the batch's ICRCs as it found them.
+    pub(crate) fn send(
+        &self,
+        batch: &mut TxBatch,
+        ext: &[u8],
+        mut pcap: Option<&mut tap::PcapWriter>,
+    ) {
+        let mut at = 0;
+        while at < batch.packets.len() {
+            let end = (at + TX_BATCH).min(batch.packets.len());
+            let gso = match &self.gso {
+                Some((socket, addr)) if self.gso_on.load(Ordering::Relaxed) && end - at > 1 => {
+                    Some((socket, *addr))
+                }
+                _ => None,
+            };
+            let mut plain_from = at;
+            if let Some((socket, addr)) = gso {
+                batch.groups.clear();
+                let packets = &batch.packets[at..end];
+                gso::plan(
+                    packets.len(),
+                    |i| (packets[i].dst, packets[i].len()),
+                    &mut batch.groups,
+                );
+                for g in &mut batch.groups {
+                    g.first += at;
+                }
+                if batch.groups.iter().any(|g| g.count > 1) {
+                    plain_from = self.send_gso(batch, ext, socket, addr, pcap.as_deref_mut());
+                } else {
+                    batch.groups.clear();
+                }
+            }
+            if plain_from < end {
+                self.send_plain(batch, plain_from..end, ext, pcap.as_deref_mut());
+            }
+            at = end;
+        }
+    }
+
+    /// Sends the planned groups of `batch` from the GSO socket. Returns where plain sends must
+    /// take over: the end of the groups, or the first packet of a send refused for lack of GSO
+    /// (then GSO is off from here on, and those packets are sealed for plain sends again).
+    fn send_gso(
+        &self,
+        batch: &mut TxBatch,
+        ext: &[u8],
+        socket: &UdpSocket,
+        addr: SocketAddr,
+        mut pcap: Option<&mut tap::PcapWriter>,
+    ) -> usize {
+        let port_xor = self.local.port() ^ addr.port();
+        let end = batch.groups.last().map_or(0, |g| g.first + g.count);
+        // The ICRCs stay sealed for the GSO socket afterwards: the batch is emptied once sent
+        // (fault injection took its copies before).
+        let groups = std::mem::take(&mut batch.groups);
+        for g in &groups {
+            batch.reseal_group(g, port_xor);
+        }
+        let mut done = 0;
+        while done < groups.len() {
+            let chunk = &groups[done..groups.len().min(done + sys::MAX_MESSAGES)];
+            let result = {
+                let mut iov = [io::IoSlice::new(&[]); 3 * TX_BATCH];
+                let mut spans = [(0usize, 0usize); sys::MAX_MESSAGES];
+                let mut n_iov = 0;
+                for (k, g) in chunk.iter().enumerate() {
+                    let start = n_iov;
+                    for p in &batch.packets[g.first..g.first + g.count] {
+                        n_iov += batch.gather(p, ext, &mut iov[n_iov..]);
+                    }
+                    spans[k] = (start, n_iov);
+                }
+                let mut msgs = [sys::OutMessage {
+                    dst: self.local,
+                    iov: &[],
+                    segment: None,
+                }; sys::MAX_MESSAGES];
+                for (k, g) in chunk.iter().enumerate() {
+                    msgs[k] = sys::OutMessage {
+                        dst: batch.packets[g.first].dst,
+                        iov: &iov[spans[k].0..spans[k].1],
+                        segment: (g.count > 1).then_some(g.segment as u16),
+                    };
+                }
+                send_all(socket, &msgs[..chunk.len()])
+            };
+            match result {
+                Ok(sent) => {
+                    self.record_groups(batch, &chunk[..sent], ext, addr, pcap.as_deref_mut());
+                    done += sent;
+                }
+                Err((sent, e)) if is_gso_refusal(&e) => {
+                    // This and every later group go plain, sealed as their maker sealed them.
+                    let first = chunk[sent].first;
+                    self.record_groups(batch, &chunk[..sent], ext, addr, pcap.as_deref_mut());
+                    for g in &groups[done + sent..] {
+                        batch.reseal_group(g, port_xor);
+                    }
+                    self.fall_back(&e);
+                    batch.groups = groups;
+                    return first;
+                }
+                Err((sent, e)) => {
+                    // Refused for another reason (no route, a full buffer of a peer): that
+                    // send is lost, as a packet on a wire can be.
+                    self.record_groups(batch, &chunk[..sent], ext, addr, pcap.as_deref_mut());
+                    self.refused(e);
+                    done += sent + 1;
+                }
+            }
+        }
+        batch.groups = groups;
+        end
+    }
+
+    /// Counts the groups that left, and records each of their segments as it was on the wire.
+    fn record_groups(
+        &self,
+        batch: &TxBatch,
+        groups: &[gso::Group],
+        ext: &[u8],
+        from: SocketAddr,
+        mut pcap: Option<&mut tap::PcapWriter>,
+    ) {
+        for g in groups {
+            if g.count > 1 {
+                UdpCounters::add(&self.counters.gso_sends, 1);
+                UdpCounters::add(&self.counters.gso_segments, g.count as u64);
+            } else {
+                UdpCounters::add(&self.counters.plain_sends, 1);
+            }
+            if let Some(pcap) = pcap.as_deref_mut() {
+                for (i, p) in batch.packets[g.first..g.first + g.count].iter().enumerate() {
+                    let wire = tap::OnWire {
+                        ipv4_id: i as u16,
+                        udp_checksum: true,
+                    };
+                    if pcap
+                        .record(from, p.dst, &batch.parts(p, ext), Some(wire))
+                        .is_err()
+                    {
+                        UdpCounters::add(&self.counters.pcap_errors, 1);
+                    }
+                }
+            }
+        }
+    }
+
+    fn fall_back(&self, e: &io::Error) {
+        self.gso_on.store(false, Ordering::Relaxed);
+        UdpCounters::add(&self.counters.gso_fallbacks, 1);
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) =
+            GsoStatus::FellBack(format!("a GSO send failed: {e}"));
+    }
+
+    /// Sends packets `range` of `batch` as plain datagrams from the endpoint's socket.
+    fn send_plain(
+        &self,
+        batch: &TxBatch,
+        range: std::ops::Range<usize>,
+        ext: &[u8],
+        mut pcap: Option<&mut tap::PcapWriter>,
+    ) {
+        let packets = &batch.packets[range];
+        if let Some(pcap) = pcap.as_deref_mut() {
+            for p in packets {
+                let wire = tap::OnWire {
+                    ipv4_id: 0,
+                    udp_checksum: false,
+                };
+                if pcap
+                    .record(self.local, p.dst, &batch.parts(p, ext), Some(wire))
+                    .is_err()
+                {
+                    UdpCounters::add(&self.counters.pcap_errors, 1);
+                }
+            }
+        }
+        UdpCounters::add(&self.counters.plain_sends, packets.len() as u64);
+        // One packet held whole in the batch (a latency-bound exchange): a plain sendto
+        // costs less than setting up a batch.
+        if let [p] = packets {
+            if let Some(bytes) = batch.contiguous(p) {
+                loop {
+                    match self.socket.send_to(bytes, p.dst) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                        Err(e) => self.refused(e),
+                        Ok(_) => {}
+                    }
+                    return;
+                }
+            }
+        }
+        for chunk in packets.chunks(sys::MAX_MESSAGES) {
+            let mut iov = [io::IoSlice::new(&[]); 3 * sys::MAX_MESSAGES];
+            let mut spans = [(0usize, 0usize); sys::MAX_MESSAGES];
+            let mut n_iov = 0;
+            for (k, p) in chunk.iter().enumerate() {
+                let start = n_iov;
+                n_iov += batch.gather(p, ext, &mut iov[n_iov..]);
+                spans[k] = (start, n_iov);
+            }
+            let mut msgs = [sys::OutMessage {
+                dst: self.local,
+                iov: &[],
+                segment: None,
+            }; sys::MAX_MESSAGES];
+            for (k, p) in chunk.iter().enumerate() {
+                msgs[k] = sys::OutMessage {
+                    dst: p.dst,
+                    iov: &iov[spans[k].0..spans[k].1],
+                    segment: None,
+                };
+            }
+            let mut done = 0;
+            while done < chunk.len() {
+                match send_all(&self.socket, &msgs[done..chunk.len()]) {
+                    Ok(n) => done += n,
+                    Err((n, e)) => {
+                        self.refused(e);
+                        done += n + 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sends `msgs` until all are taken or one is refused, waiting while the socket's queue is
+/// full. Returns how many were taken; on a refusal, how many were taken before it and why.
+fn send_all(socket: &UdpSocket, msgs: &[sys::OutMessage<'_>]) -> Result<usize, (usize, io::Error)> {
+    let mut done = 0;
+    while done < msgs.len() {
+        match sys::send_messages(socket, &msgs[done..]) {
+            Ok(0) => return Err((done, io::Error::from(io::ErrorKind::WriteZero))),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((done, e)),
+        }
+    }
+    Ok(done)
+}
+
+/// EIO (6.1: the device cannot checksum) or EINVAL (checksums off, too many segments, an old
+/// kernel): the kernel will not take GSO sends on this path. quinn latches off on the same.
+fn is_gso_refusal(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL))
+}
+
+/// Opens the GSO socket beside the endpoint's and checks that GSO works on the path, or says
+/// why it is not used.
+fn open_gso(ip: IpAddr, buffers: usize) -> Result<(UdpSocket, SocketAddr), GsoStatus> {
+    if let Some(device) = physical_device(ip) {
+        return Err(GsoStatus::Hardware(device));
+    }
+    let unsupported = |what: &str, e: io::Error| GsoStatus::Unsupported(format!("{what}: {e}"));
+    let socket = UdpSocket::bind(SocketAddr::new(ip, 0))
+        .map_err(|e| unsupported("cannot bind a GSO socket", e))?;
+    if ip.is_ipv4() {
+        sys::set_dont_fragment(&socket).map_err(|e| unsupported("cannot set DF", e))?;
+    }
+    sys::grow_buffers(&socket, buffers).map_err(|e| unsupported("cannot size buffers", e))?;
+    self_test(&socket, ip)?;
+    let addr = socket
+        .local_addr()
+        .map_err(|e| unsupported("no local address", e))?;
+    Ok((socket, addr))
+}
+
+/// msquic's start-up check: a two-segment GSO send to a throw-away socket on the same address
+/// must arrive whole, as one coalesced buffer or as two datagrams.
+fn self_test(gso: &UdpSocket, ip: IpAddr) -> Result<(), GsoStatus> {
+    const SEGMENT: usize = 64;
+    let fail = |why: String| GsoStatus::Unsupported(why);
+    let probe = UdpSocket::bind(SocketAddr::new(ip, 0))
+        .map_err(|e| fail(format!("cannot bind the probe: {e}")))?;
+    let _ = sys::enable_gro(&probe);
+    let to = probe
+        .local_addr()
+        .map_err(|e| fail(format!("no probe address: {e}")))?;
+    let mut data = [0u8; 2 * SEGMENT];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let iov = [io::IoSlice::new(&data)];
+    let msg = sys::OutMessage {
+        dst: to,
+        iov: &iov,
+        segment: Some(SEGMENT as u16),
+    };
+    sys::send_messages(gso, &[msg])
+        .map_err(|e| fail(format!("the kernel refused a GSO send: {e}")))?;
+    let mut rx = sys::RecvBatch::new();
+    let mut got = Vec::with_capacity(data.len());
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while got.len() < data.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !sys::wait_readable(&probe, Some(left)).unwrap_or(false) {
+            break;
+        }
+        let n = rx
+            .receive(&probe)
+            .map_err(|e| fail(format!("the probe could not receive: {e}")))?;
+        for i in 0..n {
+            if let Ok(sys::Received {
+                bytes: Some(bytes), ..
+            }) = rx.get(i)
+            {
+                got.extend_from_slice(bytes);
+            }
+        }
+    }
+    if got == data {
+        Ok(())
+    } else {
+        Err(fail(format!(
+            "a {}-byte GSO send to {to} arrived as {} bytes",
+            data.len(),
+            got.len()
+        )))
+    }
+}
+
+/// The name of the interface holding `ip` when it is a physical device (sysfs gives it a
+/// `device` link; loopback, veth, bridges, tun and tap have none), or when it cannot be found.
+fn physical_device(ip: IpAddr) -> Option<String> {
+    let Some(name) = sys::interface_of(ip) else {
+        return Some(format!("the interface of {ip} (not found)"));
+    };
+    std::path::Path::new(&format!("/sys/class/net/{name}/device"))
+        .exists()
+        .then_some(name)
+}
+
+/// One packet of a [`TxBatch`]: a head and a tail in the batch's own bytes, and between them a
+/// body that lies outside it (a frame sender's data, sent without a copy). Its ICRC is the last
+/// four bytes of the tail.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TxPacket {
+    pub(crate) dst: SocketAddr,
+    head: (u32, u32),
+    body: (u32, u32),
+    tail: (u32, u32),
+}
+
+impl TxPacket {
+    /// Its length on the wire (a UDP payload).
+    pub(crate) fn len(&self) -> usize {
+        (self.head.1 + self.body.1 + self.tail.1) as usize
+    }
+}
+
+/// Packets waiting to leave, in order.
+#[derive(Debug)]
+pub(crate) struct TxBatch {
+    bytes: Vec<u8>,
+    used: usize,
+    packets: Vec<TxPacket>,
+    groups: Vec<gso::Group>,
+    reseals: ResealCache,
+}
+
+/// The [`Reseal`]s of recent packet lengths: computing one costs about a microsecond, and a
+/// stream of packets has few lengths.
+#[derive(Debug)]
+struct ResealCache([Option<(bool, usize, Reseal)>; 64]);
+
+impl ResealCache {
+    fn get(&mut self, ipv4: bool, len: usize) -> Reseal {
+        let slot = &mut self.0[len % 64];
+        match slot {
+            Some((v4, l, r)) if *v4 == ipv4 && *l == len => *r,
+            _ => {
+                let r = Reseal::new(ipv4, len);
+                *slot = Some((ipv4, len, r));
+                r
+            }
+        }
+    }
+}
+
+impl Default for TxBatch {
+    fn default() -> Self {
+        Self {
+            bytes: vec![0; TX_BATCH * MAX_PACKET],
+            used: 0,
+            packets: Vec::with_capacity(2 * TX_BATCH),
+            groups: Vec::with_capacity(TX_BATCH),
+            reseals: ResealCache([None; 64]),
+        }
+    }
+}
+
+impl TxBatch {
+    /// Whether the batch holds its [`TX_BATCH`] packets, and must be sent before it takes more.
+    pub(crate) fn is_full(&self) -> bool {
+        self.packets.len() >= TX_BATCH
+    }
+
+    /// How many packets wait.
+    pub(crate) fn len(&self) -> usize {
+        self.packets.len()
+    }
+
+    /// Room for the next packet, [`MAX_PACKET`] bytes, to be written in place and taken with
+    /// [`TxBatch::push_written`].
+    pub(crate) fn slot(&mut self) -> &mut [u8] {
+        if self.bytes.len() < self.used + MAX_PACKET {
+            self.bytes.resize(self.used + MAX_PACKET, 0);
+        }
+        &mut self.bytes[self.used..self.used + MAX_PACKET]
+    }
+
+    /// Takes the `len`-byte packet just written into [`TxBatch::slot`], ICRC included.
+    pub(crate) fn push_written(&mut self, dst: SocketAddr, len: usize) {
+        let at = self.used as u32;
+        let len = len.clamp(4, MAX_PACKET) as u32;
+        self.packets.push(TxPacket {
+            dst,
+            head: (at, len - 4),
+            body: (0, 0),
+            tail: (at + len - 4, 4),
+        });
+        self.used += len as usize;
+    }
+
+    /// Takes a packet gathered from `head`, `body` (a range of the `ext` bytes that will be
+    /// given to [`Port::send`]) and `tail` (pad and ICRC), copying only the head and tail.
+    pub(crate) fn push_gathered(
+        &mut self,
+        dst: SocketAddr,
+        head: &[u8],
+        body: std::ops::Range<usize>,
+        tail: &[u8],
+    ) {
+        let head = self.append(head);
+        let tail = self.append(tail);
+        self.packets.push(TxPacket {
+            dst,
+            head,
+            body: (body.start as u32, body.len() as u32),
+            tail,
+        });
+    }
+
+    /// Copies a whole packet into the batch.
+    pub(crate) fn push_copy(&mut self, dst: SocketAddr, bytes: &[u8]) {
+        let slot = self.slot();
+        let len = bytes.len().min(MAX_PACKET);
+        slot[..len].copy_from_slice(&bytes[..len]);
+        self.push_written(dst, len);
+    }
+
+    /// Moves the batch's packet list into `out`, leaving their bytes in place, so that a tap
+    /// can put packets back ([`TxBatch::push_packet`]) or add copies.
+    pub(crate) fn take_packets(&mut self, out: &mut Vec<TxPacket>) {
+        out.append(&mut self.packets);
+    }
+
+    /// Puts back a packet taken by [`TxBatch::take_packets`].
+    pub(crate) fn push_packet(&mut self, p: TxPacket) {
+        self.packets.push(p);
+    }
+
+    /// Packet `i`.
+    #[cfg(test)]
+    pub(crate) fn packet(&self, i: usize) -> TxPacket {
+        self.packets[i]
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> (u32, u32) {
+        let at = self.used;
+        if self.bytes.len() < at + bytes.len() {
+            self.bytes.resize(at + bytes.len(), 0);
+        }
+        self.bytes[at..at + bytes.len()].copy_from_slice(bytes);
+        self.used += bytes.len();
+        (at as u32, bytes.len() as u32)
+    }
+
+    /// Empties the batch.
+    pub(crate) fn clear(&mut self) {
+        self.packets.clear();
+        self.used = 0;
+    }
+
+    /// A packet's three parts: head, body (from `ext`) and tail.
+    pub(crate) fn parts<'a>(&'a self, p: &TxPacket, ext: &'a [u8]) -> [&'a [u8]; 3] {
+        let own = |(at, len): (u32, u32)| &self.bytes[at as usize..(at + len) as usize];
+        let body = ext
+            .get(p.body.0 as usize..(p.body.0 + p.body.1) as usize)
+            .unwrap_or(&[]);
+        [own(p.head), body, own(p.tail)]
+    }
+
+    /// The packet's bytes when it lies whole in the batch's own bytes.
+    fn contiguous(&self, p: &TxPacket) -> Option<&[u8]> {
+        (p.body.1 == 0 && p.head.0 + p.head.1 == p.tail.0)
+            .then(|| &self.bytes[p.head.0 as usize..(p.tail.0 + p.tail.1) as usize])
+    }
+
+    /// Writes the packet's non-empty parts into `iov` (at least three long), a packet whole
+    /// in the batch as one slice; returns how many.
+    fn gather<'a>(&'a self, p: &TxPacket, ext: &'a [u8], iov: &mut [io::IoSlice<'a>]) -> usize {
+        if let Some(bytes) = self.contiguous(p) {
+            iov[0] = io::IoSlice::new(bytes);
+            return 1;
+        }
+        let mut n = 0;
+        for part in self.parts(p, ext) {
+            if !part.is_empty() {
+                iov[n] = io::IoSlice::new(part);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The bytes of the packet's ICRC.
+    fn icrc_mut(&mut self, p: &TxPacket) -> &mut [u8] {
+        let end = (p.tail.0 + p.tail.1) as usize;
+        &mut self.bytes[end - 4..end]
+    }
+
+    /// Applies to every packet of `g` the ICRC change for segment *i* of a GSO send (IPv4 ID
+    /// *i*) and the source port change `port_xor`. Applying it twice undoes it.
+    fn reseal_group(&mut self, g: &gso::Group, port_xor: u16) {
+        for i in 0..g.count {
+            let p = self.packets[g.first + i];
+            let reseal = self.reseals.get(p.dst.is_ipv4(), p.len());
+            reseal.apply(self.icrc_mut(&p), i as u16, port_xor);
+        }
+    }
+}
+
+/// What one sender owns around a [`Port`]: the batch being built, receive buffers, and the
+/// taps, which work on whole batches so that batching and GSO stay on under them.
+#[derive(Debug)]
+pub(crate) struct Link {
+    /// The packets waiting to leave.
+    pub(crate) tx: TxBatch,
+    rx: sys::RecvBatch,
+    faults: Option<tap::FaultInjector>,
+    pcap: Option<tap::PcapWriter>,
+}
+
+impl Link {
+    pub(crate) fn new(faults: Option<tap::Faults>, pcap: Option<tap::PcapWriter>) -> Self {
+        Self {
+            tx: TxBatch::default(),
+            rx: sys::RecvBatch::new(),
+            faults: faults.map(tap::FaultInjector::new),
+            pcap,
+        }
+    }
+
+    /// Injects `faults` into every batch sent from now on; `None` stops.
+    pub(crate) fn set_faults(&mut self, faults: Option<tap::Faults>) {
+        self.faults = faults.map(tap::FaultInjector::new);
+    }
+
+    /// Records every packet from now on in `pcap`.
+    pub(crate) fn set_pcap(&mut self, pcap: tap::PcapWriter) {
+        self.pcap = Some(pcap);
+    }
+
+    /// Sends the batch (through the fault injector, which may also release packets it held
+    /// that are due), packet bodies from `ext`, and empties it.
+    pub(crate) fn transmit(&mut self, port: &Port, now: Instant, ext: &[u8]) {
+        if let Some(faults) = self.faults.as_mut() {
+            faults.apply(now, &mut self.tx, ext);
+        }
+        if self.tx.len() > 0 {
+            port.send(&mut self.tx, ext, self.pcap.as_mut());
+        }
+        self.tx.clear();
+    }
+
+    /// When a packet held back by fault injection is next due.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.faults.as_ref().and_then(tap::FaultInjector::next_due)
+    }
+
+    /// Writes out what the capture buffers.
+    pub(crate) fn flush_capture(&mut self) -> io::Result<()> {
+        self.pcap.as_mut().map_or(Ok(()), tap::PcapWriter::flush)
+    }
+
+    /// Takes up to two receive batches that have already arrived, without blocking, and hands
+    /// each packet to `handle` with its sender and its index in a coalesced train (split into
+    /// its segments; 0 for a plain datagram), which is the IPv4 ID a ferroce peer's GSO send
+    /// gave it. Returns how many packets were handled.
+    pub(crate) fn receive(
+        &mut self,
+        port: &Port,
+        mut handle: impl FnMut(SocketAddr, &[u8], u16),
+    ) -> usize {
+        let counters = &port.counters;
+        let mut handled = 0;
+        for _ in 0..2 {
+            let n = match self.rx.receive(&port.socket) {
+                Ok(0) => break,
+                Ok(n) => n,
+                // ICMP port unreachable from an earlier send: the peer is gone; retries and
+                // timeouts will say so.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(_) => {
+                    UdpCounters::add(&counters.recv_errors, 1);
+                    break;
+                }
+            };
+            for i in 0..n {
+                let Ok(got) = self.rx.get(i) else {
+                    UdpCounters::add(&counters.recv_errors, 1);
+                    continue;
+                };
+                let Some(bytes) = got.bytes else {
+                    // Larger than any RoCE packet: counted as such, never half-handled.
+                    UdpCounters::add(&counters.oversized, 1);
+                    continue;
+                };
+                if bytes.is_empty() {
+                    // A poke (`Nic::wake`) has nothing to handle; from anyone else, the
+                    // engine counts it as malformed.
+                    if got.from != port.local {
+                        handle(got.from, bytes, 0);
+                        handled += 1;
+                    }
+                    continue;
+                }
+                let segment = got.segment.unwrap_or(bytes.len()).max(1);
+                if bytes.len() > segment {
+                    UdpCounters::add(&counters.gro_buffers, 1);
+                    UdpCounters::add(&counters.gro_segments, bytes.len().div_ceil(segment) as u64);
+                }
+                for (index, packet) in bytes.chunks(segment).enumerate() {
+                    if let Some(pcap) = self.pcap.as_mut() {
+                        if pcap.record(got.from, port.local, &[packet], None).is_err() {
+                            UdpCounters::add(&counters.pcap_errors, 1);
+                        }
+                    }
+                    handle(got.from, packet, index as u16);
+                    handled += 1;
+                }
+            }
+            if n < sys::RECV_BATCH {
+                break;
+            }
+        }
+        handled
+    }
+}
