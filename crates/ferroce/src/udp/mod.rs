@@ -683,6 +683,30 @@ impl TxBatch {
         self.packets.push(p);
     }
 
+    /// Adds a copy of packet `p` (body from `ext`) with bytes of its own.
+    pub(crate) fn push_duplicate(&mut self, p: &TxPacket, ext: &[u8]) {
+        let own = |(from, n): (u32, u32)| from as usize..(from + n) as usize;
+        let body = ext.get(own(p.body)).unwrap_or(&[]);
+        let at = self.used;
+        let len = p.head.1 as usize + body.len() + p.tail.1 as usize;
+        if self.bytes.len() < at + len {
+            self.bytes.resize(at + len, 0);
+        }
+        let mut w = at;
+        self.bytes.copy_within(own(p.head), w);
+        w += p.head.1 as usize;
+        self.bytes[w..w + body.len()].copy_from_slice(body);
+        w += body.len();
+        self.bytes.copy_within(own(p.tail), w);
+        self.used = at + len;
+        self.packets.push(TxPacket {
+            dst: p.dst,
+            head: (at as u32, (len - 4) as u32),
+            body: (0, 0),
+            tail: ((at + len - 4) as u32, 4),
+        });
+    }
+
     /// Packet `i`.
     #[cfg(test)]
     pub(crate) fn packet(&self, i: usize) -> TxPacket {

@@ -181,14 +181,20 @@ impl FaultInjector {
                 continue;
             }
             let copies = if self.chance(self.faults.dup) { 2 } else { 1 };
-            for _ in 0..copies {
+            for copy in 0..copies {
                 let corrupt = self.chance(self.faults.corrupt);
                 let mut delay = self.faults.delay;
                 if self.chance(self.faults.reorder) {
                     delay += (self.faults.delay * 2).max(Duration::from_micros(100));
                 }
                 if !corrupt && delay.is_zero() {
-                    batch.push_packet(*p);
+                    // A duplicate gets bytes of its own: a GSO send re-seals each packet's
+                    // ICRC in place, and two packets sharing one would undo each other.
+                    if copy == 0 {
+                        batch.push_packet(*p);
+                    } else {
+                        batch.push_duplicate(p, ext);
+                    }
                     continue;
                 }
                 let mut bytes = batch.parts(p, ext).concat();
