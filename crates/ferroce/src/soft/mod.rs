@@ -245,10 +245,7 @@ impl Shared {
     /// through the taps.
     pub(crate) fn flush(&self, state: &mut State, now: Instant) {
         let State { engine, mem, link } = state;
-        loop {
-            let Some(t) = engine.poll_transmit(now, mem, link.tx.slot()) else {
-                break;
-            };
+        while let Some(t) = engine.poll_transmit(now, mem, link.tx.slot()) {
             link.tx.push_written(t.dst, t.len);
             if link.tx.is_full() {
                 link.transmit(&self.port, now, &[]);

@@ -379,10 +379,10 @@ impl Port {
         batch: &TxBatch,
         range: std::ops::Range<usize>,
         ext: &[u8],
-        mut pcap: Option<&mut tap::PcapWriter>,
+        pcap: Option<&mut tap::PcapWriter>,
     ) {
         let packets = &batch.packets[range];
-        if let Some(pcap) = pcap.as_deref_mut() {
+        if let Some(pcap) = pcap {
             for p in packets {
                 let wire = tap::OnWire {
                     ipv4_id: 0,
@@ -404,10 +404,9 @@ impl Port {
                 loop {
                     match self.socket.send_to(bytes, p.dst) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                        Err(e) => self.refused(e),
-                        Ok(_) => {}
+                        Err(e) => return self.refused(e),
+                        Ok(_) => return,
                     }
-                    return;
                 }
             }
         }
@@ -893,5 +892,212 @@ impl Link {
             }
         }
         handled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferroce_proto::wire::{icrc, IpHeader, Ipv4Header, UdpHeader};
+    use std::net::Ipv4Addr;
+
+    const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    fn options(gso: bool, gro: bool) -> PortOptions {
+        PortOptions {
+            gso,
+            gro,
+            buffers: 1 << 20,
+        }
+    }
+
+    /// A packet of `len` bytes (a BTH's worth of header, a pattern, an ICRC) sealed as its
+    /// maker seals it: from `src` with IPv4 ID 0.
+    fn sealed(src: SocketAddr, dst: SocketAddr, len: usize, tag: u8) -> Vec<u8> {
+        let mut p: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31) ^ tag).collect();
+        let ip = IpHeader::between(src.ip(), dst.ip()).unwrap();
+        let udp = UdpHeader {
+            src_port: src.port(),
+            dst_port: dst.port(),
+        };
+        icrc::seal(&ip, &udp, &mut p).unwrap();
+        p
+    }
+
+    fn verifies(from: SocketAddr, to: SocketAddr, id: u16, bytes: &[u8]) -> bool {
+        let (IpAddr::V4(s), IpAddr::V4(d)) = (from.ip(), to.ip()) else {
+            panic!("IPv4")
+        };
+        let ip = IpHeader::V4(Ipv4Header {
+            id,
+            ..Ipv4Header::new(s, d)
+        });
+        let udp = UdpHeader {
+            src_port: from.port(),
+            dst_port: to.port(),
+        };
+        icrc::verify(&ip, &udp, bytes)
+    }
+
+    /// A message's worth of packets: a longer FIRST, equal MIDDLEs, a shorter LAST.
+    fn message(src: SocketAddr, dst: SocketAddr) -> Vec<Vec<u8>> {
+        let mut packets = vec![sealed(src, dst, 1060, 0)];
+        packets.extend((1..=20).map(|k| sealed(src, dst, 1044, k)));
+        packets.push(sealed(src, dst, 300, 99));
+        packets
+    }
+
+    #[test]
+    fn segments_are_resealed_for_their_ids_and_the_gso_port() {
+        let src: SocketAddr = "10.0.0.1:4791".parse().unwrap();
+        let dst: SocketAddr = "10.0.0.2:4791".parse().unwrap();
+        let packets = message(src, dst);
+        let mut batch = TxBatch::default();
+        for p in &packets {
+            batch.push_copy(dst, p);
+        }
+        gso::plan(
+            batch.len(),
+            |i| (dst, batch.packets[i].len()),
+            &mut batch.groups,
+        );
+        assert_eq!(
+            batch
+                .groups
+                .iter()
+                .map(|g| (g.count, g.segment))
+                .collect::<Vec<_>>(),
+            [(1, 1060), (21, 1044)]
+        );
+        let gso_port = 40_000;
+        let groups = batch.groups.clone();
+        for g in &groups {
+            batch.reseal_group(g, src.port() ^ gso_port);
+        }
+        let from = SocketAddr::new(src.ip(), gso_port);
+        for g in &groups {
+            for i in 0..g.count {
+                let p = batch.packets[g.first + i];
+                let bytes = batch.parts(&p, &[]).concat();
+                assert!(verifies(from, dst, i as u16, &bytes), "segment {i}");
+                assert!(!verifies(from, dst, i as u16 + 1, &bytes));
+            }
+        }
+    }
+
+    /// Receives until `want` packets came or a second passed, with their sender and index.
+    fn collect(link: &mut Link, port: &Port, want: usize) -> Vec<(SocketAddr, Vec<u8>, u16)> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while got.len() < want && Instant::now() < deadline {
+            let _ = sys::wait_readable(port.socket(), Some(Duration::from_millis(20)));
+            link.receive(port, |from, bytes, index| {
+                got.push((from, bytes.to_vec(), index))
+            });
+        }
+        got
+    }
+
+    fn send_message(port: &Port, link: &mut Link, dst: SocketAddr) -> Vec<Vec<u8>> {
+        let packets = message(port.local(), dst);
+        for p in &packets {
+            link.tx.push_copy(dst, p);
+        }
+        link.transmit(port, Instant::now(), &[]);
+        packets
+    }
+
+    #[test]
+    fn a_gso_send_arrives_byte_exact_at_gro_and_plain_sockets() {
+        let tx = Port::open(SocketAddr::new(LO, 0), options(true, false)).unwrap();
+        assert_eq!(tx.gso_status(), GsoStatus::Active);
+        let gso_from = tx.gso.as_ref().unwrap().1;
+        let mut link = Link::new(None, None);
+        for gro in [true, false] {
+            let rx = Port::open(SocketAddr::new(LO, 0), options(false, gro)).unwrap();
+            let mut rx_link = Link::new(None, None);
+            let sent = send_message(&tx, &mut link, rx.local());
+            let got = collect(&mut rx_link, &rx, sent.len());
+            assert_eq!(got.len(), sent.len(), "GRO {gro}");
+            // The FIRST left alone, as a plain datagram of the GSO socket; the rest as one
+            // send, segment i with ID i.
+            for (k, ((from, bytes, index), want)) in got.iter().zip(&sent).enumerate() {
+                // All but the ICRC, which was re-sealed.
+                assert_eq!(bytes.len(), want.len());
+                let n = want.len() - 4;
+                assert_eq!(bytes[..n], want[..n], "packet {k}, GRO {gro}");
+                assert_eq!(*from, gso_from);
+                let id = k.saturating_sub(1) as u16;
+                if gro {
+                    assert_eq!(*index, id);
+                    assert!(verifies(*from, rx.local(), id, bytes), "packet {k}");
+                } else {
+                    let (IpAddr::V4(s), IpAddr::V4(d)) = (from.ip(), rx.local().ip()) else {
+                        unreachable!()
+                    };
+                    let udp = UdpHeader {
+                        src_port: from.port(),
+                        dst_port: rx.local().port(),
+                    };
+                    let v4 = Ipv4Header::new(s, d);
+                    let recovered = icrc::recover_ipv4_id(&v4, &udp, bytes).unwrap();
+                    assert_eq!(recovered, id, "packet {k}");
+                }
+            }
+            if gro {
+                assert_eq!(rx.counters.gro_buffers.load(Ordering::Relaxed), 1);
+            }
+        }
+        assert_eq!(tx.counters.gso_sends.load(Ordering::Relaxed), 2);
+        assert_eq!(tx.counters.gso_segments.load(Ordering::Relaxed), 42);
+    }
+
+    #[test]
+    fn a_refused_gso_send_falls_back_to_plain_datagrams() {
+        let tx = Port::open(SocketAddr::new(LO, 0), options(true, false)).unwrap();
+        // Zero checksums on the GSO socket: the kernel now refuses every GSO send (EINVAL).
+        sys::send_zero_checksum4(&tx.gso.as_ref().unwrap().0).unwrap();
+        let rx = Port::open(SocketAddr::new(LO, 0), options(false, true)).unwrap();
+        let (mut link, mut rx_link) = (Link::new(None, None), Link::new(None, None));
+        let mut sent = send_message(&tx, &mut link, rx.local());
+        sent.extend(send_message(&tx, &mut link, rx.local()));
+        let got = collect(&mut rx_link, &rx, sent.len());
+        assert_eq!(got.len(), sent.len());
+        for (k, ((from, bytes, _), want)) in got.iter().zip(&sent).enumerate() {
+            assert_eq!(bytes.len(), want.len());
+            assert_eq!(
+                bytes[..want.len() - 4],
+                want[..want.len() - 4],
+                "packet {k}"
+            );
+            // The FIRST of the first message left before the refusal, from the GSO socket;
+            // everything after it as its maker sealed it, from the endpoint's socket.
+            if k == 0 {
+                assert!(verifies(*from, rx.local(), 0, bytes));
+            } else {
+                assert_eq!(*from, tx.local(), "packet {k}");
+                assert!(verifies(*from, rx.local(), 0, bytes));
+            }
+        }
+        assert_eq!(tx.counters.gso_fallbacks.load(Ordering::Relaxed), 1);
+        assert!(matches!(tx.gso_status(), GsoStatus::FellBack(_)));
+    }
+
+    #[test]
+    fn faults_keep_gso_on_and_duplicates_seal_apart() {
+        let tx = Port::open(SocketAddr::new(LO, 0), options(true, false)).unwrap();
+        let rx = Port::open(SocketAddr::new(LO, 0), options(false, true)).unwrap();
+        let faults = tap::Faults {
+            dup: 1.0,
+            ..tap::Faults::default()
+        };
+        let (mut link, mut rx_link) = (Link::new(Some(faults), None), Link::new(None, None));
+        let sent = send_message(&tx, &mut link, rx.local());
+        let got = collect(&mut rx_link, &rx, 2 * sent.len());
+        assert_eq!(got.len(), 2 * sent.len());
+        for (from, bytes, index) in &got {
+            assert!(verifies(*from, rx.local(), *index, bytes));
+        }
+        assert!(tx.counters.gso_sends.load(Ordering::Relaxed) >= 1);
     }
 }
