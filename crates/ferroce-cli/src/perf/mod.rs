@@ -162,6 +162,9 @@ pub(crate) struct PerfArgs {
     /// Send every packet as its own datagram: no UDP GSO, even where the path allows it.
     #[arg(long = "no-gso")]
     no_gso: bool,
+    /// Receive without UDP GRO: the kernel splits a peer's GSO trains into datagrams.
+    #[arg(long = "no-gro")]
+    no_gro: bool,
     /// Print the NIC's counters at exit, as `rdma statistic show` does.
     #[arg(long = "stats")]
     stats: bool,
@@ -238,6 +241,7 @@ struct Settings {
     pcap: Option<PathBuf>,
     fault: Option<ferroce::nic::Faults>,
     gso: bool,
+    gro: bool,
     stats: bool,
 }
 
@@ -366,6 +370,7 @@ impl Settings {
             pcap: a.pcap.clone(),
             fault: a.fault,
             gso: !a.no_gso,
+            gro: !a.no_gro,
             stats: a.stats,
         })
     }
@@ -420,6 +425,7 @@ impl Rig {
             faults: s.fault,
             pcap: s.pcap.clone(),
             gso: s.gso,
+            gro: s.gro,
             ..NicConfig::on(s.local)
         };
         let nic = Nic::open(&config)
