@@ -24,6 +24,11 @@ const COPY_PIECE: usize = 64 * 1024;
 /// How long after its last poll an application is taken to be still polling.
 const POLLER_GRACE: Duration = Duration::from_millis(2);
 
+/// How long ACKs wait for the polling application's next packet, to leave with it in one
+/// system call: a fraction of the shortest ACK timeout in use (4.096 µs × 2^timeout; the
+/// tools' default of 14 is 67 ms, and 1 ms is already a short one).
+const ACK_HOLD: Duration = Duration::from_micros(20);
+
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
 use ferroce_proto::Engine;
 
@@ -162,16 +167,21 @@ pub(crate) struct State {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
     link: udp::Link,
+    /// While ACKs wait in the link for the application's next packet: when they go anyway.
+    acks_due: Option<Instant>,
 }
 
 impl State {
     /// When something is next due: an engine timer or a delayed packet.
     fn next_due(&self) -> Option<Instant> {
-        let held = self.link.next_due();
-        match (self.engine.poll_timeout(), held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.engine.poll_timeout(),
+            self.link.next_due(),
+            self.acks_due,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }
 
@@ -191,6 +201,9 @@ pub(crate) struct Shared {
     /// progress thread. Both ends are non-blocking; a full doorbell has already rung.
     bell: UnixDatagram,
     bell_rx: UnixDatagram,
+    /// Whether a byte waits in the doorbell unanswered: ringing again would only cost a
+    /// system call that fails with EAGAIN once the doorbell is full.
+    rung: AtomicBool,
     stop: AtomicBool,
     /// When the progress thread will wake by itself; `None` while it sleeps without limit.
     sleeping_until: Mutex<Option<Instant>>,
@@ -214,6 +227,7 @@ impl Shared {
                 engine,
                 mem: HostMemory::default(),
                 link: udp::Link::new(faults, pcap),
+                acks_due: None,
             }),
             completions: Condvar::new(),
             waiters: std::sync::atomic::AtomicUsize::new(0),
@@ -223,6 +237,7 @@ impl Shared {
             port,
             bell,
             bell_rx,
+            rung: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             sleeping_until: Mutex::new(None),
             thread: Mutex::new(None),
@@ -244,13 +259,36 @@ impl Shared {
     /// Sends everything the engine has ready (and held packets now due), a batch at a time,
     /// through the taps.
     pub(crate) fn flush(&self, state: &mut State, now: Instant) {
-        let State { engine, mem, link } = state;
+        self.transmit_ready(state, now, false);
+    }
+
+    /// As [`Shared::flush`]; with `hold_acks`, a batch of nothing but ACKs stays in the link
+    /// for up to [`ACK_HOLD`], so that it leaves in one system call with the packet the
+    /// polling application posts next (its reply, in a latency test or a session). The data
+    /// those ACKs acknowledge is already in memory and its completion already queued: the
+    /// application sees it first, and its reply is not behind an ACK's system call.
+    fn transmit_ready(&self, state: &mut State, now: Instant, hold_acks: bool) {
+        let State {
+            engine,
+            mem,
+            link,
+            acks_due,
+        } = state;
         while let Some(t) = engine.poll_transmit(now, mem, link.tx.slot()) {
             link.tx.push_written(t.dst, t.len);
             if link.tx.is_full() {
                 link.transmit(&self.port, now, &[]);
             }
         }
+        if hold_acks
+            && link.tx.only_acks()
+            && acks_due.is_none_or(|due| now < due)
+            && link.next_due().is_none_or(|due| now < due)
+        {
+            acks_due.get_or_insert(now + ACK_HOLD);
+            return;
+        }
+        *acks_due = None;
         if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
             link.transmit(&self.port, now, &[]);
         }
@@ -277,6 +315,11 @@ impl Shared {
 
     /// Rings the doorbell: the progress thread wakes and looks at its timers and `stop`.
     pub(crate) fn ring(&self) {
+        // The progress thread clears `rung` before it empties the doorbell, and looks at the
+        // engine's timers after: a change made before this call is seen either way.
+        if self.rung.swap(true, Ordering::SeqCst) {
+            return;
+        }
         match self.bell.send(&[1]) {
             // A full doorbell is one that has rung and not yet been answered.
             Err(e) if e.kind() != io::ErrorKind::WouldBlock => {
@@ -304,6 +347,7 @@ impl Shared {
 
     /// Takes every byte waiting on the doorbell, so that `poll` blocks again.
     fn answer_bell(&self) {
+        self.rung.store(false, Ordering::SeqCst);
         let mut sink = [0u8; 64];
         while matches!(self.bell_rx.recv(&mut sink), Ok(n) if n > 0) {}
     }
@@ -343,7 +387,9 @@ impl Shared {
     /// Handles up to two batches of datagrams that have already arrived, without blocking.
     /// The caller holds the lock, so datagrams are handled in the order they arrived.
     fn drain(&self, state: &mut State, now: Instant) -> usize {
-        let State { engine, mem, link } = state;
+        let State {
+            engine, mem, link, ..
+        } = state;
         let dst = self.local.ip();
         link.receive(&self.port, |from, bytes, index| {
             engine.handle_segment(now, from, dst, bytes, index, mem);
@@ -362,7 +408,7 @@ impl Shared {
             .store(until.as_nanos() as u64, Ordering::Relaxed);
         self.drain(state, now);
         state.engine.handle_timeout(now);
-        self.flush(state, now);
+        self.transmit_ready(state, now, true);
     }
 
     fn progress(&self) {

@@ -671,6 +671,17 @@ impl TxBatch {
         self.push_written(dst, len);
     }
 
+    /// Whether every packet waiting is a bare RC ACKNOWLEDGE (opcode `0x11`, the first byte
+    /// of its BTH): what a responder may hold back a little to send with its next packet.
+    pub(crate) fn only_acks(&self) -> bool {
+        let ack = ferroce_proto::wire::Opcode::RC_ACKNOWLEDGE.value();
+        !self.packets.is_empty()
+            && self
+                .packets
+                .iter()
+                .all(|p| p.head.1 > 0 && self.bytes[p.head.0 as usize] == ack)
+    }
+
     /// Moves the batch's packet list into `out`, leaving their bytes in place, so that a tap
     /// can put packets back ([`TxBatch::push_packet`]) or add copies.
     pub(crate) fn take_packets(&mut self, out: &mut Vec<TxPacket>) {
