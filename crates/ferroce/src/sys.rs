@@ -133,13 +133,23 @@ pub(crate) struct OutMessage<'a> {
 /// Returns how many messages the kernel took, which may be fewer than offered; an error means
 /// the first one was refused.
 pub(crate) fn send_messages(socket: &UdpSocket, msgs: &[OutMessage<'_>]) -> io::Result<usize> {
-    let n = msgs.len().min(MAX_MESSAGES);
+    // The arrays are zeroed for every call: a latency-bound exchange of one or two packets
+    // should not clear room for 64.
+    if msgs.len() <= 4 {
+        send_up_to::<4>(socket, msgs)
+    } else {
+        send_up_to::<MAX_MESSAGES>(socket, msgs)
+    }
+}
+
+fn send_up_to<const N: usize>(socket: &UdpSocket, msgs: &[OutMessage<'_>]) -> io::Result<usize> {
+    let n = msgs.len().min(N);
     // SAFETY: all-zero sockaddr_storages and mmsghdrs (null pointers, zero lengths) are valid
     // values of those plain C structs.
-    let mut names: [libc::sockaddr_storage; MAX_MESSAGES] = unsafe { std::mem::zeroed() };
+    let mut names: [libc::sockaddr_storage; N] = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    let mut headers: [libc::mmsghdr; MAX_MESSAGES] = unsafe { std::mem::zeroed() };
-    let mut controls = [Cmsg([0; 32]); MAX_MESSAGES];
+    let mut headers: [libc::mmsghdr; N] = unsafe { std::mem::zeroed() };
+    let mut controls = [Cmsg([0; 32]); N];
     for (i, m) in msgs[..n].iter().enumerate() {
         let name_len = sockaddr(m.dst, &mut names[i]);
         let h = &mut headers[i].msg_hdr;

@@ -136,7 +136,7 @@ impl Sends {
         if since.elapsed() > STALL {
             return Err(stalled(&waiting_for()));
         }
-        std::thread::yield_now();
+        std::hint::spin_loop();
         Ok(false)
     }
 
@@ -181,7 +181,7 @@ impl Sends {
                 if since.elapsed() > STALL {
                     return Err(stalled("waiting for a send to complete"));
                 }
-                std::thread::yield_now();
+                std::hint::spin_loop();
             }
         }
         Ok(())
@@ -312,7 +312,7 @@ pub(super) fn one_at_a_time(
                 }
                 Some(_) => break,
                 None if since.elapsed() > STALL => return Err(stalled("waiting for a completion")),
-                None => std::thread::yield_now(),
+                None => std::hint::spin_loop(),
             }
         }
         if s.check {

@@ -410,9 +410,26 @@ impl Port {
                 }
             }
         }
-        for chunk in packets.chunks(sys::MAX_MESSAGES) {
-            let mut iov = [io::IoSlice::new(&[]); 3 * sys::MAX_MESSAGES];
-            let mut spans = [(0usize, 0usize); sys::MAX_MESSAGES];
+        if packets.len() <= 4 {
+            self.send_plain_chunks::<4, 12>(batch, packets, ext);
+        } else {
+            self.send_plain_chunks::<{ sys::MAX_MESSAGES }, { 3 * sys::MAX_MESSAGES }>(
+                batch, packets, ext,
+            );
+        }
+    }
+
+    /// Sends `packets` as plain datagrams, `N` to a `sendmmsg` call with room for `IOV`
+    /// (3·N) slices (the arrays are set up for every call, so a few packets get small ones).
+    fn send_plain_chunks<const N: usize, const IOV: usize>(
+        &self,
+        batch: &TxBatch,
+        packets: &[TxPacket],
+        ext: &[u8],
+    ) {
+        for chunk in packets.chunks(N) {
+            let mut iov = [io::IoSlice::new(&[]); IOV];
+            let mut spans = [(0usize, 0usize); N];
             let mut n_iov = 0;
             for (k, p) in chunk.iter().enumerate() {
                 let start = n_iov;
@@ -423,7 +440,7 @@ impl Port {
                 dst: self.local,
                 iov: &[],
                 segment: None,
-            }; sys::MAX_MESSAGES];
+            }; N];
             for (k, p) in chunk.iter().enumerate() {
                 msgs[k] = sys::OutMessage {
                     dst: p.dst,
