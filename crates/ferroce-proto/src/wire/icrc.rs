@@ -53,9 +53,86 @@ pub fn compute_gathered(
     headers: &[u8],
     rest: &[&[u8]],
 ) -> Result<u32, Error> {
+    let total = headers.len() + rest.iter().map(|r| r.len()).sum::<usize>();
+    let mut crc = headers_crc(ip, udp, headers, total)?;
+    for part in rest {
+        crc.update(part);
+    }
+    Ok(crc.finalize())
+}
+
+/// Computes the ICRC of a packet whose covered bytes are `headers` (starting with the BTH), a
+/// payload of which only the CRC-32 is given (`payload_crc`, as `crc32fast::hash` computes it,
+/// `payload.len()` bytes long), and `trailer` (the pad). A sender that needs the CRC of its data
+/// anyway (a sensor bridge puts the frame's CRC in its metadata) reads each byte once.
+///
+/// # Errors
+///
+/// As [`compute`].
+pub fn compute_with_payload_crc(
+    ip: &IpHeader,
+    udp: &UdpHeader,
+    headers: &[u8],
+    payload_crc: u32,
+    payload: &CrcShift,
+    trailer: &[u8],
+) -> Result<u32, Error> {
+    let total = headers.len() + payload.len + trailer.len();
+    let head = headers_crc(ip, udp, headers, total)?.finalize();
+    let mut crc = crc32fast::Hasher::new_with_initial(payload.combine(head, payload_crc));
+    crc.update(trailer);
+    Ok(crc.finalize())
+}
+
+/// Appending bytes whose CRC-32 is known to a CRC-32 computed so far (zlib's
+/// `crc32_combine`), for a fixed length of appended bytes: the shift is computed once, and each
+/// combination is one carry-less multiplication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrcShift {
+    /// x^(8·len), reflected.
+    by: u32,
+    len: usize,
+}
+
+impl CrcShift {
+    /// The shift past `len` bytes.
+    #[must_use]
+    pub const fn new(len: usize) -> Self {
+        Self {
+            by: gf2::pow(gf2::ONE >> 1, 8 * len as u64),
+            len,
+        }
+    }
+
+    /// How many bytes it shifts past.
+    #[must_use]
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it shifts past nothing.
+    #[must_use]
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The CRC-32 of A ‖ B from the CRC-32 of A and that of B, B being this shift's length.
+    #[must_use]
+    pub const fn combine(&self, crc_a: u32, crc_b: u32) -> u32 {
+        gf2::mul(self.by, crc_a) ^ crc_b
+    }
+}
+
+/// The CRC state after the masked LRH, IP, UDP and BTH headers and the rest of `headers`, for a
+/// packet of `total` covered bytes (BTH up to the ICRC).
+fn headers_crc(
+    ip: &IpHeader,
+    udp: &UdpHeader,
+    headers: &[u8],
+    total: usize,
+) -> Result<crc32fast::Hasher, Error> {
     let covered = headers;
     super::check_len("BTH", covered, Bth::LEN)?;
-    let total = covered.len() + rest.iter().map(|r| r.len()).sum::<usize>();
     let udp_len = UdpHeader::LEN + total + ICRC_LEN;
     let ip_len = match ip {
         IpHeader::V4(_) => 20 + udp_len,
@@ -112,10 +189,7 @@ pub fn compute_gathered(
     let mut crc = crc32fast::Hasher::new_with_initial(LRH_CRC);
     crc.update(&prefix[..at]);
     crc.update(&covered[Bth::LEN..]);
-    for part in rest {
-        crc.update(part);
-    }
-    Ok(crc.finalize())
+    Ok(crc)
 }
 
 /// Computes the ICRC of `packet` (BTH through the 4-byte ICRC slot) and writes it into the
@@ -174,6 +248,42 @@ mod tests {
             assert_eq!(compute_gathered(&ip, &udp, head, &[a, b]).unwrap(), want);
         }
         assert!(compute_gathered(&ip, &udp, &whole[..8], &[&whole[8..]]).is_err());
+    }
+
+    #[test]
+    fn combined_crcs_equal_the_crc_of_the_whole() {
+        let data: Vec<u8> = (0..9000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for (a, b) in [(0, 10), (1, 4096), (100, 1), (4000, 4096), (777, 0)] {
+            let whole = crc32fast::hash(&data[..a + b]);
+            let shift = CrcShift::new(b);
+            let (ca, cb) = (
+                crc32fast::hash(&data[..a]),
+                crc32fast::hash(&data[a..a + b]),
+            );
+            assert_eq!(shift.combine(ca, cb), whole, "{a} + {b}");
+        }
+        let ip = IpHeader::V4(crate::wire::Ipv4Header::new(
+            [10, 0, 0, 1].into(),
+            [10, 0, 0, 2].into(),
+        ));
+        let udp = UdpHeader {
+            src_port: 12288,
+            dst_port: 4791,
+        };
+        let (head, rest) = data[..1300].split_at(28);
+        let (payload, pad) = rest.split_at(1269);
+        let want = compute_gathered(&ip, &udp, head, &[payload, pad]).unwrap();
+        let got = compute_with_payload_crc(
+            &ip,
+            &udp,
+            head,
+            crc32fast::hash(payload),
+            &CrcShift::new(payload.len()),
+            pad,
+        );
+        assert_eq!(got, Ok(want));
     }
 
     pub(super) fn hex(s: &str) -> Vec<u8> {
@@ -381,10 +491,10 @@ pub fn recover_ipv4_id(ip: &super::Ipv4Header, udp: &UdpHeader, packet: &[u8]) -
 /// of another pass over the packet. Applying the same change twice restores the original.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reseal {
-    /// x^(8·bytes after the IPv4 ID), or 0 for IPv6 (no ID in the header).
-    id_factor: u32,
-    /// x^(8·bytes after the UDP source port).
-    port_factor: u32,
+    /// The ICRC change of each bit of the IPv4 ID (bit 0 first); all zero for IPv6.
+    id_bits: [u32; 16],
+    /// The ICRC change of each bit of the UDP source port.
+    port_bits: [u32; 16],
 }
 
 impl Reseal {
@@ -398,35 +508,39 @@ impl Reseal {
         // rest of the IPv4 header (14) and the source port itself (2).
         let x = gf2::ONE >> 1;
         let port_factor = gf2::pow(x, 8 * (covered + 6));
-        let id_factor = if ipv4 {
-            gf2::mul(port_factor, gf2::pow(x, 8 * 16))
-        } else {
-            0
-        };
-        Self {
-            id_factor,
-            port_factor,
+        let id_factor = gf2::mul(port_factor, gf2::pow(x, 8 * 16));
+        let mut id_bits = [0; 16];
+        let mut port_bits = [0; 16];
+        let mut b = 0;
+        while b < 16 {
+            let v = 1u16 << b;
+            let raw = gf2::raw2((v >> 8) as u8, v as u8);
+            port_bits[b] = gf2::mul(raw, port_factor);
+            if ipv4 {
+                id_bits[b] = gf2::mul(raw, id_factor);
+            }
+            b += 1;
         }
+        Self { id_bits, port_bits }
     }
 
     /// The value to XOR into the ICRC when the IPv4 ID changes by `id_xor` (ignored for
     /// IPv6) and the UDP source port by `port_xor` (old XOR new, each).
     #[must_use]
     pub const fn delta(&self, id_xor: u16, port_xor: u16) -> u32 {
-        let id = if id_xor == 0 || self.id_factor == 0 {
-            0
-        } else {
-            gf2::mul(gf2::raw2((id_xor >> 8) as u8, id_xor as u8), self.id_factor)
-        };
-        let port = if port_xor == 0 {
-            0
-        } else {
-            gf2::mul(
-                gf2::raw2((port_xor >> 8) as u8, port_xor as u8),
-                self.port_factor,
-            )
-        };
-        id ^ port
+        // Linear in each bit: a few XORs of precomputed changes, no multiplication.
+        let mut d = 0;
+        let mut b = 0;
+        while b < 16 {
+            if id_xor & (1 << b) != 0 {
+                d ^= self.id_bits[b];
+            }
+            if port_xor & (1 << b) != 0 {
+                d ^= self.port_bits[b];
+            }
+            b += 1;
+        }
+        d
     }
 
     /// Re-seals the little-endian ICRC in `icrc` for the change [`Reseal::delta`] describes.
