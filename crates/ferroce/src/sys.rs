@@ -690,3 +690,67 @@ fn same_subnet(a: std::net::IpAddr, b: std::net::IpAddr, mask: std::net::IpAddr)
         _ => false,
     }
 }
+
+/// Whether network device `name` segments UDP itself: its `tx-udp-segmentation` feature is
+/// active. Read with the ethtool ioctls that need no privilege (`ETHTOOL_GSSET_INFO`,
+/// `ETHTOOL_GSTRINGS`, `ETHTOOL_GFEATURES`); `None` when the kernel does not say.
+pub(crate) fn udp_segmentation_offload(name: &str) -> Option<bool> {
+    const ETHTOOL_GSTRINGS: u32 = 0x1b;
+    const ETHTOOL_GSSET_INFO: u32 = 0x37;
+    const ETHTOOL_GFEATURES: u32 = 0x3a;
+    const ETH_SS_FEATURES: u32 = 4;
+    const ETH_GSTRING_LEN: usize = 32;
+    // SAFETY: socket() has no memory-safety preconditions; a valid descriptor is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // The set's size: struct ethtool_sset_info { cmd, reserved, u64 sset_mask, data[] }.
+    let mut info = [ETHTOOL_GSSET_INFO, 0, 1 << ETH_SS_FEATURES, 0, 0];
+    ethtool(fd.as_raw_fd(), name, &mut info).ok()?;
+    if info[2] & (1 << ETH_SS_FEATURES) == 0 {
+        return None;
+    }
+    let count = info[4] as usize;
+    // The names: struct ethtool_gstrings { cmd, string_set, len, data[len * 32] }.
+    let mut strings = vec![0u32; 3 + count * ETH_GSTRING_LEN / 4];
+    strings[..3].copy_from_slice(&[ETHTOOL_GSTRINGS, ETH_SS_FEATURES, count as u32]);
+    ethtool(fd.as_raw_fd(), name, &mut strings).ok()?;
+    let bytes: Vec<u8> = strings[3..].iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let bit = bytes
+        .chunks(ETH_GSTRING_LEN)
+        .position(|s| s.split(|&b| b == 0).next() == Some(b"tx-udp-segmentation"))?;
+    // The features: struct ethtool_gfeatures { cmd, size, blocks[size] of four u32s:
+    // available, requested, active, never_changed }.
+    let blocks = count.div_ceil(32);
+    let mut features = vec![0u32; 2 + 4 * blocks];
+    features[..2].copy_from_slice(&[ETHTOOL_GFEATURES, blocks as u32]);
+    ethtool(fd.as_raw_fd(), name, &mut features).ok()?;
+    let active = features[2 + 4 * (bit / 32) + 2];
+    Some(active & (1 << (bit % 32)) != 0)
+}
+
+/// One `SIOCETHTOOL` ioctl on device `name` with the command block `data`.
+fn ethtool(fd: RawFd, name: &str, data: &mut [u32]) -> io::Result<()> {
+    // SAFETY: an all-zero ifreq (a name of NULs, a null pointer) is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = name.as_bytes();
+    if name.len() >= req.ifr_name.len() {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    for (dst, &src) in req.ifr_name.iter_mut().zip(name) {
+        *dst = src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = data.as_mut_ptr().cast();
+    // SAFETY: `req` names the device and points at `data`, which holds the command block the
+    // command word asks for and room for the kernel's answer (the caller sized it from the
+    // counts the kernel gave); both live for the call.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL as _, &raw mut req) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

@@ -51,9 +51,10 @@ pub enum GsoStatus {
     Active,
     /// Turned off by configuration (`NicConfig::gso`, `--no-gso`).
     Disabled,
-    /// The address belongs to a physical network device, which may segment UDP in hardware
-    /// and then writes IPv4 IDs of its own choosing, which the ICRC covers. GSO is used by
-    /// default only where the kernel segments in software (loopback, veth, bridges, tap).
+    /// The address belongs to a physical network device that segments UDP in hardware (or
+    /// does not say), and then writes IPv4 IDs of its own choosing, which the ICRC covers.
+    /// GSO is used by default only where the kernel segments in software: loopback, veth,
+    /// bridges, tap, and physical devices without UDP segmentation offload.
     Hardware(String),
     /// The start-up self-test failed: the kernel refused GSO or did not deliver it.
     Unsupported(String),
@@ -68,7 +69,7 @@ impl std::fmt::Display for GsoStatus {
             Self::Disabled => f.write_str("off (configured)"),
             Self::Hardware(dev) => write!(
                 f,
-                "off ({dev} is a physical device, which may segment in hardware and choose its own IPv4 IDs)"
+                "off ({dev} segments UDP in hardware, or does not say, and would choose its own IPv4 IDs)"
             ),
             Self::Unsupported(why) => write!(f, "off (self-test failed: {why})"),
             Self::FellBack(why) => write!(f, "off (fell back to plain sends: {why})"),
@@ -558,15 +559,17 @@ fn self_test(gso: &UdpSocket, ip: IpAddr) -> Result<(), GsoStatus> {
     }
 }
 
-/// The name of the interface holding `ip` when it is a physical device (sysfs gives it a
-/// `device` link; loopback, veth, bridges, tun and tap have none), or when it cannot be found.
+/// The name of the interface holding `ip` when GSO towards it may not be segmented in
+/// software: a physical device (sysfs gives it a `device` link; loopback, veth, bridges, tun
+/// and tap have none) whose `tx-udp-segmentation` is active or cannot be read, or an
+/// interface that cannot be found. A physical device without UDP segmentation offload (a
+/// virtio NIC on Linux 6.1, many NICs) has the kernel segment, with the IDs of gso.md §1.
 fn physical_device(ip: IpAddr) -> Option<String> {
     let Some(name) = sys::interface_of(ip) else {
         return Some(format!("the interface of {ip} (not found)"));
     };
-    std::path::Path::new(&format!("/sys/class/net/{name}/device"))
-        .exists()
-        .then_some(name)
+    let physical = std::path::Path::new(&format!("/sys/class/net/{name}/device")).exists();
+    (physical && sys::udp_segmentation_offload(&name) != Some(false)).then_some(name)
 }
 
 /// One packet of a [`TxBatch`]: a head and a tail in the batch's own bytes, and between them a
@@ -973,6 +976,14 @@ mod tests {
         packets.extend((1..=20).map(|k| sealed(src, dst, 1044, k)));
         packets.push(sealed(src, dst, 300, 99));
         packets
+    }
+
+    #[test]
+    fn loopback_segments_in_software_and_says_so() {
+        // lo advertises UDP segmentation (it is software GSO), but it is no physical device.
+        assert_eq!(sys::udp_segmentation_offload("lo"), Some(true));
+        assert_eq!(physical_device(LO), None);
+        assert_eq!(sys::udp_segmentation_offload("no-such-device0"), None);
     }
 
     #[test]
