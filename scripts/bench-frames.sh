@@ -29,7 +29,7 @@ field() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d$2)" "$
 echo "## Highest frame rate with nothing dropped ($n frames of $frame bytes per run)"
 for mode in --no-check ""; do
     best=0
-    for fps in 30 40 50 60 70 80 90 100; do
+    for fps in 60 80 100 120 140 160; do
         s=$(run $fps $mode)
         frames=$(field "$s" "['frames']"); dropped=$(field "$s" "['dropped']")
         lost=$(field "$s" "['packets_lost']"); got=$(field "$s" "['fps']")

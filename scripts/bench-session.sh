@@ -38,7 +38,7 @@ sockperf_pp() {
     echo "$out" | awk '/percentile 50.000/ {m=$NF} /percentile 99.000/ {p=$NF} /percentile 99.900/ {q=$NF} END {print m, p, q}'
 }
 
-declare -A ses udp tcp rtt
+declare -A ses udp busy tcp rtt
 for size in 64 4096; do
     out=$(session $size)
     echo "$out" | tail -4
@@ -46,19 +46,22 @@ for size in 64 4096; do
     ses[$size]=$(echo "$out" | awk -v s=$size '$1 == s { print $5, $8, $9; exit }')
     rtt[$size]=$(echo "$out" | awk '/last_rtt_ns/ {print $3, $NF}')
     udp[$size]=$(sockperf_pp $size)
+    # Both ends busy-polling, as ferroce's tools do.
+    busy[$size]=$(sockperf_pp $size --nonblocked)
     tcp[$size]=$(sockperf_pp $size --tcp)
-    echo "size $size: session ${ses[$size]} | UDP ${udp[$size]} | TCP ${tcp[$size]} | last_rtt_ns ${rtt[$size]}"
+    echo "size $size: session ${ses[$size]} | UDP ${udp[$size]} | UDP busy-polled ${busy[$size]} | TCP ${tcp[$size]} | last_rtt_ns ${rtt[$size]}"
 done
 
 echo
-echo "| size | measure (µs, half round trip) | session | UDP ping-pong | TCP ping-pong | session / UDP |"
-echo "|---:|---|---:|---:|---:|---:|"
+echo "| size | measure (µs, half round trip) | session | UDP ping-pong | UDP, busy-polled | TCP ping-pong | session / UDP | session / busy-polled UDP |"
+echo "|---:|---|---:|---:|---:|---:|---:|---:|"
 for size in 64 4096; do
     read -r s50 s99 s999 <<< "${ses[$size]}"
     read -r u50 u99 u999 <<< "${udp[$size]}"
+    read -r b50 b99 b999 <<< "${busy[$size]}"
     read -r t50 t99 t999 <<< "${tcp[$size]}"
-    for row in "median $s50 $u50 $t50" "p99 $s99 $u99 $t99" "p99.9 $s999 $u999 $t999"; do
-        read -r name s u t <<< "$row"
-        echo "| $size B | $name | $s | $u | $t | $(python3 -c "print('%.2f' % ($s / $u))") |"
+    for row in "median $s50 $u50 $b50 $t50" "p99 $s99 $u99 $b99 $t99" "p99.9 $s999 $u999 $b999 $t999"; do
+        read -r name s u b t <<< "$row"
+        echo "| $size B | $name | $s | $u | $b | $t | $(python3 -c "print('%.2f' % ($s / $u))") | $(python3 -c "print('%.2f' % ($s / $b))") |"
     done
 done

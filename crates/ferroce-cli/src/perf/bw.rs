@@ -226,12 +226,14 @@ pub(super) fn client(
                 if n == 0 {
                     continue;
                 }
+                // Stamped before the post, which sends them: a request's time runs from when
+                // the tool handed it over, as perftest stamps each ibv_post_send.
+                let at = Instant::now();
                 rig.qps[i]
                     .post_send_list(list.drain(..))
                     .map_err(|(k, e)| {
                         format!(" Couldn't post send: qp {i} scnt={} ({e})", scnt + k as u64)
                     })?;
-                let at = Instant::now();
                 for k in 0..n as u64 {
                     let seq = posted[i] + k;
                     if record {
