@@ -111,11 +111,41 @@ pub const fn udp_source_port(qpn: Qpn) -> u16 {
 }
 
 /// A contiguous piece of a gather/scatter list, resolved against the region table.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Seg {
     region: RegionId,
     offset: u64,
     len: u32,
+}
+
+/// A resolved gather/scatter list. Most requests have one entry, which is kept inline: a
+/// request then costs the engine no allocation of its own.
+#[derive(Clone, Debug)]
+enum SegList {
+    One(Seg),
+    Many(Vec<Seg>),
+}
+
+impl SegList {
+    /// Appends an entry; only a second one moves the list to the heap.
+    fn push(&mut self, seg: Seg) {
+        match self {
+            Self::Many(segs) if segs.is_empty() => *self = Self::One(seg),
+            Self::One(first) => *self = Self::Many(vec![*first, seg]),
+            Self::Many(segs) => segs.push(seg),
+        }
+    }
+}
+
+impl std::ops::Deref for SegList {
+    type Target = [Seg];
+
+    fn deref(&self) -> &[Seg] {
+        match self {
+            Self::One(seg) => std::slice::from_ref(seg),
+            Self::Many(segs) => segs,
+        }
+    }
 }
 
 /// The pieces of `len` bytes starting `at` bytes into a gather/scatter list: for each, the
@@ -156,7 +186,7 @@ fn scatter(segs: &[Seg], at: u64, data: &[u8], mem: &mut dyn Memory) {
 
 #[derive(Debug)]
 enum WqeData {
-    Segs(Vec<Seg>),
+    Segs(SegList),
     Inline(Vec<u8>),
 }
 
@@ -214,7 +244,7 @@ impl SendWqe {
 #[derive(Debug)]
 struct RecvWqe {
     wr_id: u64,
-    segs: Vec<Seg>,
+    segs: SegList,
     len: u64,
     fault: Option<WcStatus>,
 }
@@ -2092,9 +2122,10 @@ impl Engine {
         pd: PdId,
         sges: &[Sge],
         needed: Access,
-    ) -> (Vec<Seg>, u64, Option<WcStatus>) {
-        let mut segs = Vec::with_capacity(sges.len());
+    ) -> (SegList, u64, Option<WcStatus>) {
+        let mut segs = SegList::Many(Vec::new());
         let mut total = 0u64;
+        let mut fault = None;
         for sge in sges {
             total += u64::from(sge.len);
             match table.check_local(sge.lkey, pd, sge.addr, sge.len.into(), needed) {
@@ -2103,10 +2134,13 @@ impl Engine {
                     offset,
                     len: sge.len,
                 }),
-                Err(_) => return (segs, total, Some(WcStatus::LocProtErr)),
+                Err(_) => {
+                    fault = Some(WcStatus::LocProtErr);
+                    break;
+                }
             }
         }
-        (segs, total, None)
+        (segs, total, fault)
     }
 
     /// Posts a send work request (`ibv_post_send`). A bad local key or range is reported as
