@@ -315,8 +315,9 @@ impl Shared {
 
     /// Rings the doorbell: the progress thread wakes and looks at its timers and `stop`.
     pub(crate) fn ring(&self) {
-        // The progress thread clears `rung` before it empties the doorbell, and looks at the
-        // engine's timers after: a change made before this call is seen either way.
+        // The progress thread empties the doorbell, then clears `rung`, then looks at the
+        // engine's timers: a change made before this call is seen either way, and `rung` is
+        // only ever set while a byte waits or is about to.
         if self.rung.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -347,9 +348,12 @@ impl Shared {
 
     /// Takes every byte waiting on the doorbell, so that `poll` blocks again.
     fn answer_bell(&self) {
-        self.rung.store(false, Ordering::SeqCst);
         let mut sink = [0u8; 64];
         while matches!(self.bell_rx.recv(&mut sink), Ok(n) if n > 0) {}
+        // Only now: cleared before the bytes were taken, a ring in between would write a byte
+        // this loop then swallows, and leave `rung` set with the doorbell empty, so that no
+        // ring would ever be written again (a NIC that never closed found it).
+        self.rung.store(false, Ordering::SeqCst);
     }
 
     pub(crate) fn start(self: &Arc<Self>) -> io::Result<()> {
@@ -461,6 +465,52 @@ impl Shared {
                     break;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use crate::{Nic, NicConfig};
+
+    /// Rings from several threads while the progress thread answers, then a close, which must
+    /// return: a ring lost to the doorbell's `rung` flag would leave the progress thread asleep
+    /// for good. (Clearing the flag before emptying the doorbell hung here.)
+    #[test]
+    fn rings_are_never_lost_and_the_nic_closes() {
+        for _ in 0..100 {
+            let nic = Nic::open(&NicConfig {
+                addr: "127.0.0.1:0".parse().unwrap(),
+                ..NicConfig::default()
+            })
+            .unwrap();
+            let ringers: Vec<_> = (0..2)
+                .map(|_| {
+                    let shared = std::sync::Arc::clone(&nic.shared);
+                    std::thread::spawn(move || {
+                        for _ in 0..300 {
+                            shared.ring();
+                            std::hint::spin_loop();
+                        }
+                    })
+                })
+                .collect();
+            for r in ringers {
+                r.join().unwrap();
+            }
+            let (done, closed) = mpsc::channel();
+            std::thread::spawn(move || {
+                nic.close();
+                let _ = done.send(());
+            });
+            assert!(
+                closed
+                    .recv_timeout(std::time::Duration::from_secs(5))
+                    .is_ok(),
+                "close hung: a ring was lost"
+            );
         }
     }
 }
