@@ -3,6 +3,7 @@
 
     suite.py test  [--only REGEX] [--list]     interop: guest tools <-> ferroce on the host
     suite.py bench [--only REGEX] [--reps N]   side by side: rxe <-> rxe and ferroce <-> ferroce
+    suite.py responder [--reps N]             a guest's responder, rxe's and ferroce's, answering
                                                between two guests; prints the BENCHMARKS table
 
 Python 3 standard library only; the lab itself is interop/lab.py. Needs root, QEMU and the
@@ -576,6 +577,71 @@ def fmt(x, digits=None):
     return f"{x:.2f}" if x < 1000 else f"{x:.0f}"
 
 
+def answer_times(pcap, responder):
+    """For each RoCE request the host sent to `responder`, the time until the responder's first
+    packet after it (µs), from a capture on the bridge."""
+    out = subprocess.run(["tshark", "-r", pcap, "-Y", "udp.dstport == 4791", "-T", "fields",
+                          "-e", "frame.time_epoch", "-e", "ip.src"],
+                         capture_output=True, text=True, check=True).stdout
+    times, waiting = [], None
+    for line in out.splitlines():
+        t, src = line.split("\t")
+        if src != responder:
+            if waiting is None:
+                waiting = float(t)
+        elif waiting is not None:
+            times.append((float(t) - waiting) * 1e6)
+            waiting = None
+    return times
+
+
+def cmd_responder(args):
+    """The responder side of the tools in a guest, kernel rxe's against ferroce's, each facing
+    ferroce on the host: the median time from a request on the bridge to the guest's first
+    packet after it. In read-lat and write-bw the guest application waits in a TCP handshake
+    the whole time, so the NIC alone answers (rxe in softirq, ferroce's progress thread); in
+    pingpong the application answers each SEND with its own."""
+    binary = ferroce_binary()
+    t0 = time.time()
+    results, rows = [], []
+    with Lab(guests=("vm1",), binary=binary) as lab:
+        outdir = os.path.join(lab.rundir, "runs")
+        os.makedirs(outdir)
+        host = Endpoint(lab, "host", "ferroce")
+        g = lab.guest("vm1")
+        rxe_up = True
+        for rep in range(args.reps):
+            for impl in ("rxe", "ferroce"):
+                if (impl == "rxe") != rxe_up:
+                    g.sh("rxe-up" if impl == "rxe" else "rxe-down")
+                    rxe_up = impl == "rxe"
+                server = Endpoint(lab, "vm1", impl)
+                n = iters(args.iters)
+                plans = [
+                    ("read-lat", "lat", server.perf("ib_read_lat", "read-lat", f"-s 64 -n {n}"),
+                     host.perf("ib_read_lat", "read-lat", f"-s 64 -n {n}", server.addr)),
+                    ("write-bw", "bw", server.perf("ib_write_bw", "write-bw", f"-s 4096 -n {n}"),
+                     host.perf("ib_write_bw", "write-bw", f"-s 4096 -n {n}", server.addr)),
+                    ("pingpong", "pingpong", server.pingpong(64, 1024, n),
+                     host.pingpong(64, 1024, n, server.addr)),
+                ]
+                for test, kind, scmd, ccmd in plans:
+                    name = f"responder-{impl}-{test}-r{rep}"
+                    res = run_pair(lab, name, kind, server, host, scmd, ccmd, 300, outdir)
+                    results.append(res)
+                    times = answer_times(os.path.join(outdir, name + ".pcap"), server.addr)
+                    med = statistics.median(times) if times else float("nan")
+                    p90 = statistics.quantiles(times, n=10)[-1] if len(times) > 10 else float("nan")
+                    rows.append((test, impl, rep, len(times), med, p90))
+                    log(f"{name}: {len(times)} answers, median {med:.0f} µs, p90 {p90:.0f} µs")
+        write_results(lab.rundir, results, t0, lab.accel, "responder")
+    print("| test | responder in the guest | answers | median µs | p90 µs |")
+    print("|---|---|---:|---:|---:|")
+    for test, impl, rep, n, med, p90 in sorted(rows):
+        print(f"| {test} | {impl} (rep {rep}) | {n} | {med:.0f} | {p90:.0f} |")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -586,9 +652,13 @@ def main():
     b.add_argument("--only")
     b.add_argument("--reps", type=int, default=1)
     b.add_argument("--capture", action="store_true", help="capture and check every run (slower)")
+    r = sub.add_parser("responder")
+    r.add_argument("--reps", type=int, default=1)
+    r.add_argument("--iters", type=int, default=300)
     args = ap.parse_args()
     try:
-        return cmd_test(args) if args.cmd == "test" else cmd_bench(args)
+        commands = {"test": cmd_test, "bench": cmd_bench, "responder": cmd_responder}
+        return commands[args.cmd](args)
     except LabError as e:
         print(f"interop: FAILED: {e}", file=sys.stderr)
         return 1

@@ -24,6 +24,15 @@ const COPY_PIECE: usize = 64 * 1024;
 /// How long after its last poll an application is taken to be still polling.
 const POLLER_GRACE: Duration = Duration::from_millis(2);
 
+/// Packets handled between two looks at what the engine has to send while a receive batch is
+/// handled: half the send window of the tools' requesters (128 packets), so that ACKs leave at
+/// least twice per window even when GRO hands over a window's worth at once.
+const ACK_EVERY: usize = 64;
+
+/// Nor does handling a batch keep ACKs back for longer than this: on a slow host (a guest
+/// under emulation) 64 packets take milliseconds.
+const ACK_WITHIN: Duration = Duration::from_micros(100);
+
 /// How long ACKs wait for the polling application's next packet, to leave with it in one
 /// system call: a fraction of the shortest ACK timeout in use (4.096 µs × 2^timeout; the
 /// tools' default of 14 is 67 ms, and 1 ms is already a short one).
@@ -389,15 +398,36 @@ impl Shared {
     }
 
     /// Handles up to two batches of datagrams that have already arrived, without blocking.
-    /// The caller holds the lock, so datagrams are handled in the order they arrived.
-    fn drain(&self, state: &mut State, now: Instant) -> usize {
-        let State {
-            engine, mem, link, ..
-        } = state;
+    /// The caller holds the lock, so datagrams are handled in the order they arrived. With
+    /// GRO one batch can hold thousands of packets: every [`ACK_EVERY`] packets handled, or
+    /// [`ACK_WITHIN`], what the engine has to send (ACKs, READ responses) goes out, so that a
+    /// peer's window keeps moving while the rest is handled; `hold_acks` as for
+    /// [`Shared::transmit_ready`].
+    fn drain(&self, state: &mut State, now: Instant, hold_acks: bool) -> usize {
         let dst = self.local.ip();
-        link.receive(&self.port, |from, bytes, index| {
-            engine.handle_segment(now, from, dst, bytes, index, mem);
-        })
+        let (mut handled, mut since_sent, mut sent_at) = (0, 0, now);
+        for _ in 0..2 {
+            let n = state.link.receive_batch(&self.port);
+            for i in 0..n {
+                let State {
+                    engine, mem, link, ..
+                } = &mut *state;
+                let got = link.handle_buffer(&self.port, i, |from, bytes, index| {
+                    engine.handle_segment(now, from, dst, bytes, index, mem);
+                });
+                handled += got;
+                since_sent += got;
+                if since_sent > 0 && (since_sent >= ACK_EVERY || sent_at.elapsed() >= ACK_WITHIN) {
+                    self.transmit_ready(state, now, hold_acks);
+                    since_sent = 0;
+                    sent_at = Instant::now();
+                }
+            }
+            if n < sys::RECV_BATCH {
+                break;
+            }
+        }
+        handled
     }
 
     /// Drives the engine on the caller's thread: takes what has arrived, runs due timers and
@@ -410,7 +440,7 @@ impl Shared {
         let until = now.saturating_duration_since(self.epoch) + POLLER_GRACE;
         self.poller_until
             .store(until.as_nanos() as u64, Ordering::Relaxed);
-        self.drain(state, now);
+        self.drain(state, now, true);
         state.engine.handle_timeout(now);
         self.transmit_ready(state, now, true);
     }
@@ -451,7 +481,7 @@ impl Shared {
                     // racing for the lock would reorder them.
                     let now = Instant::now();
                     let mut state = self.lock();
-                    self.drain(&mut state, now);
+                    self.drain(&mut state, now, false);
                     self.flush(&mut state, now);
                     drop(state);
                     self.wake_waiters();

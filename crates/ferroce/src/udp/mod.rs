@@ -864,63 +864,86 @@ impl Link {
     /// Takes up to two receive batches that have already arrived, without blocking, and hands
     /// each packet to `handle` with its sender and its index in a coalesced train (split into
     /// its segments; 0 for a plain datagram), which is the IPv4 ID a ferroce peer's GSO send
-    /// gave it. Returns how many packets were handled.
+    /// gave it. Returns how many packets were handled. (The soft NIC takes a batch at a time,
+    /// to send between buffers.)
+    #[cfg(test)]
     pub(crate) fn receive(
         &mut self,
         port: &Port,
         mut handle: impl FnMut(SocketAddr, &[u8], u16),
     ) -> usize {
-        let counters = &port.counters;
         let mut handled = 0;
         for _ in 0..2 {
-            let n = match self.rx.receive(&port.socket) {
-                Ok(0) => break,
-                Ok(n) => n,
-                // ICMP port unreachable from an earlier send: the peer is gone; retries and
-                // timeouts will say so.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
-                Err(_) => {
-                    UdpCounters::add(&counters.recv_errors, 1);
-                    break;
-                }
-            };
+            let n = self.receive_batch(port);
             for i in 0..n {
-                let Ok(got) = self.rx.get(i) else {
-                    UdpCounters::add(&counters.recv_errors, 1);
-                    continue;
-                };
-                let Some(bytes) = got.bytes else {
-                    // Larger than any RoCE packet: counted as such, never half-handled.
-                    UdpCounters::add(&counters.oversized, 1);
-                    continue;
-                };
-                if bytes.is_empty() {
-                    // A poke (`Nic::wake`) has nothing to handle; from anyone else, the
-                    // engine counts it as malformed.
-                    if got.from != port.local {
-                        handle(got.from, bytes, 0);
-                        handled += 1;
-                    }
-                    continue;
-                }
-                let segment = got.segment.unwrap_or(bytes.len()).max(1);
-                if bytes.len() > segment {
-                    UdpCounters::add(&counters.gro_buffers, 1);
-                    UdpCounters::add(&counters.gro_segments, bytes.len().div_ceil(segment) as u64);
-                }
-                for (index, packet) in bytes.chunks(segment).enumerate() {
-                    if let Some(pcap) = self.pcap.as_mut() {
-                        if pcap.record(got.from, port.local, &[packet], None).is_err() {
-                            UdpCounters::add(&counters.pcap_errors, 1);
-                        }
-                    }
-                    handle(got.from, packet, index as u16);
-                    handled += 1;
-                }
+                handled += self.handle_buffer(port, i, &mut handle);
             }
             if n < sys::RECV_BATCH {
                 break;
             }
+        }
+        handled
+    }
+
+    /// Takes one batch of buffers that have already arrived, without blocking: how many, to
+    /// be handed over one at a time by [`Link::handle_buffer`]. 0 when none is waiting or the
+    /// socket failed (counted).
+    pub(crate) fn receive_batch(&mut self, port: &Port) -> usize {
+        loop {
+            match self.rx.receive(&port.socket) {
+                Ok(n) => return n,
+                // ICMP port unreachable from an earlier send: the peer is gone; retries and
+                // timeouts will say so.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
+                Err(_) => {
+                    UdpCounters::add(&port.counters.recv_errors, 1);
+                    return 0;
+                }
+            }
+        }
+    }
+
+    /// Hands each packet of buffer `i` of the last [`Link::receive_batch`] to `handle`, as
+    /// [`Link::receive`] describes. Returns how many packets it held.
+    pub(crate) fn handle_buffer(
+        &mut self,
+        port: &Port,
+        i: usize,
+        mut handle: impl FnMut(SocketAddr, &[u8], u16),
+    ) -> usize {
+        let counters = &port.counters;
+        let Ok(got) = self.rx.get(i) else {
+            UdpCounters::add(&counters.recv_errors, 1);
+            return 0;
+        };
+        let Some(bytes) = got.bytes else {
+            // Larger than any RoCE packet: counted as such, never half-handled.
+            UdpCounters::add(&counters.oversized, 1);
+            return 0;
+        };
+        if bytes.is_empty() {
+            // A poke (`Nic::wake`) has nothing to handle; from anyone else, the engine counts
+            // it as malformed.
+            if got.from == port.local {
+                return 0;
+            }
+            handle(got.from, bytes, 0);
+            return 1;
+        }
+        let segment = got.segment.unwrap_or(bytes.len()).max(1);
+        if bytes.len() > segment {
+            UdpCounters::add(&counters.gro_buffers, 1);
+            UdpCounters::add(&counters.gro_segments, bytes.len().div_ceil(segment) as u64);
+        }
+        let mut handled = 0;
+        for (index, packet) in bytes.chunks(segment).enumerate() {
+            if let Some(pcap) = self.pcap.as_mut() {
+                if pcap.record(got.from, port.local, &[packet], None).is_err() {
+                    UdpCounters::add(&counters.pcap_errors, 1);
+                }
+            }
+            handle(got.from, packet, index as u16);
+            handled += 1;
         }
         handled
     }
