@@ -167,13 +167,7 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
         }
     }
 
-    let send = || {
-        qp.post_send(SendWr::new(
-            SEND_WRID,
-            SendOp::Send,
-            Payload::Sges(vec![send_sge]),
-        ))
-    };
+    let send = || qp.post_send(SendWr::new(SEND_WRID, SendOp::Send, Payload::Sge(send_sge)));
     let mut pending = RECV_WRID;
     if args.server.is_some() {
         if send().is_err() {

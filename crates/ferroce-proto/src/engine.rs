@@ -2184,6 +2184,10 @@ impl Engine {
                 let (segs, len, fault) = Self::resolve(&self.ctx.table, qp.init.pd, &sges, needed);
                 (WqeData::Segs(segs), len, fault)
             }
+            Payload::Sge(sge) => {
+                let (segs, len, fault) = Self::resolve(&self.ctx.table, qp.init.pd, &[sge], needed);
+                (WqeData::Segs(segs), len, fault)
+            }
         };
         if len > MAX_MESSAGE
             || (matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8)

@@ -311,6 +311,8 @@ impl SendOp {
 pub enum Payload {
     /// A gather list (for SEND and WRITE) or a scatter list (for READ and atomics).
     Sges(Vec<Sge>),
+    /// A list of one entry, the common case, which costs no allocation to post.
+    Sge(Sge),
     /// Bytes copied at post time (`IBV_SEND_INLINE`), at most the QP's `max_inline`.
     Inline(Vec<u8>),
 }

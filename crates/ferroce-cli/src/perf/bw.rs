@@ -81,7 +81,7 @@ pub(super) fn request(
     Ok(SendWr {
         wr_id,
         op,
-        local: Payload::Sges(vec![sge]),
+        local: Payload::Sge(sge),
         signaled,
         fence: false,
         solicited: false,
@@ -140,7 +140,7 @@ fn read_back(rig: &Rig, i: usize, peer: &KeyLine, len: u64) -> Result<(), String
         let wr = SendWr {
             wr_id: CHECK_WRID,
             op,
-            local: Payload::Sges(vec![sge]),
+            local: Payload::Sge(sge),
             signaled: true,
             fence: false,
             solicited: false,
