@@ -69,6 +69,21 @@ impl Link {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd
     }
+
+    /// Starts a tool as server in `server_ns`, gives it time to listen, runs its client in
+    /// `client_ns` to the end, then waits for the server: (client's, server's) output.
+    fn serve_then_run(
+        &self,
+        server_ns: &str,
+        server: &[&str],
+        client_ns: &str,
+        client: &[&str],
+    ) -> (Output, Output) {
+        let server = self.ferroce(server_ns, server).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let client = self.ferroce(client_ns, client).output().unwrap();
+        (client, server.wait_with_output().unwrap())
+    }
 }
 
 impl Drop for Link {
@@ -120,27 +135,17 @@ fn pingpong_across_namespaces() {
         ("10.199.7.1", "10.199.7.2", "4096"),
         ("fd00:199::1", "fd00:199::2", "3000"),
     ] {
-        let server = link
-            .ferroce(
-                &link.a,
-                &[
-                    "pingpong", "--local", server_ip, "-n", "300", "-s", size, "-c", "--stats",
-                ],
-            )
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        let client = link
-            .ferroce(
-                &link.b,
-                &[
-                    "pingpong", "--local", client_ip, "-n", "300", "-s", size, "-c", "--stats",
-                    server_ip,
-                ],
-            )
-            .output()
-            .unwrap();
-        let server = server.wait_with_output().unwrap();
+        let (client, server) = link.serve_then_run(
+            &link.a,
+            &[
+                "pingpong", "--local", server_ip, "-n", "300", "-s", size, "-c", "--stats",
+            ],
+            &link.b,
+            &[
+                "pingpong", "--local", client_ip, "-n", "300", "-s", size, "-c", "--stats",
+                server_ip,
+            ],
+        );
         let (c, s) = (stdout_of("client", &client), stdout_of("server", &server));
         assert!(c.contains("300 iters in "), "{c}");
         assert!(
@@ -196,30 +201,22 @@ fn gso_across_the_link_with_and_without_gro_under_loss() {
         if !gro {
             server_args.push("--no-gro");
         }
-        let server = link.ferroce(&link.a, &server_args).spawn().unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        let client = link
-            .ferroce(
-                &link.b,
-                &[
-                    "perf",
-                    "write-bw",
-                    "--local",
-                    "10.199.7.2",
-                    "-s",
-                    "65536",
-                    "-n",
-                    "300",
-                    "--check",
-                    "--stats",
-                    "--fault",
-                    "loss=0.02,seed=9",
-                    "10.199.7.1",
-                ],
-            )
-            .output()
-            .unwrap();
-        let server = server.wait_with_output().unwrap();
+        let client_args = [
+            "perf",
+            "write-bw",
+            "--local",
+            "10.199.7.2",
+            "-s",
+            "65536",
+            "-n",
+            "300",
+            "--check",
+            "--stats",
+            "--fault",
+            "loss=0.02,seed=9",
+            "10.199.7.1",
+        ];
+        let (client, server) = link.serve_then_run(&link.a, &server_args, &link.b, &client_args);
         let c = stdout_of(&format!("client, GRO {gro}"), &client);
         let s = stdout_of(&format!("server, GRO {gro}"), &server);
         assert!(counter(&c, "udp_gso_sends") > 100, "{c}");
@@ -363,15 +360,13 @@ fn every_verb_both_ways_across_namespaces_under_faults() {
                     "loss=0.02,dup=0.01,reorder=0.02,delay=20,seed=5".to_owned(),
                 ]
             };
-            let args = common(server_ip);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let server = link.ferroce(server_ns, &args).spawn().unwrap();
-            std::thread::sleep(Duration::from_millis(300));
-            let mut args = common(client_ip);
-            args.push(server_ip.to_owned());
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let client = link.ferroce(client_ns, &args).output().unwrap();
-            let server = server.wait_with_output().unwrap();
+            let server_args = common(server_ip);
+            let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+            let mut client_args = common(client_ip);
+            client_args.push(server_ip.to_owned());
+            let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
+            let (client, server) =
+                link.serve_then_run(server_ns, &server_args, client_ns, &client_args);
             let run = |who| format!("{test} {who} in {server_ns}->{client_ns}");
             let stdout = stdout_of(&run("client"), &client);
             stdout_of(&run("server"), &server);

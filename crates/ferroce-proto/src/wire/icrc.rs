@@ -230,8 +230,8 @@ mod tests {
         assert_eq!(crc32fast::hash(&[0xff; 8]), LRH_CRC);
     }
 
-    #[test]
-    fn a_gathered_packet_has_the_icrc_of_the_whole() {
+    /// IPv4 and UDP headers between two test hosts.
+    fn headers() -> (IpHeader, UdpHeader) {
         let ip = IpHeader::V4(crate::wire::Ipv4Header::new(
             [10, 0, 0, 1].into(),
             [10, 0, 0, 2].into(),
@@ -240,6 +240,12 @@ mod tests {
             src_port: 12288,
             dst_port: 4791,
         };
+        (ip, udp)
+    }
+
+    #[test]
+    fn a_gathered_packet_has_the_icrc_of_the_whole() {
+        let (ip, udp) = headers();
         let whole: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
         let want = compute(&ip, &udp, &whole).unwrap();
         for split in [12, 28, 100] {
@@ -264,14 +270,7 @@ mod tests {
             );
             assert_eq!(shift.combine(ca, cb), whole, "{a} + {b}");
         }
-        let ip = IpHeader::V4(crate::wire::Ipv4Header::new(
-            [10, 0, 0, 1].into(),
-            [10, 0, 0, 2].into(),
-        ));
-        let udp = UdpHeader {
-            src_port: 12288,
-            dst_port: 4791,
-        };
+        let (ip, udp) = headers();
         let (head, rest) = data[..1300].split_at(28);
         let (payload, pad) = rest.split_at(1269);
         let want = compute_gathered(&ip, &udp, head, &[payload, pad]).unwrap();

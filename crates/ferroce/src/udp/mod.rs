@@ -280,31 +280,8 @@ impl Port {
         let mut done = 0;
         while done < groups.len() {
             let chunk = &groups[done..groups.len().min(done + sys::MAX_MESSAGES)];
-            let result = {
-                let mut iov = [io::IoSlice::new(&[]); 3 * TX_BATCH];
-                let mut spans = [(0usize, 0usize); sys::MAX_MESSAGES];
-                let mut n_iov = 0;
-                for (k, g) in chunk.iter().enumerate() {
-                    let start = n_iov;
-                    for p in &batch.packets[g.first..g.first + g.count] {
-                        n_iov += batch.gather(p, ext, &mut iov[n_iov..]);
-                    }
-                    spans[k] = (start, n_iov);
-                }
-                let mut msgs = [sys::OutMessage {
-                    dst: self.local,
-                    iov: &[],
-                    segment: None,
-                }; sys::MAX_MESSAGES];
-                for (k, g) in chunk.iter().enumerate() {
-                    msgs[k] = sys::OutMessage {
-                        dst: batch.packets[g.first].dst,
-                        iov: &iov[spans[k].0..spans[k].1],
-                        segment: (g.count > 1).then_some(g.segment as u16),
-                    };
-                }
-                send_all(socket, &msgs[..chunk.len()])
-            };
+            let result =
+                send_groups::<{ sys::MAX_MESSAGES }, { 3 * TX_BATCH }>(socket, batch, chunk, ext);
             match result {
                 Ok(sent) => {
                     self.record_groups(batch, &chunk[..sent], ext, addr, pcap.as_deref_mut());
@@ -382,7 +359,7 @@ impl Port {
         ext: &[u8],
         pcap: Option<&mut tap::PcapWriter>,
     ) {
-        let packets = &batch.packets[range];
+        let packets = &batch.packets[range.clone()];
         if let Some(pcap) = pcap {
             for p in packets {
                 let wire = tap::OnWire {
@@ -412,55 +389,79 @@ impl Port {
             }
         }
         if packets.len() <= 4 {
-            self.send_plain_chunks::<4, 12>(batch, packets, ext);
+            self.send_plain_chunks::<4, 12>(batch, range, ext);
         } else {
             self.send_plain_chunks::<{ sys::MAX_MESSAGES }, { 3 * sys::MAX_MESSAGES }>(
-                batch, packets, ext,
+                batch, range, ext,
             );
         }
     }
 
-    /// Sends `packets` as plain datagrams, `N` to a `sendmmsg` call with room for `IOV`
-    /// (3·N) slices (the arrays are set up for every call, so a few packets get small ones).
+    /// Sends packets `range` of `batch` as plain datagrams, `N` to a `sendmmsg` call with
+    /// room for `IOV` (3·N) slices (the arrays are set up for every call, so a few packets get
+    /// small ones).
     fn send_plain_chunks<const N: usize, const IOV: usize>(
         &self,
         batch: &TxBatch,
-        packets: &[TxPacket],
+        range: std::ops::Range<usize>,
         ext: &[u8],
     ) {
-        for chunk in packets.chunks(N) {
-            let mut iov = [io::IoSlice::new(&[]); IOV];
-            let mut spans = [(0usize, 0usize); N];
-            let mut n_iov = 0;
-            for (k, p) in chunk.iter().enumerate() {
-                let start = n_iov;
-                n_iov += batch.gather(p, ext, &mut iov[n_iov..]);
-                spans[k] = (start, n_iov);
+        let single = |i: usize| gso::Group {
+            first: i,
+            count: 1,
+            segment: batch.packets[i].len(),
+        };
+        let mut at = range.start;
+        while at < range.end {
+            let n = (range.end - at).min(N);
+            let mut groups = [single(at); N];
+            for (k, g) in groups[..n].iter_mut().enumerate() {
+                *g = single(at + k);
             }
-            let mut msgs = [sys::OutMessage {
-                dst: self.local,
-                iov: &[],
-                segment: None,
-            }; N];
-            for (k, p) in chunk.iter().enumerate() {
-                msgs[k] = sys::OutMessage {
-                    dst: p.dst,
-                    iov: &iov[spans[k].0..spans[k].1],
-                    segment: None,
-                };
-            }
-            let mut done = 0;
-            while done < chunk.len() {
-                match send_all(&self.socket, &msgs[done..chunk.len()]) {
-                    Ok(n) => done += n,
-                    Err((n, e)) => {
-                        self.refused(e);
-                        done += n + 1;
-                    }
+            match send_groups::<N, IOV>(&self.socket, batch, &groups[..n], ext) {
+                Ok(sent) => at += sent,
+                Err((sent, e)) => {
+                    self.refused(e);
+                    at += sent + 1;
                 }
             }
         }
     }
+}
+
+/// Sends each of `groups` (runs of `batch`'s packets, bodies in `ext`) as one message from
+/// `socket`, a GSO send where a group has more than one packet: at most `N` groups, gathered
+/// into at most `IOV` slices (up to three a packet). Returns as [`send_all`] does.
+fn send_groups<const N: usize, const IOV: usize>(
+    socket: &UdpSocket,
+    batch: &TxBatch,
+    groups: &[gso::Group],
+    ext: &[u8],
+) -> Result<usize, (usize, io::Error)> {
+    let groups = &groups[..groups.len().min(N)];
+    let mut iov = [io::IoSlice::new(&[]); IOV];
+    let mut spans = [(0usize, 0usize); N];
+    let mut n_iov = 0;
+    for (k, g) in groups.iter().enumerate() {
+        let start = n_iov;
+        for p in &batch.packets[g.first..g.first + g.count] {
+            n_iov += batch.gather(p, ext, &mut iov[n_iov..]);
+        }
+        spans[k] = (start, n_iov);
+    }
+    let mut msgs = [sys::OutMessage {
+        dst: batch.packets[groups[0].first].dst,
+        iov: &[],
+        segment: None,
+    }; N];
+    for (k, g) in groups.iter().enumerate() {
+        msgs[k] = sys::OutMessage {
+            dst: batch.packets[g.first].dst,
+            iov: &iov[spans[k].0..spans[k].1],
+            segment: (g.count > 1).then_some(g.segment as u16),
+        };
+    }
+    send_all(socket, &msgs[..groups.len()])
 }
 
 /// Sends `msgs` until all are taken or one is refused, waiting while the socket's queue is
