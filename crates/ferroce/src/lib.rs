@@ -7,6 +7,11 @@
 //! 000), the request/reply [`session`] (seed 003) and the registered-buffer [`cache`] (seed
 //! 002).
 //!
+//! Under the soft NIC and the frame sender lies one datagram layer (`udp`, private): batched
+//! sends with UDP GSO where the path segments in software, each segment's ICRC sealed for the
+//! IPv4 ID it will carry, batched receives with UDP GRO, and fault injection and capture as
+//! layers over whole batches ([`Nic::gso_status`] says whether GSO is in use).
+//!
 //! GPU memory: the faces take [`device::DeviceMemory`] and stage through host pages; the
 //! `cuda` feature provides it for CUDA devices (`cuda::CudaMemory`), loading the driver at run
 //! time so the same build runs, and says why, on a host without one.
