@@ -439,6 +439,9 @@ fn send_groups<const N: usize, const IOV: usize>(
     ext: &[u8],
 ) -> Result<usize, (usize, io::Error)> {
     let groups = &groups[..groups.len().min(N)];
+    let Some(first) = groups.first() else {
+        return Ok(0);
+    };
     let mut iov = [io::IoSlice::new(&[]); IOV];
     let mut spans = [(0usize, 0usize); N];
     let mut n_iov = 0;
@@ -450,7 +453,7 @@ fn send_groups<const N: usize, const IOV: usize>(
         spans[k] = (start, n_iov);
     }
     let mut msgs = [sys::OutMessage {
-        dst: batch.packets[groups[0].first].dst,
+        dst: batch.packets[first.first].dst,
         iov: &[],
         segment: None,
     }; N];
