@@ -161,6 +161,10 @@ fn pingpong_across_namespaces() {
         );
         for out in [&c, &s] {
             assert!(out.contains(" icrc_err 0 "), "{out}");
+            // Each message's MIDDLEs and LAST left as one GSO send, over IPv4 and IPv6 alike,
+            // and veth handed them to the peer's GRO socket whole.
+            assert!(counter(out, "udp_gso_sends") >= 300, "{out}");
+            assert!(counter(out, "udp_gro_buffers") >= 300, "{out}");
         }
     }
 }
