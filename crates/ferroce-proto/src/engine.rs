@@ -99,6 +99,10 @@ pub struct Transmit {
     pub src_port: u16,
     /// The packet's length (BTH through ICRC).
     pub len: usize,
+    /// A bare positive ACK: nothing but the peer's completions waits on it, and it answers
+    /// everything up to its PSN, so a driver may hold it briefly to leave with the next packet
+    /// (a NAK, a READ response or an atomic ACK is never one).
+    pub ack: bool,
 }
 
 /// The UDP source port rxe uses for a QP: 0xC000 plus 14 bits of a multiplicative hash. The
@@ -2376,10 +2380,18 @@ impl Engine {
             };
             let qp = self.qps.get_mut(&key).expect("key from the map");
             let Some(peer) = qp.peer else { continue };
-            let len = qp
+            let ack = matches!(
+                qp.responses.front(),
+                Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
+            );
+            let sent = qp
                 .next_response(mem, buf)
-                .or_else(|| qp.next_request(now, &mut self.ctx, mem, buf));
-            let Some(len) = len else { continue };
+                .map(|len| (len, ack))
+                .or_else(|| {
+                    qp.next_request(now, &mut self.ctx, mem, buf)
+                        .map(|len| (len, false))
+                });
+            let Some((len, ack)) = sent else { continue };
             let ip = IpHeader::between(self.ctx.local_ip, peer.ip())?;
             // A UDP socket sends from its own port, not the per-QP port rxe picks when it
             // builds the IP header itself; the ICRC must cover the port actually used.
@@ -2394,6 +2406,7 @@ impl Engine {
                 dst: peer,
                 src_port: self.ctx.local_port,
                 len,
+                ack,
             });
         }
         None

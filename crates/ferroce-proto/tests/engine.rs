@@ -1210,3 +1210,49 @@ fn a_write_filter_refuses_like_a_key_and_sees_every_packet() {
         .engine
         .set_write_filter(Qpn::from_low_bits(0xabcd), None));
 }
+
+/// Moves node `from`'s next packet to node `to` by hand; returns what `poll_transmit` said.
+fn move_one(f: &mut Fabric, from: usize, to: usize) -> ferroce_proto::Transmit {
+    let now = f.now;
+    let mut buf = vec![0; ferroce_proto::engine::MAX_PACKET];
+    let node = &mut f.nodes[from];
+    let t = node
+        .engine
+        .poll_transmit(now, &node.mem, &mut buf)
+        .expect("a packet to send");
+    let src = std::net::SocketAddr::new(node.ip, 4791);
+    let dst = f.nodes[to].ip;
+    let node = &mut f.nodes[to];
+    node.engine
+        .handle_datagram(now, src, dst, &buf[..t.len], &mut node.mem);
+    t
+}
+
+/// `Transmit::ack` marks a bare positive ACK, which a driver may hold for the next packet, and
+/// nothing else: not the request, not a NAK.
+#[test]
+fn only_bare_positive_acks_are_marked_as_such() {
+    let mut f = Fabric::new(2, 12);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 64, Access::LOCAL, 1);
+    let dst = f.region(1, 64, Access::REMOTE, 0);
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 16)),
+        )
+        .unwrap();
+    assert!(!move_one(&mut f, 0, 1).ack, "the WRITE");
+    assert!(move_one(&mut f, 1, 0).ack, "its ACK");
+    let bad_key = RemoteAddr {
+        va: dst.va,
+        rkey: dst.rkey ^ 0x5555,
+    };
+    f.nodes[0]
+        .engine
+        .post_send(qa, SendWr::new(2, SendOp::Write(bad_key), sge(&src, 0, 16)))
+        .unwrap();
+    assert!(!move_one(&mut f, 0, 1).ack, "the WRITE with a wrong key");
+    assert!(!move_one(&mut f, 1, 0).ack, "its NAK");
+}

@@ -271,7 +271,8 @@ impl Shared {
         self.transmit_ready(state, now, false);
     }
 
-    /// As [`Shared::flush`]; with `hold_acks`, a batch of nothing but ACKs stays in the link
+    /// As [`Shared::flush`]; with `hold_acks`, a batch of nothing but bare positive ACKs
+    /// (`Transmit::ack`) stays in the link
     /// for up to [`ACK_HOLD`], so that it leaves in one system call with the packet the
     /// polling application posts next (its reply, in a latency test or a session). The data
     /// those ACKs acknowledge is already in memory and its completion already queued: the
@@ -284,13 +285,13 @@ impl Shared {
             acks_due,
         } = state;
         while let Some(t) = engine.poll_transmit(now, mem, link.tx.slot()) {
-            link.tx.push_written(t.dst, t.len);
+            link.tx.push_written(t.dst, t.len, t.ack);
             if link.tx.is_full() {
                 link.transmit(&self.port, now, &[]);
             }
         }
         if hold_acks
-            && link.tx.only_acks()
+            && link.tx.only_deferrable()
             && acks_due.is_none_or(|due| now < due)
             && link.next_due().is_none_or(|due| now < due)
         {
@@ -333,10 +334,7 @@ impl Shared {
         match self.bell.send(&[1]) {
             // A full doorbell is one that has rung and not yet been answered.
             Err(e) if e.kind() != io::ErrorKind::WouldBlock => {
-                self.port
-                    .counters
-                    .send_errors
-                    .fetch_add(1, Ordering::Relaxed);
+                udp::UdpCounters::add(&self.port.counters.send_errors, 1);
             }
             _ => {}
         }
@@ -348,10 +346,7 @@ impl Shared {
     /// way (a firewall rule) only delays it.
     pub(crate) fn poke_socket(&self) {
         if self.port.socket().send_to(&[], self.local).is_err() {
-            self.port
-                .counters
-                .send_errors
-                .fetch_add(1, Ordering::Relaxed);
+            udp::UdpCounters::add(&self.port.counters.send_errors, 1);
         }
     }
 
@@ -377,10 +372,7 @@ impl Shared {
     /// Stops and joins the progress thread, and flushes the capture. Idempotent.
     pub(crate) fn stop(&self) {
         if self.lock().link.flush_capture().is_err() {
-            self.port
-                .counters
-                .pcap_errors
-                .fetch_add(1, Ordering::Relaxed);
+            udp::UdpCounters::add(&self.port.counters.pcap_errors, 1);
         }
         self.stop.store(true, Ordering::SeqCst);
         self.ring();
@@ -487,10 +479,7 @@ impl Shared {
                     self.wake_waiters();
                 }
                 Err(e) => {
-                    self.port
-                        .counters
-                        .recv_errors
-                        .fetch_add(1, Ordering::Relaxed);
+                    udp::UdpCounters::add(&self.port.counters.recv_errors, 1);
                     *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
                     break;
                 }
