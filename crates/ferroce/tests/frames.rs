@@ -88,6 +88,9 @@ fn frames_arrive_whole_in_rotating_pages() {
             assert_eq!(frame.frame_number, u64::from(n));
             assert_eq!(frame.received_frame_number, u64::from(n) + 1);
             assert_eq!(frame.metadata.bytes_written, 10_000);
+            // The sender combines its packets' payload CRCs into the frame's: it must be the
+            // CRC of the data itself, folded tail included.
+            assert_eq!(sent.crc32, crc32fast::hash(&data));
             assert_eq!(frame.metadata.crc, !sent.crc32);
             assert_eq!(frame.metadata.psn, sent.psn);
             assert!(frame.metadata_psn_matches);

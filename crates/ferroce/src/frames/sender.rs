@@ -170,10 +170,6 @@ pub struct Sender {
     frame_number: u32,
     packet: Vec<u8>,
     scratch: Vec<u8>,
-    /// The CRC-32 of the frame's data sent so far, combined from each packet's payload CRC.
-    frame_crc: u32,
-    /// The CRC shift past one packet's payload (`target.payload` bytes).
-    shift: icrc::CrcShift,
     packets_sent: u64,
     window: Option<Window>,
 }
@@ -270,8 +266,6 @@ impl Sender {
             frame_number: 0,
             packet: vec![0; MAX_PAYLOAD + 128],
             scratch: Vec::with_capacity(MAX_PAYLOAD),
-            frame_crc: 0,
-            shift: icrc::CrcShift::new(target.payload),
             packets_sent: 0,
             window: None,
         })
@@ -317,7 +311,6 @@ impl Sender {
     pub fn retarget(&mut self, target: Target) -> Result<(), SendError> {
         check_target(&target)?;
         self.target = target;
-        self.shift = icrc::CrcShift::new(target.payload);
         self.page = 0;
         Ok(())
     }
@@ -374,13 +367,15 @@ impl Sender {
     /// Sends `n` WRITE ONLY packets carrying chunks `first..first + n` of `data` to the page
     /// at `base` as one batch (GSO sends where the path allows), each gathered from its
     /// headers, its chunk of `data` and its ICRC, so the payload is never copied in user
-    /// space.
+    /// space. Each payload's CRC-32 is combined into `frame_crc`, the CRC of the frame's data
+    /// so far, on the way.
     fn send_batch(
         &mut self,
         base: u64,
         data: &[u8],
         first: usize,
         n: usize,
+        frame_crc: &mut u32,
     ) -> Result<(), SendError> {
         const HEADERS: usize = Bth::LEN + Reth::LEN;
         let t = self.target;
@@ -397,6 +392,7 @@ impl Sender {
         };
         let mut head = [0u8; HEADERS];
         let mut trailer = [0u8; 8];
+        let full = icrc::CrcShift::new(t.payload);
         for k in 0..n {
             let off = (first + k) * t.payload;
             let end = (off + t.payload).min(data.len());
@@ -419,12 +415,12 @@ impl Sender {
             let pad = usize::from(repr.pad());
             // One pass over the payload serves its ICRC and the frame's CRC (the metadata's).
             let payload_crc = crc32fast::hash(payload);
-            let shift = if payload.len() == self.shift.len() {
-                self.shift
+            let shift = if payload.len() == full.len() {
+                full
             } else {
                 icrc::CrcShift::new(payload.len())
             };
-            self.frame_crc = shift.combine(self.frame_crc, payload_crc);
+            *frame_crc = shift.combine(*frame_crc, payload_crc);
             let icrc = icrc::compute_with_payload_crc(
                 &ip,
                 &udp,
@@ -565,20 +561,20 @@ impl Sender {
             .window
             .as_ref()
             .map_or(BURST, |w| (w.packets as usize).clamp(1, BURST));
-        self.frame_crc = 0;
+        let mut frame_crc = 0;
         let mut first = 0;
         while first < plain {
             let n = (plain - first).min(burst);
             pace_to(sent);
             self.wait_window(n as u64);
-            self.send_batch(base, data, first, n)?;
+            self.send_batch(base, data, first, n, &mut frame_crc)?;
             first += n;
             sent += n as u64;
         }
         let end_psn = self.psn;
         // The frame's CRC: what the plain packets carried, then the tail the last one folds.
         let tail = &data[(plain * t.payload).min(data.len())..];
-        let crc32 = icrc::CrcShift::new(tail.len()).combine(self.frame_crc, crc32fast::hash(tail));
+        let crc32 = icrc::CrcShift::new(tail.len()).combine(frame_crc, crc32fast::hash(tail));
         let (metadata_s, metadata_ns) = now_parts();
         let metadata = Metadata {
             flags: if data.len() < t.frame_size {
