@@ -1,9 +1,10 @@
 //! `ferroce`: the command-line face of ferroce.
 //!
 //! Thin by design: argument parsing, the tools' loops and printing; the protocol work happens
-//! in the `ferroce` library. `decode` reads captures; `pingpong` is `ibv_rc_pingpong` and
-//! `perf` is perftest's `ib_*` tools over the soft NIC; `stream` sends and receives sensor frames, and `demo` runs a
-//! stream on loopback.
+//! in the `ferroce` library. `decode` reads captures; `devinfo` is `ibv_devinfo`; `pingpong`
+//! is `ibv_rc_pingpong` and `perf` is perftest's `ib_*` tools, over the soft NIC or a verbs
+//! device (`-d`); `stream` sends and receives sensor frames, and `demo` runs a stream on
+//! loopback.
 
 #![forbid(unsafe_code)]
 
@@ -13,6 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod devinfo;
 mod perf;
 mod pingpong;
 mod stream;
@@ -43,6 +45,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The soft NIC and this host's RDMA devices, their ports and GID tables, in the shape
+    /// of rdma-core's `ibv_devinfo`.
+    Devinfo(devinfo::DevinfoArgs),
     /// A SEND/RECV ping-pong, flag- and wire-compatible with rdma-core's `ibv_rc_pingpong`.
     Pingpong(pingpong::PingpongArgs),
     /// perftest's bandwidth and latency tests (`ib_write_bw`, `ib_send_lat`, …), flag-,
@@ -66,11 +71,30 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Decode { file, port, json } => decode(&file, port, json),
+        Command::Devinfo(args) => devinfo::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Perf(command) => perf::run(&command),
         Command::Stream(command) => stream::run(&command),
         Command::Demo { json } => stream::demo(json),
     }
+}
+
+/// Refuses `--fault` and `--pcap` on a device that cannot do them: a verbs device's packets
+/// never pass through ferroce.
+pub(crate) fn refuse_soft_only(nic: &ferroce::Nic, fault: bool, pcap: bool) -> Result<(), String> {
+    let caps = nic.caps();
+    let name = nic.device_name();
+    if fault && !caps.fault_injection {
+        return Err(format!(
+            "--fault needs the soft NIC (-d ferroce0): {name}'s packets never pass through ferroce"
+        ));
+    }
+    if pcap && !caps.pcap {
+        return Err(format!(
+            "--pcap needs the soft NIC (-d ferroce0): capture {name}'s traffic with tcpdump on its interface"
+        ));
+    }
+    Ok(())
 }
 
 /// Exit status of `decode` when the file cannot be read.

@@ -241,6 +241,10 @@ pub enum ModifyError {
         /// What is allowed.
         expected: &'static str,
     },
+    /// A verbs device refused the transition; the text says what it returned and what
+    /// usually causes it.
+    #[error("{0}")]
+    Device(String),
 }
 
 /// One entry of a gather or scatter list: `len` bytes at `addr` of the region with `lkey`.
@@ -385,6 +389,9 @@ pub enum PostError {
     /// The message is longer than 2^31 bytes, or an atomic's local entry is not 8 bytes.
     #[error("bad length {0}")]
     Length(u64),
+    /// A verbs device refused the request; the text says what it returned.
+    #[error("the device refused the request: {0}")]
+    Device(String),
 }
 
 /// The status of a completion (`enum ibv_wc_status`); `Display` prints rdma-core's string
@@ -414,6 +421,12 @@ pub enum WcStatus {
     RetryExcErr,
     /// The responder stayed not ready after `rnr_retry` retries.
     RnrRetryExcErr,
+    /// A local access right was wrong (a verbs device reports it; the soft engine says
+    /// `LocProtErr`).
+    LocAccessErr,
+    /// A status the soft engine never produces, as a verbs device reported it
+    /// (`enum ibv_wc_status`).
+    Other(u32),
 }
 
 impl WcStatus {
@@ -426,18 +439,23 @@ impl WcStatus {
             Self::LocQpOpErr => 2,
             Self::LocProtErr => 4,
             Self::WrFlushErr => 5,
-            Self::BadRespErr => 8,
+            Self::BadRespErr => 7,
+            Self::LocAccessErr => 8,
             Self::RemInvReqErr => 9,
             Self::RemAccessErr => 10,
             Self::RemOpErr => 11,
             Self::RetryExcErr => 12,
             Self::RnrRetryExcErr => 13,
+            Self::Other(value) => value,
         }
     }
 }
 
 impl fmt::Display for WcStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Self::Other(value) = self {
+            return write!(f, "status {value}");
+        }
         f.write_str(match self {
             Self::Success => "success",
             Self::LocLenErr => "local length error",
@@ -450,6 +468,8 @@ impl fmt::Display for WcStatus {
             Self::RemOpErr => "remote operation error",
             Self::RetryExcErr => "transport retry counter exceeded",
             Self::RnrRetryExcErr => "RNR retry counter exceeded",
+            Self::LocAccessErr => "local access error",
+            Self::Other(_) => "",
         })
     }
 }

@@ -768,14 +768,14 @@ impl Context {
             .ok_or_else(bad)?
             .min(ours);
         let depth = usize::from(config.receive_depth);
-        let send_cq = Cq::new(&nic, 1024);
-        let recv_cq = Cq::new(&nic, depth * 2 + 8);
+        let send_cq = Cq::new(&nic, 1024)?;
+        let recv_cq = Cq::new(&nic, depth * 2 + 8)?;
         let caps = QpCaps {
             sq_depth: 256,
             rq_depth: u32::from(config.receive_depth) + 1,
             max_inline: 0,
         };
-        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps);
+        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps)?;
         let mine = PeerInfo {
             endpoint: qp.endpoint(),
             regions: Vec::new(),

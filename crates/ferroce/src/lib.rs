@@ -2,7 +2,8 @@
 //!
 //! This crate is what applications depend on: the soft [`Nic`] (the protocol engine of
 //! [`ferroce_proto`] over a UDP socket), registered [`Region`]s (seed 004), completion queues
-//! ([`Cq`]) and queue pairs ([`Qp`]); and, for tools, reading packet captures ([`capture`]) and
+//! ([`Cq`]) and queue pairs ([`Qp`]), the same types on a kernel RDMA device through
+//! libibverbs loaded at run time ([`verbs`], [`Nic::open_device`]); and, for tools, reading packet captures ([`capture`]) and
 //! decoding their RoCEv2 packets ([`decode`]). Above them, the faces: sensor [`frames`] (seed
 //! 000), the request/reply [`session`] (seed 003) and the registered-buffer [`cache`] (seed
 //! 002).
@@ -17,8 +18,9 @@
 //! time so the same build runs, and says why, on a host without one.
 //!
 //! `unsafe` is denied everywhere but `sys`, the few system calls std lacks (`mlock`,
-//! `getrlimit`, socket options, batched sends and receives with GSO and GRO), and the one call in `cuda` that
-//! probes for the driver, each with its reason.
+//! `getrlimit`, socket options, batched sends and receives with GSO and GRO), `verbs::ffi`,
+//! every call into libibverbs, and the one call in `cuda` that probes for the driver, each
+//! with its reason.
 
 #![deny(unsafe_code)]
 
@@ -39,6 +41,7 @@ pub mod session;
 mod soft;
 mod sys;
 mod udp;
+pub mod verbs;
 
 /// The message a caught panic carried (`panic!` with a literal or a formatted string), if
 /// any: how the faces report a callback, function or binding that panicked.
@@ -51,6 +54,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<Stri
 
 pub use cq::Cq;
 pub use ferroce_proto as proto;
-pub use nic::{Faults, GsoStatus, Nic, NicConfig, NicError};
+pub use nic::{Faults, GsoStatus, Nic, NicCaps, NicConfig, NicError};
 pub use qp::{ConnectOptions, Qp, QpEndpoint};
 pub use region::{Region, RegionAccess, RegionError, RegionMemory};
+pub use verbs::{DeviceOptions, VerbsError};

@@ -1,8 +1,13 @@
 //! The NIC: where regions, completion queues and queue pairs live.
 //!
-//! [`Nic::open`] with the soft backend binds a UDP socket (port 4791 unless configured) on a
-//! local IPv4 or IPv6 address and starts the engine's progress thread; no privileges and no
-//! kernel module are needed. Dropping the last handle, or [`Nic::close`], stops it.
+//! A NIC has one of two backends, chosen when it is opened and invisible afterwards:
+//! - the soft NIC ([`Nic::open`]) binds a UDP socket (port 4791 unless configured) on a local
+//!   IPv4 or IPv6 address and starts the engine's progress thread; no privileges and no
+//!   kernel module are needed. Dropping the last handle, or [`Nic::close`], stops it.
+//! - a verbs device ([`Nic::open_device`] with any name but `ferroce0`): a kernel RDMA device
+//!   (a RoCE NIC, or kernel Soft-RoCE) through rdma-core's libibverbs, loaded at run time.
+//!
+//! [`Nic::caps`] says what the backend offers; the faces and tools ask it, never the name.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -17,6 +22,7 @@ use std::path::PathBuf;
 
 use crate::soft::Shared;
 use crate::sys;
+use crate::verbs::{self, Device, DeviceOptions, VerbsError};
 pub use crate::udp::tap::{Faults, FaultsError};
 pub use crate::udp::GsoStatus;
 use crate::udp::{self, tap};
@@ -92,15 +98,80 @@ pub enum NicError {
         #[source]
         source: io::Error,
     },
+    /// A verbs device could not be opened or refused a resource.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// An object of one NIC was used with another (a CQ of one NIC for a QP of another).
+    #[error("{0} belongs to another NIC")]
+    OtherNic(&'static str),
 }
 
-/// A RoCEv2 NIC: the soft backend over a UDP socket. Cheap to clone; every clone is the same
-/// NIC.
+/// What a NIC's backend offers (`Nic::caps`), in the manner of `ibv_query_device` and
+/// libfabric's `fi_info`: the faces and tools decide by these, never by the device's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NicCaps {
+    /// Regions can be registered from a dma-buf file descriptor ([`RegionMemory::Dmabuf`]):
+    /// the soft NIC maps it; a verbs device needs `ibv_reg_dmabuf_mr` (rdma-core 34) and a
+    /// driver that has it (rxe has not).
+    ///
+    /// [`RegionMemory::Dmabuf`]: crate::RegionMemory::Dmabuf
+    pub dmabuf: bool,
+    /// [`RegionMemory::Pageable`] stays pageable; on a verbs device every region is pinned,
+    /// so `RLIMIT_MEMLOCK` bounds it.
+    ///
+    /// [`RegionMemory::Pageable`]: crate::RegionMemory::Pageable
+    pub pageable_memory: bool,
+    /// The largest inline send a QP may ask for.
+    pub max_inline: u32,
+    /// The most work requests per queue.
+    pub max_qp_wr: u32,
+    /// The most entries per CQ.
+    pub max_cqe: u32,
+    /// Every packet is seen by ferroce, so per-packet counters ([`Nic::counters`]) and the
+    /// frame receiver's checks of each WRITE exist; a verbs device counts in hardware
+    /// ([`Nic::statistics_line`] reads them).
+    pub per_packet_counters: bool,
+    /// Faults can be injected (`--fault`).
+    pub fault_injection: bool,
+    /// Packets can be captured (`--pcap`).
+    pub pcap: bool,
+    /// Progress is made by ferroce's own threads and by polling (the soft engine); a verbs
+    /// device progresses by itself.
+    pub manual_progress: bool,
+}
+
+/// A RoCEv2 NIC: the soft backend over a UDP socket, or a verbs device. Cheap to clone;
+/// every clone is the same NIC.
 #[derive(Clone)]
 pub struct Nic {
+    pub(crate) backend: Backend,
+}
+
+/// The two backends behind [`Nic`].
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Soft(SoftNic),
+    Verbs(Arc<VerbsNic>),
+}
+
+/// The soft NIC: the engine, its socket and its progress thread.
+#[derive(Clone)]
+pub(crate) struct SoftNic {
     pub(crate) shared: Arc<Shared>,
     pub(crate) pd: PdId,
     _owner: Arc<Owner>,
+}
+
+/// An open verbs device; its event thread stops with the last handle or [`Nic::close`].
+pub(crate) struct VerbsNic {
+    pub(crate) device: Arc<Device>,
+}
+
+impl Drop for VerbsNic {
+    fn drop(&mut self) {
+        self.device.stop();
+    }
 }
 
 /// Stops the progress thread when the last user handle goes.
@@ -164,16 +235,119 @@ impl Nic {
             .start()
             .map_err(|source| NicError::Socket { addr, source })?;
         Ok(Self {
-            _owner: Arc::new(Owner(Arc::clone(&shared))),
-            shared,
-            pd,
+            backend: Backend::Soft(SoftNic {
+                _owner: Arc::new(Owner(Arc::clone(&shared))),
+                shared,
+                pd,
+            }),
         })
     }
 
-    /// The local address and port.
+    /// Opens the device called `name`: [`verbs::SOFT_DEVICE`] (`ferroce0`) is the soft NIC,
+    /// opened with `soft`; any other name is a verbs device, opened on `options.port` with
+    /// the GID `options` chooses (by default the RoCE v2 GID of `options.local`, or the first
+    /// IPv4 one). libibverbs is loaded on the first call that needs it.
+    ///
+    /// # Errors
+    ///
+    /// For the soft NIC, those of [`Nic::open`]. For a verbs device, [`NicError::Verbs`]: no
+    /// library, no RDMA in the kernel, no such device (naming those there are), no such port,
+    /// no fitting GID (printing the table), or the call that failed.
+    pub fn open_device(
+        name: &str,
+        options: &DeviceOptions,
+        soft: &NicConfig,
+    ) -> Result<Self, NicError> {
+        if name == verbs::SOFT_DEVICE {
+            return Self::open(soft);
+        }
+        let device = Device::open(name, options)?;
+        Ok(Self {
+            backend: Backend::Verbs(Arc::new(VerbsNic { device })),
+        })
+    }
+
+    /// The soft NIC's internals, or `None` on a verbs device.
+    pub(crate) fn soft(&self) -> Option<&SoftNic> {
+        match &self.backend {
+            Backend::Soft(s) => Some(s),
+            Backend::Verbs(_) => None,
+        }
+    }
+
+    /// The verbs device, or `None` on the soft NIC.
+    pub(crate) fn verbs(&self) -> Option<&Arc<Device>> {
+        match &self.backend {
+            Backend::Soft(_) => None,
+            Backend::Verbs(v) => Some(&v.device),
+        }
+    }
+
+    /// Whether `other` is a handle of this same NIC.
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        match (&self.backend, &other.backend) {
+            (Backend::Soft(a), Backend::Soft(b)) => Arc::ptr_eq(&a.shared, &b.shared),
+            (Backend::Verbs(a), Backend::Verbs(b)) => Arc::ptr_eq(&a.device, &b.device),
+            _ => false,
+        }
+    }
+
+    /// The device's name: `ferroce0` for the soft NIC.
+    #[must_use]
+    pub fn device_name(&self) -> &str {
+        match &self.backend {
+            Backend::Soft(_) => verbs::SOFT_DEVICE,
+            Backend::Verbs(v) => &v.device.name,
+        }
+    }
+
+    /// The GID index in use: 0 on the soft NIC, which has one address.
+    #[must_use]
+    pub fn gid_index(&self) -> u32 {
+        self.verbs().map_or(0, |d| d.gid.index)
+    }
+
+    /// What the backend offers.
+    #[must_use]
+    pub fn caps(&self) -> NicCaps {
+        match &self.backend {
+            Backend::Soft(_) => NicCaps {
+                dmabuf: true,
+                pageable_memory: true,
+                max_inline: 4096,
+                max_qp_wr: 1 << 20,
+                max_cqe: 1 << 22,
+                per_packet_counters: true,
+                fault_injection: true,
+                pcap: true,
+                manual_progress: true,
+            },
+            Backend::Verbs(v) => {
+                let a = &v.device.attr;
+                NicCaps {
+                    dmabuf: v.device.dmabuf_possible(),
+                    pageable_memory: false,
+                    // No query gives it: the grant of a QP says it. rxe's is 400 bytes.
+                    max_inline: 0,
+                    max_qp_wr: u32::try_from(a.max_qp_wr).unwrap_or(0),
+                    max_cqe: u32::try_from(a.max_cqe).unwrap_or(0),
+                    per_packet_counters: false,
+                    fault_injection: false,
+                    pcap: false,
+                    manual_progress: false,
+                }
+            }
+        }
+    }
+
+    /// The local address and port: the soft NIC's socket, or a verbs device's GID address
+    /// on port 4791.
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
-        self.shared.local
+        match &self.backend {
+            Backend::Soft(s) => s.shared.local,
+            Backend::Verbs(v) => SocketAddr::new(v.device.gid.ip(), ROCE_PORT),
+        }
     }
 
     /// The path MTU this NIC's link carries (`ibv_query_port`'s `active_mtu`), derived as
@@ -181,45 +355,76 @@ impl Nic {
     /// that holds the NIC's address (1500 → 1024; 9000 and loopback → 4096). 1024 when
     /// that interface cannot be found or read. The socket sets don't-fragment, as rxe does,
     /// so a larger path MTU than this would not get its packets out.
+    /// On a verbs device, the port's `active_mtu` as `ibv_query_port` gives it.
     #[must_use]
     pub fn active_mtu(&self) -> Mtu {
-        active_mtu_on(self.shared.local.ip())
+        match &self.backend {
+            Backend::Soft(s) => active_mtu_on(s.shared.local.ip()),
+            Backend::Verbs(v) => v.device.active_mtu,
+        }
     }
 
-    /// A snapshot of the engine's counters (rxe's names where rxe has them).
+    /// A snapshot of the soft engine's counters (rxe's names where rxe has them). A verbs
+    /// device counts in hardware, not per packet here (`caps().per_packet_counters` is
+    /// false): all zeros; [`Nic::statistics_line`] reads the device's own.
     #[must_use]
     pub fn counters(&self) -> Counters {
-        *self.shared.lock().engine.counters()
+        match &self.backend {
+            Backend::Soft(s) => *s.shared.lock().engine.counters(),
+            Backend::Verbs(_) => Counters::default(),
+        }
     }
 
-    /// The counters as `rdma statistic show` prints them: `link <dev>/1 name value …`.
+    /// The counters as `rdma statistic show` prints them: `link <dev>/<port> name value …`;
+    /// on a verbs device, its `hw_counters` from sysfs (rxe's or mlx5's own).
     #[must_use]
     pub fn statistics_line(&self, device: &str) -> String {
-        let mut line = format!("link {device}/1");
-        for (name, value) in self.counters().iter() {
-            line.push_str(&format!(" {name} {value}"));
+        match &self.backend {
+            Backend::Soft(s) => {
+                let mut line = format!("link {device}/1");
+                for (name, value) in self.counters().iter() {
+                    line.push_str(&format!(" {name} {value}"));
+                }
+                for (name, value) in s.shared.port.counters.iter() {
+                    line.push_str(&format!(" {name} {value}"));
+                }
+                line
+            }
+            Backend::Verbs(v) => {
+                let mut line = format!("link {}/{}", v.device.name, v.device.port);
+                for (name, value) in v.device.hw_counters() {
+                    line.push_str(&format!(" {name} {value}"));
+                }
+                line
+            }
         }
-        for (name, value) in self.shared.port.counters.iter() {
-            line.push_str(&format!(" {name} {value}"));
-        }
-        line
     }
 
-    /// Whether the NIC sends by UDP GSO, and if not, why not ([`NicConfig::gso`]).
+    /// Whether the NIC sends by UDP GSO, and if not, why not ([`NicConfig::gso`]); a verbs
+    /// device segments in its own hardware or driver: [`GsoStatus::Hardware`] naming it.
     #[must_use]
     pub fn gso_status(&self) -> GsoStatus {
-        self.shared.port.gso_status()
+        match &self.backend {
+            Backend::Soft(s) => s.shared.port.gso_status(),
+            Backend::Verbs(v) => GsoStatus::Hardware(v.device.name.clone()),
+        }
     }
 
-    /// Why the receive path stopped, if it did (the socket failed).
+    /// Why the receive path stopped, if it did: the soft NIC's socket failed; or a verbs
+    /// device's async events said the device failed, its port went down, or its GID (the
+    /// address) went away.
     #[must_use]
     pub fn failure(&self) -> Option<String> {
-        self.shared
-            .failure
-            .lock()
-            .ok()?
-            .as_ref()
-            .map(ToString::to_string)
+        match &self.backend {
+            Backend::Soft(s) => s
+                .shared
+                .failure
+                .lock()
+                .ok()?
+                .as_ref()
+                .map(ToString::to_string),
+            Backend::Verbs(v) => v.device.health.failure(),
+        }
     }
 
     /// Asks for socket buffers of `bytes` (a frame receiver wants room for whole frames while
@@ -230,7 +435,11 @@ impl Nic {
     ///
     /// What the kernel said when it refused both options.
     pub fn grow_buffers(&self, bytes: usize) -> io::Result<usize> {
-        sys::grow_buffers(self.shared.port.socket(), bytes)
+        match &self.backend {
+            Backend::Soft(s) => sys::grow_buffers(s.shared.port.socket(), bytes),
+            // The device's queues are its buffers.
+            Backend::Verbs(_) => Ok(bytes),
+        }
     }
 
     /// Whether the NIC's address has gone from the host (an interface taken down, an
@@ -238,7 +447,7 @@ impl Nic {
     /// binding a throw-away socket to the address, which costs a few microseconds.
     #[must_use]
     pub fn address_gone(&self) -> bool {
-        let probe = SocketAddr::new(self.shared.local.ip(), 0);
+        let probe = SocketAddr::new(self.addr().ip(), 0);
         matches!(
             UdpSocket::bind(probe),
             Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable
@@ -247,20 +456,27 @@ impl Nic {
 
     /// Wakes a thread that waits on the NIC's socket itself (a frame receiver's monitor).
     pub(crate) fn wake(&self) {
-        self.shared.poke_socket();
+        if let Backend::Soft(s) = &self.backend {
+            s.shared.poke_socket();
+        }
     }
 
-    /// Stops the progress thread and releases the socket once every handle is dropped.
-    /// Idempotent; outstanding work requests never complete afterwards.
+    /// Soft NIC: stops the progress thread and releases the socket once every handle is
+    /// dropped; outstanding work requests never complete afterwards. Verbs device: stops the
+    /// event thread; the device closes when its last object is dropped. Idempotent.
     pub fn close(&self) {
-        self.shared.stop();
+        match &self.backend {
+            Backend::Soft(s) => s.shared.stop(),
+            Backend::Verbs(v) => v.device.stop(),
+        }
     }
 }
 
 impl std::fmt::Debug for Nic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Nic")
-            .field("addr", &self.shared.local)
+            .field("device", &self.device_name())
+            .field("addr", &self.addr())
             .finish_non_exhaustive()
     }
 }

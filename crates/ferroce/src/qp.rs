@@ -1,7 +1,9 @@
-//! Queue pairs over the soft NIC: create, connect to a peer's endpoint, post work.
+//! Queue pairs: create, connect to a peer's endpoint, post work.
 //!
-//! A queue pair is usable from several threads: every call takes the NIC's lock for as long
-//! as the engine needs, and packets a post produces are sent on the caller's thread.
+//! A queue pair is usable from several threads. On the soft NIC every call takes the NIC's
+//! lock for as long as the engine needs, and packets a post produces are sent on the caller's
+//! thread; on a verbs device a post is one call into the provider through libibverbs' ops
+//! table, as C's inline `ibv_post_send` makes it.
 
 use std::net::SocketAddr;
 
@@ -13,7 +15,10 @@ pub use ferroce_proto::qp::{
 use ferroce_proto::wire::{Qpn, RnrTimer};
 use ferroce_proto::Psn;
 
+use crate::cq::CqInner;
+use crate::nic::NicError;
 use crate::region::RegionAccess;
+use crate::verbs::queue::VerbsQp;
 use crate::{Cq, Nic};
 
 /// What a peer needs to reach a queue pair: its number, its first PSN and its NIC's address.
@@ -61,33 +66,74 @@ impl Default for ConnectOptions {
 }
 
 /// A queue pair of a [`Nic`].
-#[derive(Debug)]
 pub struct Qp {
     nic: Nic,
-    qpn: Qpn,
-    psn: Psn,
+    inner: QpInner,
+}
+
+enum QpInner {
+    Soft { qpn: Qpn, psn: Psn, caps: QpCaps },
+    Verbs(VerbsQp),
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("nic", &self.nic.device_name())
+            .field("qpn", &self.qpn())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Qp {
     /// A queue pair of `qp_type` whose completions go to `send_cq` and `recv_cq`, in INIT:
-    /// receives may be posted before [`Qp::connect`]. Its first PSN is random, as
-    /// `ibv_rc_pingpong` chooses it.
-    #[must_use]
-    pub fn new(nic: &Nic, qp_type: QpType, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Self {
-        let mut state = nic.shared.lock();
-        let qpn = state.engine.create_qp(QpInit {
-            qp_type,
-            pd: nic.pd,
-            send_cq: send_cq.id,
-            recv_cq: recv_cq.id,
-            caps,
-            sq_sig_all: false,
-        });
+    /// receives may be posted before [`Qp::connect`] (`ibv_create_qp`, then INIT). Its first
+    /// PSN is random, as `ibv_rc_pingpong` chooses it. On a verbs device the capacities are
+    /// what the device granted ([`Qp::caps`]), and the CQs grow to hold the new queues.
+    ///
+    /// # Errors
+    ///
+    /// [`NicError::OtherNic`] when a CQ belongs to another NIC; [`NicError::Verbs`] when a
+    /// verbs device refuses the QP (the message says which capacity, where it can tell).
+    /// The soft NIC never refuses one.
+    pub fn new(
+        nic: &Nic,
+        qp_type: QpType,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+    ) -> Result<Self, NicError> {
+        if !nic.same(&send_cq.nic) || !nic.same(&recv_cq.nic) {
+            return Err(NicError::OtherNic("a completion queue"));
+        }
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.subsec_nanos())
-            .wrapping_mul(0x9e37_79b9)
-            ^ qpn.value();
+            .wrapping_mul(0x9e37_79b9);
+        if let (Some(device), CqInner::Verbs(scq), CqInner::Verbs(rcq)) =
+            (nic.verbs(), &send_cq.inner, &recv_cq.inner)
+        {
+            let qp = VerbsQp::new(device, qp_type, scq, rcq, caps, Psn::from_low_bits(seed))?;
+            return Ok(Self {
+                nic: nic.clone(),
+                inner: QpInner::Verbs(qp),
+            });
+        }
+        let (Some(soft), Some(scq), Some(rcq)) =
+            (nic.soft(), send_cq.soft_id(), recv_cq.soft_id())
+        else {
+            return Err(NicError::OtherNic("a completion queue"));
+        };
+        let mut state = soft.shared.lock();
+        let qpn = state.engine.create_qp(QpInit {
+            qp_type,
+            pd: soft.pd,
+            send_cq: scq,
+            recv_cq: rcq,
+            caps,
+            sq_sig_all: false,
+        });
+        let seed = seed ^ qpn.value();
         // INIT at once, so receives can be posted before connecting (as ibv_rc_pingpong does);
         // the access peers get is set by `connect`. RESET → INIT with an access cannot fail.
         let init = QpAttr {
@@ -97,19 +143,34 @@ impl Qp {
         };
         let _ = state.engine.modify_qp(qpn, &init);
         drop(state);
-        Self {
+        Ok(Self {
             nic: nic.clone(),
-            qpn,
-            psn: Psn::from_low_bits(seed),
+            inner: QpInner::Soft {
+                qpn,
+                psn: Psn::from_low_bits(seed),
+                caps,
+            },
+        })
+    }
+
+    /// The soft NIC's internals and this QP's number, or `None` on a verbs device.
+    fn soft(&self) -> Option<(&crate::nic::SoftNic, Qpn)> {
+        match (&self.inner, self.nic.soft()) {
+            (QpInner::Soft { qpn, .. }, Some(s)) => Some((s, *qpn)),
+            _ => None,
         }
     }
 
     /// This queue pair's endpoint, for the peer.
     #[must_use]
     pub fn endpoint(&self) -> QpEndpoint {
+        let psn = match &self.inner {
+            QpInner::Soft { psn, .. } => *psn,
+            QpInner::Verbs(qp) => qp.psn(),
+        };
         QpEndpoint {
-            qpn: self.qpn,
-            psn: self.psn,
+            qpn: self.qpn(),
+            psn,
             addr: self.nic.addr(),
         }
     }
@@ -117,22 +178,59 @@ impl Qp {
     /// The queue pair number.
     #[must_use]
     pub fn qpn(&self) -> Qpn {
-        self.qpn
+        match &self.inner {
+            QpInner::Soft { qpn, .. } => *qpn,
+            QpInner::Verbs(qp) => qp.qpn(),
+        }
     }
 
-    /// The current state.
+    /// The capacities: as asked on the soft NIC; as the device granted them on a verbs
+    /// device (`max_inline` in particular, which no query reports otherwise).
+    #[must_use]
+    pub fn caps(&self) -> QpCaps {
+        match &self.inner {
+            QpInner::Soft { caps, .. } => *caps,
+            QpInner::Verbs(qp) => qp.caps(),
+        }
+    }
+
+    /// The current state. On a verbs device, the last state ferroce set, or ERR once an
+    /// async event reported the QP failed.
     #[must_use]
     pub fn state(&self) -> Option<QpState> {
-        self.nic.shared.lock().engine.qp_state(self.qpn)
+        match &self.inner {
+            QpInner::Verbs(qp) => qp.state(),
+            QpInner::Soft { qpn, .. } => self.nic.soft()?.shared.lock().engine.qp_state(*qpn),
+        }
     }
 
-    /// Connects to `peer`: INIT → RTR → RTS with `options`.
+    /// Why the QP failed, if a verbs device's async event said so (QP fatal, a request or
+    /// access error at the responder, or an overrun of one of its CQs). `None` on the soft
+    /// NIC, whose errors arrive as completions.
+    #[must_use]
+    pub fn failure(&self) -> Option<String> {
+        match &self.inner {
+            QpInner::Verbs(qp) => qp.failure(),
+            QpInner::Soft { .. } => None,
+        }
+    }
+
+    /// Connects to `peer`: INIT → RTR → RTS with `options` (`ibv_modify_qp` three times, with
+    /// the attributes `ibv_rc_pingpong` uses; on a verbs device the address handle is the
+    /// peer's IPv4-mapped GID and ours of [`Nic::gid_index`]).
     ///
     /// # Errors
     ///
-    /// [`ModifyError`] when the queue pair is not in INIT or an option is out of range.
+    /// [`ModifyError`] when the queue pair is not in INIT or an option is out of range; from
+    /// a verbs device, [`ModifyError::Device`] with what it returned (ETIMEDOUT at RTR: the
+    /// peer's address could not be resolved).
     pub fn connect(&self, peer: &QpEndpoint, options: &ConnectOptions) -> Result<(), ModifyError> {
-        let mut state = self.nic.shared.lock();
+        let (soft, qpn) = match (&self.inner, self.soft()) {
+            (QpInner::Verbs(qp), _) => return qp.connect(peer, options, true),
+            (_, Some(s)) => s,
+            (_, None) => return Err(ModifyError::Device("the NIC is gone".into())),
+        };
+        let mut state = soft.shared.lock();
         let engine = &mut state.engine;
         let access = match options.access {
             RegionAccess::Local => Access::NONE,
@@ -146,8 +244,9 @@ impl Qp {
             value: options.min_rnr_timer.into(),
             expected: "0 to 31",
         })?;
+        let psn = self.endpoint().psn;
         engine.modify_qp(
-            self.qpn,
+            qpn,
             &QpAttr {
                 state: Some(QpState::Init),
                 access: Some(access),
@@ -155,7 +254,7 @@ impl Qp {
             },
         )?;
         engine.modify_qp(
-            self.qpn,
+            qpn,
             &QpAttr {
                 state: Some(QpState::Rtr),
                 path_mtu: Some(options.mtu),
@@ -168,10 +267,10 @@ impl Qp {
             },
         )?;
         engine.modify_qp(
-            self.qpn,
+            qpn,
             &QpAttr {
                 state: Some(QpState::Rts),
-                sq_psn: Some(self.psn),
+                sq_psn: Some(psn),
                 timeout: Some(options.timeout),
                 retry_cnt: Some(options.retry_cnt),
                 rnr_retry: Some(options.rnr_retry),
@@ -187,9 +286,14 @@ impl Qp {
     ///
     /// [`PostError`] when it cannot be queued.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        let mut state = self.nic.shared.lock();
-        state.engine.post_send(self.qpn, wr)?;
-        self.nic.shared.after_command(state);
+        let (soft, qpn) = match (&self.inner, self.soft()) {
+            (QpInner::Verbs(qp), _) => return qp.post_send(wr),
+            (_, Some(s)) => s,
+            (_, None) => return Err(PostError::InvalidState(QpState::Err)),
+        };
+        let mut state = soft.shared.lock();
+        state.engine.post_send(qpn, wr)?;
+        soft.shared.after_command(state);
         Ok(())
     }
 
@@ -205,15 +309,20 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, PostError)> {
-        let mut state = self.nic.shared.lock();
+        let (soft, qpn) = match (&self.inner, self.soft()) {
+            (QpInner::Verbs(qp), _) => return qp.post_send_list(wrs),
+            (_, Some(s)) => s,
+            (_, None) => return Err((0, PostError::InvalidState(QpState::Err))),
+        };
+        let mut state = soft.shared.lock();
         let mut result = Ok(());
         for (i, wr) in wrs.into_iter().enumerate() {
-            if let Err(e) = state.engine.post_send(self.qpn, wr) {
+            if let Err(e) = state.engine.post_send(qpn, wr) {
                 result = Err((i, e));
                 break;
             }
         }
-        self.nic.shared.after_command(state);
+        soft.shared.after_command(state);
         result
     }
 
@@ -223,28 +332,45 @@ impl Qp {
     ///
     /// [`PostError`] when it cannot be queued.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        let mut state = self.nic.shared.lock();
-        state.engine.post_recv(self.qpn, wr)?;
-        self.nic.shared.after_command(state);
+        let (soft, qpn) = match (&self.inner, self.soft()) {
+            (QpInner::Verbs(qp), _) => return qp.post_recv(wr),
+            (_, Some(s)) => s,
+            (_, None) => return Err(PostError::InvalidState(QpState::Err)),
+        };
+        let mut state = soft.shared.lock();
+        state.engine.post_recv(qpn, wr)?;
+        soft.shared.after_command(state);
         Ok(())
     }
 
     /// Moves the queue pair to ERR: everything outstanding completes with a flush error.
     pub fn shutdown(&self) {
-        let mut state = self.nic.shared.lock();
+        let (soft, qpn) = match (&self.inner, self.soft()) {
+            (QpInner::Verbs(qp), _) => return qp.shutdown(),
+            (_, Some(s)) => s,
+            (_, None) => return,
+        };
+        let mut state = soft.shared.lock();
         let _ = state.engine.modify_qp(
-            self.qpn,
+            qpn,
             &QpAttr {
                 state: Some(QpState::Err),
                 ..QpAttr::default()
             },
         );
-        self.nic.shared.after_command(state);
+        soft.shared.after_command(state);
+    }
+
+    /// The soft engine's number for this QP, for the faces that attach to the engine.
+    pub(crate) fn soft_qpn(&self) -> Option<Qpn> {
+        self.soft().map(|(_, qpn)| qpn)
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        self.nic.shared.lock().engine.destroy_qp(self.qpn);
+        if let Some((soft, qpn)) = self.soft() {
+            soft.shared.lock().engine.destroy_qp(qpn);
+        }
     }
 }

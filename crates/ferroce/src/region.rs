@@ -16,6 +16,8 @@ use ferroce_proto::qp::{RemoteAddr, Sge};
 
 use crate::soft::{HostBuf, Storage};
 use crate::sys;
+use crate::verbs::queue::region_access;
+use crate::verbs::Mr;
 use crate::Nic;
 
 /// What peers may do to a region (seed 004's `access`).
@@ -83,7 +85,26 @@ pub enum RegionError {
         /// What the kernel said.
         reason: std::io::Error,
     },
-    /// The soft backend cannot use this dma-buf.
+    /// The device cannot register dma-bufs (rxe cannot; `Nic::caps().dmabuf` says so
+    /// beforehand). Register host memory instead, staging through it.
+    #[error("{device} cannot register dma-buf memory (no ibv_reg_dmabuf_mr in its driver or in this libibverbs); register host memory and stage through it")]
+    DmabufUnsupported {
+        /// The device.
+        device: String,
+    },
+    /// A verbs device refused the registration.
+    #[error("{device}: {call} refused {bytes} bytes: {source}")]
+    Device {
+        /// The device.
+        device: String,
+        /// The verb.
+        call: &'static str,
+        /// The region's size.
+        bytes: u64,
+        /// What it returned.
+        source: std::io::Error,
+    },
+    /// The dma-buf cannot be used (the soft backend maps it; a verbs device registers it).
     #[error("cannot map dma-buf fd {fd} ({bytes} bytes at offset {offset}) for the soft backend: {reason}")]
     Dmabuf {
         /// The descriptor.
@@ -133,23 +154,40 @@ pub struct Region {
     dmabuf: Option<(RawFd, u64)>,
     /// Whether the bytes are locked in RAM.
     pinned: bool,
+    /// The registration on a verbs device (which owns the host bytes).
+    mr: Option<Mr>,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Region {
     /// Registers `memory` with `nic` for `access` and write order `order` (seed 004's
-    /// `register`). Host bytes are locked in RAM.
+    /// `register`). Host bytes are locked in RAM. On a verbs device, `ibv_reg_mr` pins every
+    /// host region, [`RegionMemory::Pageable`] included, and a dma-buf goes to
+    /// `ibv_reg_dmabuf_mr`; [`WriteOrder::AnyOrder`] asks for relaxed ordering.
     ///
     /// # Errors
     ///
     /// [`RegionError::Empty`] for no bytes, [`RegionError::MemlockLimit`] when the
     /// locked-memory limit cannot hold the bytes, [`RegionError::Dmabuf`] for dma-buf memory
-    /// that cannot be mapped (with the reason).
+    /// that cannot be mapped (with the reason); on a verbs device,
+    /// [`RegionError::DmabufUnsupported`] and [`RegionError::Device`].
     pub fn register(
         nic: &Nic,
         access: RegionAccess,
         order: WriteOrder,
         memory: RegionMemory,
     ) -> Result<Self, RegionError> {
+        if nic.verbs().is_some() {
+            return Self::register_verbs(nic, access, order, memory);
+        }
         let pinned = !matches!(memory, RegionMemory::Pageable(_));
         let (storage, va, len, dmabuf) = match memory {
             RegionMemory::Host(bytes) | RegionMemory::Pageable(bytes) => {
@@ -195,10 +233,13 @@ impl Region {
             }
         };
         let buf = Arc::new(HostBuf::new(storage, pinned));
-        let mut state = nic.shared.lock();
+        let Some(soft) = nic.soft() else {
+            return Err(RegionError::NotRemote);
+        };
+        let mut state = soft.shared.lock();
         let info = state
             .engine
-            .register(nic.pd, va, len, access.rights(), order)?;
+            .register(soft.pd, va, len, access.rights(), order)?;
         state.mem.regions.insert(info.id, Arc::clone(&buf));
         Ok(Self {
             nic: nic.clone(),
@@ -206,6 +247,97 @@ impl Region {
             buf: Some(buf),
             dmabuf,
             pinned,
+            mr: None,
+        })
+    }
+
+    fn register_verbs(
+        nic: &Nic,
+        access: RegionAccess,
+        order: WriteOrder,
+        memory: RegionMemory,
+    ) -> Result<Self, RegionError> {
+        let Some(device) = nic.verbs() else {
+            return Err(RegionError::NotRemote);
+        };
+        let flags = region_access(access, order);
+        let (mr, dmabuf) = match memory {
+            RegionMemory::Host(bytes) | RegionMemory::Pageable(bytes) => {
+                if bytes.is_empty() {
+                    return Err(RegionError::Empty);
+                }
+                let len = bytes.len();
+                match device.pd.reg_host(bytes.into_boxed_slice(), flags) {
+                    Ok(mr) => (mr, None),
+                    Err((e, _)) if matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::EPERM))
+                        && sys::memlock_limit().is_some() =>
+                    {
+                        return Err(memlock_error(len, e));
+                    }
+                    Err((source, _)) => {
+                        return Err(RegionError::Device {
+                            device: device.name.clone(),
+                            call: "ibv_reg_mr",
+                            bytes: len as u64,
+                            source,
+                        })
+                    }
+                }
+            }
+            RegionMemory::Dmabuf { fd, offset, bytes } => {
+                if bytes == 0 {
+                    return Err(RegionError::Empty);
+                }
+                let len = usize::try_from(bytes).map_err(|_| RegionError::Dmabuf {
+                    fd,
+                    offset,
+                    bytes,
+                    reason: "too large for this host".into(),
+                })?;
+                // Peers address it from 0, as Hololink registers its frame memory.
+                match device.pd.reg_dmabuf(fd, offset, len, 0, flags) {
+                    Ok(mr) => (mr, Some((fd, offset))),
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOSYS)
+                        ) =>
+                    {
+                        return Err(RegionError::DmabufUnsupported {
+                            device: device.name.clone(),
+                        })
+                    }
+                    Err(source) => {
+                        return Err(RegionError::Device {
+                            device: device.name.clone(),
+                            call: "ibv_reg_dmabuf_mr",
+                            bytes,
+                            source,
+                        })
+                    }
+                }
+            }
+        };
+        let remote = !matches!(access, RegionAccess::Local);
+        let len = mr.len() as u64;
+        let info = RegionInfo {
+            id: ferroce_proto::memory::RegionId(0),
+            pd: ferroce_proto::memory::PdId(0),
+            // A dma-buf is addressed from the IOVA it was registered at (0).
+            va: if dmabuf.is_some() { 0 } else { mr.addr() },
+            len,
+            access: access.rights(),
+            order,
+            lkey: mr.lkey(),
+            rkey: if remote { mr.rkey() } else { 0 },
+        };
+        Ok(Self {
+            nic: nic.clone(),
+            info,
+            buf: None,
+            dmabuf,
+            pinned: true,
+            mr: Some(mr),
         })
     }
 
@@ -219,6 +351,19 @@ impl Region {
     pub fn deregister(mut self) -> Result<RegionMemory, RegionError> {
         let len = self.info.len;
         let dmabuf = self.dmabuf;
+        if let Some(mr) = self.mr.take() {
+            let pinned = self.pinned;
+            return Ok(match (mr.into_host(), dmabuf) {
+                (Some(bytes), _) if pinned => RegionMemory::Host(bytes.into_vec()),
+                (Some(bytes), _) => RegionMemory::Pageable(bytes.into_vec()),
+                (None, Some((fd, offset))) => RegionMemory::Dmabuf {
+                    fd,
+                    offset,
+                    bytes: len,
+                },
+                (None, None) => RegionMemory::Host(Vec::new()),
+            });
+        }
         Ok(match (self.release(), dmabuf) {
             (Some(Storage::Heap(bytes)), _) if self.pinned => RegionMemory::Host(bytes.into_vec()),
             (Some(Storage::Heap(bytes)), _) => RegionMemory::Pageable(bytes.into_vec()),
@@ -233,8 +378,8 @@ impl Region {
 
     fn release(&mut self) -> Option<Storage> {
         let buf = self.buf.take()?;
-        {
-            let mut state = self.nic.shared.lock();
+        if let Some(soft) = self.nic.soft() {
+            let mut state = soft.shared.lock();
             state.engine.deregister(self.info.id);
             state.mem.regions.remove(&self.info.id);
         }
@@ -328,6 +473,9 @@ impl Region {
         if let Some(buf) = &self.buf {
             buf.read(at, out);
         }
+        if let Some(mr) = &self.mr {
+            mr.read(at as usize, out);
+        }
         Ok(())
     }
 
@@ -340,6 +488,9 @@ impl Region {
         self.check(at, data.len() as u64)?;
         if let Some(buf) = &self.buf {
             buf.write(at, data);
+        }
+        if let Some(mr) = &self.mr {
+            mr.write(at as usize, data);
         }
         Ok(())
     }

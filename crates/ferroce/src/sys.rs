@@ -11,6 +11,19 @@ use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;
 
+/// Puts a descriptor the caller owns (a verbs device's async or completion-channel fd) in
+/// non-blocking mode.
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL and F_SETFL read and write the descriptor's status flags only; a
+    // descriptor that is not open makes them fail with EBADF, which is returned.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Locks the pages of `bytes` in RAM (`mlock(2)`).
 pub(crate) fn mlock(bytes: &[u8]) -> io::Result<()> {
     if bytes.is_empty() {
@@ -435,7 +448,7 @@ pub(crate) fn wait_either(
 }
 
 /// `poll(2)` for readability on `N` descriptors; an interrupted wait reads as a timeout.
-fn poll_readable<const N: usize>(
+pub(crate) fn poll_readable<const N: usize>(
     fds: [RawFd; N],
     timeout: Option<std::time::Duration>,
 ) -> io::Result<[bool; N]> {

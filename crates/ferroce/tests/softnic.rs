@@ -33,8 +33,8 @@ fn pair(port: u16, qp_type: QpType, options: &ConnectOptions) -> (Side, Side) {
     let a = nic(2, port);
     let b = nic(3, port);
     let side = |nic: Nic| {
-        let cq = Cq::new(&nic, 1024);
-        let qp = Qp::new(&nic, qp_type, &cq, &cq, QpCaps::default());
+        let cq = Cq::new(&nic, 1024).unwrap();
+        let qp = Qp::new(&nic, qp_type, &cq, &cq, QpCaps::default()).unwrap();
         Side { nic, cq, qp }
     };
     let (a, b) = (side(a), side(b));
@@ -437,10 +437,10 @@ fn reads_in_flight_survive_loss() {
         .unwrap()
     };
     let (a, b) = (faulty(2), faulty(3));
-    let cq_a = Cq::new(&a, 64);
-    let cq_b = Cq::new(&b, 64);
-    let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default());
-    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default());
+    let cq_a = Cq::new(&a, 64).unwrap();
+    let cq_b = Cq::new(&b, 64).unwrap();
+    let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
+    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
     let options = ConnectOptions::default();
     qa.connect(&qb.endpoint(), &options).unwrap();
     qb.connect(&qa.endpoint(), &options).unwrap();

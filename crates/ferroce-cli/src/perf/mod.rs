@@ -42,7 +42,7 @@ use ferroce::proto::wire::{Qpn, ROCE_PORT};
 use ferroce::proto::Psn;
 use ferroce::qp::{Mtu, QpCaps, QpType};
 use ferroce::{
-    ConnectOptions, Cq, Nic, NicConfig, Qp, QpEndpoint, Region, RegionAccess, RegionMemory,
+    ConnectOptions, Cq, DeviceOptions, Nic, NicConfig, Qp, QpEndpoint, Region, RegionAccess, RegionMemory,
 };
 
 use oob::{BwReport, Comm, KeyLine};
@@ -119,13 +119,14 @@ pub(crate) struct PerfArgs {
     /// The JSON file (implies --out_json).
     #[arg(long = "out_json_file")]
     out_json_file: Option<PathBuf>,
-    /// Device name (the soft NIC has one; accepted for compatibility).
+    /// Device: `ferroce0` (the soft NIC) or a verbs device (`rxe0`, `mlx5_0`).
     #[arg(short = 'd', long = "ib-dev", default_value = "ferroce0")]
     ib_dev: String,
-    /// Port of the device (accepted for compatibility).
+    /// Port of the device.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     ib_port: u8,
-    /// GID index (the soft NIC's GID is its address; accepted and printed).
+    /// GID index on a verbs device (default: the RoCE v2 GID of --local, or the first IPv4
+    /// one); the soft NIC's GID is its address.
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<u32>,
     /// Do not fail on CPU frequency scaling (accepted; nothing to check).
@@ -146,9 +147,10 @@ pub(crate) struct PerfArgs {
     /// Do not compute the peak bandwidth.
     #[arg(short = 'N', long = "no_peak")]
     no_peak: bool,
-    /// The soft NIC's local address.
-    #[arg(long = "local", default_value = "127.0.0.1")]
-    local: IpAddr,
+    /// The local address: the soft NIC's (127.0.0.1 unless given), or on a verbs device the
+    /// address whose RoCE v2 GID to use (`-x` picks one by index instead).
+    #[arg(long = "local")]
+    local: Option<IpAddr>,
     /// Verify every byte that arrived: receive buffers, targets of WRITEs (read back),
     /// destinations of READs, atomic results.
     #[arg(long = "check")]
@@ -212,7 +214,7 @@ impl AtomicType {
 }
 
 /// The resolved parameters of a run.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Settings {
     verb: Verb,
     kind: Kind,
@@ -230,13 +232,15 @@ struct Settings {
     gbits: bool,
     json: Option<PathBuf>,
     device: String,
-    gid_index: u32,
+    ib_port: u8,
+    /// As asked; the index in use is the NIC's (`Nic::gid_index`).
+    gid_index: Option<u32>,
     uc: bool,
     atomic: AtomicType,
     out_reads: u8,
     timeout: u8,
     no_peak: bool,
-    local: IpAddr,
+    local: Option<IpAddr>,
     check: bool,
     pcap: Option<PathBuf>,
     fault: Option<ferroce::nic::Faults>,
@@ -342,7 +346,7 @@ impl Settings {
             (None, true) => return Err(" --out_json needs --out_json_file FILE".into()),
             (None, false) => None,
         };
-        let _ = (a.ib_port, a.cpu_freq);
+        let _ = a.cpu_freq;
         Ok(Self {
             verb,
             kind,
@@ -359,7 +363,8 @@ impl Settings {
             gbits: a.report_gbits,
             json,
             device: a.ib_dev.clone(),
-            gid_index: a.gid_index.unwrap_or(0),
+            ib_port: a.ib_port,
+            gid_index: a.gid_index,
             uc,
             atomic,
             out_reads: a.outs.max(1),
@@ -426,14 +431,22 @@ impl Rig {
             pcap: s.pcap.clone(),
             gso: s.gso,
             gro: s.gro,
-            ..NicConfig::on(s.local)
+            ..NicConfig::on(s.local.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)))
         };
-        let nic = Nic::open(&config)
-            .map_err(|e| format!(" Couldn't open the soft NIC on {}: {e}", s.local))?;
+        let device = DeviceOptions {
+            port: s.ib_port,
+            gid_index: s.gid_index,
+            local: s.local,
+        };
+        let nic = Nic::open_device(&s.device, &device, &config)
+            .map_err(|e| format!(" Couldn't get device {}: {e}", s.device))?;
+        crate::refuse_soft_only(&nic, s.fault.is_some(), s.pcap.is_some())
+            .map_err(|e| format!(" {e}"))?;
         let q = s.qps;
         let area = s.max_size().max(u64::from(CYCLE_BUFFER));
-        let send_cq = Cq::new(&nic, q * (s.tx_depth as usize + 2) + 16);
-        let recv_cq = Cq::new(&nic, q * (s.rx_depth as usize + 2) + 16);
+        let cq_error = |e| format!(" Couldn't create CQ: {e}");
+        let send_cq = Cq::new(&nic, q * (s.tx_depth as usize + 2) + 16).map_err(cq_error)?;
+        let recv_cq = Cq::new(&nic, q * (s.rx_depth as usize + 2) + 16).map_err(cq_error)?;
         let caps = QpCaps {
             sq_depth: s.tx_depth + 1,
             rq_depth: if s.verb == Verb::Send { s.rx_depth } else { 1 },
@@ -442,7 +455,8 @@ impl Rig {
         let qp_type = if s.uc { QpType::Uc } else { QpType::Rc };
         let qps = (0..q)
             .map(|_| Qp::new(&nic, qp_type, &send_cq, &recv_cq, caps))
-            .collect();
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!(" Couldn't create QP: {e}"))?;
         let len = 64 + 2 * q as u64 * area;
         let len = usize::try_from(len).map_err(|_| " Buffer too large".to_owned())?;
         let region = Region::register(
@@ -553,6 +567,11 @@ struct Session {
 
 fn execute(s: &Settings) -> Result<(), String> {
     let rig = Rig::new(s)?;
+    // The report names the GID index in use, which a verbs device chose.
+    let s = &Settings {
+        gid_index: Some(rig.nic.gid_index()),
+        ..s.clone()
+    };
     let mut comm = match &s.server {
         Some(server) => Comm::connect(server, s.port),
         None => Comm::accept(s.port),
@@ -563,7 +582,7 @@ fn execute(s: &Settings) -> Result<(), String> {
     let mtu = comm.check_mtu(s.mtu.unwrap_or_else(|| rig.nic.active_mtu()))?;
     report::print_header(s, mtu.bytes());
 
-    let gid = match s.local {
+    let gid = match rig.nic.addr().ip() {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,
     }

@@ -65,7 +65,7 @@ pub(super) fn print_header(s: &Settings, mtu_bytes: u32) {
     }
     println!(" Mtu             : {mtu_bytes}[B]");
     println!(" Link type       : Ethernet");
-    println!(" GID index       : {}", s.gid_index);
+    println!(" GID index       : {}", s.gid_index.unwrap_or(0));
     if matches!(s.verb, Verb::Read | Verb::Atomic) {
         println!(" Outstand reads  : {}", s.out_reads);
     } else {
@@ -284,7 +284,7 @@ pub(super) fn write_json(
     }
     info.insert("Mtu".into(), mtu_bytes.into());
     info.insert("Link_type".into(), "Ethernet".into());
-    info.insert("GID_index".into(), s.gid_index.into());
+    info.insert("GID_index".into(), s.gid_index.unwrap_or(0).into());
     if matches!(s.verb, Verb::Read | Verb::Atomic) {
         info.insert("Outstand_reads".into(), s.out_reads.into());
     } else {

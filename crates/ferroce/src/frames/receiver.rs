@@ -598,7 +598,7 @@ impl Receiver {
         // Room for two whole frames in the socket, so a monitor descheduled for a frame time
         // loses nothing (never below the NIC's 8 MiB; unprivileged, rmem_max caps it).
         let _ = nic.grow_buffers((2 * page_size).clamp(8 << 20, 256 << 20));
-        let cq = Cq::new(nic, RECV_DEPTH * 2);
+        let cq = Cq::new(nic, RECV_DEPTH * 2).map_err(|e| StartError::Qp(e.to_string()))?;
         let qp = Qp::new(
             nic,
             QpType::Uc,
@@ -609,7 +609,8 @@ impl Receiver {
                 rq_depth: RECV_DEPTH as u32,
                 max_inline: 0,
             },
-        );
+        )
+        .map_err(|e| StartError::Qp(e.to_string()))?;
         for i in 0..RECV_DEPTH {
             qp.post_recv(RecvWr {
                 wr_id: i as u64,
@@ -646,10 +647,13 @@ impl Receiver {
             book: Arc::clone(&book),
             counters: Arc::clone(&self.inner.counters),
         };
-        nic.shared
-            .lock()
-            .engine
-            .set_write_filter(qp.qpn(), Some(Box::new(filter)));
+        // The soft engine shows the receiver every WRITE; a verbs device shows it none.
+        if let (Some(soft), Some(qpn)) = (nic.soft(), qp.soft_qpn()) {
+            soft.shared
+                .lock()
+                .engine
+                .set_write_filter(qpn, Some(Box::new(filter)));
+        }
         *lock(&self.inner.ready) = Ready::default();
         *slot = Some(Arc::new(Run {
             nic: nic.clone(),

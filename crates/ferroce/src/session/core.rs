@@ -260,14 +260,14 @@ impl Core {
             .min(ours);
         // Room for every slot's message each way, plus a little.
         let depth = usize::from(super::MAX_SLOTS) + 8;
-        let send_cq = Cq::new(&nic, depth * 2);
-        let recv_cq = Cq::new(&nic, depth * 2);
+        let send_cq = Cq::new(&nic, depth * 2)?;
+        let recv_cq = Cq::new(&nic, depth * 2)?;
         let caps = QpCaps {
             sq_depth: u32::from(super::MAX_SLOTS) + 8,
             rq_depth: u32::from(super::MAX_SLOTS) + 8,
             max_inline: 0,
         };
-        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps);
+        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps)?;
         let mine = PeerInfo {
             endpoint: qp.endpoint(),
             regions: Vec::new(),

@@ -507,7 +507,7 @@ mod tests {
             .unwrap();
             let ringers: Vec<_> = (0..2)
                 .map(|_| {
-                    let shared = std::sync::Arc::clone(&nic.shared);
+                    let shared = std::sync::Arc::clone(&nic.soft().unwrap().shared);
                     std::thread::spawn(move || {
                         for _ in 0..300 {
                             shared.ring();

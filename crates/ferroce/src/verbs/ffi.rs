@@ -1,0 +1,1035 @@
+//! Every call into libibverbs, and the handles that own what it allocates.
+//!
+//! The library is opened with `dlopen` on first use (`libibverbs.so.1`, or the path in
+//! `FERROCE_IBVERBS`) and each symbol found with `dlvsym` at the version rdma-core released it
+//! under (verbs.md §1.1), so the build needs no rdma-core and the binary has no `NEEDED
+//! libibverbs`. The four hot-path calls go through the context's ops table, one indirect call
+//! each, as `verbs.h`'s inline functions do.
+//!
+//! The handles ([`Context`], [`Pd`], [`Mr`], [`RawCq`], [`RawQp`]) hold `Arc`s to their
+//! parents, so Rust's drop order is libibverbs' destroy order: QP, MR and CQ before the PD and
+//! the channel, all before the device. This is the one module of the backend with `unsafe`;
+//! each block says why it holds.
+
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::io;
+use std::mem::size_of;
+use std::os::fd::RawFd;
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use ferroce_proto::qp::{Payload, RecvWr, SendOp, SendWr};
+
+use super::abi::*;
+
+/// Why libibverbs could not be loaded.
+#[derive(Clone, Debug)]
+pub(crate) struct LoadError {
+    /// The file asked for.
+    pub(crate) path: String,
+    /// `dlerror()`'s text, or the symbol that was missing.
+    pub(crate) reason: String,
+}
+
+type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
+type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
+type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+type OpenDevice = unsafe extern "C" fn(*mut c_void) -> *mut ibv_context;
+type CloseDevice = unsafe extern "C" fn(*mut ibv_context) -> c_int;
+type QueryDevice = unsafe extern "C" fn(*mut ibv_context, *mut ibv_device_attr) -> c_int;
+type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr) -> c_int;
+type QueryGid = unsafe extern "C" fn(*mut ibv_context, u8, c_int, *mut ibv_gid) -> c_int;
+type QueryGidEx =
+    unsafe extern "C" fn(*mut ibv_context, u32, u32, *mut ibv_gid_entry, u32, usize) -> c_int;
+type AllocPd = unsafe extern "C" fn(*mut ibv_context) -> *mut c_void;
+type DeallocPd = unsafe extern "C" fn(*mut c_void) -> c_int;
+type RegMr = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut ibv_mr;
+type RegDmabufMr = unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
+type DeregMr = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
+type CreateCompChannel = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel;
+type DestroyCompChannel = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
+type CreateCq = unsafe extern "C" fn(
+    *mut ibv_context,
+    c_int,
+    *mut c_void,
+    *mut ibv_comp_channel,
+    c_int,
+) -> *mut ibv_cq;
+type ResizeCq = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+type DestroyCq = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
+type GetCqEvent =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+type AckCqEvents = unsafe extern "C" fn(*mut ibv_cq, c_uint);
+type CreateQp = unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+type GetAsyncEvent = unsafe extern "C" fn(*mut ibv_context, *mut ibv_async_event) -> c_int;
+type AckAsyncEvent = unsafe extern "C" fn(*mut ibv_async_event);
+type ForkInit = unsafe extern "C" fn() -> c_int;
+type IsForkInitialized = unsafe extern "C" fn() -> c_int;
+
+/// libibverbs, opened, with the functions ferroce calls.
+pub(crate) struct Lib {
+    get_device_list: GetDeviceList,
+    free_device_list: FreeDeviceList,
+    get_device_name: GetDeviceName,
+    open_device: OpenDevice,
+    close_device: CloseDevice,
+    query_device: QueryDevice,
+    query_port: QueryPort,
+    query_gid: QueryGid,
+    alloc_pd: AllocPd,
+    dealloc_pd: DeallocPd,
+    reg_mr: RegMr,
+    dereg_mr: DeregMr,
+    create_comp_channel: CreateCompChannel,
+    destroy_comp_channel: DestroyCompChannel,
+    create_cq: CreateCq,
+    resize_cq: ResizeCq,
+    destroy_cq: DestroyCq,
+    get_cq_event: GetCqEvent,
+    ack_cq_events: AckCqEvents,
+    create_qp: CreateQp,
+    modify_qp: ModifyQp,
+    destroy_qp: DestroyQp,
+    get_async_event: GetAsyncEvent,
+    ack_async_event: AckAsyncEvent,
+    fork_init: ForkInit,
+    // Optional: newer than some rdma-core releases still in use.
+    query_gid_ex: Option<QueryGidEx>,
+    reg_dmabuf_mr: Option<RegDmabufMr>,
+    is_fork_initialized: Option<IsForkInitialized>,
+    /// The file that was opened.
+    pub(crate) path: String,
+}
+
+/// The library handle is never closed and every function in it is thread-safe (libibverbs
+/// locks its own state; rdma-core documents its verbs as callable from any thread).
+// SAFETY: `Lib` holds only function pointers into a library that stays loaded for the life
+// of the process.
+unsafe impl Send for Lib {}
+// SAFETY: as above.
+unsafe impl Sync for Lib {}
+
+static LIB: OnceLock<Result<Lib, LoadError>> = OnceLock::new();
+
+/// The environment variable that names another libibverbs (or, for tests, a file that is not
+/// one).
+pub(crate) const LIBRARY_VAR: &str = "FERROCE_IBVERBS";
+
+/// libibverbs, loaded on the first call; the same answer every call after.
+pub(crate) fn lib() -> Result<&'static Lib, LoadError> {
+    LIB.get_or_init(|| {
+        let path = std::env::var(LIBRARY_VAR).unwrap_or_else(|_| "libibverbs.so.1".to_owned());
+        load(&path)
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+fn dlerror_text() -> String {
+    // SAFETY: dlerror returns NULL or a pointer to a NUL-terminated string that stays valid
+    // until the next dl call on this thread; it is copied at once.
+    let p = unsafe { libc::dlerror() };
+    if p.is_null() {
+        "unknown dlopen failure".to_owned()
+    } else {
+        // SAFETY: non-NULL and NUL-terminated, as above.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+fn load(path: &str) -> Result<Lib, LoadError> {
+    let fail = |reason: String| LoadError {
+        path: path.to_owned(),
+        reason,
+    };
+    let cpath = CString::new(path).map_err(|_| fail("the path holds a NUL byte".into()))?;
+    // SAFETY: a NUL-terminated path; RTLD_LOCAL keeps the library's symbols out of the global
+    // namespace. The handle is kept for the life of the process (never dlclosed).
+    let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(fail(dlerror_text()));
+    }
+    let find = |name: &str, version: &str| -> Option<*mut c_void> {
+        let n = CString::new(name).ok()?;
+        let v = CString::new(version).ok()?;
+        // SAFETY: a live handle and two NUL-terminated strings; dlvsym only looks up.
+        let p = unsafe { libc::dlvsym(handle, n.as_ptr(), v.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    };
+    macro_rules! required {
+        ($name:literal, $version:literal, $ty:ty) => {{
+            let p = find($name, $version).ok_or_else(|| {
+                fail(format!(
+                    "{} has no {}@{} (is it rdma-core's libibverbs?)",
+                    path, $name, $version
+                ))
+            })?;
+            // SAFETY: the symbol is rdma-core's function of this name at this ABI version,
+            // whose C prototype `$ty` transcribes (verbs.md §1.1).
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
+        }};
+    }
+    macro_rules! optional {
+        ($name:literal, $version:literal, $ty:ty) => {
+            // SAFETY: as for `required!`.
+            find($name, $version).map(|p| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
+        };
+    }
+    Ok(Lib {
+        get_device_list: required!("ibv_get_device_list", "IBVERBS_1.1", GetDeviceList),
+        free_device_list: required!("ibv_free_device_list", "IBVERBS_1.1", FreeDeviceList),
+        get_device_name: required!("ibv_get_device_name", "IBVERBS_1.1", GetDeviceName),
+        open_device: required!("ibv_open_device", "IBVERBS_1.1", OpenDevice),
+        close_device: required!("ibv_close_device", "IBVERBS_1.1", CloseDevice),
+        query_device: required!("ibv_query_device", "IBVERBS_1.1", QueryDevice),
+        query_port: required!("ibv_query_port", "IBVERBS_1.1", QueryPort),
+        query_gid: required!("ibv_query_gid", "IBVERBS_1.1", QueryGid),
+        alloc_pd: required!("ibv_alloc_pd", "IBVERBS_1.1", AllocPd),
+        dealloc_pd: required!("ibv_dealloc_pd", "IBVERBS_1.1", DeallocPd),
+        reg_mr: required!("ibv_reg_mr", "IBVERBS_1.1", RegMr),
+        dereg_mr: required!("ibv_dereg_mr", "IBVERBS_1.1", DeregMr),
+        // Released in 1.0 and never re-versioned: a 1.1 lookup finds nothing.
+        create_comp_channel: required!(
+            "ibv_create_comp_channel",
+            "IBVERBS_1.0",
+            CreateCompChannel
+        ),
+        destroy_comp_channel: required!(
+            "ibv_destroy_comp_channel",
+            "IBVERBS_1.0",
+            DestroyCompChannel
+        ),
+        create_cq: required!("ibv_create_cq", "IBVERBS_1.1", CreateCq),
+        resize_cq: required!("ibv_resize_cq", "IBVERBS_1.1", ResizeCq),
+        destroy_cq: required!("ibv_destroy_cq", "IBVERBS_1.1", DestroyCq),
+        get_cq_event: required!("ibv_get_cq_event", "IBVERBS_1.1", GetCqEvent),
+        ack_cq_events: required!("ibv_ack_cq_events", "IBVERBS_1.1", AckCqEvents),
+        create_qp: required!("ibv_create_qp", "IBVERBS_1.1", CreateQp),
+        modify_qp: required!("ibv_modify_qp", "IBVERBS_1.1", ModifyQp),
+        destroy_qp: required!("ibv_destroy_qp", "IBVERBS_1.1", DestroyQp),
+        get_async_event: required!("ibv_get_async_event", "IBVERBS_1.1", GetAsyncEvent),
+        ack_async_event: required!("ibv_ack_async_event", "IBVERBS_1.1", AckAsyncEvent),
+        fork_init: required!("ibv_fork_init", "IBVERBS_1.1", ForkInit),
+        query_gid_ex: optional!("_ibv_query_gid_ex", "IBVERBS_1.11", QueryGidEx),
+        reg_dmabuf_mr: optional!("ibv_reg_dmabuf_mr", "IBVERBS_1.12", RegDmabufMr),
+        is_fork_initialized: optional!("ibv_is_fork_initialized", "IBVERBS_1.13", IsForkInitialized),
+        path: path.to_owned(),
+    })
+}
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// An errno a verbs call returned (rather than set).
+fn returned(rc: c_int) -> io::Result<()> {
+    match rc {
+        0 => Ok(()),
+        rc if rc > 0 => Err(io::Error::from_raw_os_error(rc)),
+        // Some providers return -errno.
+        rc => Err(io::Error::from_raw_os_error(-rc)),
+    }
+}
+
+impl Lib {
+    /// The names of the RDMA devices, in the library's order.
+    ///
+    /// # Errors
+    ///
+    /// What `ibv_get_device_list` set errno to (ENOSYS: the kernel has no RDMA support).
+    pub(crate) fn device_names(&self) -> io::Result<Vec<String>> {
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a live int the call writes the count into.
+        let list = unsafe { (self.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(errno());
+        }
+        let mut names = Vec::new();
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: the list holds `n` device pointers, then NULL.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a device of the live list; its name is NUL-terminated and lives in it.
+            let name = unsafe { CStr::from_ptr((self.get_device_name)(dev)) };
+            names.push(name.to_string_lossy().into_owned());
+        }
+        // SAFETY: the list came from get_device_list and is freed once.
+        unsafe { (self.free_device_list)(list) };
+        Ok(names)
+    }
+
+    /// Opens the device called `name`; `Ok(None)` when no device has that name.
+    ///
+    /// # Errors
+    ///
+    /// The errno of `ibv_get_device_list` or `ibv_open_device`.
+    pub(crate) fn open(&'static self, name: &str) -> io::Result<Option<Context>> {
+        let mut n: c_int = 0;
+        // SAFETY: as in `device_names`.
+        let list = unsafe { (self.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(errno());
+        }
+        let mut found = None;
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: as in `device_names`.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: as in `device_names`.
+            let this = unsafe { CStr::from_ptr((self.get_device_name)(dev)) };
+            if this.to_bytes() == name.as_bytes() {
+                // Opened before the list is freed: an unopened device dies with the list.
+                // SAFETY: a device of the live list.
+                let ctx = unsafe { (self.open_device)(dev) };
+                found = Some(NonNull::new(ctx).ok_or_else(errno));
+                break;
+            }
+        }
+        // SAFETY: as in `device_names`; an opened context outlives the list.
+        unsafe { (self.free_device_list)(list) };
+        match found {
+            None => Ok(None),
+            Some(Err(e)) => Err(e),
+            Some(Ok(ctx)) => {
+                let context = Context { lib: self, ctx };
+                crate::sys::set_nonblocking(context.async_fd())?;
+                Ok(Some(context))
+            }
+        }
+    }
+
+    /// Calls `ibv_fork_init` unless the kernel makes it needless (5.13 and later copy pinned
+    /// pages on fork; `ibv_is_fork_initialized` says `UNNEEDED`). Returns whether it called.
+    pub(crate) fn fork_init_if_needed(&self) -> bool {
+        if let Some(is_init) = self.is_fork_initialized {
+            // SAFETY: takes nothing, reads the library's state.
+            if unsafe { is_init() } == IBV_FORK_UNNEEDED {
+                return false;
+            }
+        }
+        // SAFETY: takes nothing; called before the first registration of this process.
+        unsafe { (self.fork_init)() };
+        true
+    }
+
+}
+
+/// An open device (`struct ibv_context`).
+pub(crate) struct Context {
+    lib: &'static Lib,
+    ctx: NonNull<ibv_context>,
+}
+
+// SAFETY: libibverbs contexts may be used from any thread; ferroce reads only the
+// immutable prefix (ops, fds) itself.
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+/// An asynchronous event, copied out and already acknowledged.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AsyncEvent {
+    /// `enum ibv_event_type`.
+    pub(crate) kind: c_uint,
+    /// The QP, CQ or SRQ the event names, as an address to compare with a handle's
+    /// [`RawQp::key`] or [`RawCq::key`]; for port events the port number.
+    pub(crate) element: usize,
+}
+
+impl Context {
+    pub(crate) fn async_fd(&self) -> RawFd {
+        // SAFETY: the context is open; async_fd is in its public prefix and never changes.
+        unsafe { (*self.ctx.as_ptr()).async_fd }
+    }
+
+    pub(crate) fn query_device(&self) -> io::Result<ibv_device_attr> {
+        let mut attr = ibv_device_attr::default();
+        // SAFETY: an open context and a whole, writable ibv_device_attr.
+        returned(unsafe { (self.lib.query_device)(self.ctx.as_ptr(), &mut attr) })?;
+        Ok(attr)
+    }
+
+    pub(crate) fn query_port(&self, port: u8) -> io::Result<ibv_port_attr> {
+        let mut attr = ibv_port_attr::default();
+        // SAFETY: the buffer is larger than any release's ibv_port_attr; the compat export
+        // fills its prefix.
+        returned(unsafe { (self.lib.query_port)(self.ctx.as_ptr(), port, &mut attr) })?;
+        Ok(attr)
+    }
+
+    /// Entry `index` of the port's GID table: `Ok(None)` for an empty slot. Without
+    /// `_ibv_query_gid_ex` (rdma-core before 32) the type and interface are `None`, for the
+    /// caller to read from sysfs.
+    pub(crate) fn query_gid(&self, port: u8, index: u32) -> io::Result<Option<ibv_gid_entry>> {
+        if let Some(query) = self.lib.query_gid_ex {
+            let mut e = ibv_gid_entry::default();
+            // SAFETY: an open context and a whole ibv_gid_entry, whose size is passed.
+            let rc = unsafe {
+                query(
+                    self.ctx.as_ptr(),
+                    u32::from(port),
+                    index,
+                    &mut e,
+                    0,
+                    size_of::<ibv_gid_entry>(),
+                )
+            };
+            return match returned(rc) {
+                Ok(()) => Ok(Some(e)),
+                Err(err) if err.raw_os_error() == Some(libc::ENODATA) => Ok(None),
+                Err(err) => Err(err),
+            };
+        }
+        let mut gid = ibv_gid::default();
+        let index_c = c_int::try_from(index).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: an open context and a 16-byte union ibv_gid.
+        returned(unsafe { (self.lib.query_gid)(self.ctx.as_ptr(), port, index_c, &mut gid) })?;
+        if gid.raw == [0; 16] {
+            return Ok(None);
+        }
+        Ok(Some(ibv_gid_entry {
+            gid,
+            gid_index: index,
+            port_num: u32::from(port),
+            gid_type: u32::MAX,
+            ndev_ifindex: 0,
+        }))
+    }
+
+    /// The next asynchronous event, if one is waiting (the fd is non-blocking). It is
+    /// acknowledged before this returns, so no destroy ever waits on it.
+    pub(crate) fn next_event(&self) -> Option<AsyncEvent> {
+        let mut ev = ibv_async_event::default();
+        // SAFETY: an open context with a non-blocking async fd; the event is written into `ev`.
+        if unsafe { (self.lib.get_async_event)(self.ctx.as_ptr(), &mut ev) } != 0 {
+            return None;
+        }
+        let copied = AsyncEvent {
+            kind: ev.event_type,
+            element: ev.element as usize,
+        };
+        // SAFETY: the event get_async_event just returned, acknowledged once.
+        unsafe { (self.lib.ack_async_event)(&mut ev) };
+        Some(copied)
+    }
+
+    pub(crate) fn alloc_pd(self: &Arc<Self>) -> io::Result<Pd> {
+        // SAFETY: an open context.
+        let pd = unsafe { (self.lib.alloc_pd)(self.ctx.as_ptr()) };
+        Ok(Pd {
+            ctx: Arc::clone(self),
+            pd: NonNull::new(pd).ok_or_else(errno)?,
+        })
+    }
+
+    /// A CQ of at least `depth` entries with its own completion channel (non-blocking).
+    pub(crate) fn create_cq(self: &Arc<Self>, depth: u32) -> io::Result<RawCq> {
+        // SAFETY: an open context.
+        let ch = unsafe { (self.lib.create_comp_channel)(self.ctx.as_ptr()) };
+        let ch = NonNull::new(ch).ok_or_else(errno)?;
+        let channel = CompChannel {
+            ctx: Arc::clone(self),
+            ch,
+        };
+        crate::sys::set_nonblocking(channel.fd())?;
+        let cqe = c_int::try_from(depth.max(1)).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: an open context and its live channel; no cq_context.
+        let cq = unsafe {
+            (self.lib.create_cq)(self.ctx.as_ptr(), cqe, ptr::null_mut(), ch.as_ptr(), 0)
+        };
+        let cq = NonNull::new(cq).ok_or_else(errno)?;
+        Ok(RawCq {
+            channel,
+            cq,
+            unacked: Mutex::new(0),
+        })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every child holds an Arc to this context, so none is left.
+        unsafe { (self.lib.close_device)(self.ctx.as_ptr()) };
+    }
+}
+
+/// A protection domain.
+pub(crate) struct Pd {
+    ctx: Arc<Context>,
+    pd: NonNull<c_void>,
+}
+
+// SAFETY: a PD is an opaque handle the library locks itself.
+unsafe impl Send for Pd {}
+// SAFETY: as above.
+unsafe impl Sync for Pd {}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: every MR and QP of this PD holds an Arc to it, so none is left.
+        unsafe { (self.ctx.lib.dealloc_pd)(self.pd.as_ptr()) };
+    }
+}
+
+/// Host bytes handed to the device: DMA may write them at any time, so they are reached only
+/// through raw copies, never as a Rust reference.
+struct HostBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the bytes are owned (a leaked Box) and only copied through raw pointers.
+unsafe impl Send for HostBytes {}
+// SAFETY: as above; concurrent copies are the same race any RDMA buffer has with the NIC.
+unsafe impl Sync for HostBytes {}
+
+impl HostBytes {
+    fn new(bytes: Box<[u8]>) -> Self {
+        let len = bytes.len();
+        let ptr = NonNull::new(Box::into_raw(bytes).cast::<u8>()).unwrap_or(NonNull::dangling());
+        Self { ptr, len }
+    }
+
+    fn into_box(self) -> Box<[u8]> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: ptr and len came from Box::into_raw of a boxed slice of this length, and
+        // the MR that let the device write it is gone (the caller deregistered first).
+        unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(this.ptr.as_ptr(), this.len)) }
+    }
+}
+
+impl Drop for HostBytes {
+    fn drop(&mut self) {
+        drop(Self::into_box(Self {
+            ptr: self.ptr,
+            len: self.len,
+        }));
+    }
+}
+
+/// A memory region: registered host bytes it owns, or a range of a dma-buf.
+pub(crate) struct Mr {
+    pd: Arc<Pd>,
+    mr: Option<NonNull<ibv_mr>>,
+    host: Option<HostBytes>,
+}
+
+// SAFETY: an MR handle is immutable once registered; see HostBytes for the bytes.
+unsafe impl Send for Mr {}
+// SAFETY: as above.
+unsafe impl Sync for Mr {}
+
+impl Pd {
+    /// Registers `bytes`, which the MR owns from now on.
+    ///
+    /// # Errors
+    ///
+    /// What `ibv_reg_mr` set errno to (ENOMEM: the locked-memory limit), with the bytes back.
+    pub(crate) fn reg_host(
+        self: &Arc<Self>,
+        bytes: Box<[u8]>,
+        access: c_int,
+    ) -> Result<Mr, (io::Error, Box<[u8]>)> {
+        let host = HostBytes::new(bytes);
+        // SAFETY: a live PD and `host.len` bytes at `host.ptr` that the MR will own, so they
+        // outlive the registration.
+        let mr = unsafe {
+            (self.ctx.lib.reg_mr)(
+                self.pd.as_ptr(),
+                host.ptr.as_ptr().cast(),
+                host.len,
+                access,
+            )
+        };
+        match NonNull::new(mr) {
+            Some(mr) => Ok(Mr {
+                pd: Arc::clone(self),
+                mr: Some(mr),
+                host: Some(host),
+            }),
+            None => {
+                let e = errno();
+                Err((e, host.into_box()))
+            }
+        }
+    }
+
+    /// Registers `len` bytes at `offset` of dma-buf `fd`, addressed from `iova`.
+    ///
+    /// # Errors
+    ///
+    /// `EOPNOTSUPP` when the library or the device has no dma-buf registration; otherwise
+    /// what `ibv_reg_dmabuf_mr` set errno to.
+    pub(crate) fn reg_dmabuf(
+        self: &Arc<Self>,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: c_int,
+    ) -> io::Result<Mr> {
+        let reg = self
+            .ctx
+            .lib
+            .reg_dmabuf_mr
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+        // SAFETY: a live PD; the kernel checks the descriptor and the range itself and takes
+        // its own reference to the dma-buf.
+        let mr = unsafe { reg(self.pd.as_ptr(), offset, len, iova, fd, access) };
+        Ok(Mr {
+            pd: Arc::clone(self),
+            mr: Some(NonNull::new(mr).ok_or_else(errno)?),
+            host: None,
+        })
+    }
+
+    /// A QP on `send` and `recv`; `caps` is read back as the device granted it.
+    pub(crate) fn create_qp(
+        self: &Arc<Self>,
+        qp_type: c_uint,
+        send: &Arc<RawCq>,
+        recv: &Arc<RawCq>,
+        caps: &mut ibv_qp_cap,
+    ) -> io::Result<RawQp> {
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: send.cq.as_ptr(),
+            recv_cq: recv.cq.as_ptr(),
+            srq: ptr::null_mut(),
+            cap: *caps,
+            qp_type,
+            sq_sig_all: 0,
+        };
+        // SAFETY: a live PD, live CQs of the same context, and a whole init attr that the
+        // call updates with the granted capacities.
+        let qp = unsafe { (self.ctx.lib.create_qp)(self.pd.as_ptr(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(errno)?;
+        *caps = init.cap;
+        Ok(RawQp {
+            pd: Arc::clone(self),
+            qp,
+            _send: Arc::clone(send),
+            _recv: Arc::clone(recv),
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+}
+
+impl Mr {
+    pub(crate) fn lkey(&self) -> u32 {
+        // SAFETY: a registered MR; lkey is in its public prefix and never changes.
+        self.mr.map_or(0, |mr| unsafe { (*mr.as_ptr()).lkey })
+    }
+
+    pub(crate) fn rkey(&self) -> u32 {
+        // SAFETY: as for `lkey`.
+        self.mr.map_or(0, |mr| unsafe { (*mr.as_ptr()).rkey })
+    }
+
+    /// The registered length.
+    pub(crate) fn len(&self) -> usize {
+        // SAFETY: as for `lkey`.
+        self.mr.map_or(0, |mr| unsafe { (*mr.as_ptr()).length })
+    }
+
+    /// The address work requests name the first byte by.
+    pub(crate) fn addr(&self) -> u64 {
+        // SAFETY: as for `lkey`.
+        self.mr
+            .map_or(0, |mr| unsafe { (*mr.as_ptr()).addr } as u64)
+    }
+
+    /// Copies `out.len()` bytes from `at` of the host bytes; the caller checked the range.
+    pub(crate) fn read(&self, at: usize, out: &mut [u8]) {
+        if let Some(h) = &self.host {
+            if at.checked_add(out.len()).is_some_and(|end| end <= h.len) {
+                // SAFETY: the range is inside the owned allocation; `out` is a distinct
+                // Rust buffer.
+                unsafe {
+                    ptr::copy_nonoverlapping(h.ptr.as_ptr().add(at), out.as_mut_ptr(), out.len());
+                }
+            }
+        }
+    }
+
+    /// Copies `data` to `at` of the host bytes; the caller checked the range.
+    pub(crate) fn write(&self, at: usize, data: &[u8]) {
+        if let Some(h) = &self.host {
+            if at.checked_add(data.len()).is_some_and(|end| end <= h.len) {
+                // SAFETY: as for `read`.
+                unsafe {
+                    ptr::copy_nonoverlapping(data.as_ptr(), h.ptr.as_ptr().add(at), data.len());
+                }
+            }
+        }
+    }
+
+    fn deregister(&mut self) {
+        if let Some(mr) = self.mr.take() {
+            // SAFETY: registered once, deregistered once.
+            unsafe { (self.pd.ctx.lib.dereg_mr)(mr.as_ptr()) };
+        }
+    }
+
+    /// Deregisters, then gives the host bytes back (with what peers wrote).
+    pub(crate) fn into_host(mut self) -> Option<Box<[u8]>> {
+        self.deregister();
+        self.host.take().map(HostBytes::into_box)
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // Deregister before the bytes (dropped after this) are freed.
+        self.deregister();
+    }
+}
+
+/// A completion channel.
+struct CompChannel {
+    ctx: Arc<Context>,
+    ch: NonNull<ibv_comp_channel>,
+}
+
+impl CompChannel {
+    fn fd(&self) -> RawFd {
+        // SAFETY: a live channel; fd is in its public prefix.
+        unsafe { (*self.ch.as_ptr()).fd }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: the CQ on this channel was destroyed first (RawCq's field order).
+        unsafe { (self.ctx.lib.destroy_comp_channel)(self.ch.as_ptr()) };
+    }
+}
+
+/// A CQ with its completion channel.
+pub(crate) struct RawCq {
+    cq: NonNull<ibv_cq>,
+    /// CQ events read but not yet acknowledged; all are acked before destroy.
+    unacked: Mutex<c_uint>,
+    // Dropped after the CQ (fields drop in order, and Drop below destroys the CQ first).
+    channel: CompChannel,
+}
+
+// SAFETY: the provider locks its CQ; `unacked` is behind a mutex.
+unsafe impl Send for RawCq {}
+// SAFETY: as above.
+unsafe impl Sync for RawCq {}
+
+impl RawCq {
+    /// Polls up to `wcs.len()` completions (one indirect call through the ops table).
+    pub(crate) fn poll(&self, wcs: &mut [ibv_wc]) -> io::Result<usize> {
+        let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
+        // SAFETY: the context of a live CQ; ops are filled by every provider (verbs_set_ops
+        // plugs holes with EOPNOTSUPP stubs), so the pointer is not NULL in practice; a NULL
+        // is an error rather than a call.
+        let poll_cq = unsafe { (*(*self.cq.as_ptr()).context).ops.poll_cq }
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS))?;
+        // SAFETY: a live CQ and `n` writable ibv_wc of the exact layout.
+        let rc = unsafe { poll_cq(self.cq.as_ptr(), n, wcs.as_mut_ptr()) };
+        usize::try_from(rc).map_err(|_| io::Error::from_raw_os_error(libc::EIO))
+    }
+
+    /// Arms the CQ: the next completion writes an event to the channel.
+    pub(crate) fn arm(&self) -> io::Result<()> {
+        // SAFETY: as for `poll`.
+        let notify = unsafe { (*(*self.cq.as_ptr()).context).ops.req_notify_cq }
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS))?;
+        // SAFETY: a live CQ; 0: every completion, not only solicited ones.
+        returned(unsafe { notify(self.cq.as_ptr(), 0) })
+    }
+
+    /// The channel's descriptor (non-blocking), to wait on with poll(2).
+    pub(crate) fn fd(&self) -> RawFd {
+        self.channel.fd()
+    }
+
+    /// Reads the channel's pending events; returns how many there were. Acknowledged in
+    /// batches, and all before destroy.
+    pub(crate) fn take_events(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut cq_ctx = ptr::null_mut();
+            // SAFETY: a live, non-blocking channel; the call writes the two out pointers.
+            let rc = unsafe {
+                (self.channel.ctx.lib.get_cq_event)(self.channel.ch.as_ptr(), &mut cq, &mut cq_ctx)
+            };
+            if rc != 0 {
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
+            let mut unacked = self.unacked.lock().unwrap_or_else(PoisonError::into_inner);
+            *unacked += n as c_uint;
+            if *unacked >= 64 {
+                // SAFETY: a live CQ; acknowledges events that were read from its channel.
+                unsafe { (self.channel.ctx.lib.ack_cq_events)(self.cq.as_ptr(), *unacked) };
+                *unacked = 0;
+            }
+        }
+        n
+    }
+
+    /// The entries the device granted.
+    pub(crate) fn cqe(&self) -> u32 {
+        // SAFETY: a live CQ; cqe is in its public prefix (updated by resize under our lock).
+        u32::try_from(unsafe { (*self.cq.as_ptr()).cqe }).unwrap_or(0)
+    }
+
+    /// Grows the CQ to at least `depth` entries.
+    pub(crate) fn resize(&self, depth: u32) -> io::Result<()> {
+        let cqe = c_int::try_from(depth).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: a live CQ.
+        returned(unsafe { (self.channel.ctx.lib.resize_cq)(self.cq.as_ptr(), cqe) })
+    }
+
+    /// An address that names this CQ in async events.
+    pub(crate) fn key(&self) -> usize {
+        self.cq.as_ptr() as usize
+    }
+}
+
+impl Drop for RawCq {
+    fn drop(&mut self) {
+        let lib = self.channel.ctx.lib;
+        let unacked = *self.unacked.get_mut().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: a live CQ whose QPs are gone (each holds an Arc to it); every event read
+        // is acknowledged, then the CQ destroyed once.
+        unsafe {
+            if unacked > 0 {
+                (lib.ack_cq_events)(self.cq.as_ptr(), unacked);
+            }
+            (lib.destroy_cq)(self.cq.as_ptr());
+        }
+    }
+}
+
+/// Reused per-QP room to build work-request chains without allocating once warm.
+#[derive(Default)]
+struct Scratch {
+    send: Vec<ibv_send_wr>,
+    recv: Vec<ibv_recv_wr>,
+    sges: Vec<ibv_sge>,
+}
+
+/// A queue pair.
+pub(crate) struct RawQp {
+    pd: Arc<Pd>,
+    qp: NonNull<ibv_qp>,
+    _send: Arc<RawCq>,
+    _recv: Arc<RawCq>,
+    scratch: Mutex<Scratch>,
+}
+
+// SAFETY: providers lock their QPs; the scratch is behind a mutex.
+unsafe impl Send for RawQp {}
+// SAFETY: as above.
+unsafe impl Sync for RawQp {}
+
+/// How a post failed: the index of the first request not posted and the errno.
+pub(crate) type PostFailure = (usize, io::Error);
+
+fn sge_of(s: &ferroce_proto::qp::Sge) -> ibv_sge {
+    ibv_sge {
+        addr: s.addr,
+        length: s.len,
+        lkey: s.lkey,
+    }
+}
+
+/// The opcode, flags and `wr` union of one send request.
+fn send_header(wr: &SendWr) -> (c_uint, c_uint, u32, [u64; 4]) {
+    let mut flags = 0;
+    if wr.signaled {
+        flags |= IBV_SEND_SIGNALED;
+    }
+    if wr.fence {
+        flags |= IBV_SEND_FENCE;
+    }
+    if wr.solicited {
+        flags |= IBV_SEND_SOLICITED;
+    }
+    if matches!(wr.local, Payload::Inline(_)) {
+        flags |= IBV_SEND_INLINE;
+    }
+    let rdma = |r: &ferroce_proto::qp::RemoteAddr| [r.va, u64::from(r.rkey), 0, 0];
+    let (opcode, imm, words) = match &wr.op {
+        SendOp::Send => (IBV_WR_SEND, 0, [0; 4]),
+        SendOp::SendWithImm(imm) => (IBV_WR_SEND_WITH_IMM, imm.to_be(), [0; 4]),
+        SendOp::Write(r) => (IBV_WR_RDMA_WRITE, 0, rdma(r)),
+        SendOp::WriteWithImm(r, imm) => (IBV_WR_RDMA_WRITE_WITH_IMM, imm.to_be(), rdma(r)),
+        SendOp::Read(r) => (IBV_WR_RDMA_READ, 0, rdma(r)),
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => (
+            IBV_WR_ATOMIC_CMP_AND_SWP,
+            0,
+            [remote.va, *compare, *swap, u64::from(remote.rkey)],
+        ),
+        SendOp::FetchAdd { remote, add } => (
+            IBV_WR_ATOMIC_FETCH_AND_ADD,
+            0,
+            [remote.va, *add, 0, u64::from(remote.rkey)],
+        ),
+    };
+    (opcode, flags, imm, words)
+}
+
+impl RawQp {
+    pub(crate) fn qp_num(&self) -> u32 {
+        // SAFETY: a live QP; qp_num is in its public prefix and never changes.
+        unsafe { (*self.qp.as_ptr()).qp_num }
+    }
+
+    /// An address that names this QP in async events.
+    pub(crate) fn key(&self) -> usize {
+        self.qp.as_ptr() as usize
+    }
+
+    /// `ibv_modify_qp` with `attr` and `mask`.
+    pub(crate) fn modify(&self, attr: &ibv_qp_attr, mask: c_int) -> io::Result<()> {
+        let mut attr = *attr;
+        // SAFETY: a live QP and a whole attr; the library only reads the fields in `mask`.
+        returned(unsafe { (self.pd.ctx.lib.modify_qp)(self.qp.as_ptr(), &mut attr, mask) })
+    }
+
+    /// Posts `wrs` as one chain (`ibv_post_send` with `next` links). Inline payloads are
+    /// copied by the provider during the call, so they only need to live until it returns.
+    pub(crate) fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostFailure> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        let Scratch { send, sges, .. } = &mut *guard;
+        send.clear();
+        sges.clear();
+        // First every gather entry, so `sges` does not move once pointers into it are taken.
+        for wr in wrs {
+            match &wr.local {
+                Payload::Sge(s) => sges.push(sge_of(s)),
+                Payload::Sges(list) => sges.extend(list.iter().map(sge_of)),
+                Payload::Inline(bytes) => sges.push(ibv_sge {
+                    addr: bytes.as_ptr() as u64,
+                    length: bytes.len() as u32,
+                    lkey: 0,
+                }),
+            }
+        }
+        let mut at = 0;
+        for wr in wrs {
+            let n = match &wr.local {
+                Payload::Sges(list) => list.len(),
+                Payload::Sge(_) | Payload::Inline(_) => 1,
+            };
+            let (opcode, send_flags, imm_data, words) = send_header(wr);
+            let sg_list = if n == 0 {
+                ptr::null_mut()
+            } else {
+                // SAFETY: `at + n <= sges.len()`: the entries pushed above, in this order.
+                unsafe { sges.as_mut_ptr().add(at) }
+            };
+            send.push(ibv_send_wr {
+                wr_id: wr.wr_id,
+                sg_list,
+                num_sge: n as c_int,
+                opcode,
+                send_flags,
+                imm_data,
+                wr: words,
+                ..ibv_send_wr::default()
+            });
+            at += n;
+        }
+        let base = send.as_mut_ptr();
+        for i in 1..send.len() {
+            // SAFETY: both indices are inside `send`, which no longer grows.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        // SAFETY: as for RawCq::poll.
+        let post = unsafe { (*(*self.qp.as_ptr()).context).ops.post_send }
+            .ok_or((0, io::Error::from_raw_os_error(libc::ENOSYS)))?;
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: a live QP and a NULL-terminated chain of requests whose gather lists point
+        // into `sges` and at inline bytes the caller's `wrs` keep alive for the call.
+        let rc = unsafe { post(self.qp.as_ptr(), base, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let index = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into the chain, i.e. into `send`.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        Err((index, returned(rc).err().unwrap_or_else(|| io::ErrorKind::Other.into())))
+    }
+
+    /// Posts `wrs` as one chain (`ibv_post_recv`); an empty scatter list is allowed (WRITE
+    /// with immediate needs no buffer).
+    pub(crate) fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostFailure> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        let Scratch { recv, sges, .. } = &mut *guard;
+        recv.clear();
+        sges.clear();
+        for wr in wrs {
+            sges.extend(wr.sges.iter().map(sge_of));
+        }
+        let mut at = 0;
+        for wr in wrs {
+            let n = wr.sges.len();
+            let sg_list = if n == 0 {
+                ptr::null_mut()
+            } else {
+                // SAFETY: as in post_send.
+                unsafe { sges.as_mut_ptr().add(at) }
+            };
+            recv.push(ibv_recv_wr {
+                wr_id: wr.wr_id,
+                next: ptr::null_mut(),
+                sg_list,
+                num_sge: n as c_int,
+            });
+            at += n;
+        }
+        let base = recv.as_mut_ptr();
+        for i in 1..recv.len() {
+            // SAFETY: as in post_send.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        // SAFETY: as for RawCq::poll.
+        let post = unsafe { (*(*self.qp.as_ptr()).context).ops.post_recv }
+            .ok_or((0, io::Error::from_raw_os_error(libc::ENOSYS)))?;
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: a live QP and a NULL-terminated chain whose scatter lists are in `sges`.
+        let rc = unsafe { post(self.qp.as_ptr(), base, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let index = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into the chain.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        Err((index, returned(rc).err().unwrap_or_else(|| io::ErrorKind::Other.into())))
+    }
+}
+
+impl Drop for RawQp {
+    fn drop(&mut self) {
+        // SAFETY: a live QP, destroyed once; its CQs and PD outlive it (Arcs held here).
+        unsafe { (self.pd.ctx.lib.destroy_qp)(self.qp.as_ptr()) };
+    }
+}
