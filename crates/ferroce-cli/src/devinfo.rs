@@ -2,8 +2,21 @@
 //! `ibv_devinfo`: the soft NIC (`ferroce0`) first, then every verbs device, with their ports,
 //! states, MTUs and GID tables.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::IpAddr;
 use std::process::ExitCode;
+
+/// Appends a line to the report, which is written at the end in one piece (a closed pipe,
+/// as with `| head`, then ends the output quietly rather than with a panic).
+macro_rules! out {
+    ($buf:ident) => {{
+        let _ = writeln!($buf);
+    }};
+    ($buf:ident, $($arg:tt)*) => {{
+        let _ = writeln!($buf, $($arg)*);
+    }};
+}
 
 use clap::Args;
 use ferroce::proto::qp::Mtu;
@@ -36,24 +49,29 @@ fn mtu_text(mtu: Option<Mtu>) -> String {
     )
 }
 
-fn print_soft(args: &DevinfoArgs) {
+fn print_soft(o: &mut String, args: &DevinfoArgs) {
     let mtu = ferroce::nic::active_mtu_on(args.local);
-    println!("hca_id:\t{SOFT_DEVICE}");
-    println!("\ttransport:\t\t\tferroce soft RoCE v2 (UDP {})", args.local);
-    println!("\tphys_port_cnt:\t\t\t1");
+    out!(o, "hca_id:\t{SOFT_DEVICE}");
+    out!(
+        o,
+        "\ttransport:\t\t\tferroce soft RoCE v2 (UDP {})",
+        args.local
+    );
+    out!(o, "\tphys_port_cnt:\t\t\t1");
     if args.ib_port.is_some_and(|p| p != 1) {
         return;
     }
-    println!("\t\tport:\t1");
-    println!("\t\t\tstate:\t\t\tPORT_ACTIVE (4)");
-    println!("\t\t\tmax_mtu:\t\t{}", mtu_text(Some(Mtu::M4096)));
-    println!("\t\t\tactive_mtu:\t\t{}", mtu_text(Some(mtu)));
-    println!("\t\t\tlink_layer:\t\tEthernet");
+    out!(o, "\t\tport:\t1");
+    out!(o, "\t\t\tstate:\t\t\tPORT_ACTIVE (4)");
+    out!(o, "\t\t\tmax_mtu:\t\t{}", mtu_text(Some(Mtu::M4096)));
+    out!(o, "\t\t\tactive_mtu:\t\t{}", mtu_text(Some(mtu)));
+    out!(o, "\t\t\tlink_layer:\t\tEthernet");
     let gid = match args.local {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,
     };
-    println!(
+    out!(
+        o,
         "{}",
         indent(&GidTable(vec![verbs::Gid {
             index: 0,
@@ -62,7 +80,7 @@ fn print_soft(args: &DevinfoArgs) {
             netdev: None,
         }]))
     );
-    println!();
+    out!(o);
 }
 
 fn indent(table: &GidTable) -> String {
@@ -74,29 +92,29 @@ fn indent(table: &GidTable) -> String {
         .join("\n")
 }
 
-fn print_device(d: &DeviceInfo, args: &DevinfoArgs) {
-    println!("hca_id:\t{}", d.name);
-    println!("\ttransport:\t\t\tInfiniBand (0)");
-    println!("\tfw_ver:\t\t\t\t{}", d.fw_ver);
-    println!("\tnode_guid:\t\t\t{}", d.node_guid);
-    println!("\tvendor_id:\t\t\t{:#06x}", d.vendor_id);
-    println!("\tvendor_part_id:\t\t\t{}", d.vendor_part_id);
-    println!("\thw_ver:\t\t\t\t{:#x}", d.hw_ver);
-    println!("\tphys_port_cnt:\t\t\t{}", d.ports.len());
+fn print_device(o: &mut String, d: &DeviceInfo, args: &DevinfoArgs) {
+    out!(o, "hca_id:\t{}", d.name);
+    out!(o, "\ttransport:\t\t\tInfiniBand (0)");
+    out!(o, "\tfw_ver:\t\t\t\t{}", d.fw_ver);
+    out!(o, "\tnode_guid:\t\t\t{}", d.node_guid);
+    out!(o, "\tvendor_id:\t\t\t{:#06x}", d.vendor_id);
+    out!(o, "\tvendor_part_id:\t\t\t{}", d.vendor_part_id);
+    out!(o, "\thw_ver:\t\t\t\t{:#x}", d.hw_ver);
+    out!(o, "\tphys_port_cnt:\t\t\t{}", d.ports.len());
     if args.verbose {
-        println!("\tmax_qp:\t\t\t\t{}", d.max_qp);
-        println!("\tmax_qp_wr:\t\t\t{}", d.max_qp_wr);
-        println!("\tmax_sge:\t\t\t{}", d.max_sge);
-        println!("\tmax_cq:\t\t\t\t{}", d.max_cq);
-        println!("\tmax_cqe:\t\t\t{}", d.max_cqe);
-        println!("\tmax_mr:\t\t\t\t{}", d.max_mr);
-        println!("\tmax_qp_rd_atom:\t\t\t{}", d.max_qp_rd_atom);
+        out!(o, "\tmax_qp:\t\t\t\t{}", d.max_qp);
+        out!(o, "\tmax_qp_wr:\t\t\t{}", d.max_qp_wr);
+        out!(o, "\tmax_sge:\t\t\t{}", d.max_sge);
+        out!(o, "\tmax_cq:\t\t\t\t{}", d.max_cq);
+        out!(o, "\tmax_cqe:\t\t\t{}", d.max_cqe);
+        out!(o, "\tmax_mr:\t\t\t\t{}", d.max_mr);
+        out!(o, "\tmax_qp_rd_atom:\t\t\t{}", d.max_qp_rd_atom);
     }
     for p in &d.ports {
         if args.ib_port.is_some_and(|want| want != p.port) {
             continue;
         }
-        println!("\t\tport:\t{}", p.port);
+        out!(o, "\t\tport:\t{}", p.port);
         let state = match p.state {
             "PORT_DOWN" => 1,
             "PORT_INIT" => 2,
@@ -105,16 +123,24 @@ fn print_device(d: &DeviceInfo, args: &DevinfoArgs) {
             "PORT_ACTIVE_DEFER" => 5,
             _ => 0,
         };
-        println!("\t\t\tstate:\t\t\t{} ({state})", p.state);
-        println!("\t\t\tmax_mtu:\t\t{}", mtu_text(p.max_mtu));
-        println!("\t\t\tactive_mtu:\t\t{}", mtu_text(p.active_mtu));
-        println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
-        println!("{}", indent(&p.gids));
+        out!(o, "\t\t\tstate:\t\t\t{} ({state})", p.state);
+        out!(o, "\t\t\tmax_mtu:\t\t{}", mtu_text(p.max_mtu));
+        out!(o, "\t\t\tactive_mtu:\t\t{}", mtu_text(p.active_mtu));
+        out!(o, "\t\t\tlink_layer:\t\t{}", p.link_layer);
+        out!(o, "{}", indent(&p.gids));
     }
-    println!();
+    out!(o);
 }
 
 pub(crate) fn run(args: &DevinfoArgs) -> ExitCode {
+    let mut o = String::new();
+    let status = report(&mut o, args);
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(o.as_bytes()).and_then(|()| stdout.flush());
+    status
+}
+
+fn report(o: &mut String, args: &DevinfoArgs) -> ExitCode {
     let wanted = |name: &str| args.ib_dev.as_deref().is_none_or(|d| d == name);
     let verbs_devices = verbs::devices();
     if args.list {
@@ -122,14 +148,19 @@ pub(crate) fn run(args: &DevinfoArgs) -> ExitCode {
         if let Ok(found) = &verbs_devices {
             names.extend(found.iter().cloned());
         }
-        println!("{} HCA{} found:", names.len(), if names.len() == 1 { "" } else { "s" });
+        out!(
+            o,
+            "{} HCA{} found:",
+            names.len(),
+            if names.len() == 1 { "" } else { "s" }
+        );
         for n in names {
-            println!("\t{n}");
+            out!(o, "\t{n}");
         }
         return report_missing(&verbs_devices, false);
     }
     if wanted(SOFT_DEVICE) {
-        print_soft(args);
+        print_soft(o, args);
     }
     if args.ib_dev.as_deref() == Some(SOFT_DEVICE) {
         return ExitCode::SUCCESS;
@@ -153,7 +184,7 @@ pub(crate) fn run(args: &DevinfoArgs) -> ExitCode {
     let mut status = ExitCode::SUCCESS;
     for name in names.iter().filter(|n| wanted(n)) {
         match verbs::describe(name) {
-            Ok(d) => print_device(&d, args),
+            Ok(d) => print_device(o, &d, args),
             Err(e) => {
                 eprintln!("ferroce devinfo: {e}");
                 status = ExitCode::FAILURE;

@@ -102,7 +102,10 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
         faults: args.fault,
         pcap: args.pcap.clone(),
         gso: !args.no_gso,
-        ..NicConfig::on(args.local.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)))
+        ..NicConfig::on(
+            args.local
+                .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+        )
     };
     let device = DeviceOptions {
         port: args.ib_port,

@@ -44,7 +44,15 @@ pub(crate) enum StreamCommand {
 /// Flags of `stream recv`.
 #[derive(Args)]
 pub(crate) struct RecvArgs {
-    /// The soft NIC's address (frames arrive on its UDP port 4791).
+    /// The RDMA device to receive on: `ferroce0` (the soft NIC) or a verbs device (`rxe0`,
+    /// `mlx5_0`), whose UC queue pair the frames are written into by the NIC itself.
+    #[arg(short = 'd', long = "ib-dev", default_value = ferroce::verbs::SOFT_DEVICE)]
+    ib_dev: String,
+    /// The device's port.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// The local address: the soft NIC's (frames arrive on its UDP port 4791), or on a verbs
+    /// device the address whose RoCE v2 GID to use (default: the first IPv4 one).
     #[arg(long, default_value = "127.0.0.1")]
     local: IpAddr,
     /// The device's data address: frames from any other are dropped. Defaults to
@@ -449,13 +457,21 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
     let Some(peer) = args.peer.or(device.map(|d| d.ip())) else {
         bail!("say where frames come from: --peer ADDR, or --device ADDR to program one");
     };
-    let nic = Nic::open(&NicConfig {
+    let soft = NicConfig {
         addr: SocketAddr::new(args.local, ROCE_PORT),
         faults: None,
         pcap: args.pcap.clone(),
         gso: !args.no_gso,
         gro: true,
-    })?;
+    };
+    let local_given = args.local != IpAddr::from([127, 0, 0, 1]);
+    let options = ferroce::DeviceOptions {
+        port: args.ib_port,
+        gid_index: None,
+        local: local_given.then_some(args.local),
+    };
+    let nic = Nic::open_device(&args.ib_dev, &options, &soft)?;
+    crate::refuse_soft_only(&nic, false, args.pcap.is_some()).map_err(anyhow::Error::msg)?;
     let cuda = cuda_memory(args)?;
     let rx = Receiver::new();
     // Starts the receiver and its monitor, and programs the device to send to it: at first,
@@ -546,7 +562,7 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         eprintln!("stream recv: {}", tally.line());
     }
     if args.stats {
-        eprintln!("{}", nic.statistics_line("ferroce0"));
+        eprintln!("{}", nic.statistics_line(nic.device_name()));
     }
     Ok(if tally.content_errors > 0 {
         ExitCode::FAILURE

@@ -142,11 +142,8 @@ impl Cq {
             };
             // Readable or not, the next poll takes what there is; a failed socket is the
             // progress thread's to report (`Nic::failure`), so only pace the loop here.
-            if crate::sys::wait_readable(
-                soft.shared.port.socket(),
-                Some(step.min(deadline - now)),
-            )
-            .is_err()
+            if crate::sys::wait_readable(soft.shared.port.socket(), Some(step.min(deadline - now)))
+                .is_err()
             {
                 std::thread::sleep(step.min(deadline - now));
             }

@@ -22,10 +22,10 @@ use std::path::PathBuf;
 
 use crate::soft::Shared;
 use crate::sys;
-use crate::verbs::{self, Device, DeviceOptions, VerbsError};
 pub use crate::udp::tap::{Faults, FaultsError};
 pub use crate::udp::GsoStatus;
 use crate::udp::{self, tap};
+use crate::verbs::{self, Device, DeviceOptions, VerbsError};
 
 /// How to open a NIC.
 #[derive(Clone, Debug, PartialEq)]

@@ -119,8 +119,7 @@ impl Qp {
                 inner: QpInner::Verbs(qp),
             });
         }
-        let (Some(soft), Some(scq), Some(rcq)) =
-            (nic.soft(), send_cq.soft_id(), recv_cq.soft_id())
+        let (Some(soft), Some(scq), Some(rcq)) = (nic.soft(), send_cq.soft_id(), recv_cq.soft_id())
         else {
             return Err(NicError::OtherNic("a completion queue"));
         };

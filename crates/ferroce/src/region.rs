@@ -269,8 +269,9 @@ impl Region {
                 let len = bytes.len();
                 match device.pd.reg_host(bytes.into_boxed_slice(), flags) {
                     Ok(mr) => (mr, None),
-                    Err((e, _)) if matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::EPERM))
-                        && sys::memlock_limit().is_some() =>
+                    Err((e, _))
+                        if matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::EPERM))
+                            && sys::memlock_limit().is_some() =>
                     {
                         return Err(memlock_error(len, e));
                     }

@@ -42,7 +42,8 @@ use ferroce::proto::wire::{Qpn, ROCE_PORT};
 use ferroce::proto::Psn;
 use ferroce::qp::{Mtu, QpCaps, QpType};
 use ferroce::{
-    ConnectOptions, Cq, DeviceOptions, Nic, NicConfig, Qp, QpEndpoint, Region, RegionAccess, RegionMemory,
+    ConnectOptions, Cq, DeviceOptions, Nic, NicConfig, Qp, QpEndpoint, Region, RegionAccess,
+    RegionMemory,
 };
 
 use oob::{BwReport, Comm, KeyLine};

@@ -121,6 +121,21 @@ pub enum StartError {
     /// The queue pair could not be brought up.
     #[error("cannot bring the queue pair up: {0}")]
     Qp(String),
+    /// The device named in `start_named` could not be opened.
+    #[error("cannot open the device: {0}")]
+    Device(String),
+}
+
+/// The local address packets to `peer` leave from (a UDP connect sends nothing).
+fn route_source(peer: IpAddr) -> std::io::Result<IpAddr> {
+    let any: IpAddr = if peer.is_ipv4() {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    };
+    let probe = std::net::UdpSocket::bind((any, 0))?;
+    probe.connect((peer, ferroce_proto::wire::ROCE_PORT))?;
+    Ok(probe.local_addr()?.ip())
 }
 
 /// Why a call needs [`Receiver::start`] first (seed 000 throws `std::runtime_error`).
@@ -171,12 +186,22 @@ pub struct FrameInfo {
     /// [`Receiver::read_frame`] compares it with the page's count now to tell whether the
     /// device has since begun to write the page again.
     pub page_epoch: u64,
+    /// Whether the packet counts above were taken: on the soft NIC every WRITE passes the
+    /// receiver; on a verbs device (`Nic::caps().per_packet_counters` false) the NIC writes
+    /// memory itself, the counts are zero, and only the metadata and a check of the data
+    /// (its CRC) can show loss.
+    pub packets_counted: bool,
 }
 
 impl FrameInfo {
-    /// Whether every byte the metadata announces arrived, with no packet lost.
+    /// Whether every byte the metadata announces arrived, with no packet lost. Without
+    /// packet counts (a verbs device) only the metadata can say: its PSN must be the
+    /// immediate's, and the caller should check the frame's CRC.
     #[must_use]
     pub fn is_complete(&self) -> bool {
+        if !self.packets_counted {
+            return self.metadata_psn_matches;
+        }
         self.packets_lost == 0
             && self.metadata_psn_matches
             && self.bytes_received >= self.metadata.bytes_written
@@ -557,6 +582,37 @@ impl Receiver {
         Self::default()
     }
 
+    /// Brings the receiver up on the device called `ibv_name`, port `ibv_port` (seed 000's
+    /// `start(ibv_name, ibv_port, …)`): `ferroce0` is the soft NIC, any other name a verbs
+    /// device (a RoCE NIC, or kernel rxe) whose RoCE v2 GID is that of the local address the
+    /// route to `config.peer_ip` leaves from, as Hololink finds its device for a peer.
+    /// Returns the NIC, whose address the device is to send to.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::Device`] when the device cannot be opened (no library, no RDMA in the
+    /// kernel, no such device or port, no GID for the address); then those of
+    /// [`Receiver::start`].
+    pub fn start_named(
+        &self,
+        ibv_name: &str,
+        ibv_port: u8,
+        config: ReceiverConfig,
+    ) -> Result<Nic, StartError> {
+        let local = route_source(config.peer_ip).map_err(|e| {
+            StartError::Device(format!("no route to the device at {}: {e}", config.peer_ip))
+        })?;
+        let options = crate::DeviceOptions {
+            port: ibv_port,
+            gid_index: None,
+            local: Some(local),
+        };
+        let nic = Nic::open_device(ibv_name, &options, &crate::NicConfig::on(local))
+            .map_err(|e| StartError::Device(e.to_string()))?;
+        self.start(&nic, config)?;
+        Ok(nic)
+    }
+
     /// Brings the receiver up on `nic` (seed 000's `start`): registers the frame memory for
     /// remote writes, creates a UC queue pair that takes writes only from `peer_ip`, and
     /// posts its receive requests. Frames arrive once [`Receiver::blocking_monitor`] runs.
@@ -704,7 +760,12 @@ impl Receiver {
             if last_check.elapsed() >= HEALTH_INTERVAL {
                 last_check = Instant::now();
                 if let Some(reason) = run.nic.failure() {
-                    return Err(self.fail(format!("the NIC's socket failed: {reason}")));
+                    return Err(self.fail(format!("the NIC failed: {reason}")));
+                }
+                // A verbs device reports a QP or CQ error as an async event, which may come
+                // with no completion at all.
+                if let Some(reason) = run.qp.failure().or_else(|| run.cq.failure()) {
+                    return Err(self.fail(format!("the queue pair failed: {reason}")));
                 }
                 if run.nic.address_gone() {
                     return Err(self.fail(format!(
@@ -819,6 +880,7 @@ impl Receiver {
             bytes_received,
             metadata_psn_matches,
             page_epoch,
+            packets_counted: run.nic.caps().per_packet_counters,
         };
         if !info.is_complete() {
             bump(&counters.incomplete_frames, 1);

@@ -572,7 +572,11 @@ mod tests {
             ("ibv_send_wr.wr", offset_of!(ibv_send_wr, wr), 40),
             ("ibv_qp_attr.ah_attr", offset_of!(ibv_qp_attr, ah_attr), 56),
             ("ibv_context.cmd_fd", offset_of!(ibv_context, cmd_fd), 264),
-            ("ibv_context.async_fd", offset_of!(ibv_context, async_fd), 268),
+            (
+                "ibv_context.async_fd",
+                offset_of!(ibv_context, async_fd),
+                268,
+            ),
             ("ibv_qp.qp_num", offset_of!(ibv_qp, qp_num), 52),
             ("ibv_mr.lkey", offset_of!(ibv_mr, lkey), 36),
             ("ibv_mr.rkey", offset_of!(ibv_mr, rkey), 40),

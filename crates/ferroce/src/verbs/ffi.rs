@@ -193,11 +193,7 @@ fn load(path: &str) -> Result<Lib, LoadError> {
         reg_mr: required!("ibv_reg_mr", "IBVERBS_1.1", RegMr),
         dereg_mr: required!("ibv_dereg_mr", "IBVERBS_1.1", DeregMr),
         // Released in 1.0 and never re-versioned: a 1.1 lookup finds nothing.
-        create_comp_channel: required!(
-            "ibv_create_comp_channel",
-            "IBVERBS_1.0",
-            CreateCompChannel
-        ),
+        create_comp_channel: required!("ibv_create_comp_channel", "IBVERBS_1.0", CreateCompChannel),
         destroy_comp_channel: required!(
             "ibv_destroy_comp_channel",
             "IBVERBS_1.0",
@@ -216,7 +212,11 @@ fn load(path: &str) -> Result<Lib, LoadError> {
         fork_init: required!("ibv_fork_init", "IBVERBS_1.1", ForkInit),
         query_gid_ex: optional!("_ibv_query_gid_ex", "IBVERBS_1.11", QueryGidEx),
         reg_dmabuf_mr: optional!("ibv_reg_dmabuf_mr", "IBVERBS_1.12", RegDmabufMr),
-        is_fork_initialized: optional!("ibv_is_fork_initialized", "IBVERBS_1.13", IsForkInitialized),
+        is_fork_initialized: optional!(
+            "ibv_is_fork_initialized",
+            "IBVERBS_1.13",
+            IsForkInitialized
+        ),
         path: path.to_owned(),
     })
 }
@@ -313,7 +313,6 @@ impl Lib {
         unsafe { (self.fork_init)() };
         true
     }
-
 }
 
 /// An open device (`struct ibv_context`).
@@ -536,12 +535,7 @@ impl Pd {
         // SAFETY: a live PD and `host.len` bytes at `host.ptr` that the MR will own, so they
         // outlive the registration.
         let mr = unsafe {
-            (self.ctx.lib.reg_mr)(
-                self.pd.as_ptr(),
-                host.ptr.as_ptr().cast(),
-                host.len,
-                access,
-            )
+            (self.ctx.lib.reg_mr)(self.pd.as_ptr(), host.ptr.as_ptr().cast(), host.len, access)
         };
         match NonNull::new(mr) {
             Some(mr) => Ok(Mr {
@@ -799,7 +793,10 @@ impl RawCq {
 impl Drop for RawCq {
     fn drop(&mut self) {
         let lib = self.channel.ctx.lib;
-        let unacked = *self.unacked.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let unacked = *self
+            .unacked
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
         // SAFETY: a live CQ whose QPs are gone (each holds an Arc to it); every event read
         // is acknowledged, then the CQ destroyed once.
         unsafe {
@@ -970,7 +967,12 @@ impl RawQp {
             // SAFETY: `bad` points into the chain, i.e. into `send`.
             usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
         };
-        Err((index, returned(rc).err().unwrap_or_else(|| io::ErrorKind::Other.into())))
+        Err((
+            index,
+            returned(rc)
+                .err()
+                .unwrap_or_else(|| io::ErrorKind::Other.into()),
+        ))
     }
 
     /// Posts `wrs` as one chain (`ibv_post_recv`); an empty scatter list is allowed (WRITE
@@ -1023,7 +1025,12 @@ impl RawQp {
             // SAFETY: `bad` points into the chain.
             usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
         };
-        Err((index, returned(rc).err().unwrap_or_else(|| io::ErrorKind::Other.into())))
+        Err((
+            index,
+            returned(rc)
+                .err()
+                .unwrap_or_else(|| io::ErrorKind::Other.into()),
+        ))
     }
 }
 

@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr};
-use std::os::unix::net::UnixDatagram;
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::JoinHandle;
 
@@ -60,7 +60,10 @@ pub enum VerbsError {
         source: io::Error,
     },
     /// No device has that name.
-    #[error("no RDMA device called {name}; the devices here are: {}", list_or_none(found))]
+    #[error(
+        "no RDMA device called {name}; the devices here are: {}",
+        list_or_none(found)
+    )]
     NoSuchDevice {
         /// The name asked for.
         name: String,
@@ -309,7 +312,9 @@ fn open_context(name: &str) -> Result<Arc<Context>, VerbsError> {
         Ok(Some(ctx)) => Ok(Arc::new(ctx)),
         Ok(None) => Err(VerbsError::NoSuchDevice {
             name: name.to_owned(),
-            found: std::iter::once(SOFT_DEVICE.to_owned()).chain(names).collect(),
+            found: std::iter::once(SOFT_DEVICE.to_owned())
+                .chain(names)
+                .collect(),
         }),
         Err(source) => Err(VerbsError::Call {
             device: name.to_owned(),
@@ -394,7 +399,8 @@ pub fn describe(name: &str) -> Result<DeviceInfo, VerbsError> {
         });
     }
     let fw_end = attr.fw_ver.iter().position(|&b| b == 0).unwrap_or(64);
-    let g = attr.node_guid.to_be_bytes();
+    // A __be64: its bytes in memory are the GUID in order.
+    let g = attr.node_guid.to_ne_bytes();
     Ok(DeviceInfo {
         name: name.to_owned(),
         fw_ver: String::from_utf8_lossy(&attr.fw_ver[..fw_end]).into_owned(),
@@ -504,6 +510,8 @@ pub(crate) struct Device {
 #[derive(Default)]
 pub(crate) struct Health {
     failure: Mutex<Option<String>>,
+    /// The failure is our GID's absence, which ends when the address comes back.
+    gid_gone: std::sync::atomic::AtomicBool,
     /// QPs and CQs by their handle's address, to the flag of their own that an event sets.
     watched: Mutex<HashMap<usize, Weak<Mutex<Option<String>>>>>,
 }
@@ -520,6 +528,18 @@ impl Health {
         let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
         if f.is_none() {
             *f = Some(why);
+        }
+    }
+
+    /// Our GID went (the address was removed) or came back.
+    fn gid_present(&self, present: bool, why: impl FnOnce() -> String) {
+        use std::sync::atomic::Ordering;
+        let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        if !present && f.is_none() {
+            *f = Some(why());
+            self.gid_gone.store(true, Ordering::SeqCst);
+        } else if present && self.gid_gone.swap(false, Ordering::SeqCst) {
+            *f = None;
         }
     }
 
@@ -673,7 +693,11 @@ impl Device {
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let v = std::fs::read_to_string(e.path()).ok()?.trim().parse().ok()?;
+                let v = std::fs::read_to_string(e.path())
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()?;
                 Some((name, v))
             })
             .collect();
@@ -706,8 +730,10 @@ impl EventWatcher {
                 Ok([_, true]) => return,
                 Ok(_) => {}
                 Err(e) => {
-                    self.health
-                        .fail(format!("{}: cannot wait for async events: {e}", self.device));
+                    self.health.fail(format!(
+                        "{}: cannot wait for async events: {e}",
+                        self.device
+                    ));
                     return;
                 }
             }
@@ -745,12 +771,14 @@ impl EventWatcher {
                     matches!(self.ctx.query_gid(self.port, i),
                         Ok(Some(e)) if Ipv6Addr::from(e.gid.raw) == self.gid.gid)
                 });
-                if !ours {
-                    self.health.fail(format!(
+                // A failure for its absence ends when it is back (the address re-added), so
+                // a fresh start can receive again.
+                self.health.gid_present(ours, || {
+                    format!(
                         "{dev} port {}: GID {} (index {}) is gone: the address was removed",
                         self.port, self.gid.gid, self.gid.index
-                    ));
-                }
+                    )
+                });
             }
             _ => {}
         }
@@ -825,7 +853,9 @@ mod tests {
             ..DeviceOptions::default()
         };
         assert_eq!(choose_gid(&rxe_table(), &o(0)).unwrap().index, 0);
-        assert!(choose_gid(&rxe_table(), &o(7)).unwrap_err().contains("empty"));
+        assert!(choose_gid(&rxe_table(), &o(7))
+            .unwrap_err()
+            .contains("empty"));
         assert!(choose_gid(&connectx_table(), &o(2))
             .unwrap_err()
             .contains("RoCE v1"));

@@ -271,7 +271,8 @@ impl VerbsQp {
         };
         // INIT at once, so receives may be posted before connecting, as on the soft NIC;
         // `connect` sets the access peers get.
-        qp.to_init(0).map_err(|e| device.error("ibv_modify_qp(INIT)", e, None))?;
+        qp.to_init(0)
+            .map_err(|e| device.error("ibv_modify_qp(INIT)", e, None))?;
         Ok(qp)
     }
 
@@ -309,7 +310,12 @@ impl VerbsQp {
     }
 
     pub(crate) fn state(&self) -> Option<QpState> {
-        if self.fatal.lock().unwrap_or_else(PoisonError::into_inner).is_some() {
+        if self
+            .fatal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+        {
             return Some(QpState::Err);
         }
         Some(match self.state.load(Ordering::Relaxed) {
@@ -390,8 +396,7 @@ impl VerbsQp {
             },
             ..ibv_qp_attr::default()
         };
-        let mut mask =
-            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+        let mut mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
         if self.qp_type == QpType::Rc {
             rtr.max_dest_rd_atomic = options.max_rd_atomic;
             rtr.min_rnr_timer = options.min_rnr_timer;
@@ -437,7 +442,9 @@ impl VerbsQp {
                     max: self.caps.max_inline_data,
                 })
             }
-            ferroce_proto::qp::Payload::Sges(list) if list.len() > self.caps.max_send_sge as usize => {
+            ferroce_proto::qp::Payload::Sges(list)
+                if list.len() > self.caps.max_send_sge as usize =>
+            {
                 Err(PostError::Length(list.len() as u64))
             }
             _ if matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
