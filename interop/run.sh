@@ -41,6 +41,19 @@ echo "interop: building the ferroce release binary"
 nice -n 19 cargo build --release --locked -p ferroce-cli
 export FERROCE_BIN="${CARGO_TARGET_DIR:-target}/release/ferroce"
 FERROCE_BIN=$(realpath "$FERROCE_BIN")
+if [ "$mode" = test ]; then
+    # The verbs backend's device tests (crates/ferroce/tests/verbs_device.rs) run in a guest
+    # against rxe0; cargo prints where it put the test binary.
+    echo "interop: building the verbs device tests"
+    FERROCE_DEVICE_TESTS=$(nice -n 19 cargo test --release --locked -p ferroce --test verbs_device \
+        --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "verbs_device":
+        print(m["executable"])')
+    export FERROCE_DEVICE_TESTS
+fi
 
 # The suite gives every run its own limit; this one bounds the whole (the TERM makes it tear
 # down its guests and namespace before it exits).

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -469,7 +470,13 @@ def cmd_test(args):
         if args.list:
             for p in plan:
                 print(p[0])
+            for c in VERBS_CHECKS:
+                print(c.__name__.replace("_", "-"))
             return 0
+        checks = [c for c in VERBS_CHECKS if re.search(args.only or "", c.__name__.replace("_", "-"))]
+        if args.list:
+            for c in checks:
+                print(c.__name__.replace("_", "-"))
         mtu_now = None
         for (name, kind, server, client, scmd, ccmd, limit, loss, mtu) in plan:
             want = 1500 if mtu == 1024 else 9000
@@ -478,8 +485,174 @@ def cmd_test(args):
                 mtu_now = want
             results.append(run_pair(lab, name, kind, server, client, scmd, ccmd, limit, outdir,
                                     loss=loss))
+        if checks and mtu_now != 1500:
+            lab.set_mtu(1500)
+        for check in checks:
+            results.append(run_check(lab, check, outdir))
         write_results(lab.rundir, results, t0, lab.accel, "test")
     return summarize(results, t0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The verbs backend's own checks in the guest: its device tests, a frame stream, failure and
+# the memlock limit
+
+
+def run_check(lab, check, outdir):
+    """Runs one check function, which returns a list of problems (empty: passed)."""
+    name = check.__name__.replace("_", "-")
+    t0 = time.time()
+    try:
+        problems = check(lab, outdir)
+    except LabError as e:
+        problems = [str(e)]
+    res = {"name": name, "kind": "check", "ok": not problems, "problems": problems,
+           "seconds": round(time.time() - t0, 1)}
+    log(f"{'PASS' if res['ok'] else 'FAIL'} {name} ({res['seconds']} s)")
+    for pr in problems:
+        for line in pr.splitlines()[:20]:
+            log(f"     {line}")
+    return res
+
+
+def guest_run(lab, where, cmd, limit, outdir, tag):
+    """A command in a guest; returns (rc, output) and keeps the output in runs/TAG.log."""
+    job = Running(lab, where, cmd, limit, os.path.join(outdir, tag + ".log"))
+    rc = job.wait(limit + 10)
+    return rc, job.out
+
+
+def verbs_device_tests(lab, outdir):
+    """tests/verbs_device.rs, built for the host, run in vm1 against rxe0."""
+    binary = os.environ.get("FERROCE_DEVICE_TESTS")
+    if not binary or not os.path.exists(binary):
+        return [f"no device-test binary (FERROCE_DEVICE_TESTS={binary!r}); interop/run.sh builds it"]
+    shutil.copy2(binary, os.path.join(lab.export, "verbs_device"))
+    rc, out = guest_run(lab, "vm1", "FERROCE_TEST_DEVICE=rxe0 /ferroce/verbs_device --test-threads=1 2>&1",
+                        240, outdir, "verbs-device-tests")
+    problems = []
+    if rc != 0:
+        problems.append(f"exit {rc}:\n" + "\n".join(out.strip().splitlines()[-25:]))
+    if "SKIPPED" in out:
+        problems.append("a device test skipped itself")
+    m = re.search(r"test result: ok\. (\d+) passed", out)
+    if not m or int(m.group(1)) == 0:
+        problems.append("no passing tests reported")
+    return problems
+
+
+def stream_to_guest(lab, outdir, tag, frames, loss=0, during=None):
+    """`stream send` on the host (the bridge's device) programmed by `stream recv -d rxe0` in
+    vm1; returns (recv rc, recv output, send output)."""
+    host_bin = os.path.join(lab.export, "ferroce")
+    send_log = os.path.join(outdir, tag + ".send.log")
+    sender = lab.spawn(["timeout", "-s", "KILL", "200", host_bin, "stream", "send", "--local",
+                        HOST_ADDR, "--fps", "10"], f"host: stream send ({tag})", log=send_log)
+    try:
+        deadline = time.time() + 20
+        while True:
+            with open(send_log, errors="replace") as f:
+                if "waiting to be programmed" in f.read():
+                    break
+            if sender.poll() is not None or time.time() > deadline:
+                raise LabError("stream send never served its control port")
+            time.sleep(0.05)
+        if loss:
+            lab.set_loss(loss, acks=True)
+        cmd = (f"{GUEST_BIN} stream recv -d rxe0 --device {HOST_ADDR} --frame-size 65536 "
+               f"--frames {frames} --json")
+        job = Running(lab, "vm1", cmd, 150, os.path.join(outdir, tag + ".recv.log"))
+        if during:
+            during(lab)
+        rc = job.wait(160)
+        if rc is None:
+            job.kill()
+        return rc, job.out
+    finally:
+        lab.clear_loss()
+        lab.stop(sender)
+
+
+def summary_of(out):
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{") and '"content_errors"' in line:
+            return json.loads(line)
+    return None
+
+
+def verbs_frames_stream(lab, outdir):
+    """A UC frame stream into rxe0: 40 frames of 64 KiB, each checked by its CRC."""
+    rc, out = stream_to_guest(lab, outdir, "verbs-frames-stream", 40)
+    s = summary_of(out)
+    problems = []
+    if rc != 0:
+        problems.append(f"stream recv exit {rc}: " + out.strip()[-600:])
+    if not s:
+        return problems + ["no summary"]
+    if s["frames"] < 40 or s["content_errors"] != 0:
+        problems.append(f"frames {s['frames']}, content errors {s['content_errors']}")
+    return problems
+
+
+def verbs_frames_loss(lab, outdir):
+    """The same under 3 % loss: rxe's UC drops what is lost, and a frame that lost packets
+    must show it (its CRC), never pass as whole."""
+    rc, out = stream_to_guest(lab, outdir, "verbs-frames-loss", 20, loss=3)
+    s = summary_of(out)
+    if not s:
+        return [f"no summary (exit {rc}): " + out.strip()[-600:]]
+    problems = []
+    if s["frames"] == 0:
+        problems.append("no frame arrived")
+    if s["content_errors"] == 0:
+        problems.append("3 % loss and not one frame with a bad CRC: loss went unseen")
+    return problems
+
+
+def verbs_frames_address_deleted(lab, outdir):
+    """The guest's address deleted mid-stream: the receive path fails (GID_CHANGE), and once
+    the address is back a fresh start (new QPN, device reprogrammed) receives again."""
+    def blip(lab):
+        time.sleep(6)
+        lab.guest("vm1").sh("ip addr del 10.77.0.11/24 dev eth0", limit=20)
+        time.sleep(3)
+        lab.guest("vm1").sh("ip addr add 10.77.0.11/24 dev eth0", limit=20)
+    rc, out = stream_to_guest(lab, outdir, "verbs-frames-address-deleted", 80, during=blip)
+    s = summary_of(out)
+    problems = []
+    if not s:
+        return [f"no summary (exit {rc}): " + out.strip()[-600:]]
+    if s.get("restarts", 0) < 1:
+        problems.append("the receive path never failed and restarted: " + out.strip()[-400:])
+    if s["frames"] < 80:
+        problems.append(f"only {s['frames']} frames after the restart")
+    if rc != 0:
+        problems.append(f"stream recv exit {rc}")
+    return problems
+
+
+def verbs_memlock(lab, outdir):
+    """As a user without CAP_IPC_LOCK and `ulimit -l 64`, registering a frame ring is refused
+    with the limit named; as root it is taken."""
+    g = lab.guest("vm1")
+    g.sh("grep -q '^nobody:' /etc/passwd || echo 'nobody:x:65534:65534::/:/bin/sh' >> /etc/passwd")
+    rc, out = guest_run(lab, "vm1", f"ulimit -l 64; su -s /bin/sh nobody -c '{GUEST_BIN} stream recv "
+                        f"-d rxe0 --peer {HOST_ADDR} --frames 1 --idle 1' 2>&1", 30, outdir,
+                        "verbs-memlock")
+    problems = []
+    if rc == 0:
+        problems.append("registration as nobody with a 64 KiB limit succeeded")
+    if "RLIMIT_MEMLOCK is 65536 bytes" not in out or "ulimit -l" not in out:
+        problems.append("the refusal does not name the limit and the fix: " + out.strip()[-400:])
+    rc, out = guest_run(lab, "vm1", f"ulimit -l 64; {GUEST_BIN} stream recv -d rxe0 --peer {HOST_ADDR} "
+                        "--frames 1 --idle 1 2>&1", 30, outdir, "verbs-memlock-root")
+    if "RLIMIT_MEMLOCK" in out:
+        problems.append("root (CAP_IPC_LOCK) was refused: " + out.strip()[-300:])
+    return problems
+
+
+VERBS_CHECKS = [verbs_device_tests, verbs_frames_stream, verbs_frames_loss,
+                verbs_frames_address_deleted, verbs_memlock]
 
 
 def write_results(rundir, results, t0, accel, mode):

@@ -304,7 +304,7 @@ impl Nic {
     /// The GID index in use: 0 on the soft NIC, which has one address.
     #[must_use]
     pub fn gid_index(&self) -> u32 {
-        self.verbs().map_or(0, |d| d.gid.index)
+        self.verbs().map_or(0, |d| d.gid_index())
     }
 
     /// What the backend offers.
@@ -447,6 +447,11 @@ impl Nic {
     /// binding a throw-away socket to the address, which costs a few microseconds.
     #[must_use]
     pub fn address_gone(&self) -> bool {
+        // A verbs device: also while our GID is out of its table (rxe takes an address's GID
+        // out when the address goes, and back some time after it returns).
+        if self.verbs().is_some_and(|d| d.gid_gone()) {
+            return true;
+        }
         let probe = SocketAddr::new(self.addr().ip(), 0);
         matches!(
             UdpSocket::bind(probe),

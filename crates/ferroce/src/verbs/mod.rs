@@ -495,7 +495,10 @@ fn choose_gid(table: &GidTable, options: &DeviceOptions) -> Result<Gid, String> 
 pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) port: u8,
+    /// The GID chosen at open. Its address is ours for good; its index may move when the
+    /// table changes (an address removed and added again), and `gid_index` follows it.
     pub(crate) gid: Gid,
+    gid_index: Arc<std::sync::atomic::AtomicU32>,
     pub(crate) active_mtu: Mtu,
     pub(crate) attr: ibv_device_attr,
     pub(crate) pd: Arc<Pd>,
@@ -509,7 +512,8 @@ pub(crate) struct Device {
 /// What the async events said: the device's failure, and the QPs and CQs that failed.
 #[derive(Default)]
 pub(crate) struct Health {
-    failure: Mutex<Option<String>>,
+    /// Why the device failed, and whether that is our GID's absence (which ends).
+    failure: Mutex<Option<(String, bool)>>,
     /// The failure is our GID's absence, which ends when the address comes back.
     gid_gone: std::sync::atomic::AtomicBool,
     /// QPs and CQs by their handle's address, to the flag of their own that an event sets.
@@ -521,13 +525,14 @@ impl Health {
         self.failure
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .as_ref()
+            .map(|(why, _)| why.clone())
     }
 
     fn fail(&self, why: String) {
         let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
         if f.is_none() {
-            *f = Some(why);
+            *f = Some((why, false));
         }
     }
 
@@ -535,10 +540,10 @@ impl Health {
     fn gid_present(&self, present: bool, why: impl FnOnce() -> String) {
         use std::sync::atomic::Ordering;
         let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        self.gid_gone.store(!present, Ordering::SeqCst);
         if !present && f.is_none() {
-            *f = Some(why());
-            self.gid_gone.store(true, Ordering::SeqCst);
-        } else if present && self.gid_gone.swap(false, Ordering::SeqCst) {
+            *f = Some((why(), true));
+        } else if present && f.as_ref().is_some_and(|(_, gid)| *gid) {
             *f = None;
         }
     }
@@ -620,10 +625,12 @@ impl Device {
         };
         let (stop, stop_rx) = UnixDatagram::pair().map_err(|e| call("socketpair", e))?;
         let health = Arc::new(Health::default());
+        let gid_index = Arc::new(std::sync::atomic::AtomicU32::new(gid.index));
         let device = Arc::new(Self {
             name: name.to_owned(),
             port: options.port,
             gid,
+            gid_index: Arc::clone(&gid_index),
             active_mtu: mtu_of(port.active_mtu).unwrap_or(Mtu::M1024),
             attr,
             pd,
@@ -638,6 +645,8 @@ impl Device {
             device: name.to_owned(),
             port: options.port,
             gid: device.gid.clone(),
+            gid_index,
+            table_len: port.gid_tbl_len,
         };
         let thread = std::thread::Builder::new()
             .name(format!("ferroce-{name}-events"))
@@ -646,6 +655,16 @@ impl Device {
         *device.events.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(EventThread { stop, thread });
         Ok(device)
+    }
+
+    /// The index of our GID now.
+    pub(crate) fn gid_index(&self) -> u32 {
+        self.gid_index.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether our GID has left the table (its address was removed) and not come back.
+    pub(crate) fn gid_gone(&self) -> bool {
+        self.health.gid_gone.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Whether regions can be registered from a dma-buf on this device.
@@ -720,6 +739,8 @@ struct EventWatcher {
     device: String,
     port: u8,
     gid: Gid,
+    gid_index: Arc<std::sync::atomic::AtomicU32>,
+    table_len: i32,
 }
 
 impl EventWatcher {
@@ -766,11 +787,17 @@ impl EventWatcher {
                 self.port
             )),
             IBV_EVENT_GID_CHANGE => {
-                // Ours is gone when no entry of the table holds it any more.
-                let ours = (0..256).any(|i| {
+                // Ours is gone when no entry of the table holds it any more; when it is back,
+                // perhaps at another index, QPs connect through that one.
+                let len = u32::try_from(self.table_len).unwrap_or(0).max(1);
+                let found = (0..len).find(|&i| {
                     matches!(self.ctx.query_gid(self.port, i),
                         Ok(Some(e)) if Ipv6Addr::from(e.gid.raw) == self.gid.gid)
                 });
+                if let Some(i) = found {
+                    self.gid_index.store(i, std::sync::atomic::Ordering::Relaxed);
+                }
+                let ours = found.is_some();
                 // A failure for its absence ends when it is back (the address re-added), so
                 // a fresh start can receive again.
                 self.health.gid_present(ours, || {

@@ -346,6 +346,12 @@ impl VerbsQp {
     ) -> Result<(), ModifyError> {
         let refused = |step: &str, e: io::Error| {
             let hint = match (step, e.raw_os_error()) {
+                ("RTR", Some(libc::ENODATA)) => format!(
+                    " — GID index {} of {} holds no address (was {} removed?)",
+                    self.device.gid_index(),
+                    self.device.name,
+                    self.device.gid.ip()
+                ),
                 ("RTR", Some(libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH)) => {
                     format!(
                         " — the kernel could not resolve {} from {} ({}): no route to it, no ARP \
@@ -353,7 +359,7 @@ impl VerbsQp {
                         peer.addr.ip(),
                         self.device.name,
                         self.device.gid.ip(),
-                        self.device.gid.index,
+                        self.device.gid_index(),
                         self.device.gid.gid
                     )
                 }
@@ -386,7 +392,7 @@ impl VerbsQp {
                 grh: ibv_global_route {
                     dgid: ibv_gid { raw: dgid },
                     flow_label: 0,
-                    sgid_index: self.device.gid.index as u8,
+                    sgid_index: self.device.gid_index() as u8,
                     hop_limit: 64,
                     traffic_class: 0,
                 },
@@ -402,7 +408,23 @@ impl VerbsQp {
             rtr.min_rnr_timer = options.min_rnr_timer;
             mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
         }
-        self.raw.modify(&rtr, mask).map_err(|e| refused("RTR", e))?;
+        // RTR resolves the peer's address. Right after the table changed (an address added
+        // back) the kernel may still say ENODATA or ETIMEDOUT; Hololink retries 5 × 200 ms.
+        let mut tries = 0;
+        loop {
+            rtr.ah_attr.grh.sgid_index = self.device.gid_index() as u8;
+            match self.raw.modify(&rtr, mask) {
+                Ok(()) => break,
+                Err(e)
+                    if tries < 5
+                        && matches!(e.raw_os_error(), Some(libc::ENODATA | libc::ETIMEDOUT)) =>
+                {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(refused("RTR", e)),
+            }
+        }
         self.state.store(STATE_RTR, Ordering::Relaxed);
         if !rts {
             return Ok(());
