@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what ferroce's build and tests need on a fresh Debian 12 machine: a C toolchain,
-# iproute2 and nftables (the namespace tests), tshark (the tests compare `ferroce decode` with
+# Installs what ferroce's build and tests need on a fresh Debian 12 machine: a C toolchain
+# (which also builds the verbs tests' stand-in libibverbs), libibverbs itself, iproute2 and
+# nftables (the namespace tests), tshark (the tests compare `ferroce decode` with
 # Wireshark's dissector), and Rust by rustup when cargo is missing. Safe to run again: it
 # installs only what is absent.
 set -euo pipefail
@@ -18,6 +19,10 @@ command -v tshark >/dev/null || packages+=(tshark)
 command -v pkg-config >/dev/null || packages+=(pkg-config)
 command -v ip >/dev/null || packages+=(iproute2)
 command -v nft >/dev/null || packages+=(nftables)
+command -v readelf >/dev/null || packages+=(binutils)
+# The verbs backend's tests load the real libibverbs too (no device is needed: on a kernel
+# without RDMA it must say so).
+[ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || packages+=(libibverbs1)
 if [ ${#packages[@]} -gt 0 ]; then
     echo "bootstrap: installing ${packages[*]}"
     $sudo apt-get update -qq

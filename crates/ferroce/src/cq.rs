@@ -22,7 +22,7 @@ pub struct Cq {
 
 #[derive(Clone)]
 pub(crate) enum CqInner {
-    Soft(CqId),
+    Soft(CqId, usize),
     Verbs(Arc<VerbsCq>),
 }
 
@@ -44,7 +44,7 @@ impl Cq {
     /// [`NicError::Verbs`] when a verbs device refuses the CQ; never on the soft NIC.
     pub fn new(nic: &Nic, depth: usize) -> Result<Self, NicError> {
         let inner = match &nic.backend {
-            Backend::Soft(s) => CqInner::Soft(s.shared.lock().engine.create_cq(depth)),
+            Backend::Soft(s) => CqInner::Soft(s.shared.lock().engine.create_cq(depth), depth),
             Backend::Verbs(v) => CqInner::Verbs(Arc::new(VerbsCq::new(&v.device, depth)?)),
         };
         Ok(Self {
@@ -56,7 +56,7 @@ impl Cq {
     /// The soft CQ's id; `None` on a verbs device.
     pub(crate) fn soft_id(&self) -> Option<CqId> {
         match &self.inner {
-            CqInner::Soft(id) => Some(*id),
+            CqInner::Soft(id, _) => Some(*id),
             CqInner::Verbs(_) => None,
         }
     }
@@ -66,7 +66,7 @@ impl Cq {
     pub fn poll_into(&self, out: &mut [Completion]) -> usize {
         match &self.inner {
             CqInner::Verbs(cq) => cq.poll_into(out),
-            CqInner::Soft(_) => {
+            CqInner::Soft(..) => {
                 let mut n = 0;
                 while n < out.len() {
                     match self.poll() {
@@ -82,13 +82,23 @@ impl Cq {
         }
     }
 
+    /// The completions the CQ holds: as asked on the soft NIC; on a verbs device what the
+    /// device granted (`cqe`), grown as queue pairs joined it.
+    #[must_use]
+    pub fn depth(&self) -> usize {
+        match &self.inner {
+            CqInner::Soft(_, depth) => *depth,
+            CqInner::Verbs(cq) => cq.raw.cqe() as usize,
+        }
+    }
+
     /// Why the CQ failed, if it did: on a verbs device, a `CQ_ERR` event (an overrun, which
     /// loses completions).
     #[must_use]
     pub fn failure(&self) -> Option<String> {
         match &self.inner {
             CqInner::Verbs(cq) => cq.failure(),
-            CqInner::Soft(_) => None,
+            CqInner::Soft(..) => None,
         }
     }
 
@@ -99,9 +109,9 @@ impl Cq {
     #[must_use]
     pub fn poll(&self) -> Option<Completion> {
         let (id, soft) = match (&self.inner, self.nic.soft()) {
-            (CqInner::Soft(id), Some(soft)) => (*id, soft),
+            (CqInner::Soft(id, _), Some(soft)) => (*id, soft),
             (CqInner::Verbs(cq), _) => return cq.poll(),
-            (CqInner::Soft(_), None) => return None,
+            (CqInner::Soft(..), None) => return None,
         };
         let shared = &soft.shared;
         let mut state = shared.lock();
@@ -121,9 +131,9 @@ impl Cq {
     #[must_use]
     pub fn drive(&self, timeout: Duration) -> Option<Completion> {
         let soft = match (&self.inner, self.nic.soft()) {
-            (CqInner::Soft(_), Some(soft)) => soft,
+            (CqInner::Soft(_, _), Some(soft)) => soft,
             (CqInner::Verbs(cq), _) => return cq.wait(timeout),
-            (CqInner::Soft(_), None) => return None,
+            (CqInner::Soft(..), None) => return None,
         };
         let start = Instant::now();
         let deadline = start + timeout;
@@ -156,9 +166,9 @@ impl Cq {
     #[must_use]
     pub fn wait(&self, timeout: Duration) -> Option<Completion> {
         let (id, soft) = match (&self.inner, self.nic.soft()) {
-            (CqInner::Soft(id), Some(soft)) => (*id, soft),
+            (CqInner::Soft(id, _), Some(soft)) => (*id, soft),
             (CqInner::Verbs(cq), _) => return cq.wait(timeout),
-            (CqInner::Soft(_), None) => return None,
+            (CqInner::Soft(..), None) => return None,
         };
         let deadline = Instant::now() + timeout;
         let shared = &soft.shared;

@@ -664,7 +664,9 @@ impl Device {
 
     /// Whether our GID has left the table (its address was removed) and not come back.
     pub(crate) fn gid_gone(&self) -> bool {
-        self.health.gid_gone.load(std::sync::atomic::Ordering::SeqCst)
+        self.health
+            .gid_gone
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Whether regions can be registered from a dma-buf on this device.
@@ -795,7 +797,8 @@ impl EventWatcher {
                         Ok(Some(e)) if Ipv6Addr::from(e.gid.raw) == self.gid.gid)
                 });
                 if let Some(i) = found {
-                    self.gid_index.store(i, std::sync::atomic::Ordering::Relaxed);
+                    self.gid_index
+                        .store(i, std::sync::atomic::Ordering::Relaxed);
                 }
                 let ours = found.is_some();
                 // A failure for its absence ends when it is back (the address re-added), so

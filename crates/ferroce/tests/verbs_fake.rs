@@ -1,0 +1,271 @@
+//! The verbs backend against a stand-in libibverbs (`tests/fake-ibverbs/fake.c`, built here
+//! with the system C compiler), on any host: the loader's versioned lookups, the ops-table
+//! dispatch of the four hot-path calls, the layouts of what crosses (a wrong offset makes the
+//! fake refuse the post or complete it wrongly), `bad_wr`, and the open errors that need a
+//! device list. The real library on a real device is tests/verbs_device.rs, in the guests.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ferroce::cq::{WcOpcode, WcStatus};
+use ferroce::proto::memory::WriteOrder;
+use ferroce::qp::{Payload, PostError, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr};
+use ferroce::verbs::{DeviceOptions, VerbsError};
+use ferroce::{
+    ConnectOptions, Cq, Nic, NicConfig, NicError, Qp, Region, RegionAccess, RegionError,
+    RegionMemory,
+};
+
+#[path = "fake-ibverbs/build.rs"]
+mod fake_build;
+
+/// Builds the fake once and points the loader at it (before anything in this process loads
+/// libibverbs).
+fn fake() -> &'static PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let lib = fake_build::build_fake_ibverbs(
+            &PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fake-ibverbs"),
+        );
+        std::env::set_var("FERROCE_IBVERBS", &lib);
+        lib
+    })
+}
+
+fn open() -> Nic {
+    fake();
+    Nic::open_device("fake0", &DeviceOptions::default(), &NicConfig::default())
+        .unwrap_or_else(|e| panic!("open fake0: {e}"))
+}
+
+#[test]
+fn the_fake_device_opens_with_its_ipv4_roce_v2_gid() {
+    let nic = open();
+    assert_eq!(nic.device_name(), "fake0");
+    assert_eq!(nic.gid_index(), 1);
+    assert_eq!(nic.addr().ip().to_string(), "192.0.2.7");
+    assert_eq!(nic.active_mtu(), ferroce::proto::qp::Mtu::M1024);
+    let caps = nic.caps();
+    assert!(!caps.dmabuf, "the fake has no ibv_reg_dmabuf_mr");
+    assert!(!caps.pageable_memory && !caps.fault_injection && !caps.pcap);
+    assert_eq!((caps.max_qp_wr, caps.max_cqe), (1024, 8192));
+    assert_eq!(nic.failure(), None);
+}
+
+#[test]
+fn a_name_that_is_not_there_lists_the_devices_that_are() {
+    fake();
+    let e =
+        Nic::open_device("mlx5_7", &DeviceOptions::default(), &NicConfig::default()).unwrap_err();
+    match &e {
+        NicError::Verbs(VerbsError::NoSuchDevice { found, .. }) => {
+            assert_eq!(found, &["ferroce0".to_owned(), "fake0".to_owned()]);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(e.to_string().contains("ferroce0, fake0"), "{e}");
+}
+
+#[test]
+fn the_hot_path_goes_through_the_ops_table_with_rdma_cores_layouts() {
+    let nic = open();
+    let cq = Cq::new(&nic, 8).unwrap();
+    let qp = Qp::new(&nic, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+    assert_eq!(qp.qpn().value() & 0xff00, 0, "a QPN from the fake");
+    let peer = ferroce::QpEndpoint {
+        qpn: qp.qpn(),
+        psn: qp.endpoint().psn,
+        addr: nic.addr(),
+    };
+    qp.connect(&peer, &ConnectOptions::default()).unwrap();
+    let region = Region::register(
+        &nic,
+        RegionAccess::Remote,
+        WriteOrder::InOrder,
+        RegionMemory::Host(vec![0; 4096]),
+    )
+    .unwrap();
+    assert_ne!(region.rkey(), 0);
+    let remote = RemoteAddr {
+        va: 0x10000,
+        rkey: 0x1234,
+    };
+    // Two gather entries: the fake sums their lengths into byte_len.
+    let sges = vec![
+        region.local(0, 100).unwrap(),
+        region.local(200, 28).unwrap(),
+    ];
+    qp.post_send(SendWr::new(
+        7,
+        SendOp::WriteWithImm(remote, 0x1122_3344),
+        Payload::Sges(sges),
+    ))
+    .unwrap();
+    let c = cq.poll().expect("the fake's completion");
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode, c.byte_len, c.imm),
+        (
+            7,
+            WcStatus::Success,
+            WcOpcode::RdmaWrite,
+            128,
+            Some(0x1122_3344)
+        )
+    );
+    assert_eq!(c.qpn, qp.qpn());
+    // The rdma union in the wrong place would carry another address or key: refused.
+    let wrong = SendWr::new(
+        8,
+        SendOp::Write(RemoteAddr {
+            va: 0x10000,
+            rkey: 0x9999,
+        }),
+        Payload::Sge(region.local(0, 8).unwrap()),
+    );
+    assert!(matches!(qp.post_send(wrong), Err(PostError::Device(_))));
+    // A receive: the fake completes it as a WRITE with immediate 0x0a0b0c0d arriving.
+    qp.post_recv(RecvWr {
+        wr_id: 0x1005,
+        sges: Vec::new(),
+    })
+    .unwrap();
+    let c = cq.wait(Duration::from_secs(1)).expect("a completion");
+    assert_eq!(
+        (c.wr_id, c.opcode, c.imm),
+        (0x1005, WcOpcode::RecvRdmaWithImm, Some(0x0a0b_0c0d))
+    );
+    assert!(cq.poll().is_none());
+}
+
+#[test]
+fn a_refused_request_in_a_list_is_named_by_its_index() {
+    let nic = open();
+    let cq = Cq::new(&nic, 8).unwrap();
+    let qp = Qp::new(&nic, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+    let region = Region::register(
+        &nic,
+        RegionAccess::Local,
+        WriteOrder::InOrder,
+        RegionMemory::Host(vec![0; 64]),
+    )
+    .unwrap();
+    assert_eq!(region.rkey(), 0, "a Local region gives peers no key");
+    let send = |id| SendWr::new(id, SendOp::Send, Payload::Sge(region.local(0, 8).unwrap()));
+    // The fake refuses wr_id 0xbad with ENOMEM and points bad_wr at it.
+    let got = qp.post_send_list([send(1), send(0xbad), send(3)]);
+    assert!(matches!(got, Err((1, PostError::QueueFull(_)))), "{got:?}");
+    assert_eq!(
+        cq.poll().map(|c| c.wr_id),
+        Some(1),
+        "the one before it went"
+    );
+    assert!(cq.poll().is_none(), "and none after it");
+}
+
+#[test]
+fn refusals_before_the_provider_are_typed() {
+    let nic = open();
+    let cq = Cq::new(&nic, 8).unwrap();
+    // The fake grants at least 256 inline bytes and refuses a QP asking for more than 512.
+    let big = QpCaps {
+        max_inline: 1024,
+        ..QpCaps::default()
+    };
+    match Qp::new(&nic, QpType::Rc, &cq, &cq, big) {
+        Err(NicError::Verbs(VerbsError::Call { call, hint, .. })) => {
+            assert_eq!(call, "ibv_create_qp");
+            assert!(hint.is_some_and(|h| h.contains("max_inline")));
+        }
+        other => panic!("{other:?}"),
+    }
+    let uc = Qp::new(&nic, QpType::Uc, &cq, &cq, QpCaps::default()).unwrap();
+    assert_eq!(uc.caps().max_inline, 400, "the default asks for 400");
+    let read = SendWr::new(
+        1,
+        SendOp::Read(RemoteAddr {
+            va: 0x10000,
+            rkey: 0x1234,
+        }),
+        Payload::Inline(vec![0; 8]),
+    );
+    assert!(matches!(uc.post_send(read), Err(PostError::Unsupported(_))));
+    let long = SendWr::new(2, SendOp::Send, Payload::Inline(vec![0; 401]));
+    assert!(matches!(
+        uc.post_send(long),
+        Err(PostError::InlineTooLong { len: 401, max: 400 })
+    ));
+    // A CQ of another NIC is refused before any call.
+    let soft = Nic::open(&NicConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..NicConfig::default()
+    })
+    .unwrap();
+    let soft_cq = Cq::new(&soft, 8).unwrap();
+    assert!(matches!(
+        Qp::new(&nic, QpType::Rc, &soft_cq, &cq, QpCaps::default()),
+        Err(NicError::OtherNic(_))
+    ));
+    // dma-buf on a library without ibv_reg_dmabuf_mr.
+    let got = Region::register(
+        &nic,
+        RegionAccess::RemoteWrite,
+        WriteOrder::AnyOrder,
+        RegionMemory::Dmabuf {
+            fd: 0,
+            offset: 0,
+            bytes: 4096,
+        },
+    );
+    assert!(
+        matches!(got, Err(RegionError::DmabufUnsupported { ref device }) if device == "fake0"),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_cq_grows_when_its_queues_could_overrun_it_and_polls_in_batches() {
+    let nic = open();
+    let cq = Cq::new(&nic, 4).unwrap();
+    let caps = QpCaps {
+        sq_depth: 64,
+        rq_depth: 64,
+        max_inline: 0,
+    };
+    assert_eq!(cq.depth(), 4);
+    let a = Qp::new(&nic, QpType::Rc, &cq, &cq, caps).unwrap();
+    assert_eq!(
+        cq.depth(),
+        128,
+        "grown for one QP's 64 sends and 64 receives"
+    );
+    let qp = Qp::new(&nic, QpType::Rc, &cq, &cq, caps).unwrap();
+    assert_eq!(cq.depth(), 256, "and for the second's");
+    drop(a);
+    // The room is kept (no shrink), but a third QP fits in what the first gave back.
+    let _c = Qp::new(&nic, QpType::Rc, &cq, &cq, caps).unwrap();
+    assert_eq!(cq.depth(), 256);
+    for i in 0..64 {
+        qp.post_recv(RecvWr {
+            wr_id: i,
+            sges: Vec::new(),
+        })
+        .unwrap();
+    }
+    let mut out = vec![
+        ferroce::cq::Completion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qpn: qp.qpn(),
+        };
+        100
+    ];
+    let n = cq.poll_into(&mut out);
+    assert_eq!(n, 32, "one poll_cq takes at most 32 here");
+    assert_eq!(out[31].wr_id, 31);
+    assert_eq!(cq.poll_into(&mut out), 32);
+    assert_eq!(cq.poll_into(&mut out), 0);
+}
