@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The fake's path, built once per call site's target directory.
-pub fn build_fake_ibverbs(out: &Path) -> PathBuf {
+pub(crate) fn build_fake_ibverbs(out: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("ferroce")
