@@ -438,12 +438,20 @@ def verbs_plan(lab, loss):
         n = iters(60)
         pair(f"loss-verbs-pingpong-4096B-{role}", "pingpong", server, client,
              lambda e, srv, n=n: e.pingpong(4096, 1024, n, srv), 90, loss, 1024)
-    for i, (tool, sub, kind) in enumerate(PERF_TESTS):
-        server, client, role = roles(verbs, host)[i % 2]
+    for tool, sub, kind in PERF_TESTS:
         flags = perf_flags(kind, sub)
-        pair(f"loss-verbs-{sub}-{role}", kind, server, client,
-             lambda e, srv, tool=tool, sub=sub, flags=flags: e.perf(tool, sub, flags, srv),
-             90, loss, 1024)
+        for server, client, role in roles(verbs, host):
+            pair(f"loss-verbs-{sub}-{role}", kind, server, client,
+                 lambda e, srv, tool=tool, sub=sub, flags=flags: e.perf(tool, sub, flags, srv),
+                 90, loss, 1024)
+    # the session face (seed 003) over the verbs backend, against the soft NIC
+    n = iters(200)
+    for server, client, role in roles(verbs, host):
+        dev = lambda e: "-d rxe0" if e is verbs else f"--local {HOST_ADDR}"
+        plan.append((f"verbs-session-lat-{role}", "lat", server, client,
+                     f"{server.bin} perf session-lat {dev(server)} -n {n}",
+                     f"{client.bin} perf session-lat {dev(client)} -n {n} {server.addr}",
+                     60, 0, 1024))
     # against rxe's own tools in the other guest: a backend bug shows here without the
     # soft engine on the other end
     for server, client, role in roles(verbs, rxe2):
@@ -528,7 +536,7 @@ def verbs_device_tests(lab, outdir):
     if not binary or not os.path.exists(binary):
         return [f"no device-test binary (FERROCE_DEVICE_TESTS={binary!r}); interop/run.sh builds it"]
     shutil.copy2(binary, os.path.join(lab.export, "verbs_device"))
-    rc, out = guest_run(lab, "vm1", "FERROCE_TEST_DEVICE=rxe0 /ferroce/verbs_device --test-threads=1 2>&1",
+    rc, out = guest_run(lab, "vm1", "FERROCE_TEST_DEVICE=rxe0 /ferroce/verbs_device --test-threads=1 --nocapture 2>&1",
                         240, outdir, "verbs-device-tests")
     problems = []
     if rc != 0:

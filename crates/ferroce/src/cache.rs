@@ -49,8 +49,7 @@ use crate::device::{DeviceAllocator, DeviceError, DeviceMemory};
 use crate::exchange::{ExchangeError, PeerInfo};
 use crate::oob::{self, LineError, OpenError};
 use crate::{
-    ConnectOptions, Cq, Nic, NicConfig, NicError, Qp, Region, RegionAccess, RegionError,
-    RegionMemory,
+    ConnectOptions, Cq, Nic, NicError, Qp, Region, RegionAccess, RegionError, RegionMemory,
 };
 
 /// The version of the context's hello; a peer with another is refused by name.
@@ -184,7 +183,7 @@ impl CacheError {
 }
 
 /// How to bind a context to its remote host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ContextConfig {
     /// This side's soft NIC: a local address and UDP port (4791 for RoCEv2).
@@ -193,6 +192,11 @@ pub struct ContextConfig {
     pub oob: SocketAddr,
     /// Whether this side listens on `oob` (one side listens, the other dials).
     pub listen: bool,
+    /// The device: `ferroce0`, the soft NIC (the default), or a verbs device such as `rxe0`;
+    /// on a verbs device `nic`'s address chooses its RoCE v2 GID.
+    pub device: String,
+    /// The verbs device's port (1).
+    pub ib_port: u8,
     /// How long connecting and a blocked `flush` wait (10 s).
     pub timeout: Duration,
     /// The size of the read buffers this side keeps posted: the largest buffer the remote
@@ -217,6 +221,8 @@ impl ContextConfig {
             nic: SocketAddr::new(ip, ROCE_PORT),
             oob,
             listen,
+            device: crate::verbs::SOFT_DEVICE.to_owned(),
+            ib_port: 1,
             timeout: Duration::from_secs(10),
             max_message: 1 << 20,
             receive_depth: 16,
@@ -230,6 +236,13 @@ impl ContextConfig {
     #[must_use]
     pub fn with_max_message(mut self, bytes: usize) -> Self {
         self.max_message = bytes;
+        self
+    }
+
+    /// The same on the device called `name` (`ferroce0` or a verbs device).
+    #[must_use]
+    pub fn on_device(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.device);
         self
     }
 
@@ -740,10 +753,7 @@ impl Context {
                 "receive_depth must be at least 1".into(),
             ));
         }
-        let nic = Nic::open(&NicConfig {
-            addr: config.nic,
-            ..NicConfig::default()
-        })?;
+        let nic = Nic::open_for_face(&config.device, config.ib_port, config.nic)?;
         let mut stream = open(config)?;
         let ours = config.mtu.unwrap_or_else(|| nic.active_mtu());
         let hello = format!(
@@ -801,7 +811,7 @@ impl Context {
                 qp,
                 send_cq,
                 recv_cq,
-                config: *config,
+                config: config.clone(),
                 remote_max,
                 sends: Mutex::new(Sends::default()),
                 sent: Condvar::new(),

@@ -122,7 +122,8 @@ pub struct NicCaps {
     ///
     /// [`RegionMemory::Pageable`]: crate::RegionMemory::Pageable
     pub pageable_memory: bool,
-    /// The largest inline send a QP may ask for.
+    /// The largest inline send a QP may ask for (on a verbs device, what a probe of RC QPs
+    /// was granted at open; 0 when none was).
     pub max_inline: u32,
     /// The most work requests per queue.
     pub max_qp_wr: u32,
@@ -267,6 +268,29 @@ impl Nic {
         })
     }
 
+    /// The NIC a face's configuration names: `device` (`ferroce0` or a verbs device) with
+    /// `addr`, which on a verbs device chooses the RoCE v2 GID (an unspecified address takes
+    /// the first IPv4 one).
+    pub(crate) fn open_for_face(
+        device: &str,
+        port: u8,
+        addr: SocketAddr,
+    ) -> Result<Self, NicError> {
+        let options = DeviceOptions {
+            port,
+            gid_index: None,
+            local: (!addr.ip().is_unspecified()).then_some(addr.ip()),
+        };
+        Self::open_device(
+            device,
+            &options,
+            &NicConfig {
+                addr,
+                ..NicConfig::default()
+            },
+        )
+    }
+
     /// The soft NIC's internals, or `None` on a verbs device.
     pub(crate) fn soft(&self) -> Option<&SoftNic> {
         match &self.backend {
@@ -327,8 +351,8 @@ impl Nic {
                 NicCaps {
                     dmabuf: v.device.dmabuf_possible(),
                     pageable_memory: false,
-                    // No query gives it: the grant of a QP says it. rxe's is 400 bytes.
-                    max_inline: 0,
+                    // Probed at open (no query gives it): rxe grants 400 bytes.
+                    max_inline: v.device.max_inline,
                     max_qp_wr: u32::try_from(a.max_qp_wr).unwrap_or(0),
                     max_cqe: u32::try_from(a.max_cqe).unwrap_or(0),
                     per_packet_counters: false,

@@ -186,6 +186,16 @@ fn every_verb_crosses_the_device_byte_exact() {
     dst.read(0, &mut out).unwrap();
     assert_eq!(out, data[50_000..58_000]);
 
+    // The device's own counters, as `--stats` prints them.
+    let stats = nic.statistics_line(&name);
+    assert!(stats.starts_with(&format!("link {name}/1 ")), "{stats}");
+    let sent = stats
+        .split_whitespace()
+        .skip_while(|w| *w != "sent_pkts")
+        .nth(1)
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(sent.is_some_and(|n| n > 0), "{stats}");
+
     // The host bytes come back with what the device wrote.
     match dst.deregister().unwrap() {
         RegionMemory::Host(bytes) => assert_eq!(bytes[..8000], data[50_000..58_000]),
@@ -244,6 +254,13 @@ fn the_device_grants_inline_sizes_and_posts_beyond_them_are_refused() {
         }
     }
     eprintln!("inline grants on {name}: {granted:?}");
+    let probed = nic.caps().max_inline;
+    assert!(
+        granted
+            .iter()
+            .any(|&(ask, got)| got.is_some() && ask <= probed),
+        "caps().max_inline {probed} is below every grant"
+    );
     assert!(
         granted[0].1.is_some(),
         "a QP without inline data must be granted"
@@ -425,6 +442,32 @@ fn teardown_in_any_order_returns_promptly() {
 }
 
 #[test]
+fn a_peer_that_cannot_be_resolved_is_named_at_rtr() {
+    let Some(name) = device() else { return };
+    let nic = open(&name);
+    let cq = Cq::new(&nic, 8).unwrap();
+    let qp = Qp::new(&nic, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+    // An address on the guest's subnet that no host holds: no ARP reply.
+    let ghost = ferroce::QpEndpoint {
+        qpn: qp.qpn(),
+        psn: qp.endpoint().psn,
+        addr: std::net::SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 77, 0, 99)), 4791),
+    };
+    let start = Instant::now();
+    match qp.connect(&ghost, &ConnectOptions::default()) {
+        Err(e) => {
+            let text = e.to_string();
+            assert!(text.contains("RTR"), "{text}");
+            assert!(text.contains("could not resolve 10.77.0.99"), "{text}");
+        }
+        // The kernel resolves the peer's MAC at RTR (rxe on 6.1 does: 7 s of ARP, five
+        // retries included).
+        Ok(()) => panic!("{name} moved to RTR towards an address no host holds"),
+    }
+    eprintln!("RTR towards a ghost took {:?}", start.elapsed());
+}
+
+#[test]
 fn opening_says_what_is_wrong() {
     let Some(name) = device() else { return };
     let err = |r: Result<Nic, NicError>| match r {
@@ -467,4 +510,29 @@ fn opening_says_what_is_wrong() {
     // The GID chosen by default is the first IPv4 RoCE v2 one, and the NIC's address is it.
     let nic = open(&name);
     assert!(nic.addr().ip().is_ipv4(), "{}", nic.addr());
+}
+
+#[test]
+fn the_cache_face_runs_on_the_device() {
+    use ferroce::cache::{Context, ContextConfig, Device};
+    use std::net::SocketAddr;
+    let Some(name) = device() else { return };
+    // Both contexts on the device's first IPv4 GID (the unspecified address), their
+    // out-of-band hello on loopback.
+    let oob = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 19600);
+    let config = move |listen: bool| {
+        ContextConfig::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), oob, listen)
+            .with_max_message(65536)
+            .on_device(&name)
+    };
+    let listening = config(true);
+    let listener = std::thread::spawn(move || Context::connect(&listening));
+    let dialler = Context::connect(&config(false)).unwrap();
+    let listener = listener.join().unwrap().unwrap();
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+    let buffer = dialler.write_memory(data.len(), Device::Host).unwrap();
+    buffer.write(0, &data).unwrap();
+    dialler.flush(&buffer).unwrap();
+    let got = listener.receive(Duration::from_secs(10)).unwrap();
+    assert!(got.to_vec() == data);
 }

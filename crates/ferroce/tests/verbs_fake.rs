@@ -50,6 +50,10 @@ fn the_fake_device_opens_with_its_ipv4_roce_v2_gid() {
     assert!(!caps.dmabuf, "the fake has no ibv_reg_dmabuf_mr");
     assert!(!caps.pageable_memory && !caps.fault_injection && !caps.pcap);
     assert_eq!((caps.max_qp_wr, caps.max_cqe), (1024, 8192));
+    assert_eq!(
+        caps.max_inline, 512,
+        "the fake takes up to 512 inline bytes"
+    );
     assert_eq!(nic.failure(), None);
 }
 

@@ -14,6 +14,7 @@ use ferroce::proto::qp::Mtu;
 use ferroce::session::{
     ChannelDesc, ConnectInfo, Controller, Coprocessor, MemoryKind, SessionError, MAX_MESSAGE,
 };
+use ferroce::verbs::{describe, SOFT_DEVICE};
 use serde_json::{Map, Value};
 
 use super::report::{self, Outcome, RESULT_LINE};
@@ -39,18 +40,30 @@ pub(crate) struct SessionLatArgs {
     /// TCP port of the out-of-band connection.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
-    /// The soft NIC's local address.
-    #[arg(long = "local", default_value = "127.0.0.1")]
-    local: IpAddr,
+    /// The local address: the soft NIC's (127.0.0.1 unless given), or the one whose GID a
+    /// verbs device uses.
+    #[arg(long = "local")]
+    local: Option<IpAddr>,
     /// Write the results as JSON (to --out_json_file).
     #[arg(long = "out_json")]
     out_json: bool,
     /// The JSON file (implies --out_json).
     #[arg(long = "out_json_file")]
     out_json_file: Option<PathBuf>,
-    /// Device name (printed; the soft NIC has one).
+    /// Device: `ferroce0` (the soft NIC) or a verbs device (`rxe0`), whose RoCE v2 GID is
+    /// that of `--local` when given, else its first IPv4 one.
     #[arg(short = 'd', long = "ib-dev", default_value = "ferroce0")]
     ib_dev: String,
+}
+
+/// The NIC's address: as given; else 127.0.0.1 for the soft NIC, and for a verbs device the
+/// unspecified address (its first IPv4 GID).
+fn local(a: &SessionLatArgs) -> IpAddr {
+    a.local.unwrap_or(if a.ib_dev == SOFT_DEVICE {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    })
 }
 
 /// Runs the test; the error is the message to print.
@@ -61,7 +74,15 @@ pub(crate) fn run(a: &SessionLatArgs) -> Result<(), String> {
     if a.iters < 5 {
         return Err(" Iterations must be at least 5".into());
     }
-    let asked = a.mtu.unwrap_or_else(|| active_mtu_on(a.local).bytes());
+    let asked = match a.mtu {
+        Some(mtu) => mtu,
+        None if a.ib_dev == SOFT_DEVICE => active_mtu_on(local(a)).bytes(),
+        // perftest's default: the port's active MTU.
+        None => describe(&a.ib_dev)
+            .ok()
+            .and_then(|d| d.ports.first().and_then(|p| p.active_mtu))
+            .map_or(1024, |m| m.bytes()),
+    };
     let Some(mtu) = Mtu::from_bytes(asked) else {
         return Err(format!(
             " Invalid MTU {asked}: use 256, 512, 1024, 2048 or 4096"
@@ -98,12 +119,13 @@ fn failed(e: &SessionError) -> String {
 }
 
 fn server(a: &SessionLatArgs, desc: ChannelDesc, mtu: Mtu) -> Result<(), String> {
-    let any = match a.local {
+    let any = match local(a) {
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
     // perftest's server waits for its client as long as it takes.
-    let info = ConnectInfo::new(a.local, SocketAddr::new(any, a.port))
+    let info = ConnectInfo::new(local(a), SocketAddr::new(any, a.port))
+        .on_device(&a.ib_dev)
         .with_mtu(mtu)
         .with_timeout(Duration::from_secs(24 * 3600));
     println!();
@@ -155,7 +177,9 @@ fn client(
         .ok()
         .and_then(|mut addrs| addrs.next())
         .ok_or_else(|| format!("Couldn't resolve {server}:{}", a.port))?;
-    let info = ConnectInfo::new(a.local, oob).with_mtu(mtu);
+    let info = ConnectInfo::new(local(a), oob)
+        .on_device(&a.ib_dev)
+        .with_mtu(mtu);
     let s = Controller::new()
         .connect(&info)
         .map_err(|e| format!("Couldn't connect to {server}:{} ({e})", a.port))?;

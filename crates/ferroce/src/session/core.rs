@@ -38,7 +38,7 @@ pub(super) enum Function {
 }
 use crate::device::DeviceMemory;
 use crate::exchange::{PeerInfo, RemoteRegion};
-use crate::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
+use crate::{ConnectOptions, Cq, Nic, Qp, Region, RegionAccess, RegionMemory};
 
 /// How long a waiting thread polls (driving the engine itself) before it sleeps on the CQ.
 const SPIN: Duration = Duration::from_millis(5);
@@ -246,10 +246,7 @@ impl Core {
                 "the connect and peer timeouts must be above zero".into(),
             ));
         }
-        let nic = Nic::open(&NicConfig {
-            addr: info.nic,
-            ..NicConfig::default()
-        })?;
+        let nic = Nic::open_for_face(&info.device, info.ib_port, info.nic)?;
         let mut stream = link::open(self.role, info.oob, info.timeout)?;
         let ours = info.mtu.unwrap_or_else(|| nic.active_mtu());
         let theirs = link::hello(&mut stream, self.role, ours.bytes())?;

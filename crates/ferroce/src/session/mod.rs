@@ -191,11 +191,17 @@ impl fmt::Display for Step {
 }
 
 /// Where the peer is and how long to wait for it (seed 003's `ConnectInfo`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConnectInfo {
-    /// This side's soft NIC: a local address and UDP port (4791 for RoCEv2).
+    /// This side's NIC: a local address and UDP port (4791 for RoCEv2). On a verbs device
+    /// ([`ConnectInfo::device`]) the address chooses its RoCE v2 GID and the port is unused.
     pub nic: SocketAddr,
+    /// The device: `ferroce0`, the soft NIC (the default), or a verbs device such as `rxe0`
+    /// or `mlx5_0` (`ibv_devices`); a soft peer and a verbs peer speak the same protocol.
+    pub device: String,
+    /// The verbs device's port (1).
+    pub ib_port: u8,
     /// The out-of-band TCP address: the controller dials it, the coprocessor listens on it.
     pub oob: SocketAddr,
     /// How long `connect` and the other handshake steps wait for the peer (10 s). The
@@ -221,6 +227,8 @@ impl ConnectInfo {
     pub fn new(ip: IpAddr, oob: SocketAddr) -> Self {
         Self {
             nic: SocketAddr::new(ip, ROCE_PORT),
+            device: crate::verbs::SOFT_DEVICE.to_owned(),
+            ib_port: 1,
             oob,
             timeout: Duration::from_secs(10),
             peer_timeout: Duration::from_secs(3),
@@ -228,6 +236,13 @@ impl ConnectInfo {
             ack_timeout: 14,
             retry_cnt: 7,
         }
+    }
+
+    /// The same on the device called `name` (`ferroce0` or a verbs device).
+    #[must_use]
+    pub fn on_device(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.device);
+        self
     }
 
     /// The same with another handshake timeout.

@@ -490,6 +490,28 @@ fn choose_gid(table: &GidTable, options: &DeviceOptions) -> Result<Gid, String> 
         .ok_or_else(|| "no RoCE v2 GID with a routable address".to_owned())
 }
 
+/// The largest inline size an RC QP of the device takes: no verb reports it, so QPs asking
+/// for less and less are created and dropped until one is granted (what libfabric and
+/// perftest learn by trial too). 0 when none is.
+fn probe_inline(ctx: &Arc<Context>, pd: &Arc<Pd>) -> u32 {
+    let Ok(cq) = ctx.create_cq(4).map(Arc::new) else {
+        return 0;
+    };
+    for ask in [1024, 512, 400, 256, 128, 64] {
+        let mut caps = ibv_qp_cap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: ask,
+        };
+        if pd.create_qp(IBV_QPT_RC, &cq, &cq, &mut caps).is_ok() {
+            return caps.max_inline_data;
+        }
+    }
+    0
+}
+
 /// An open verbs device: the context, one PD, the port and GID in use, and the thread that
 /// reads its asynchronous events.
 pub(crate) struct Device {
@@ -506,6 +528,8 @@ pub(crate) struct Device {
     pub(crate) health: Arc<Health>,
     /// Whether `ibv_reg_dmabuf_mr` reaches a driver that has it.
     dmabuf: bool,
+    /// The most inline bytes an RC QP is granted (no query says it; a probe at open does).
+    pub(crate) max_inline: u32,
     events: Mutex<Option<EventThread>>,
 }
 
@@ -623,6 +647,7 @@ impl Device {
                 Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOSYS)
             ),
         };
+        let max_inline = probe_inline(&ctx, &pd);
         let (stop, stop_rx) = UnixDatagram::pair().map_err(|e| call("socketpair", e))?;
         let health = Arc::new(Health::default());
         let gid_index = Arc::new(std::sync::atomic::AtomicU32::new(gid.index));
@@ -637,6 +662,7 @@ impl Device {
             ctx: Arc::clone(&ctx),
             health: Arc::clone(&health),
             dmabuf,
+            max_inline,
             events: Mutex::new(None),
         });
         let watcher = EventWatcher {
