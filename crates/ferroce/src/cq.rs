@@ -108,11 +108,11 @@ impl Cq {
     /// for the NIC's progress thread to be scheduled. On a verbs device: one `poll_cq`.
     #[must_use]
     pub fn poll(&self) -> Option<Completion> {
-        let (id, soft) = match (&self.inner, self.nic.soft()) {
-            (CqInner::Soft(id, _), Some(soft)) => (*id, soft),
-            (CqInner::Verbs(cq), _) => return cq.poll(),
-            (CqInner::Soft(..), None) => return None,
+        let id = match &self.inner {
+            CqInner::Verbs(cq) => return cq.poll(),
+            CqInner::Soft(id, _) => *id,
         };
+        let soft = self.nic.soft()?;
         let shared = &soft.shared;
         let mut state = shared.lock();
         if let Some(c) = state.engine.poll_completion(id) {

@@ -285,10 +285,11 @@ impl Qp {
     ///
     /// [`PostError`] when it cannot be queued.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        let (soft, qpn) = match (&self.inner, self.soft()) {
-            (QpInner::Verbs(qp), _) => return qp.post_send(wr),
-            (_, Some(s)) => s,
-            (_, None) => return Err(PostError::InvalidState(QpState::Err)),
+        if let QpInner::Verbs(qp) = &self.inner {
+            return qp.post_send(wr);
+        }
+        let Some((soft, qpn)) = self.soft() else {
+            return Err(PostError::InvalidState(QpState::Err));
         };
         let mut state = soft.shared.lock();
         state.engine.post_send(qpn, wr)?;
@@ -308,10 +309,11 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, PostError)> {
-        let (soft, qpn) = match (&self.inner, self.soft()) {
-            (QpInner::Verbs(qp), _) => return qp.post_send_list(wrs),
-            (_, Some(s)) => s,
-            (_, None) => return Err((0, PostError::InvalidState(QpState::Err))),
+        if let QpInner::Verbs(qp) = &self.inner {
+            return qp.post_send_list(wrs);
+        }
+        let Some((soft, qpn)) = self.soft() else {
+            return Err((0, PostError::InvalidState(QpState::Err)));
         };
         let mut state = soft.shared.lock();
         let mut result = Ok(());
@@ -331,10 +333,11 @@ impl Qp {
     ///
     /// [`PostError`] when it cannot be queued.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        let (soft, qpn) = match (&self.inner, self.soft()) {
-            (QpInner::Verbs(qp), _) => return qp.post_recv(wr),
-            (_, Some(s)) => s,
-            (_, None) => return Err(PostError::InvalidState(QpState::Err)),
+        if let QpInner::Verbs(qp) = &self.inner {
+            return qp.post_recv(wr);
+        }
+        let Some((soft, qpn)) = self.soft() else {
+            return Err(PostError::InvalidState(QpState::Err));
         };
         let mut state = soft.shared.lock();
         state.engine.post_recv(qpn, wr)?;

@@ -830,6 +830,9 @@ unsafe impl Send for RawQp {}
 // SAFETY: as above.
 unsafe impl Sync for RawQp {}
 
+/// Gather entries a single post keeps on the stack; longer lists take the chain's way.
+const STACK_SGES: usize = 4;
+
 /// How a post failed: the index of the first request not posted and the errno.
 pub(crate) type PostFailure = (usize, io::Error);
 
@@ -897,6 +900,58 @@ impl RawQp {
         let mut attr = *attr;
         // SAFETY: a live QP and a whole attr; the library only reads the fields in `mask`.
         returned(unsafe { (self.pd.ctx.lib.modify_qp)(self.qp.as_ptr(), &mut attr, mask) })
+    }
+
+    /// Posts one request with its gather list on the stack: no lock, no scratch, what C's
+    /// `ibv_post_send` of a single request costs plus the translation. A list longer than
+    /// [`STACK_SGES`] goes the way of a chain.
+    pub(crate) fn post_send_one(&self, wr: &SendWr) -> io::Result<()> {
+        let mut sges = [ibv_sge::default(); STACK_SGES];
+        let n = match &wr.local {
+            Payload::Sge(s) => {
+                sges[0] = sge_of(s);
+                1
+            }
+            Payload::Inline(bytes) => {
+                sges[0] = ibv_sge {
+                    addr: bytes.as_ptr() as u64,
+                    length: bytes.len() as u32,
+                    lkey: 0,
+                };
+                1
+            }
+            Payload::Sges(list) if list.len() <= STACK_SGES => {
+                for (d, s) in sges.iter_mut().zip(list) {
+                    *d = sge_of(s);
+                }
+                list.len()
+            }
+            Payload::Sges(_) => {
+                return self.post_send(std::slice::from_ref(wr)).map_err(|(_, e)| e)
+            }
+        };
+        let (opcode, send_flags, imm_data, words) = send_header(wr);
+        let mut one = ibv_send_wr {
+            wr_id: wr.wr_id,
+            sg_list: if n == 0 {
+                ptr::null_mut()
+            } else {
+                sges.as_mut_ptr()
+            },
+            num_sge: n as c_int,
+            opcode,
+            send_flags,
+            imm_data,
+            wr: words,
+            ..ibv_send_wr::default()
+        };
+        // SAFETY: as for RawCq::poll.
+        let post = unsafe { (*(*self.qp.as_ptr()).context).ops.post_send }
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS))?;
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: a live QP and one request (next NULL) whose gather list is `sges` on this
+        // stack frame, or inline bytes `wr` keeps alive for the call.
+        returned(unsafe { post(self.qp.as_ptr(), &mut one, &mut bad) })
     }
 
     /// Posts `wrs` as one chain (`ibv_post_send` with `next` links). Inline payloads are

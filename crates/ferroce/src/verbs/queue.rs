@@ -481,8 +481,8 @@ impl VerbsQp {
     pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         self.check(&wr)?;
         self.raw
-            .post_send(std::slice::from_ref(&wr))
-            .map_err(|(_, e)| self.posting_failed(&e, "ibv_post_send"))
+            .post_send_one(&wr)
+            .map_err(|e| self.posting_failed(&e, "ibv_post_send"))
     }
 
     pub(crate) fn post_send_list(
