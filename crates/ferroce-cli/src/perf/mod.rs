@@ -568,9 +568,15 @@ struct Session {
 
 fn execute(s: &Settings) -> Result<(), String> {
     let rig = Rig::new(s)?;
-    // The report names the GID index in use, which a verbs device chose.
+    // The report names the GID index in use: the one a verbs device chose; on the soft NIC,
+    // whose one GID is its address, the index asked for, as before.
+    let gid_index = if s.device == ferroce::verbs::SOFT_DEVICE {
+        s.gid_index.unwrap_or(0)
+    } else {
+        rig.nic.gid_index()
+    };
     let s = &Settings {
-        gid_index: Some(rig.nic.gid_index()),
+        gid_index: Some(gid_index),
         ..s.clone()
     };
     let mut comm = match &s.server {
