@@ -516,10 +516,14 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         if rx.receive_path_failed() {
             // Recover as the seed allows: a fresh start, once the cause has gone.
             let why = rx.failure().unwrap_or_default();
-            eprintln!("stream recv: {why}; restarting when the address is back");
             if let Some(m) = monitor.take() {
                 let _ = m.join();
             }
+            // A NIC that failed for good (a socket error, a device gone) cannot come back.
+            if let Some(fatal) = nic.failure() {
+                bail!("the receive path failed ({why}) and the NIC cannot recover: {fatal}");
+            }
+            eprintln!("stream recv: {why}; restarting when the address is back");
             while nic.address_gone() {
                 std::thread::sleep(Duration::from_millis(100));
             }

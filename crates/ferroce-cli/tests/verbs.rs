@@ -117,7 +117,7 @@ fn devinfo_shows_the_soft_nic_and_each_device_with_its_gids() {
         "hca_id:\tfake0",
         "state:\t\t\tPORT_ACTIVE (4)",
         "active_mtu:\t\t1024 (3)",
-        "GID[  1]:\t\t::ffff:192.0.2.7, RoCE v2",
+        "GID[  1]:\t\t::ffff:127.0.0.7, RoCE v2",
     ] {
         assert!(text.contains(want), "{want:?} missing from:\n{text}");
     }

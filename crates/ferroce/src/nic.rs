@@ -434,9 +434,9 @@ impl Nic {
         }
     }
 
-    /// Why the receive path stopped, if it did: the soft NIC's socket failed; or a verbs
-    /// device's async events said the device failed, its port went down, or its GID (the
-    /// address) went away.
+    /// Why the NIC failed for good, if it did: the soft NIC's socket failed; or a verbs
+    /// device's async events said the device failed or its port went down. Open it again to
+    /// go on. (An address that went away, and may come back, is [`Nic::address_gone`].)
     #[must_use]
     pub fn failure(&self) -> Option<String> {
         match &self.backend {
@@ -466,9 +466,11 @@ impl Nic {
         }
     }
 
-    /// Whether the NIC's address has gone from the host (an interface taken down, an
-    /// address deleted): the socket stays open but nothing reaches it any more. Checked by
-    /// binding a throw-away socket to the address, which costs a few microseconds.
+    /// Whether the NIC's address has gone from the host (an interface taken down, an address
+    /// deleted): the socket stays open but nothing reaches it any more. Checked by binding a
+    /// throw-away socket to the address, which costs a few microseconds. On a verbs device,
+    /// also while its RoCE v2 GID is out of the device's table (rxe takes it out with the
+    /// address and puts it back some time after the address returns).
     #[must_use]
     pub fn address_gone(&self) -> bool {
         // A verbs device: also while our GID is out of its table (rxe takes an address's GID

@@ -225,7 +225,13 @@ fn an_access_the_region_does_not_grant_fails_the_request() {
     .unwrap();
     let c = p.cq_a.wait(Duration::from_secs(10)).expect("a completion");
     assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
-    // The QP is in error now: what was posted after flushes.
+    // The responder's QP: what its async events said.
+    std::thread::sleep(Duration::from_millis(500));
+    eprintln!(
+        "responder after the access error: state {:?}, failure {:?}",
+        p.b.state(),
+        p.b.failure()
+    );
     let _ = &p.cq_b;
 }
 

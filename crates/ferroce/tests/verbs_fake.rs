@@ -33,6 +33,14 @@ fn fake() -> &'static PathBuf {
     })
 }
 
+/// The fake's state (its GID table, its event queue) is the process's: one test at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn open() -> Nic {
     fake();
     Nic::open_device("fake0", &DeviceOptions::default(), &NicConfig::default())
@@ -44,7 +52,7 @@ fn the_fake_device_opens_with_its_ipv4_roce_v2_gid() {
     let nic = open();
     assert_eq!(nic.device_name(), "fake0");
     assert_eq!(nic.gid_index(), 1);
-    assert_eq!(nic.addr().ip().to_string(), "192.0.2.7");
+    assert_eq!(nic.addr().ip().to_string(), "127.0.0.7");
     assert_eq!(nic.active_mtu(), ferroce::proto::qp::Mtu::M1024);
     let caps = nic.caps();
     assert!(!caps.dmabuf, "the fake has no ibv_reg_dmabuf_mr");
@@ -59,6 +67,7 @@ fn the_fake_device_opens_with_its_ipv4_roce_v2_gid() {
 
 #[test]
 fn a_name_that_is_not_there_lists_the_devices_that_are() {
+    let _serial = serial();
     fake();
     let e =
         Nic::open_device("mlx5_7", &DeviceOptions::default(), &NicConfig::default()).unwrap_err();
@@ -73,6 +82,7 @@ fn a_name_that_is_not_there_lists_the_devices_that_are() {
 
 #[test]
 fn the_hot_path_goes_through_the_ops_table_with_rdma_cores_layouts() {
+    let _serial = serial();
     let nic = open();
     let cq = Cq::new(&nic, 8).unwrap();
     let qp = Qp::new(&nic, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
@@ -144,6 +154,7 @@ fn the_hot_path_goes_through_the_ops_table_with_rdma_cores_layouts() {
 
 #[test]
 fn a_refused_request_in_a_list_is_named_by_its_index() {
+    let _serial = serial();
     let nic = open();
     let cq = Cq::new(&nic, 8).unwrap();
     let qp = Qp::new(&nic, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
@@ -169,6 +180,7 @@ fn a_refused_request_in_a_list_is_named_by_its_index() {
 
 #[test]
 fn refusals_before_the_provider_are_typed() {
+    let _serial = serial();
     let nic = open();
     let cq = Cq::new(&nic, 8).unwrap();
     // The fake grants at least 256 inline bytes and refuses a QP asking for more than 512.
@@ -229,6 +241,7 @@ fn refusals_before_the_provider_are_typed() {
 
 #[test]
 fn a_cq_grows_when_its_queues_could_overrun_it_and_polls_in_batches() {
+    let _serial = serial();
     let nic = open();
     let cq = Cq::new(&nic, 4).unwrap();
     let caps = QpCaps {
@@ -272,4 +285,59 @@ fn a_cq_grows_when_its_queues_could_overrun_it_and_polls_in_batches() {
     assert_eq!(out[31].wr_id, 31);
     assert_eq!(cq.poll_into(&mut out), 32);
     assert_eq!(cq.poll_into(&mut out), 0);
+}
+
+/// Waits up to 2 s for `f` to say yes (the event thread runs on its own).
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 2 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn async_events_reach_the_qp_the_cq_and_the_nic() {
+    let _serial = serial();
+    let nic = open();
+    let cq = Cq::new(&nic, 8).unwrap();
+    let other = Cq::new(&nic, 8).unwrap();
+    let qp = Qp::new(&nic, QpType::Rc, &cq, &other, QpCaps::default()).unwrap();
+    let bystander = Qp::new(&nic, QpType::Rc, &other, &other, QpCaps::default()).unwrap();
+    let raise = |qp: &Qp, id| {
+        qp.post_send(SendWr::new(id, SendOp::Send, Payload::Inline(Vec::new())))
+            .unwrap();
+    };
+    // QP_FATAL names one QP: it reads as failed and in ERR; the other QP and the NIC do not.
+    raise(&qp, 0xdead);
+    eventually("QP_FATAL", || qp.failure().is_some());
+    assert!(qp.failure().unwrap().contains("QP fatal"));
+    assert_eq!(qp.state(), Some(ferroce::qp::QpState::Err));
+    assert_eq!(bystander.failure(), None);
+    assert_eq!(nic.failure(), None);
+    // CQ_ERR on the QP's send CQ: the CQ says so, and the QPs on it.
+    raise(&bystander, 0xc0e0);
+    eventually("CQ_ERR", || other.failure().is_some());
+    assert!(other.failure().unwrap().contains("overrun"));
+    assert!(bystander.failure().is_some());
+    assert_eq!(cq.failure(), None);
+    // Our GID out of the table: the address is gone until it is back.
+    assert!(!nic.address_gone());
+    raise(&bystander, 0x91d0);
+    eventually("GID_CHANGE, ours gone", || nic.address_gone());
+    assert_eq!(
+        nic.failure(),
+        None,
+        "an address can come back: not a failure"
+    );
+    raise(&bystander, 0x91d1);
+    eventually("GID_CHANGE, ours back", || !nic.address_gone());
+    assert_eq!(nic.gid_index(), 1);
+    // DEVICE_FATAL: the NIC failed for good.
+    raise(&bystander, 0xfa7a1);
+    eventually("DEVICE_FATAL", || nic.failure().is_some());
+    assert!(nic.failure().unwrap().contains("device fatal"));
 }

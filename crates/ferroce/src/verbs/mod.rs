@@ -533,12 +533,12 @@ pub(crate) struct Device {
     events: Mutex<Option<EventThread>>,
 }
 
-/// What the async events said: the device's failure, and the QPs and CQs that failed.
+/// What the async events said: the device's failure (for good: the device or its port
+/// failed), whether our GID is out of the table (for now: until the address comes back), and
+/// the QPs and CQs that failed.
 #[derive(Default)]
 pub(crate) struct Health {
-    /// Why the device failed, and whether that is our GID's absence (which ends).
-    failure: Mutex<Option<(String, bool)>>,
-    /// The failure is our GID's absence, which ends when the address comes back.
+    failure: Mutex<Option<String>>,
     gid_gone: std::sync::atomic::AtomicBool,
     /// QPs and CQs by their handle's address, to the flag of their own that an event sets.
     watched: Mutex<HashMap<usize, Weak<Mutex<Option<String>>>>>,
@@ -549,26 +549,13 @@ impl Health {
         self.failure
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|(why, _)| why.clone())
+            .clone()
     }
 
     fn fail(&self, why: String) {
         let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
         if f.is_none() {
-            *f = Some((why, false));
-        }
-    }
-
-    /// Our GID went (the address was removed) or came back.
-    fn gid_present(&self, present: bool, why: impl FnOnce() -> String) {
-        use std::sync::atomic::Ordering;
-        let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
-        self.gid_gone.store(!present, Ordering::SeqCst);
-        if !present && f.is_none() {
-            *f = Some((why(), true));
-        } else if present && f.as_ref().is_some_and(|(_, gid)| *gid) {
-            *f = None;
+            *f = Some(why);
         }
     }
 
@@ -827,14 +814,11 @@ impl EventWatcher {
                         .store(i, std::sync::atomic::Ordering::Relaxed);
                 }
                 let ours = found.is_some();
-                // A failure for its absence ends when it is back (the address re-added), so
-                // a fresh start can receive again.
-                self.health.gid_present(ours, || {
-                    format!(
-                        "{dev} port {}: GID {} (index {}) is gone: the address was removed",
-                        self.port, self.gid.gid, self.gid.index
-                    )
-                });
+                // Its absence ends when the address is added back, and then a fresh start
+                // can receive again: `Nic::address_gone`, not a failure.
+                self.health
+                    .gid_gone
+                    .store(!ours, std::sync::atomic::Ordering::SeqCst);
             }
             _ => {}
         }

@@ -7,6 +7,11 @@
  * length, the immediate, and the rdma union's remote address and key, so a wrong layout in
  * ferroce shows as a refused post or a wrong completion. No RDMA happens.
  *
+ * Some request ids raise an asynchronous event instead of being posted, so tests can drive
+ * ferroce's event thread: 0xdead QP_FATAL on the QP, 0xc0e0 CQ_ERR on its send CQ, 0xfa7a1
+ * DEVICE_FATAL, 0x91d0 GID_CHANGE with GID 1 taken out of the table, 0x91d1 GID_CHANGE with it
+ * back. 0xbad is refused with ENOMEM (bad_wr).
+ *
  * FAKE_IBVERBS_ENOSYS=1 makes ibv_get_device_list fail as it does on a kernel without RDMA.
  * Built by tests/verbs_fake.rs with the system C compiler. */
 #include <errno.h>
@@ -52,6 +57,18 @@ struct async_event { void *element; unsigned event_type; };
 #define REMOTE_KEY 0x1234u
 
 static int device_tag;
+static struct context *the_context;
+static int gid1_removed;
+#define EVENTS 64
+static struct async_event events[EVENTS];
+static unsigned ev_head, ev_tail;
+
+static void raise_event(unsigned type, void *element)
+{
+    uint64_t one = 1;
+    events[ev_tail++ % EVENTS] = (struct async_event){ element, type };
+    if (write(the_context->async_fd, &one, sizeof one) < 0) { /* the event stays queued */ }
+}
 static void *device_list[2] = { &device_tag, NULL };
 static uint32_t next_qpn = 0x99, next_key = 0x100;
 
@@ -75,6 +92,13 @@ static int fake_post_send(struct qp *qp, struct send_wr *wr, struct send_wr **ba
     for (; wr; wr = wr->next) {
         uint32_t len = 0;
         if (wr->wr_id == 0xbad) { *bad = wr; return ENOMEM; }
+        switch (wr->wr_id) {
+        case 0xdead: raise_event(1, qp); continue;
+        case 0xc0e0: raise_event(0, qp->send_cq); continue;
+        case 0xfa7a1: raise_event(8, NULL); continue;
+        case 0x91d0: gid1_removed = 1; raise_event(18, (void *)(uintptr_t)1); continue;
+        case 0x91d1: gid1_removed = 0; raise_event(18, (void *)(uintptr_t)1); continue;
+        }
         for (int i = 0; i < wr->num_sge; i++)
             len += wr->sg_list[i].length;
         if (wr->opcode <= 1 || wr->opcode == 4) { /* WRITE, WRITE_WITH_IMM, READ: the rdma union */
@@ -122,6 +146,7 @@ struct context *ibv_open_device(void *dev)
     c->ops[26] = (void *)fake_post_recv;
     c->cmd_fd = -1;
     c->async_fd = eventfd(0, 0);
+    the_context = c;
     return c;
 }
 int ibv_close_device(struct context *c) { close(c->async_fd); free(c); return 0; }
@@ -158,8 +183,8 @@ int ibv_query_port(struct context *c, uint8_t port, void *attr)
 static int gid_of(uint32_t index, uint8_t gid[16])
 {
     static const uint8_t link_local[16] = { 0xfe, 0x80, [15] = 1 };
-    static const uint8_t mapped[16] = { [10] = 0xff, [11] = 0xff, 192, 0, 2, 7 };
-    if (index > 1) return ENODATA;
+    static const uint8_t mapped[16] = { [10] = 0xff, [11] = 0xff, 127, 0, 0, 7 };
+    if (index > 1 || (index == 1 && gid1_removed)) return ENODATA;
     memcpy(gid, index ? mapped : link_local, 16);
     return 0;
 }
@@ -227,6 +252,20 @@ struct qp *ibv_create_qp(void *pd, struct qp_init_attr *init)
 int ibv_modify_qp(struct qp *qp, void *attr, int mask) { (void)qp; (void)attr; (void)mask; return 0; }
 int ibv_destroy_qp(struct qp *qp) { free(qp); return 0; }
 
-int ibv_get_async_event(struct context *c, struct async_event *ev) { (void)c; (void)ev; errno = EAGAIN; return -1; }
+int ibv_get_async_event(struct context *c, struct async_event *ev)
+{
+    uint64_t n;
+    if (ev_head == ev_tail) {
+        /* Empty: clear the eventfd's count (the fd is non-blocking), as the kernel's queue
+         * stops being readable, then look once more for an event raised meanwhile. */
+        if (read(c->async_fd, &n, sizeof n) < 0) { /* already clear */ }
+        if (ev_head == ev_tail) {
+            errno = EAGAIN;
+            return -1;
+        }
+    }
+    *ev = events[ev_head++ % EVENTS];
+    return 0;
+}
 void ibv_ack_async_event(struct async_event *ev) { (void)ev; }
 int ibv_fork_init(void) { return 0; }
