@@ -129,6 +129,10 @@ pub struct NicCaps {
     pub max_qp_wr: u32,
     /// The most entries per CQ.
     pub max_cqe: u32,
+    /// READs and atomics a QP may have outstanding, as requester and as responder (the
+    /// smaller of `max_qp_init_rd_atom` and `max_qp_rd_atom` on a verbs device; perftest's
+    /// default `-o`).
+    pub max_rd_atomic: u8,
     /// Every packet is seen by ferroce, so per-packet counters ([`Nic::counters`]) and the
     /// frame receiver's checks of each WRITE exist; a verbs device counts in hardware
     /// ([`Nic::statistics_line`] reads them).
@@ -341,6 +345,7 @@ impl Nic {
                 max_inline: 4096,
                 max_qp_wr: 1 << 20,
                 max_cqe: 1 << 22,
+                max_rd_atomic: 16,
                 per_packet_counters: true,
                 fault_injection: true,
                 pcap: true,
@@ -355,6 +360,8 @@ impl Nic {
                     max_inline: v.device.max_inline,
                     max_qp_wr: u32::try_from(a.max_qp_wr).unwrap_or(0),
                     max_cqe: u32::try_from(a.max_cqe).unwrap_or(0),
+                    max_rd_atomic: u8::try_from(a.max_qp_rd_atom.min(a.max_qp_init_rd_atom))
+                        .unwrap_or(u8::MAX),
                     per_packet_counters: false,
                     fault_injection: false,
                     pcap: false,

@@ -225,7 +225,7 @@ impl Qp {
     /// peer's address could not be resolved).
     pub fn connect(&self, peer: &QpEndpoint, options: &ConnectOptions) -> Result<(), ModifyError> {
         let (soft, qpn) = match (&self.inner, self.soft()) {
-            (QpInner::Verbs(qp), _) => return qp.connect(peer, options, true),
+            (QpInner::Verbs(qp), _) => return qp.connect(peer, options),
             (_, Some(s)) => s,
             (_, None) => return Err(ModifyError::Device("the NIC is gone".into())),
         };

@@ -139,9 +139,10 @@ pub(crate) struct PerfArgs {
     /// Atomic operation: FETCH_AND_ADD or CMP_AND_SWAP.
     #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD")]
     atomic_type: String,
-    /// READs and atomics outstanding at once.
-    #[arg(short = 'o', long = "outs", default_value_t = 16)]
-    outs: u8,
+    /// READs and atomics outstanding at once (default: what the device takes, as perftest
+    /// asks `max_qp_rd_atom`; 16 on the soft NIC).
+    #[arg(short = 'o', long = "outs")]
+    outs: Option<u8>,
     /// ACK timeout exponent: 4.096 µs × 2^timeout.
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
     qp_timeout: u8,
@@ -238,7 +239,8 @@ struct Settings {
     gid_index: Option<u32>,
     uc: bool,
     atomic: AtomicType,
-    out_reads: u8,
+    /// As asked; the NIC's most when `None` (resolved once it is open).
+    out_reads: Option<u8>,
     timeout: u8,
     no_peak: bool,
     local: Option<IpAddr>,
@@ -368,7 +370,7 @@ impl Settings {
             gid_index: a.gid_index,
             uc,
             atomic,
-            out_reads: a.outs.max(1),
+            out_reads: a.outs.map(|o| o.max(1)),
             timeout: a.qp_timeout,
             no_peak: a.no_peak,
             local: a.local,
@@ -577,6 +579,7 @@ fn execute(s: &Settings) -> Result<(), String> {
     };
     let s = &Settings {
         gid_index: Some(gid_index),
+        out_reads: Some(s.out_reads.unwrap_or(rig.nic.caps().max_rd_atomic).max(1)),
         ..s.clone()
     };
     let mut comm = match &s.server {
@@ -595,7 +598,7 @@ fn execute(s: &Settings) -> Result<(), String> {
     }
     .octets();
     let out_reads = if matches!(s.verb, Verb::Read | Verb::Atomic) {
-        u32::from(s.out_reads)
+        u32::from(s.out_reads.unwrap_or(1))
     } else {
         1
     };

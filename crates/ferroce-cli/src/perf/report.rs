@@ -67,7 +67,7 @@ pub(super) fn print_header(s: &Settings, mtu_bytes: u32) {
     println!(" Link type       : Ethernet");
     println!(" GID index       : {}", s.gid_index.unwrap_or(0));
     if matches!(s.verb, Verb::Read | Verb::Atomic) {
-        println!(" Outstand reads  : {}", s.out_reads);
+        println!(" Outstand reads  : {}", s.out_reads.unwrap_or(1));
     } else {
         println!(" Max inline data : 0[B]");
     }
@@ -286,7 +286,7 @@ pub(super) fn write_json(
     info.insert("Link_type".into(), "Ethernet".into());
     info.insert("GID_index".into(), s.gid_index.unwrap_or(0).into());
     if matches!(s.verb, Verb::Read | Verb::Atomic) {
-        info.insert("Outstand_reads".into(), s.out_reads.into());
+        info.insert("Outstand_reads".into(), s.out_reads.unwrap_or(1).into());
     } else {
         info.insert("Max_inline_data".into(), 0.into());
     }

@@ -7,7 +7,7 @@
 //! has room for, so it never overruns (rxe errors the QP when one does).
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -194,7 +194,6 @@ pub(crate) struct VerbsQp {
     psn: Psn,
     /// Reused to turn a list into one chain.
     list: Mutex<Vec<SendWr>>,
-    posted_errors: AtomicU32,
 }
 
 fn access_flags(access: RegionAccess) -> i32 {
@@ -267,7 +266,6 @@ impl VerbsQp {
             fatal,
             psn,
             list: Mutex::new(Vec::new()),
-            posted_errors: AtomicU32::new(0),
         };
         // INIT at once, so receives may be posted before connecting, as on the soft NIC;
         // `connect` sets the access peers get.
@@ -337,12 +335,11 @@ impl VerbsQp {
             .or_else(|| self.recv_cq.failure())
     }
 
-    /// INIT → RTR → RTS (RTR only when `rts` is false: a receive-only UC QP, as Hololink's).
+    /// INIT → RTR → RTS, with `ibv_rc_pingpong`'s attributes (UC: only the PSNs).
     pub(crate) fn connect(
         &self,
         peer: &QpEndpoint,
         options: &ConnectOptions,
-        rts: bool,
     ) -> Result<(), ModifyError> {
         let refused = |step: &str, e: io::Error| {
             let hint = match (step, e.raw_os_error()) {
@@ -426,9 +423,6 @@ impl VerbsQp {
             }
         }
         self.state.store(STATE_RTR, Ordering::Relaxed);
-        if !rts {
-            return Ok(());
-        }
         let mut rts_attr = ibv_qp_attr {
             qp_state: IBV_QPS_RTS,
             sq_psn: self.psn.value(),
@@ -514,15 +508,10 @@ impl VerbsQp {
         }
         self.raw
             .post_recv(std::slice::from_ref(&wr))
-            .map_err(|(_, e)| {
-                let e = post_error(&e, self.caps.max_recv_wr, "ibv_post_recv");
-                self.posted_errors.fetch_add(1, Ordering::Relaxed);
-                e
-            })
+            .map_err(|(_, e)| post_error(&e, self.caps.max_recv_wr, "ibv_post_recv"))
     }
 
     fn posting_failed(&self, e: &io::Error, call: &str) -> PostError {
-        self.posted_errors.fetch_add(1, Ordering::Relaxed);
         if e.raw_os_error() == Some(libc::EINVAL) && self.state() != Some(QpState::Rts) {
             return PostError::InvalidState(self.state().unwrap_or(QpState::Reset));
         }

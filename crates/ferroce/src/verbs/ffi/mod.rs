@@ -1,0 +1,317 @@
+//! Every call into libibverbs: loading it (here) and the handles that own what it allocates
+//! (`objects`).
+//!
+//! The library is opened with `dlopen` on first use (`libibverbs.so.1`, or the path in
+//! `FERROCE_IBVERBS`) and each symbol found with `dlvsym` at the version rdma-core released it
+//! under (verbs.md §1.1), so the build needs no rdma-core and the binary has no `NEEDED
+//! libibverbs`. The four hot-path calls go through the context's ops table, one indirect call
+//! each, as `verbs.h`'s inline functions do.
+//!
+//! The handles ([`Context`], [`Pd`], [`Mr`], [`RawCq`], [`RawQp`]) hold `Arc`s to their
+//! parents, so Rust's drop order is libibverbs' destroy order: QP, MR and CQ before the PD and
+//! the channel, all before the device. These two files are the backend's only `unsafe`; each
+//! block says why it holds.
+
+#![allow(unsafe_code)]
+
+mod objects;
+
+pub(crate) use objects::{AsyncEvent, Context, Mr, Pd, RawCq, RawQp};
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::io;
+use std::ptr::NonNull;
+use std::sync::OnceLock;
+
+use super::abi::*;
+
+/// Why libibverbs could not be loaded.
+#[derive(Clone, Debug)]
+pub(crate) struct LoadError {
+    /// The file asked for.
+    pub(crate) path: String,
+    /// `dlerror()`'s text, or the symbol that was missing.
+    pub(crate) reason: String,
+}
+
+type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
+type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
+type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+type OpenDevice = unsafe extern "C" fn(*mut c_void) -> *mut ibv_context;
+type CloseDevice = unsafe extern "C" fn(*mut ibv_context) -> c_int;
+type QueryDevice = unsafe extern "C" fn(*mut ibv_context, *mut ibv_device_attr) -> c_int;
+type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr) -> c_int;
+type QueryGid = unsafe extern "C" fn(*mut ibv_context, u8, c_int, *mut ibv_gid) -> c_int;
+type QueryGidEx =
+    unsafe extern "C" fn(*mut ibv_context, u32, u32, *mut ibv_gid_entry, u32, usize) -> c_int;
+type AllocPd = unsafe extern "C" fn(*mut ibv_context) -> *mut c_void;
+type DeallocPd = unsafe extern "C" fn(*mut c_void) -> c_int;
+type RegMr = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut ibv_mr;
+type RegDmabufMr = unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
+type DeregMr = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
+type CreateCompChannel = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel;
+type DestroyCompChannel = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
+type CreateCq = unsafe extern "C" fn(
+    *mut ibv_context,
+    c_int,
+    *mut c_void,
+    *mut ibv_comp_channel,
+    c_int,
+) -> *mut ibv_cq;
+type ResizeCq = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+type DestroyCq = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
+type GetCqEvent =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+type AckCqEvents = unsafe extern "C" fn(*mut ibv_cq, c_uint);
+type CreateQp = unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+type GetAsyncEvent = unsafe extern "C" fn(*mut ibv_context, *mut ibv_async_event) -> c_int;
+type AckAsyncEvent = unsafe extern "C" fn(*mut ibv_async_event);
+type ForkInit = unsafe extern "C" fn() -> c_int;
+type IsForkInitialized = unsafe extern "C" fn() -> c_int;
+
+/// libibverbs, opened, with the functions ferroce calls.
+pub(crate) struct Lib {
+    get_device_list: GetDeviceList,
+    free_device_list: FreeDeviceList,
+    get_device_name: GetDeviceName,
+    open_device: OpenDevice,
+    close_device: CloseDevice,
+    query_device: QueryDevice,
+    query_port: QueryPort,
+    query_gid: QueryGid,
+    alloc_pd: AllocPd,
+    dealloc_pd: DeallocPd,
+    reg_mr: RegMr,
+    dereg_mr: DeregMr,
+    create_comp_channel: CreateCompChannel,
+    destroy_comp_channel: DestroyCompChannel,
+    create_cq: CreateCq,
+    resize_cq: ResizeCq,
+    destroy_cq: DestroyCq,
+    get_cq_event: GetCqEvent,
+    ack_cq_events: AckCqEvents,
+    create_qp: CreateQp,
+    modify_qp: ModifyQp,
+    destroy_qp: DestroyQp,
+    get_async_event: GetAsyncEvent,
+    ack_async_event: AckAsyncEvent,
+    fork_init: ForkInit,
+    // Optional: newer than some rdma-core releases still in use.
+    query_gid_ex: Option<QueryGidEx>,
+    reg_dmabuf_mr: Option<RegDmabufMr>,
+    is_fork_initialized: Option<IsForkInitialized>,
+    /// The file that was opened.
+    pub(crate) path: String,
+}
+
+/// The library handle is never closed and every function in it is thread-safe (libibverbs
+/// locks its own state; rdma-core documents its verbs as callable from any thread).
+// SAFETY: `Lib` holds only function pointers into a library that stays loaded for the life
+// of the process.
+unsafe impl Send for Lib {}
+// SAFETY: as above.
+unsafe impl Sync for Lib {}
+
+static LIB: OnceLock<Result<Lib, LoadError>> = OnceLock::new();
+
+/// The environment variable that names another libibverbs (or, for tests, a file that is not
+/// one).
+pub(crate) const LIBRARY_VAR: &str = "FERROCE_IBVERBS";
+
+/// libibverbs, loaded on the first call; the same answer every call after.
+pub(crate) fn lib() -> Result<&'static Lib, LoadError> {
+    LIB.get_or_init(|| {
+        let path = std::env::var(LIBRARY_VAR).unwrap_or_else(|_| "libibverbs.so.1".to_owned());
+        load(&path)
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+fn dlerror_text() -> String {
+    // SAFETY: dlerror returns NULL or a pointer to a NUL-terminated string that stays valid
+    // until the next dl call on this thread; it is copied at once.
+    let p = unsafe { libc::dlerror() };
+    if p.is_null() {
+        "unknown dlopen failure".to_owned()
+    } else {
+        // SAFETY: non-NULL and NUL-terminated, as above.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+fn load(path: &str) -> Result<Lib, LoadError> {
+    let fail = |reason: String| LoadError {
+        path: path.to_owned(),
+        reason,
+    };
+    let cpath = CString::new(path).map_err(|_| fail("the path holds a NUL byte".into()))?;
+    // SAFETY: a NUL-terminated path; RTLD_LOCAL keeps the library's symbols out of the global
+    // namespace. The handle is kept for the life of the process (never dlclosed).
+    let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(fail(dlerror_text()));
+    }
+    let find = |name: &str, version: &str| -> Option<*mut c_void> {
+        let n = CString::new(name).ok()?;
+        let v = CString::new(version).ok()?;
+        // SAFETY: a live handle and two NUL-terminated strings; dlvsym only looks up.
+        let p = unsafe { libc::dlvsym(handle, n.as_ptr(), v.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    };
+    macro_rules! required {
+        ($name:literal, $version:literal, $ty:ty) => {{
+            let p = find($name, $version).ok_or_else(|| {
+                fail(format!(
+                    "{} has no {}@{} (is it rdma-core's libibverbs?)",
+                    path, $name, $version
+                ))
+            })?;
+            // SAFETY: the symbol is rdma-core's function of this name at this ABI version,
+            // whose C prototype `$ty` transcribes (verbs.md §1.1).
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
+        }};
+    }
+    macro_rules! optional {
+        ($name:literal, $version:literal, $ty:ty) => {
+            // SAFETY: as for `required!`.
+            find($name, $version).map(|p| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
+        };
+    }
+    Ok(Lib {
+        get_device_list: required!("ibv_get_device_list", "IBVERBS_1.1", GetDeviceList),
+        free_device_list: required!("ibv_free_device_list", "IBVERBS_1.1", FreeDeviceList),
+        get_device_name: required!("ibv_get_device_name", "IBVERBS_1.1", GetDeviceName),
+        open_device: required!("ibv_open_device", "IBVERBS_1.1", OpenDevice),
+        close_device: required!("ibv_close_device", "IBVERBS_1.1", CloseDevice),
+        query_device: required!("ibv_query_device", "IBVERBS_1.1", QueryDevice),
+        query_port: required!("ibv_query_port", "IBVERBS_1.1", QueryPort),
+        query_gid: required!("ibv_query_gid", "IBVERBS_1.1", QueryGid),
+        alloc_pd: required!("ibv_alloc_pd", "IBVERBS_1.1", AllocPd),
+        dealloc_pd: required!("ibv_dealloc_pd", "IBVERBS_1.1", DeallocPd),
+        reg_mr: required!("ibv_reg_mr", "IBVERBS_1.1", RegMr),
+        dereg_mr: required!("ibv_dereg_mr", "IBVERBS_1.1", DeregMr),
+        // Released in 1.0 and never re-versioned: a 1.1 lookup finds nothing.
+        create_comp_channel: required!("ibv_create_comp_channel", "IBVERBS_1.0", CreateCompChannel),
+        destroy_comp_channel: required!(
+            "ibv_destroy_comp_channel",
+            "IBVERBS_1.0",
+            DestroyCompChannel
+        ),
+        create_cq: required!("ibv_create_cq", "IBVERBS_1.1", CreateCq),
+        resize_cq: required!("ibv_resize_cq", "IBVERBS_1.1", ResizeCq),
+        destroy_cq: required!("ibv_destroy_cq", "IBVERBS_1.1", DestroyCq),
+        get_cq_event: required!("ibv_get_cq_event", "IBVERBS_1.1", GetCqEvent),
+        ack_cq_events: required!("ibv_ack_cq_events", "IBVERBS_1.1", AckCqEvents),
+        create_qp: required!("ibv_create_qp", "IBVERBS_1.1", CreateQp),
+        modify_qp: required!("ibv_modify_qp", "IBVERBS_1.1", ModifyQp),
+        destroy_qp: required!("ibv_destroy_qp", "IBVERBS_1.1", DestroyQp),
+        get_async_event: required!("ibv_get_async_event", "IBVERBS_1.1", GetAsyncEvent),
+        ack_async_event: required!("ibv_ack_async_event", "IBVERBS_1.1", AckAsyncEvent),
+        fork_init: required!("ibv_fork_init", "IBVERBS_1.1", ForkInit),
+        query_gid_ex: optional!("_ibv_query_gid_ex", "IBVERBS_1.11", QueryGidEx),
+        reg_dmabuf_mr: optional!("ibv_reg_dmabuf_mr", "IBVERBS_1.12", RegDmabufMr),
+        is_fork_initialized: optional!(
+            "ibv_is_fork_initialized",
+            "IBVERBS_1.13",
+            IsForkInitialized
+        ),
+        path: path.to_owned(),
+    })
+}
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// An errno a verbs call returned (rather than set).
+fn returned(rc: c_int) -> io::Result<()> {
+    match rc {
+        0 => Ok(()),
+        rc if rc > 0 => Err(io::Error::from_raw_os_error(rc)),
+        // Some providers return -errno.
+        rc => Err(io::Error::from_raw_os_error(-rc)),
+    }
+}
+
+impl Lib {
+    /// The names of the RDMA devices, in the library's order.
+    ///
+    /// # Errors
+    ///
+    /// What `ibv_get_device_list` set errno to (ENOSYS: the kernel has no RDMA support).
+    pub(crate) fn device_names(&self) -> io::Result<Vec<String>> {
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a live int the call writes the count into.
+        let list = unsafe { (self.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(errno());
+        }
+        let mut names = Vec::new();
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: the list holds `n` device pointers, then NULL.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a device of the live list; its name is NUL-terminated and lives in it.
+            let name = unsafe { CStr::from_ptr((self.get_device_name)(dev)) };
+            names.push(name.to_string_lossy().into_owned());
+        }
+        // SAFETY: the list came from get_device_list and is freed once.
+        unsafe { (self.free_device_list)(list) };
+        Ok(names)
+    }
+
+    /// Opens the device called `name`; `Ok(None)` when no device has that name.
+    ///
+    /// # Errors
+    ///
+    /// The errno of `ibv_get_device_list` or `ibv_open_device`.
+    pub(crate) fn open(&'static self, name: &str) -> io::Result<Option<Context>> {
+        let mut n: c_int = 0;
+        // SAFETY: as in `device_names`.
+        let list = unsafe { (self.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(errno());
+        }
+        let mut found = None;
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: as in `device_names`.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: as in `device_names`.
+            let this = unsafe { CStr::from_ptr((self.get_device_name)(dev)) };
+            if this.to_bytes() == name.as_bytes() {
+                // Opened before the list is freed: an unopened device dies with the list.
+                // SAFETY: a device of the live list.
+                let ctx = unsafe { (self.open_device)(dev) };
+                found = Some(NonNull::new(ctx).ok_or_else(errno));
+                break;
+            }
+        }
+        // SAFETY: as in `device_names`; an opened context outlives the list.
+        unsafe { (self.free_device_list)(list) };
+        match found {
+            None => Ok(None),
+            Some(Err(e)) => Err(e),
+            Some(Ok(ctx)) => {
+                let context = Context { lib: self, ctx };
+                crate::sys::set_nonblocking(context.async_fd())?;
+                Ok(Some(context))
+            }
+        }
+    }
+
+    /// Calls `ibv_fork_init` unless the kernel makes it needless (5.13 and later copy pinned
+    /// pages on fork; `ibv_is_fork_initialized` says `UNNEEDED`). Returns whether it called.
+    pub(crate) fn fork_init_if_needed(&self) -> bool {
+        if let Some(is_init) = self.is_fork_initialized {
+            // SAFETY: takes nothing, reads the library's state.
+            if unsafe { is_init() } == IBV_FORK_UNNEEDED {
+                return false;
+            }
+        }
+        // SAFETY: takes nothing; called before the first registration of this process.
+        unsafe { (self.fork_init)() };
+        true
+    }
+}
