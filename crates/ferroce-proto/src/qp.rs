@@ -103,6 +103,26 @@ impl Mtu {
         }
     }
 
+    /// The MTU of an `enum ibv_mtu` value (1 for 256 … 5 for 4096), as `ibv_query_port`
+    /// reports it and the out-of-band tools exchange it; `None` for any other value.
+    ///
+    /// ```
+    /// use ferroce_proto::qp::Mtu;
+    /// assert_eq!(Mtu::from_ibv_value(3), Some(Mtu::M1024));
+    /// assert_eq!(Mtu::from_ibv_value(0), None);
+    /// ```
+    #[must_use]
+    pub const fn from_ibv_value(value: i64) -> Option<Self> {
+        match value {
+            1 => Some(Self::M256),
+            2 => Some(Self::M512),
+            3 => Some(Self::M1024),
+            4 => Some(Self::M2048),
+            5 => Some(Self::M4096),
+            _ => None,
+        }
+    }
+
     /// The `enum ibv_mtu` value (1 for 256 … 5 for 4096), as the out-of-band tools exchange it.
     #[must_use]
     pub const fn ibv_value(self) -> u8 {

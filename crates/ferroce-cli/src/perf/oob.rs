@@ -216,14 +216,7 @@ impl Comm {
             .trim()
             .parse()
             .unwrap_or(0);
-        let theirs = match rem {
-            1 => Some(Mtu::M256),
-            2 => Some(Mtu::M512),
-            3 => Some(Mtu::M1024),
-            4 => Some(Mtu::M2048),
-            5 => Some(Mtu::M4096),
-            _ => None,
-        };
+        let theirs = Mtu::from_ibv_value(rem);
         Ok(theirs.map_or(mine, |t| t.min(mine)))
     }
 

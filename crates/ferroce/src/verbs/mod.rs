@@ -253,13 +253,16 @@ fn port_state_name(state: u32) -> &'static str {
 }
 
 fn mtu_of(value: u32) -> Option<Mtu> {
-    match value {
-        1 => Some(Mtu::M256),
-        2 => Some(Mtu::M512),
-        3 => Some(Mtu::M1024),
-        4 => Some(Mtu::M2048),
-        5 => Some(Mtu::M4096),
-        _ => None,
+    Mtu::from_ibv_value(value.into())
+}
+
+/// A failed call on `device`, with no hint.
+fn call_failed(device: &str, call: &'static str, source: io::Error) -> VerbsError {
+    VerbsError::Call {
+        device: device.to_owned(),
+        call,
+        source,
+        hint: None,
     }
 }
 
@@ -371,12 +374,7 @@ fn gid_table(ctx: &Context, device: &str, port: u8, len: i32) -> GidTable {
 /// The [`VerbsError`]s of opening the device, and [`VerbsError::Call`] when a query fails.
 pub fn describe(name: &str) -> Result<DeviceInfo, VerbsError> {
     let ctx = open_context(name)?;
-    let call = |call, source| VerbsError::Call {
-        device: name.to_owned(),
-        call,
-        source,
-        hint: None,
-    };
+    let call = |call, source| call_failed(name, call, source);
     let attr = ctx
         .query_device()
         .map_err(|e| call("ibv_query_device", e))?;
@@ -589,12 +587,7 @@ impl Device {
     /// Opens `name` as `options` asks and starts its event thread.
     pub(crate) fn open(name: &str, options: &DeviceOptions) -> Result<Arc<Self>, VerbsError> {
         let ctx = open_context(name)?;
-        let call = |call, source| VerbsError::Call {
-            device: name.to_owned(),
-            call,
-            source,
-            hint: None,
-        };
+        let call = |call, source| call_failed(name, call, source);
         let attr = ctx
             .query_device()
             .map_err(|e| call("ibv_query_device", e))?;

@@ -535,6 +535,54 @@ unsafe impl Sync for RawQp {}
 /// Gather entries a single post keeps on the stack; longer lists take the chain's way.
 const STACK_SGES: usize = 4;
 
+/// A work request that chains to the next through `next`.
+trait Chained: Sized {
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Chained for ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Chained for ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// Links `chain` in order (the last `next` stays NULL) and returns its head. `chain` must not
+/// move or grow until the post that reads it has returned.
+fn link<T: Chained>(chain: &mut [T]) -> *mut T {
+    let base = chain.as_mut_ptr();
+    for i in 1..chain.len() {
+        // SAFETY: `i - 1` and `i` are indices of `chain`, and no reference into it is live
+        // while the pointers taken from its base are written through.
+        unsafe { (*base.add(i - 1)).set_next(base.add(i)) };
+    }
+    base
+}
+
+/// A post's result: `Ok` for 0; else the index of the request `bad` names in `chain` (0 when
+/// the provider left it NULL) and the errno.
+fn refused_at<T>(rc: c_int, bad: *mut T, chain: &[T]) -> Result<(), PostFailure> {
+    if rc == 0 {
+        return Ok(());
+    }
+    let base = chain.as_ptr() as usize;
+    let at = (bad as usize).wrapping_sub(base) / size_of::<T>().max(1);
+    let index = if bad.is_null() || at >= chain.len() {
+        0
+    } else {
+        at
+    };
+    let errno = returned(rc)
+        .err()
+        .unwrap_or_else(|| io::ErrorKind::Other.into());
+    Err((index, errno))
+}
+
 /// How a post failed: the index of the first request not posted and the errno.
 pub(crate) type PostFailure = (usize, io::Error);
 
@@ -703,11 +751,7 @@ impl RawQp {
             });
             at += n;
         }
-        let base = send.as_mut_ptr();
-        for i in 1..send.len() {
-            // SAFETY: both indices are inside `send`, which no longer grows.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
+        let base = link(send);
         // SAFETY: as for RawCq::poll.
         let post = unsafe { (*(*self.qp.as_ptr()).context).ops.post_send }
             .ok_or((0, io::Error::from_raw_os_error(libc::ENOSYS)))?;
@@ -715,21 +759,7 @@ impl RawQp {
         // SAFETY: a live QP and a NULL-terminated chain of requests whose gather lists point
         // into `sges` and at inline bytes the caller's `wrs` keep alive for the call.
         let rc = unsafe { post(self.qp.as_ptr(), base, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let index = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into the chain, i.e. into `send`.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        Err((
-            index,
-            returned(rc)
-                .err()
-                .unwrap_or_else(|| io::ErrorKind::Other.into()),
-        ))
+        refused_at(rc, bad, send)
     }
 
     /// Posts `wrs` as one chain (`ibv_post_recv`); an empty scatter list is allowed (WRITE
@@ -762,32 +792,14 @@ impl RawQp {
             });
             at += n;
         }
-        let base = recv.as_mut_ptr();
-        for i in 1..recv.len() {
-            // SAFETY: as in post_send.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
+        let base = link(recv);
         // SAFETY: as for RawCq::poll.
         let post = unsafe { (*(*self.qp.as_ptr()).context).ops.post_recv }
             .ok_or((0, io::Error::from_raw_os_error(libc::ENOSYS)))?;
         let mut bad: *mut ibv_recv_wr = ptr::null_mut();
         // SAFETY: a live QP and a NULL-terminated chain whose scatter lists are in `sges`.
         let rc = unsafe { post(self.qp.as_ptr(), base, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let index = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into the chain.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        Err((
-            index,
-            returned(rc)
-                .err()
-                .unwrap_or_else(|| io::ErrorKind::Other.into()),
-        ))
+        refused_at(rc, bad, recv)
     }
 }
 
