@@ -1,0 +1,234 @@
+//! The completer: acknowledgements, NAKs and READ and atomic responses from the responder,
+//! which complete send work requests or start recovery.
+
+use super::*;
+
+impl Qp {
+    /// Completes the SEND and WRITE requests whose packets up to `psn` are acknowledged, and
+    /// moves the completer past `psn`. A READ or atomic in the way whose PSN is covered was
+    /// answered by its peer with an ACK instead: an implied NAK, so it is retried.
+    pub(super) fn ack_through(&mut self, ctx: &mut Ctx, psn: Psn) {
+        let start = self.comp_psn;
+        let mut progressed = false;
+        while let Some(front) = self.sq.front() {
+            if !front.started || psn.precedes(front.first_psn) {
+                break;
+            }
+            if front.op.is_read_or_atomic() {
+                if psn.precedes(front.last_psn()) {
+                    // Inside a READ's response PSNs: those responses are counted as they come.
+                    return;
+                }
+                // The responder acknowledged a PSN at or past this request without answering
+                // it: its response was lost (an implied NAK).
+                if progressed {
+                    self.comp_psn = front.first_psn;
+                }
+                self.retry(ctx, self.comp_psn, RetryCause::Signal);
+                return;
+            }
+            if psn.precedes(front.last_psn()) {
+                // Part of a long message: the completer moves on, the request stays.
+                break;
+            }
+            let wqe = self.sq.pop_front().expect("front exists");
+            self.req_index = self.req_index.saturating_sub(1);
+            let after = wqe.last_psn().next();
+            if self.comp_psn.precedes(after) {
+                self.comp_psn = after;
+            }
+            self.complete_send(ctx, &wqe, WcStatus::Success);
+            progressed = true;
+        }
+        if self.comp_psn.precedes(psn.next()) {
+            self.comp_psn = psn.next();
+            progressed = true;
+        }
+        if progressed {
+            self.made_progress(start.steps_to(self.comp_psn));
+        }
+    }
+
+    pub(super) fn ack_before(&mut self, ctx: &mut Ctx, psn: Psn) {
+        let prev = psn.sub(1);
+        if !prev.precedes(self.comp_psn) {
+            self.ack_through(ctx, prev);
+        }
+    }
+
+    /// A response (ACK, NAK, READ response, atomic ACK) reached the requester.
+    pub(super) fn handle_response(
+        &mut self,
+        now: Instant,
+        packet: &Packet<&[u8]>,
+        ctx: &mut Ctx,
+        mem: &mut dyn Memory,
+    ) {
+        let psn = packet.psn();
+        // Only PSNs that were sent and not yet completed mean anything. A cumulative ACK counts
+        // up to the newest PSN ever sent; a READ response or atomic ACK beyond a rewind belongs
+        // to the abandoned burst (the rewind asks for it again).
+        let limit = if packet.opcode().operation() == Operation::Acknowledge {
+            self.sent_psn
+        } else {
+            self.req_psn
+        };
+        let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
+        if !sent || self.sq.is_empty() {
+            ctx.counters.stale_response += 1;
+            if self.early_read_watch
+                && packet.opcode().operation() != Operation::Acknowledge
+                && psn.precedes(self.comp_psn)
+            {
+                // A second copy of a READ response already taken: the early resend asked
+                // again for responses that were on their way.
+                self.early_read_watch = false;
+                self.early_was_needless(ctx);
+            }
+            return;
+        }
+        match packet.opcode().operation() {
+            Operation::Acknowledge => {
+                let Some(aeth) = packet.aeth() else { return };
+                match aeth.syndrome {
+                    Syndrome::Ack { .. } => self.ack_through(ctx, psn),
+                    Syndrome::RnrNak(timer) => {
+                        self.ack_before(ctx, psn);
+                        ctx.counters.rcvd_rnr_err += 1;
+                        if self.state != QpState::Rts && self.state != QpState::Sqd {
+                            return;
+                        }
+                        if self.rnr_retry != 7 {
+                            if self.rnr_left == 0 {
+                                ctx.counters.retry_rnr_exceeded_err += 1;
+                                self.fail_front(ctx, WcStatus::RnrRetryExcErr);
+                                return;
+                            }
+                            self.rnr_left -= 1;
+                        }
+                        self.rewind(psn);
+                        self.rnr_wait_until = Some(now + timer.duration());
+                    }
+                    Syndrome::Nak(NakCode::PsnSequenceError) => {
+                        self.ack_before(ctx, psn);
+                        ctx.counters.rcvd_seq_err += 1;
+                        if self.state == QpState::Rts || self.state == QpState::Sqd {
+                            self.retry(ctx, psn, RetryCause::Signal);
+                        }
+                    }
+                    Syndrome::Nak(code) => {
+                        self.ack_before(ctx, psn);
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                            _ => WcStatus::RemOpErr,
+                        };
+                        if self.state != QpState::Err {
+                            self.fail_front(ctx, status);
+                        }
+                    }
+                    Syndrome::Reserved(_) => ctx.counters.stale_response += 1,
+                }
+            }
+            Operation::AtomicAcknowledge => {
+                self.ack_before(ctx, psn);
+                let Some(front) = self.sq.front() else { return };
+                if !front.op.is_read_or_atomic()
+                    || matches!(front.op, SendOp::Read(_))
+                    || !front.started
+                    || front.first_psn != psn
+                {
+                    ctx.counters.stale_response += 1;
+                    return;
+                }
+                let Some(ack) = packet.atomic_ack() else {
+                    return;
+                };
+                scatter(front.segs(), 0, &ack.orig.to_ne_bytes(), mem);
+                let wqe = self.sq.pop_front().expect("front exists");
+                self.req_index = self.req_index.saturating_sub(1);
+                let acked = self.comp_psn.steps_to(psn.next());
+                self.comp_psn = psn.next();
+                self.made_progress(acked);
+                self.complete_send(ctx, &wqe, WcStatus::Success);
+            }
+            op @ (Operation::RdmaReadResponseFirst
+            | Operation::RdmaReadResponseMiddle
+            | Operation::RdmaReadResponseLast
+            | Operation::RdmaReadResponseOnly) => {
+                self.ack_before(ctx, psn);
+                if self.state == QpState::Err {
+                    return;
+                }
+                let mtu = self.mtu;
+                let Some(front) = self.sq.front_mut() else {
+                    return;
+                };
+                if !matches!(front.op, SendOp::Read(_)) || !front.contains(psn) {
+                    ctx.counters.stale_response += 1;
+                    return;
+                }
+                if psn != self.comp_psn {
+                    // An earlier response was lost: go back for it.
+                    if self.comp_psn.precedes(psn) {
+                        let from = self.comp_psn;
+                        self.retry(ctx, from, RetryCause::Signal);
+                    } else {
+                        ctx.counters.stale_response += 1;
+                    }
+                    return;
+                }
+                let k = front.first_psn.steps_to(psn);
+                let offset = u64::from(k) * u64::from(mtu);
+                let remaining = u64::from(front.len) - offset;
+                let last = k + 1 == front.npkts;
+                // The PSN fixes the offset. Whether the packet says FIRST or MIDDLE depends on
+                // which request (the original or a retry) it answers, so only its length and
+                // whether it ends a request (the last PSN of a piece) are checked. Anything
+                // else is dropped; the retransmission timer recovers.
+                let payload = packet.payload();
+                let ends = matches!(
+                    op,
+                    Operation::RdmaReadResponseLast | Operation::RdmaReadResponseOnly
+                );
+                let piece_ends = last || (k + 1) % front.piece == 0;
+                let len_ok =
+                    ends == piece_ends && payload.len() as u64 == remaining.min(u64::from(mtu));
+                if !len_ok {
+                    ctx.counters.stale_response += 1;
+                    return;
+                }
+                scatter(front.segs(), offset, payload, mem);
+                self.comp_psn = psn.next();
+                self.made_progress(1);
+                if last {
+                    let wqe = self.sq.pop_front().expect("front exists");
+                    self.req_index = self.req_index.saturating_sub(1);
+                    self.complete_send(ctx, &wqe, WcStatus::Success);
+                }
+            }
+            _ => ctx.counters.opcode_err += 1,
+        }
+        if let Some(from) = self.early_probe {
+            if self.comp_psn != from || self.state != QpState::Rts {
+                self.early_probe = None;
+                // Answered past what the probe resent: the originals got through, and the
+                // stall was a slow peer or a lost ACK, not a loss (which would have been a
+                // retry by now). Carry on from where sending had got to rather than resend
+                // what is still on its way.
+                if self.req_psn.precedes(self.comp_psn) {
+                    self.early_was_needless(ctx);
+                    self.rewind(self.sent_psn);
+                } else {
+                    self.early_shift = self.early_shift.saturating_sub(1);
+                }
+            }
+        }
+        if self.req_psn.precedes(self.comp_psn) {
+            // Acknowledged past what a rewind left to resend: carry on from there.
+            self.rewind(self.comp_psn);
+        }
+        self.sample_rtt(now);
+        self.rearm(now);
+    }
+}

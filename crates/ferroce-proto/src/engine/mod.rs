@@ -1,0 +1,827 @@
+//! The RC and UC protocol engine: queue pairs, completion queues and the region table, driven
+//! by datagrams, time and application commands, with no I/O of its own.
+//!
+//! The shape is quinn-proto's. Inputs: [`Engine::handle_datagram`] (a received UDP payload),
+//! [`Engine::handle_timeout`] (time has passed) and the application's commands
+//! ([`Engine::post_send`], [`Engine::post_recv`], [`Engine::modify_qp`], …). Outputs:
+//! [`Engine::poll_transmit`] (the next packet to send), [`Engine::poll_timeout`] (when to call
+//! `handle_timeout` next) and [`Engine::poll_completion`]. Time is passed in as an
+//! [`Instant`]; the engine never reads a clock. After any input, drain `poll_transmit` until it
+//! returns `None`, then ask `poll_timeout`.
+//!
+//! Behaviour follows IBTA Vol. 1 chapter 9 as Linux rxe implements it (`rxe_req.c`,
+//! `rxe_resp.c`, `rxe_comp.c`): go-back-N retransmission, cumulative ACKs, sequence NAKs
+//! re-armed only when the expected PSN arrives, RNR NAKs with the timer table, coalesced ACKs,
+//! duplicate READ and atomic requests replayed from a responder resource ring, and a fatal
+//! error moving the QP to ERR and flushing everything outstanding. Where rxe departs from the
+//! specification, the engine follows the specification: `retry_cnt` 7 means seven retries
+//! (rxe retries forever); `rnr_retry` 7 does mean forever, in both. Three additions on the
+//! requester's side, none visible to the responder:
+//! - after two retransmission timeouts in a row it probes with its oldest packets instead of
+//!   resending the whole window, until an ACK makes progress (a slow peer is not buried in
+//!   duplicates);
+//! - its send window narrows by half at each retry and widens again by one packet per window
+//!   acknowledged, so go-back-N on a lossy path resends a few packets per loss rather than up
+//!   to 128;
+//! - a stall of a few measured round trips with nothing answered (a lost last packet, ACK or
+//!   sequence NAK) starts an early resend that spends no `retry_cnt`, instead of waiting out
+//!   the ACK timeout (67 ms at perftest's default).
+//!
+//! And one the responder sees, within what IBTA allows it to expect: a READ of more than
+//! [`MAX_UNACKED_PSNS`] response packets is asked for in several READ requests of that many
+//! (never more unanswered than `max_rd_atomic`), so a lost response costs the rest of its
+//! piece rather than of the whole message.
+//!
+//! Safety against peers: every remote request is checked against the [`MemoryTable`] (key,
+//! protection domain, rights, bounds) before [`Memory`] is called, so a peer can only touch
+//! bytes of regions that granted it access.
+//!
+//! One role per file: `requester` (the next request packet), `recovery` (rewinds, timers,
+//! the RTT and the window), `completer` (ACKs and responses in), `responder` (requests in),
+//! `responses` (ACKs, NAKs and READ and atomic responses out), with the queue pair's shared
+//! state in `qp` and the work queue entries in `wqe`. This file holds the [`Engine`] that
+//! routes datagrams, timers and commands to them.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crate::counters::Counters;
+use crate::memory::{
+    Access, AtomicOp, Memory, MemoryTable, PdId, RegionId, RegionInfo, RegisterError, WriteOrder,
+};
+use crate::qp::{
+    ack_timeout, Completion, CqId, ModifyError, Payload, PostError, QpAttr, QpInit, QpState,
+    QpType, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+use crate::wire::{
+    icrc, Aeth, AtomicAckEth, AtomicEth, Bth, HeaderSet, IpHeader, NakCode, Opcode, Operation,
+    Packet, PacketRepr, Qpn, Reth, RnrTimer, Syndrome, Transport, UdpHeader, ROCE_PORT,
+};
+use crate::Psn;
+
+mod completer;
+mod qp;
+mod recovery;
+mod requester;
+mod responder;
+mod responses;
+mod wqe;
+
+use qp::Qp;
+use recovery::*;
+use responder::*;
+pub use responder::{InboundWrite, WriteFilter};
+use responses::*;
+use wqe::*;
+
+/// The most packets a requester sends beyond the oldest unacknowledged one (rxe's
+/// `RXE_MAX_UNACKED_PSNS`).
+pub const MAX_UNACKED_PSNS: u32 = 128;
+/// After two retransmission timeouts in a row, the requester resends at most this many PSNs,
+/// each asking for an ACK, until an ACK makes progress.
+pub const PROBE_PSNS: u32 = 4;
+/// The narrowest a requester's send window closes to after losses. The window starts at
+/// [`MAX_UNACKED_PSNS`], halves at each retry and widens by one PSN per window acknowledged.
+pub const MIN_WINDOW_PSNS: u32 = 16;
+/// The earliest an early resend fires after the last response, however short the measured
+/// round trip: a scheduler's hiccup on a busy host lasts longer than a loopback round trip,
+/// and each spurious resend is a window of duplicates. (An early resend goes back to the
+/// oldest unanswered PSN after a stall of a few round trips, spending no `retry_cnt`.)
+pub const MIN_EARLY_RESEND: Duration = Duration::from_millis(1);
+/// The most doublings a QP's early-resend delay takes on after needless early resends.
+const MAX_EARLY_SHIFT: u32 = 8;
+/// A requester asks for an ACK at least every this many packets of a long message (rxe's
+/// `RXE_MAX_PKT_PER_ACK`).
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// The largest packet the engine emits: BTH and the longest header set, a 4096-byte payload,
+/// and the ICRC. A transmit buffer of this size always suffices.
+pub const MAX_PACKET: usize = 4096 + 64;
+/// The largest message, 2^31 bytes (IBTA).
+pub const MAX_MESSAGE: u64 = 1 << 31;
+
+/// The engine's fixed configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// The local IP address: the source of every packet and part of its ICRC.
+    pub local_ip: IpAddr,
+    /// Seeds the generator of memory keys.
+    pub seed: u64,
+}
+
+/// A packet ready to send: `len` bytes at the start of the buffer given to
+/// [`Engine::poll_transmit`], to go from UDP port `src_port` to `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Transmit {
+    /// Where to send it.
+    pub dst: SocketAddr,
+    /// The UDP source port: derived from the QPN as rxe does, so flows spread over paths.
+    pub src_port: u16,
+    /// The packet's length (BTH through ICRC).
+    pub len: usize,
+    /// A bare positive ACK: nothing but the peer's completions waits on it, and it answers
+    /// everything up to its PSN, so a driver may hold it briefly to leave with the next packet
+    /// (a NAK, a READ response or an atomic ACK is never one).
+    pub ack: bool,
+}
+
+/// The UDP source port rxe uses for a QP: 0xC000 plus 14 bits of a multiplicative hash. The
+/// engine sends from its socket's port instead (a UDP socket cannot choose per packet); this
+/// is for paths that build their own UDP headers.
+#[must_use]
+pub const fn udp_source_port(qpn: Qpn) -> u16 {
+    let hash = qpn.value().wrapping_mul(0x61C8_8647) >> 18;
+    0xc000 | (hash & 0x3fff) as u16
+}
+
+#[derive(Debug)]
+struct Cq {
+    depth: usize,
+    entries: VecDeque<Completion>,
+}
+
+/// Everything a queue pair's logic needs besides the queue pair itself.
+struct Ctx {
+    local_ip: IpAddr,
+    /// The UDP port packets arrive on; part of their ICRC.
+    local_port: u16,
+    cqs: HashMap<CqId, Cq>,
+    table: MemoryTable,
+    counters: Counters,
+}
+
+impl Ctx {
+    /// Queues a completion; `false` when the CQ is full (the caller moves the QP to ERR).
+    fn complete(&mut self, cq: CqId, completion: Completion) -> bool {
+        match self.cqs.get_mut(&cq) {
+            Some(cq) if cq.entries.len() < cq.depth => {
+                cq.entries.push_back(completion);
+                true
+            }
+            _ => {
+                self.counters.cq_overflow += 1;
+                false
+            }
+        }
+    }
+}
+
+/// The RoCEv2 protocol engine of one local address: its queue pairs, completion queues and
+/// memory regions. See the module documentation for how to drive it.
+pub struct Engine {
+    ctx: Ctx,
+    qps: BTreeMap<u32, Qp>,
+    next_qpn: u32,
+    next_cq: u32,
+    next_pd: u32,
+    tx_cursor: u32,
+}
+
+impl Engine {
+    /// An engine for `config.local_ip` with no queue pairs.
+    #[must_use]
+    pub fn new(config: EngineConfig) -> Self {
+        Self {
+            ctx: Ctx {
+                local_ip: config.local_ip,
+                local_port: ROCE_PORT,
+                cqs: HashMap::new(),
+                table: MemoryTable::new(config.seed),
+                counters: Counters::default(),
+            },
+            qps: BTreeMap::new(),
+            next_qpn: 0x11,
+            next_cq: 1,
+            next_pd: 1,
+            tx_cursor: 0,
+        }
+    }
+
+    /// The local IP address.
+    #[must_use]
+    pub fn local_ip(&self) -> IpAddr {
+        self.ctx.local_ip
+    }
+
+    /// Sets the UDP port this engine receives on (4791 unless changed). The ICRC covers the
+    /// destination port, so it must be the port peers send to.
+    pub fn set_local_port(&mut self, port: u16) {
+        self.ctx.local_port = port;
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn counters(&self) -> &Counters {
+        &self.ctx.counters
+    }
+
+    /// A new protection domain.
+    pub fn alloc_pd(&mut self) -> PdId {
+        let pd = PdId(self.next_pd);
+        self.next_pd += 1;
+        pd
+    }
+
+    /// Registers a region (see [`MemoryTable::register`]); the I/O layer must then make
+    /// [`RegionInfo::id`] resolve to the bytes in its [`Memory`].
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryTable::register`].
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        access: Access,
+        order: WriteOrder,
+    ) -> Result<RegionInfo, RegisterError> {
+        self.ctx.table.register(pd, va, len, access, order)
+    }
+
+    /// Deregisters a region: its keys stop working at once and the engine never touches its
+    /// bytes again. Returns it, or `None` if unknown.
+    pub fn deregister(&mut self, id: RegionId) -> Option<RegionInfo> {
+        self.ctx.table.deregister(id)
+    }
+
+    /// The region table.
+    #[must_use]
+    pub fn regions(&self) -> &MemoryTable {
+        &self.ctx.table
+    }
+
+    /// A completion queue holding up to `depth` completions.
+    pub fn create_cq(&mut self, depth: usize) -> CqId {
+        let id = CqId(self.next_cq);
+        self.next_cq += 1;
+        self.ctx.cqs.insert(
+            id,
+            Cq {
+                depth: depth.max(1),
+                entries: VecDeque::new(),
+            },
+        );
+        id
+    }
+
+    /// The next completion of `cq`, oldest first.
+    pub fn poll_completion(&mut self, cq: CqId) -> Option<Completion> {
+        self.ctx.cqs.get_mut(&cq)?.entries.pop_front()
+    }
+
+    /// A queue pair in state RESET.
+    pub fn create_qp(&mut self, init: QpInit) -> Qpn {
+        let mut qpn = Qpn::from_low_bits(self.next_qpn);
+        while self.qps.contains_key(&qpn.value()) || qpn.value() < 0x11 {
+            self.next_qpn = self.next_qpn.wrapping_add(1);
+            qpn = Qpn::from_low_bits(self.next_qpn);
+        }
+        self.next_qpn = self.next_qpn.wrapping_add(1);
+        self.qps.insert(qpn.value(), Qp::new(qpn, init));
+        qpn
+    }
+
+    /// Destroys a queue pair; packets for it are dropped from now on. Its outstanding work
+    /// requests are discarded without completions, as `ibv_destroy_qp` does.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
+        self.qps.remove(&qpn.value()).is_some()
+    }
+
+    /// Adds `filter` to the inbound RDMA WRITEs of queue pair `qpn` (replacing any earlier
+    /// one; `None` removes it). Returns `false` when there is no such queue pair.
+    pub fn set_write_filter(&mut self, qpn: Qpn, filter: Option<Box<dyn WriteFilter>>) -> bool {
+        match self.qps.get_mut(&qpn.value()) {
+            Some(qp) => {
+                qp.write_filter = FilterSlot(filter);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A queue pair's internal state, for debugging.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn qp_debug(&self, qpn: Qpn) -> String {
+        format!("{:#?}", self.qps.get(&qpn.value()))
+    }
+
+    /// A queue pair's state.
+    #[must_use]
+    pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        self.qps.get(&qpn.value()).map(|qp| qp.state)
+    }
+
+    /// The PSN a queue pair's requester will send next, and the one its responder expects.
+    #[must_use]
+    pub fn qp_psns(&self, qpn: Qpn) -> Option<(Psn, Psn)> {
+        self.qps.get(&qpn.value()).map(|qp| (qp.req_psn, qp.epsn))
+    }
+
+    /// Moves a queue pair through its states (`ibv_modify_qp`); see [`QpAttr`] for what each
+    /// transition requires.
+    ///
+    /// # Errors
+    ///
+    /// [`ModifyError`] names the unknown QP, the forbidden transition, the missing attribute
+    /// or the value out of range; the QP is unchanged.
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(ModifyError::UnknownQp(qpn))?;
+        let from = qp.state;
+        let to = attr.state.unwrap_or(from);
+        let rc = qp.is_rc();
+        let allowed = matches!(
+            (from, to),
+            (_, QpState::Reset | QpState::Err)
+                | (QpState::Reset, QpState::Init)
+                | (QpState::Init, QpState::Init | QpState::Rtr)
+                | (QpState::Rtr, QpState::Rtr | QpState::Rts)
+                | (QpState::Rts, QpState::Rts | QpState::Sqd)
+                | (QpState::Sqd, QpState::Sqd | QpState::Rts)
+        );
+        if !allowed {
+            return Err(ModifyError::InvalidTransition { from, to });
+        }
+        let need = |present: bool, name: &'static str| {
+            if present {
+                Ok(())
+            } else {
+                Err(ModifyError::Missing { to, attr: name })
+            }
+        };
+        if from != to {
+            match to {
+                QpState::Init => need(attr.access.is_some(), "access")?,
+                QpState::Rtr => {
+                    need(attr.peer.is_some(), "peer")?;
+                    need(attr.path_mtu.is_some(), "path_mtu")?;
+                    need(attr.dest_qpn.is_some(), "dest_qpn")?;
+                    need(attr.rq_psn.is_some(), "rq_psn")?;
+                    if rc {
+                        need(attr.max_dest_rd_atomic.is_some(), "max_dest_rd_atomic")?;
+                        need(attr.min_rnr_timer.is_some(), "min_rnr_timer")?;
+                    }
+                }
+                QpState::Rts if from == QpState::Rtr => {
+                    need(attr.sq_psn.is_some(), "sq_psn")?;
+                    if rc {
+                        need(attr.timeout.is_some(), "timeout")?;
+                        need(attr.retry_cnt.is_some(), "retry_cnt")?;
+                        need(attr.rnr_retry.is_some(), "rnr_retry")?;
+                        need(attr.max_rd_atomic.is_some(), "max_rd_atomic")?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let range =
+            |name: &'static str, value: Option<u8>, max: u8, expected: &'static str| match value {
+                Some(v) if v > max => Err(ModifyError::InvalidValue {
+                    attr: name,
+                    value: v.into(),
+                    expected,
+                }),
+                _ => Ok(()),
+            };
+        range("timeout", attr.timeout, 31, "0 to 31")?;
+        range("retry_cnt", attr.retry_cnt, 7, "0 to 7")?;
+        range("rnr_retry", attr.rnr_retry, 7, "0 to 7")?;
+
+        match to {
+            QpState::Reset => {
+                qp.reset();
+                return Ok(());
+            }
+            QpState::Err => {
+                if from != QpState::Err {
+                    qp.enter_err(&mut self.ctx);
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
+        if let Some(access) = attr.access {
+            qp.access = access;
+        }
+        if let Some(mtu) = attr.path_mtu {
+            qp.mtu = mtu.bytes();
+        }
+        if let Some(dest) = attr.dest_qpn {
+            qp.dest_qpn = dest;
+        }
+        if let Some(peer) = attr.peer {
+            qp.peer = Some(peer);
+        }
+        if let Some(psn) = attr.rq_psn {
+            qp.epsn = psn;
+        }
+        if let Some(psn) = attr.sq_psn {
+            qp.req_psn = psn;
+            qp.sent_psn = psn;
+            qp.comp_psn = psn;
+        }
+        if let Some(n) = attr.max_dest_rd_atomic {
+            qp.max_dest_rd_atomic = n;
+        }
+        if let Some(n) = attr.max_rd_atomic {
+            qp.max_rd_atomic = n;
+        }
+        if let Some(timer) = attr.min_rnr_timer {
+            qp.min_rnr_timer = timer;
+        }
+        if let Some(t) = attr.timeout {
+            qp.timeout = ack_timeout(t);
+        }
+        if let Some(n) = attr.retry_cnt {
+            qp.retry_cnt = n;
+            qp.retries_left = n;
+        }
+        if let Some(n) = attr.rnr_retry {
+            qp.rnr_retry = n;
+            qp.rnr_left = n;
+        }
+        qp.state = to;
+        Ok(())
+    }
+
+    fn resolve(
+        table: &MemoryTable,
+        pd: PdId,
+        sges: &[Sge],
+        needed: Access,
+    ) -> (SegList, u64, Option<WcStatus>) {
+        let mut segs = SegList::Many(Vec::new());
+        let mut total = 0u64;
+        let mut fault = None;
+        for sge in sges {
+            total += u64::from(sge.len);
+            match table.check_local(sge.lkey, pd, sge.addr, sge.len.into(), needed) {
+                Ok((region, offset)) => segs.push(Seg {
+                    region,
+                    offset,
+                    len: sge.len,
+                }),
+                Err(_) => {
+                    fault = Some(WcStatus::LocProtErr);
+                    break;
+                }
+            }
+        }
+        (segs, total, fault)
+    }
+
+    /// Posts a send work request (`ibv_post_send`). A bad local key or range is reported as
+    /// a `LocProtErr` completion when the request's turn comes, as verbs do; in ERR the
+    /// request completes at once with a flush error.
+    ///
+    /// # Errors
+    ///
+    /// [`PostError`] when the request cannot be queued at all.
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(PostError::UnknownQp(qpn))?;
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(PostError::InvalidState(qp.state));
+        }
+        if !qp.is_rc() && wr.op.is_read_or_atomic() {
+            return Err(PostError::Unsupported(wr.op));
+        }
+        if qp.sq.len() >= qp.init.caps.sq_depth as usize {
+            return Err(PostError::QueueFull(qp.init.caps.sq_depth));
+        }
+        let needed = if wr.op.is_read_or_atomic() {
+            Access::LOCAL_WRITE
+        } else {
+            Access::NONE
+        };
+        let (data, len, fault) = match wr.local {
+            Payload::Inline(bytes) => {
+                if bytes.len() > qp.init.caps.max_inline as usize || wr.op.is_read_or_atomic() {
+                    return Err(PostError::InlineTooLong {
+                        len: bytes.len(),
+                        max: qp.init.caps.max_inline,
+                    });
+                }
+                let len = bytes.len() as u64;
+                (WqeData::Inline(bytes), len, None)
+            }
+            Payload::Sges(sges) => {
+                let (segs, len, fault) = Self::resolve(&self.ctx.table, qp.init.pd, &sges, needed);
+                (WqeData::Segs(segs), len, fault)
+            }
+            Payload::Sge(sge) => {
+                let (segs, len, fault) = Self::resolve(&self.ctx.table, qp.init.pd, &[sge], needed);
+                (WqeData::Segs(segs), len, fault)
+            }
+        };
+        if len > MAX_MESSAGE
+            || (matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) && len != 8)
+        {
+            return Err(PostError::Length(len));
+        }
+        let len = len as u32;
+        let npkts = match wr.op {
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+            _ => len.div_ceil(qp.mtu).max(1),
+        };
+        let wqe = SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            signaled: wr.signaled,
+            fence: wr.fence,
+            solicited: wr.solicited,
+            data,
+            len,
+            npkts,
+            piece: npkts,
+            first_psn: Psn::default(),
+            started: false,
+            fault,
+        };
+        if qp.state == QpState::Err {
+            qp.complete_send(&mut self.ctx, &wqe, WcStatus::WrFlushErr);
+            return Ok(());
+        }
+        qp.sq.push_back(wqe);
+        Ok(())
+    }
+
+    /// Posts a receive work request (`ibv_post_recv`); allowed from INIT on. In ERR it
+    /// completes at once with a flush error.
+    ///
+    /// # Errors
+    ///
+    /// [`PostError`] when the request cannot be queued.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), PostError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(PostError::UnknownQp(qpn))?;
+        if qp.state == QpState::Reset {
+            return Err(PostError::InvalidState(qp.state));
+        }
+        if qp.rq.len() >= qp.init.caps.rq_depth as usize {
+            return Err(PostError::QueueFull(qp.init.caps.rq_depth));
+        }
+        let (segs, len, fault) =
+            Self::resolve(&self.ctx.table, qp.init.pd, &wr.sges, Access::LOCAL_WRITE);
+        if qp.state == QpState::Err {
+            qp.complete_recv(
+                &mut self.ctx,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+                None,
+            );
+            return Ok(());
+        }
+        qp.rq.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            segs,
+            len,
+            fault,
+        });
+        Ok(())
+    }
+
+    /// Handles one received UDP payload from `src` to local address `dst`.
+    ///
+    /// The ICRC is checked as an IPv4 packet with DF and ID 0 (what ferroce and sensor bridges
+    /// send), else with the IP ID recovered from the ICRC (what rxe and NICs send; counted
+    /// as `icrc_id_recovered`), or as IPv6. Every drop is counted under a named counter.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        dst: IpAddr,
+        bytes: &[u8],
+        mem: &mut dyn Memory,
+    ) {
+        self.handle_segment(now, src, dst, bytes, 0, mem);
+    }
+
+    /// Handles one segment of a coalesced UDP GRO buffer, as [`Engine::handle_datagram`]
+    /// does a datagram: segment `index` of a peer's GSO send left with IPv4 ID `index`
+    /// (gso.md §1), so the ICRC is checked with that ID first, and recovered only when that
+    /// fails.
+    pub fn handle_segment(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        dst: IpAddr,
+        bytes: &[u8],
+        index: u16,
+        mem: &mut dyn Memory,
+    ) {
+        let counters = &mut self.ctx.counters;
+        counters.rcvd_pkts += 1;
+        let Ok(packet) = Packet::new_checked(bytes) else {
+            counters.malformed_pkts += 1;
+            return;
+        };
+        let ip = match IpHeader::between(src.ip(), dst) {
+            Some(IpHeader::V4(v4)) => IpHeader::V4(crate::wire::Ipv4Header { id: index, ..v4 }),
+            Some(v6) => v6,
+            None => {
+                counters.icrc_err += 1;
+                return;
+            }
+        };
+        let udp = UdpHeader {
+            src_port: src.port(),
+            dst_port: self.ctx.local_port,
+        };
+        if !icrc::verify(&ip, &udp, bytes) {
+            // An IPv4 peer other than ferroce or a sensor bridge sent a non-zero IP ID, which
+            // the ICRC covers and the socket does not show: recover it, keeping 16 bits of
+            // the ICRC as the check.
+            match ip {
+                IpHeader::V4(v4) if icrc::recover_ipv4_id(&v4, &udp, bytes).is_some() => {
+                    counters.icrc_id_recovered += 1;
+                }
+                _ => {
+                    counters.icrc_err += 1;
+                    return;
+                }
+            }
+        }
+        let opcode = packet.opcode();
+        if opcode.transport() == Transport::Cnp {
+            counters.rcvd_cnp += 1;
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(&packet.dest_qp().value()) else {
+            counters.unknown_qp += 1;
+            return;
+        };
+        if opcode.transport() != qp.transport() {
+            counters.opcode_err += 1;
+            return;
+        }
+        let pkey = packet.bth().pkey;
+        if pkey & 0x7fff != 0x7fff {
+            counters.pkey_err += 1;
+            return;
+        }
+        if qp.peer.map(|p| p.ip()) != Some(src.ip()) {
+            counters.wrong_source += 1;
+            return;
+        }
+        if opcode.is_response() {
+            if matches!(qp.state, QpState::Rts | QpState::Sqd) {
+                qp.handle_response(now, &packet, &mut self.ctx, mem);
+            } else {
+                counters.qp_state_drop += 1;
+            }
+        } else if matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            qp.handle_request(&packet, &mut self.ctx, mem);
+        } else {
+            counters.qp_state_drop += 1;
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (at least [`MAX_PACKET`] bytes), ICRC
+    /// included, and says where it goes; `None` when nothing is ready now.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        if buf.len() < MAX_PACKET || self.qps.is_empty() {
+            return None;
+        }
+        // Round-robin over the QPs, starting after the one served last.
+        let mut key = self.tx_cursor;
+        for _ in 0..self.qps.len() {
+            key = match self.qps.range(key.wrapping_add(1)..).next() {
+                Some((k, _)) if key != u32::MAX => *k,
+                _ => *self.qps.keys().next().expect("not empty"),
+            };
+            let qp = self.qps.get_mut(&key).expect("key from the map");
+            let Some(peer) = qp.peer else { continue };
+            let ack = matches!(
+                qp.responses.front(),
+                Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
+            );
+            let sent = qp
+                .next_response(mem, buf)
+                .map(|len| (len, ack))
+                .or_else(|| {
+                    qp.next_request(now, &mut self.ctx, mem, buf)
+                        .map(|len| (len, false))
+                });
+            let Some((len, ack)) = sent else { continue };
+            let ip = IpHeader::between(self.ctx.local_ip, peer.ip())?;
+            // A UDP socket sends from its own port, not the per-QP port rxe picks when it
+            // builds the IP header itself; the ICRC must cover the port actually used.
+            let udp = UdpHeader {
+                src_port: self.ctx.local_port,
+                dst_port: peer.port(),
+            };
+            icrc::seal(&ip, &udp, &mut buf[..len]).ok()?;
+            self.tx_cursor = key;
+            self.ctx.counters.sent_pkts += 1;
+            return Some(Transmit {
+                dst: peer,
+                src_port: self.ctx.local_port,
+                len,
+                ack,
+            });
+        }
+        None
+    }
+
+    /// When [`Engine::handle_timeout`] should next be called, if any timer is armed.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps
+            .values()
+            .flat_map(|qp| [qp.retransmit_at, qp.early_at, qp.rnr_wait_until])
+            .flatten()
+            .min()
+    }
+
+    /// Runs the timers that are due at `now`: retransmission (go-back-N, or retry exhaustion)
+    /// and the end of RNR waits.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for qp in self.qps.values_mut() {
+            if qp.rnr_wait_until.is_some_and(|t| t <= now) {
+                qp.rnr_wait_until = None;
+            }
+            if qp.early_at.is_some_and(|t| t <= now) {
+                qp.early_at = None;
+                let due_anyway = qp.retransmit_at.is_some_and(|t| t <= now);
+                // An RNR wait is the responder's word, not a loss.
+                if qp.state == QpState::Rts
+                    && qp.comp_psn != qp.req_psn
+                    && qp.rnr_wait_until.is_none()
+                    && !due_anyway
+                {
+                    qp.resend_early(&mut self.ctx, now);
+                }
+            }
+            if qp.retransmit_at.is_some_and(|t| t <= now) {
+                qp.retransmit_at = None;
+                if qp.state == QpState::Rts && qp.comp_psn != qp.req_psn {
+                    let from = qp.comp_psn;
+                    qp.probing = qp.timed_out;
+                    qp.timed_out = true;
+                    qp.retry(&mut self.ctx, from, RetryCause::Timeout);
+                }
+            }
+        }
+    }
+}
+
+/// An address for a peer on the RoCEv2 port.
+#[must_use]
+pub fn roce_peer(ip: IpAddr) -> SocketAddr {
+    SocketAddr::new(ip, ROCE_PORT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::HeapMemory;
+
+    #[test]
+    fn gather_lists_split_across_entries() {
+        let seg = |region, offset, len| Seg {
+            region: RegionId(region),
+            offset,
+            len,
+        };
+        let segs = [seg(1, 100, 10), seg(2, 0, 5), seg(3, 50, 20)];
+        let got: Vec<_> = pieces(&segs, 8, 12).collect();
+        assert_eq!(
+            got,
+            [
+                (RegionId(1), 108, 0..2),
+                (RegionId(2), 0, 2..7),
+                (RegionId(3), 50, 7..12)
+            ]
+        );
+        let got: Vec<_> = pieces(&segs, 15, 4).collect();
+        assert_eq!(got, [(RegionId(3), 50, 0..4)]);
+        assert_eq!(pieces(&segs, 0, 0).count(), 0);
+
+        let mut mem = HeapMemory::new();
+        for id in 1..=3 {
+            mem.insert(RegionId(id), vec![0; 128]);
+        }
+        scatter(&segs, 3, b"0123456789abcdefghijklmnopqrstu", &mut mem);
+        let mut out = [0u8; 31];
+        gather(&segs, 3, &mut out, &mem);
+        assert_eq!(&out, b"0123456789abcdefghijklmnopqrstu");
+        assert_eq!(&mem.bytes(RegionId(2)).unwrap()[..5], b"789ab");
+    }
+}

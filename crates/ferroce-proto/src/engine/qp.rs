@@ -1,0 +1,254 @@
+//! The queue pair's state, one struct for all its roles, and what every role shares: creation,
+//! reset, completing work requests, and entering the error state.
+
+use super::*;
+
+#[derive(Debug)]
+pub(super) struct Qp {
+    pub(super) qpn: Qpn,
+    pub(super) init: QpInit,
+    pub(super) state: QpState,
+    pub(super) access: Access,
+    pub(super) mtu: u32,
+    pub(super) dest_qpn: Qpn,
+    pub(super) peer: Option<SocketAddr>,
+    pub(super) timeout: Option<Duration>,
+    pub(super) retry_cnt: u8,
+    pub(super) rnr_retry: u8,
+    pub(super) min_rnr_timer: RnrTimer,
+    pub(super) max_rd_atomic: u8,
+    pub(super) max_dest_rd_atomic: u8,
+
+    // Requester and completer.
+    pub(super) sq: VecDeque<SendWqe>,
+    /// Index in `sq` of the request being transmitted.
+    pub(super) req_index: usize,
+    /// PSN offset within that request of the next packet.
+    pub(super) req_pkt: u32,
+    /// The next PSN to send.
+    pub(super) req_psn: Psn,
+    /// One past the newest PSN ever sent: `req_psn` before any rewind. An ACK up to here
+    /// counts even when a go-back-N or a probe has moved `req_psn` back.
+    pub(super) sent_psn: Psn,
+    pub(super) since_ack_req: u32,
+    /// The oldest PSN not yet acknowledged or answered.
+    pub(super) comp_psn: Psn,
+    pub(super) retries_left: u8,
+    pub(super) rnr_left: u8,
+    pub(super) retransmit_at: Option<Instant>,
+    /// A retransmission timeout fired and no ACK has made progress since.
+    pub(super) timed_out: bool,
+    /// A second timeout in a row: the peer is slow (an emulated rxe can take longer than the
+    /// ACK timeout to work through a 128-packet window) or gone. Until an ACK makes progress
+    /// the requester resends only the oldest [`PROBE_PSNS`] packets, each asking for an ACK,
+    /// instead of the whole window again: go-back-N bursts of duplicates only bury a slow
+    /// responder deeper (it answers each with an ACK), until `retry_cnt` runs out.
+    pub(super) probing: bool,
+    /// Where the last retry went back to: further signals of the same loss are ignored.
+    pub(super) retrying_from: Option<Psn>,
+    /// The send window in PSNs, at most [`MAX_UNACKED_PSNS`]: halved by each retry (down to
+    /// [`MIN_WINDOW_PSNS`]) and widened by one PSN per window's worth acknowledged, as TCP's
+    /// congestion avoidance does. Go-back-N resends everything behind a lost packet, so on a
+    /// lossy path a full window of 128 multiplies each loss into up to 128 packets; a window
+    /// that follows the loss keeps goodput up. A path that never loses keeps the full window.
+    pub(super) cwnd: u32,
+    /// PSNs acknowledged towards the next widening of `cwnd`.
+    pub(super) cwnd_credit: u32,
+    /// The smoothed round trip and its mean deviation (RFC 6298), from packets that asked for
+    /// an answer and were sent once.
+    pub(super) srtt: Option<Duration>,
+    pub(super) rttvar: Duration,
+    /// The packet timing the next round-trip sample, and when it left.
+    pub(super) rtt_sample: Option<(Psn, Instant)>,
+    /// When to resend early: a stall of a few round trips with nothing answered means a lost
+    /// tail packet, ACK or sequence NAK, which would otherwise cost a whole ACK timeout (67 ms
+    /// at perftest's default). It goes back to the oldest unanswered PSN as a retry would,
+    /// without spending `retry_cnt`; the responder answers duplicates with an ACK. Each
+    /// further early resend of one stall waits twice as long, while that stays under half the
+    /// ACK timeout, which still fires on its own schedule: a dead peer is found as soon as
+    /// before.
+    pub(super) early_at: Option<Instant>,
+    /// Early resends since the last progress.
+    pub(super) early_count: u32,
+    /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
+    /// until an answer shows whether the stall was a loss.
+    pub(super) early_probe: Option<Psn>,
+    /// A READ early resend asked again for responses that may still have been on their
+    /// way: a copy of one arriving twice shows it was needless.
+    pub(super) early_read_watch: bool,
+    /// Doublings added to the early-resend delay for this QP: one more for each early resend
+    /// found needless (the originals were answered), one fewer for each that found a loss.
+    /// A peer whose answers come late and unevenly (an emulated rxe) is soon left alone.
+    pub(super) early_shift: u32,
+    pub(super) rnr_wait_until: Option<Instant>,
+
+    // Responder.
+    pub(super) rq: VecDeque<RecvWqe>,
+    pub(super) epsn: Psn,
+    pub(super) msn: u32,
+    pub(super) nak_sent: bool,
+    pub(super) in_msg: Option<InMsg>,
+    pub(super) resources: VecDeque<Resource>,
+    pub(super) responses: VecDeque<Response>,
+    pub(super) write_filter: FilterSlot,
+}
+
+impl Qp {
+    pub(super) fn new(qpn: Qpn, init: QpInit) -> Self {
+        Self {
+            qpn,
+            init,
+            state: QpState::Reset,
+            access: Access::NONE,
+            mtu: 1024,
+            dest_qpn: Qpn::default(),
+            peer: None,
+            timeout: None,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            min_rnr_timer: RnrTimer::default(),
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            sq: VecDeque::new(),
+            req_index: 0,
+            req_pkt: 0,
+            req_psn: Psn::default(),
+            sent_psn: Psn::default(),
+            since_ack_req: 0,
+            comp_psn: Psn::default(),
+            retries_left: 0,
+            rnr_left: 0,
+            retransmit_at: None,
+            timed_out: false,
+            probing: false,
+            retrying_from: None,
+            cwnd: MAX_UNACKED_PSNS,
+            cwnd_credit: 0,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rtt_sample: None,
+            early_at: None,
+            early_count: 0,
+            early_probe: None,
+            early_read_watch: false,
+            early_shift: 0,
+            rnr_wait_until: None,
+            rq: VecDeque::new(),
+            epsn: Psn::default(),
+            msn: 0,
+            nak_sent: false,
+            in_msg: None,
+            resources: VecDeque::new(),
+            responses: VecDeque::new(),
+            write_filter: FilterSlot(None),
+        }
+    }
+
+    pub(super) fn is_rc(&self) -> bool {
+        self.init.qp_type == QpType::Rc
+    }
+
+    pub(super) fn transport(&self) -> Transport {
+        match self.init.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+        }
+    }
+
+    pub(super) fn reset(&mut self) {
+        *self = Self::new(self.qpn, self.init);
+    }
+
+    // ---------------------------------------------------------------- completions, errors
+
+    pub(super) fn complete_send(&mut self, ctx: &mut Ctx, wqe: &SendWqe, status: WcStatus) {
+        if status == WcStatus::Success {
+            if matches!(wqe.op, SendOp::Send | SendOp::SendWithImm(_)) {
+                ctx.counters.rdma_sends += 1;
+            }
+            if !(wqe.signaled || self.init.sq_sig_all) {
+                return;
+            }
+        } else if status != WcStatus::WrFlushErr {
+            ctx.counters.send_err += 1;
+        }
+        let completion = Completion {
+            wr_id: wqe.wr_id,
+            status,
+            opcode: wqe.wc_opcode(),
+            byte_len: wqe.len,
+            imm: None,
+            qpn: self.qpn,
+        };
+        if !ctx.complete(self.init.send_cq, completion) && self.state != QpState::Err {
+            self.enter_err(ctx);
+        }
+    }
+
+    pub(super) fn complete_recv(
+        &mut self,
+        ctx: &mut Ctx,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        len: u64,
+        imm: Option<u32>,
+    ) {
+        let completion = Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: u32::try_from(len).unwrap_or(u32::MAX),
+            imm,
+            qpn: self.qpn,
+        };
+        if !ctx.complete(self.init.recv_cq, completion) && self.state != QpState::Err {
+            self.enter_err(ctx);
+        }
+    }
+
+    /// Completes the oldest send request with `status` and moves the QP to ERR.
+    pub(super) fn fail_front(&mut self, ctx: &mut Ctx, status: WcStatus) {
+        if let Some(wqe) = self.sq.pop_front() {
+            self.complete_send(ctx, &wqe, status);
+        }
+        self.enter_err(ctx);
+    }
+
+    /// Enters ERR: every outstanding request completes with a flush error. A NAK already
+    /// queued is still sent.
+    pub(super) fn enter_err(&mut self, ctx: &mut Ctx) {
+        self.state = QpState::Err;
+        self.retransmit_at = None;
+        self.early_at = None;
+        self.rnr_wait_until = None;
+        while let Some(wqe) = self.sq.pop_front() {
+            self.complete_send(ctx, &wqe, WcStatus::WrFlushErr);
+        }
+        self.req_index = 0;
+        self.req_pkt = 0;
+        if let Some(InMsg::Send { wqe, .. }) = self.in_msg.take() {
+            self.rq.push_front(wqe);
+        }
+        while let Some(wqe) = self.rq.pop_front() {
+            self.complete_recv(
+                ctx,
+                wqe.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+                None,
+            );
+        }
+        self.responses.retain(|r| {
+            matches!(
+                r,
+                Response::Ack {
+                    syndrome: Syndrome::Nak(_),
+                    ..
+                }
+            )
+        });
+        self.resources.clear();
+    }
+}

@@ -1,0 +1,250 @@
+//! The requester: choosing the next request packet to send from the send queue within the
+//! window, the READ and atomic credits, and the ACK-request cadence.
+
+use super::*;
+
+impl Qp {
+    /// Work requests started ahead of index `upto` that are READs or atomics.
+    pub(super) fn reads_outstanding(&self, upto: usize) -> usize {
+        self.sq
+            .iter()
+            .take(upto)
+            .filter(|w| w.op.is_read_or_atomic())
+            .count()
+    }
+
+    /// How many response PSNs each request of a READ of `npkts` asks for: all of them, unless
+    /// the READ is longer than the largest window; then the current window's worth.
+    pub(super) fn read_piece(&self, npkts: u32) -> u32 {
+        if npkts > MAX_UNACKED_PSNS {
+            self.cwnd
+        } else {
+            npkts
+        }
+    }
+
+    /// READ and atomic requests (READ pieces counted one by one) ever sent and not fully
+    /// answered: each holds one of the responder's `max_dest_rd_atomic` resources, even when
+    /// a rewind means it will be asked for again.
+    pub(super) fn requests_outstanding(&self) -> u32 {
+        let mut n = 0;
+        for w in self
+            .sq
+            .iter()
+            .filter(|w| w.started && w.op.is_read_or_atomic())
+        {
+            if !w.first_psn.precedes(self.sent_psn) {
+                break;
+            }
+            let issued = w.first_psn.steps_to(self.sent_psn).min(w.npkts);
+            let answered = if w.first_psn.precedes(self.comp_psn) {
+                w.first_psn.steps_to(self.comp_psn).min(w.npkts)
+            } else {
+                0
+            };
+            let done = if answered == w.npkts {
+                w.npkts.div_ceil(w.piece)
+            } else {
+                answered / w.piece
+            };
+            n += issued.div_ceil(w.piece).saturating_sub(done);
+        }
+        n
+    }
+
+    /// Builds the next request packet into `buf`, if one may be sent now.
+    pub(super) fn next_request(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if self.state != QpState::Rts {
+            return None;
+        }
+        if let Some(until) = self.rnr_wait_until {
+            if now < until {
+                return None;
+            }
+            self.rnr_wait_until = None;
+        }
+        let index = self.req_index;
+        let wqe = self.sq.get(index)?;
+        if let Some(status) = wqe.fault {
+            // Local errors surface in order, when the request is the oldest.
+            if index == 0 {
+                self.fail_front(ctx, status);
+            }
+            return None;
+        }
+        if self.is_rc() {
+            let window = if self.probing { PROBE_PSNS } else { self.cwnd };
+            if self.comp_psn.steps_to(self.req_psn) >= window {
+                return None;
+            }
+            // A new READ or atomic request takes a responder resource; asking again for one
+            // already sent (after a rewind) reuses its own.
+            if wqe.op.is_read_or_atomic()
+                && !self.req_psn.precedes(self.sent_psn)
+                && self.requests_outstanding() >= u32::from(self.max_rd_atomic.max(1))
+            {
+                return None;
+            }
+            if self.req_pkt == 0 && wqe.fence && self.reads_outstanding(index) > 0 {
+                return None;
+            }
+        }
+        let mtu = self.mtu;
+        let transport = self.transport();
+        let read_piece = self.read_piece(self.sq[index].npkts);
+        let wqe = &mut self.sq[index];
+        if !wqe.started {
+            wqe.started = true;
+            wqe.first_psn = self.req_psn;
+            if matches!(wqe.op, SendOp::Read(_)) && transport == Transport::Rc {
+                wqe.piece = read_piece;
+            }
+        }
+        let k = self.req_pkt;
+        let psn = self.req_psn;
+        let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
+        let (repr, consumed, payload_at) = match wqe.op {
+            SendOp::Read(remote) => {
+                // From here to the end of the piece holding PSN k.
+                let done = u64::from(k) * u64::from(mtu);
+                let piece_end = ((k / wqe.piece + 1) * wqe.piece).min(wqe.npkts);
+                let end = (u64::from(piece_end) * u64::from(mtu)).min(u64::from(wqe.len));
+                bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+                bth.ack_req = true;
+                let mut repr = PacketRepr::new(bth);
+                repr.reth = Some(Reth {
+                    va: remote.va.wrapping_add(done),
+                    rkey: remote.rkey,
+                    len: (end - done) as u32,
+                });
+                (repr, piece_end - k, None)
+            }
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => {
+                bth.opcode = Opcode::RC_COMPARE_SWAP;
+                bth.ack_req = true;
+                let mut repr = PacketRepr::new(bth);
+                repr.atomic = Some(AtomicEth {
+                    va: remote.va,
+                    rkey: remote.rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                (repr, 1, None)
+            }
+            SendOp::FetchAdd { remote, add } => {
+                bth.opcode = Opcode::RC_FETCH_ADD;
+                bth.ack_req = true;
+                let mut repr = PacketRepr::new(bth);
+                repr.atomic = Some(AtomicEth {
+                    va: remote.va,
+                    rkey: remote.rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                (repr, 1, None)
+            }
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..) => {
+                let offset = u64::from(k) * u64::from(mtu);
+                let n = (u64::from(wqe.len) - offset).min(u64::from(mtu)) as usize;
+                let first = k == 0;
+                let last = k + 1 == wqe.npkts;
+                let (is_write, imm, remote) = match wqe.op {
+                    SendOp::Send => (false, None, None),
+                    SendOp::SendWithImm(imm) => (false, Some(imm), None),
+                    SendOp::Write(r) => (true, None, Some(r)),
+                    SendOp::WriteWithImm(r, imm) => (true, Some(imm), Some(r)),
+                    _ => unreachable!("outer match"),
+                };
+                let imm = if last { imm } else { None };
+                let operation = match (is_write, first, last, imm.is_some()) {
+                    (false, true, true, false) => Operation::SendOnly,
+                    (false, true, true, true) => Operation::SendOnlyWithImmediate,
+                    (false, true, false, _) => Operation::SendFirst,
+                    (false, false, false, _) => Operation::SendMiddle,
+                    (false, false, true, false) => Operation::SendLast,
+                    (false, false, true, true) => Operation::SendLastWithImmediate,
+                    (true, true, true, false) => Operation::RdmaWriteOnly,
+                    (true, true, true, true) => Operation::RdmaWriteOnlyWithImmediate,
+                    (true, true, false, _) => Operation::RdmaWriteFirst,
+                    (true, false, false, _) => Operation::RdmaWriteMiddle,
+                    (true, false, true, false) => Operation::RdmaWriteLast,
+                    (true, false, true, true) => Operation::RdmaWriteLastWithImmediate,
+                };
+                bth.opcode = Opcode::from_parts(transport, operation)?;
+                bth.solicited = last && wqe.solicited && (!is_write || imm.is_some());
+                if transport == Transport::Rc {
+                    // Twice per window at least, so a narrowed window never waits for a
+                    // timeout to open again.
+                    let every = MAX_PKT_PER_ACK.min(self.cwnd / 2).max(1);
+                    bth.ack_req = last || self.probing || self.since_ack_req + 1 >= every;
+                }
+                let mut repr = PacketRepr::new(bth);
+                if first {
+                    if let Some(r) = remote {
+                        repr.reth = Some(Reth {
+                            va: r.va,
+                            rkey: r.rkey,
+                            len: wqe.len,
+                        });
+                    }
+                }
+                repr.imm = imm;
+                repr.payload_len = n;
+                (repr, 1, Some(offset))
+            }
+        };
+        let header_len = repr.emit_headers(buf).ok()?;
+        let end = header_len + repr.payload_len;
+        if let Some(offset) = payload_at {
+            match &wqe.data {
+                WqeData::Segs(segs) => gather(segs, offset, &mut buf[header_len..end], mem),
+                WqeData::Inline(bytes) => {
+                    let start = offset as usize;
+                    buf[header_len..end].copy_from_slice(&bytes[start..start + repr.payload_len]);
+                }
+            }
+        }
+        let len = repr.buffer_len();
+        buf[end..len].fill(0);
+
+        if repr.bth.ack_req {
+            self.since_ack_req = 0;
+            // Time a packet sent for the first time (Karn: a resent one's answer could be
+            // the first copy's).
+            if self.is_rc() && self.rtt_sample.is_none() && !psn.precedes(self.sent_psn) {
+                self.rtt_sample = Some((psn, now));
+            }
+        } else {
+            self.since_ack_req += 1;
+        }
+        self.req_psn = psn.add(consumed);
+        if self.sent_psn.precedes(self.req_psn) {
+            self.sent_psn = self.req_psn;
+        }
+        self.req_pkt = k + consumed;
+        if self.req_pkt >= self.sq[index].npkts {
+            self.req_pkt = 0;
+            if self.is_rc() {
+                self.req_index += 1;
+            } else if let Some(wqe) = self.sq.pop_front() {
+                // UC: nothing will acknowledge it; it is done once sent.
+                self.complete_send(ctx, &wqe, WcStatus::Success);
+            }
+        }
+        if self.is_rc() && self.retransmit_at.is_none() {
+            self.retransmit_at = self.timeout.map(|t| now + t);
+            self.early_at = self.early_resend_at(now);
+        }
+        Some(len)
+    }
+}

@@ -1,0 +1,129 @@
+//! What the responder sends back: ACKs, NAKs and RNR NAKs queued as it goes, and READ and
+//! atomic responses built packet by packet.
+
+use super::*;
+
+#[derive(Clone, Debug)]
+pub(super) enum Response {
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+    Read(ReadJob),
+}
+
+/// The outcome of a responder check that fails: the NAK to send.
+pub(super) struct Nak(pub(super) NakCode);
+
+impl Qp {
+    pub(super) fn push_ack(&mut self, psn: Psn) {
+        let msn = self.msn;
+        if let Some(Response::Ack {
+            psn: last,
+            syndrome: Syndrome::Ack { .. },
+            msn: m,
+        }) = self.responses.back_mut()
+        {
+            // Coalesce: a later cumulative ACK supersedes one not yet sent.
+            *last = psn;
+            *m = msn;
+            return;
+        }
+        self.responses.push_back(Response::Ack {
+            psn,
+            syndrome: Syndrome::ACK,
+            msn,
+        });
+    }
+
+    /// No receive request for a SEND or a WRITE with immediate: ask the requester to wait
+    /// the QP's RNR timer and retry from `psn`. Not fatal, and the packet is not executed.
+    pub(super) fn push_rnr_nak(&mut self, ctx: &mut Ctx, psn: Psn) {
+        ctx.counters.send_rnr_err += 1;
+        self.responses.push_back(Response::Ack {
+            psn,
+            syndrome: Syndrome::RnrNak(self.min_rnr_timer),
+            msn: self.msn,
+        });
+    }
+
+    pub(super) fn push_nak(&mut self, psn: Psn, code: NakCode) {
+        self.responses.push_back(Response::Ack {
+            psn,
+            syndrome: Syndrome::Nak(code),
+            msn: self.msn,
+        });
+    }
+
+    /// Builds the next response packet (ACK, NAK, READ response, atomic ACK) into `buf`.
+    pub(super) fn next_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
+        let mtu = self.mtu;
+        let dest_qpn = self.dest_qpn;
+        let repr = match self.responses.front_mut()? {
+            Response::Ack { psn, syndrome, msn } => {
+                let mut repr = PacketRepr::new(Bth::new(Opcode::RC_ACKNOWLEDGE, dest_qpn, *psn));
+                repr.aeth = Some(Aeth {
+                    syndrome: *syndrome,
+                    msn: *msn,
+                });
+                repr
+            }
+            Response::AtomicAck { psn, orig, msn } => {
+                let mut repr =
+                    PacketRepr::new(Bth::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest_qpn, *psn));
+                repr.aeth = Some(Aeth {
+                    syndrome: Syndrome::ACK,
+                    msn: *msn,
+                });
+                repr.atomic_ack = Some(AtomicAckEth { orig: *orig });
+                repr
+            }
+            Response::Read(job) => {
+                let offset = u64::from(job.sent) * u64::from(mtu);
+                let remaining = u64::from(job.len) - offset;
+                let n = remaining.min(u64::from(mtu)) as usize;
+                let first = job.sent == 0;
+                let last = remaining <= u64::from(mtu);
+                let opcode = match (first, last) {
+                    (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                    (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                };
+                let mut repr = PacketRepr::new(Bth::new(opcode, dest_qpn, job.psn.add(job.sent)));
+                if opcode.headers().contains(HeaderSet::AETH) {
+                    repr.aeth = Some(Aeth {
+                        syndrome: Syndrome::ACK,
+                        msn: job.msn,
+                    });
+                }
+                repr.payload_len = n;
+                let header_len = repr.emit_headers(buf).ok()?;
+                let out = &mut buf[header_len..header_len + n];
+                match &job.source {
+                    ReadSource::Empty => {}
+                    ReadSource::Region(region, at) => mem.read(*region, at + offset, out),
+                    ReadSource::Copied(bytes) => {
+                        let start = offset as usize;
+                        out.copy_from_slice(&bytes[start..start + n]);
+                    }
+                }
+                buf[header_len + n..repr.buffer_len()].fill(0);
+                job.sent += 1;
+                if last {
+                    self.responses.pop_front();
+                }
+                return Some(repr.buffer_len());
+            }
+        };
+        let len = repr.emit(&[], buf).ok()?;
+        self.responses.pop_front();
+        Some(len)
+    }
+}
