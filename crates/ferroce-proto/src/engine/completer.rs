@@ -220,7 +220,7 @@ impl Qp {
                     self.early_was_needless(ctx);
                     self.rewind(self.sent_psn);
                 } else {
-                    self.early_shift = self.early_shift.saturating_sub(1);
+                    self.backoff.found_loss();
                 }
             }
         }

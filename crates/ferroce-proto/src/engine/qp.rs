@@ -46,18 +46,10 @@ pub(super) struct Qp {
     pub(super) probing: bool,
     /// Where the last retry went back to: further signals of the same loss are ignored.
     pub(super) retrying_from: Option<Psn>,
-    /// The send window in PSNs, at most [`MAX_UNACKED_PSNS`]: halved by each retry (down to
-    /// [`MIN_WINDOW_PSNS`]) and widened by one PSN per window's worth acknowledged, as TCP's
-    /// congestion avoidance does. Go-back-N resends everything behind a lost packet, so on a
-    /// lossy path a full window of 128 multiplies each loss into up to 128 packets; a window
-    /// that follows the loss keeps goodput up. A path that never loses keeps the full window.
-    pub(super) cwnd: u32,
-    /// PSNs acknowledged towards the next widening of `cwnd`.
-    pub(super) cwnd_credit: u32,
-    /// The smoothed round trip and its mean deviation (RFC 6298), from packets that asked for
-    /// an answer and were sent once.
-    pub(super) srtt: Option<Duration>,
-    pub(super) rttvar: Duration,
+    /// The send window.
+    pub(super) window: Window,
+    /// The round-trip estimate.
+    pub(super) rtt: RttEstimate,
     /// The packet timing the next round-trip sample, and when it left.
     pub(super) rtt_sample: Option<(Psn, Instant)>,
     /// When to resend early: a stall of a few round trips with nothing answered means a lost
@@ -68,18 +60,14 @@ pub(super) struct Qp {
     /// ACK timeout, which still fires on its own schedule: a dead peer is found as soon as
     /// before.
     pub(super) early_at: Option<Instant>,
-    /// Early resends since the last progress.
-    pub(super) early_count: u32,
     /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
     /// until an answer shows whether the stall was a loss.
     pub(super) early_probe: Option<Psn>,
     /// A READ early resend asked again for responses that may still have been on their
     /// way: a copy of one arriving twice shows it was needless.
     pub(super) early_read_watch: bool,
-    /// Doublings added to the early-resend delay for this QP: one more for each early resend
-    /// found needless (the originals were answered), one fewer for each that found a loss.
-    /// A peer whose answers come late and unevenly (an emulated rxe) is soon left alone.
-    pub(super) early_shift: u32,
+    /// How much later than the estimate the next early resend waits.
+    pub(super) backoff: Backoff,
     pub(super) rnr_wait_until: Option<Instant>,
 
     // Responder.
@@ -122,16 +110,13 @@ impl Qp {
             timed_out: false,
             probing: false,
             retrying_from: None,
-            cwnd: MAX_UNACKED_PSNS,
-            cwnd_credit: 0,
-            srtt: None,
-            rttvar: Duration::ZERO,
+            window: Window::FULL,
+            rtt: RttEstimate::default(),
             rtt_sample: None,
             early_at: None,
-            early_count: 0,
             early_probe: None,
             early_read_watch: false,
-            early_shift: 0,
+            backoff: Backoff::default(),
             rnr_wait_until: None,
             rq: VecDeque::new(),
             epsn: Psn::default(),

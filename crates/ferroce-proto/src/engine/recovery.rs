@@ -13,6 +13,115 @@ pub(super) enum RetryCause {
     Signal,
 }
 
+/// The send window in PSNs, at most [`MAX_UNACKED_PSNS`]: halved by each retry (down to
+/// [`MIN_WINDOW_PSNS`]) and widened by one PSN per window's worth acknowledged, as TCP's
+/// congestion avoidance does. Go-back-N resends everything behind a lost packet, so on a
+/// lossy path a full window of 128 multiplies each loss into up to 128 packets; a window that
+/// follows the loss keeps goodput up. A path that never loses keeps the full window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Window {
+    psns: u32,
+    /// PSNs acknowledged towards the next widening.
+    credit: u32,
+}
+
+impl Window {
+    /// The full window, where every QP starts.
+    pub(super) const FULL: Self = Self {
+        psns: MAX_UNACKED_PSNS,
+        credit: 0,
+    };
+
+    /// How many PSNs may be outstanding now.
+    pub(super) const fn psns(self) -> u32 {
+        self.psns
+    }
+
+    /// A retry: half as wide, no nearer the next widening.
+    pub(super) fn narrow(&mut self) {
+        self.psns = (self.psns / 2).max(MIN_WINDOW_PSNS);
+        self.credit = 0;
+    }
+
+    /// `acked` more PSNs acknowledged: one PSN wider per window's worth.
+    pub(super) fn acked(&mut self, acked: u32) {
+        self.credit = self.credit.saturating_add(acked);
+        while self.psns < MAX_UNACKED_PSNS && self.credit >= self.psns {
+            self.credit -= self.psns;
+            self.psns += 1;
+        }
+    }
+}
+
+/// The smoothed round trip and its mean deviation (RFC 6298), from packets that asked for
+/// an answer and were sent once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct RttEstimate {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+}
+
+impl RttEstimate {
+    /// Takes one measured round trip.
+    pub(super) fn sample(&mut self, rtt: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(srtt) => {
+                let dev = rtt.abs_diff(srtt);
+                self.rttvar = (self.rttvar * 3 + dev) / 4;
+                self.srtt = Some((srtt * 7 + rtt) / 8);
+            }
+        }
+    }
+
+    /// RFC 6298's timeout, `srtt + 4 × rttvar`; `None` before the first sample.
+    pub(super) fn timeout(self) -> Option<Duration> {
+        self.srtt.map(|srtt| srtt + 4 * self.rttvar)
+    }
+}
+
+/// How much later than the estimate an early resend waits: doubled per early resend in the
+/// current stall, and doubled once more for each early resend this QP found needless (the
+/// originals were answered), once less for each that found a loss. A peer whose answers come
+/// late and unevenly (an emulated rxe) is soon left alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Backoff {
+    /// Early resends since the last progress.
+    in_stall: u32,
+    /// Doublings learnt from needless and useful early resends, at most `MAX_EARLY_SHIFT`.
+    learnt: u32,
+}
+
+impl Backoff {
+    /// The factor on the estimate, `2^(in_stall + learnt)`, capped at 2^16.
+    pub(super) fn factor(self) -> u32 {
+        1 << (self.in_stall + self.learnt).min(16)
+    }
+
+    /// An early resend was made.
+    pub(super) fn resent(&mut self) {
+        self.in_stall += 1;
+    }
+
+    /// The peer made progress: the stall is over.
+    pub(super) fn progress(&mut self) {
+        self.in_stall = 0;
+    }
+
+    /// An early resend was needless: later ones wait twice as long.
+    pub(super) fn needless(&mut self) {
+        self.learnt = (self.learnt + 1).min(MAX_EARLY_SHIFT);
+    }
+
+    /// An early resend found a real loss: later ones wait half as long again.
+    pub(super) fn found_loss(&mut self) {
+        self.learnt = self.learnt.saturating_sub(1);
+    }
+}
+
 impl Qp {
     /// Rewinds the requester to resend from `to` (go-back-N).
     pub(super) fn rewind(&mut self, to: Psn) {
@@ -58,8 +167,7 @@ impl Qp {
         }
         self.retries_left -= 1;
         ctx.counters.completer_retry_err += 1;
-        self.cwnd = (self.cwnd / 2).max(MIN_WINDOW_PSNS);
-        self.cwnd_credit = 0;
+        self.window.narrow();
         self.rewind(from);
         self.retransmit_at = None;
     }
@@ -67,16 +175,12 @@ impl Qp {
     /// The peer acknowledged or answered `acked` PSNs more: the retry counts start over, the
     /// requester leaves probing, and the send window widens by one PSN per window acked.
     pub(super) fn made_progress(&mut self, acked: u32) {
-        self.cwnd_credit = self.cwnd_credit.saturating_add(acked);
-        while self.cwnd < MAX_UNACKED_PSNS && self.cwnd_credit >= self.cwnd {
-            self.cwnd_credit -= self.cwnd;
-            self.cwnd += 1;
-        }
+        self.window.acked(acked);
         self.retries_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
         self.timed_out = false;
         self.probing = false;
-        self.early_count = 0;
+        self.backoff.progress();
     }
 
     /// Takes the round-trip sample if its packet is now answered, and updates the estimate.
@@ -88,18 +192,7 @@ impl Qp {
             return;
         }
         self.rtt_sample = None;
-        let rtt = now.saturating_duration_since(sent);
-        match self.srtt {
-            None => {
-                self.srtt = Some(rtt);
-                self.rttvar = rtt / 2;
-            }
-            Some(srtt) => {
-                let dev = rtt.abs_diff(srtt);
-                self.rttvar = (self.rttvar * 3 + dev) / 4;
-                self.srtt = Some((srtt * 7 + rtt) / 8);
-            }
-        }
+        self.rtt.sample(now.saturating_duration_since(sent));
     }
 
     /// When an early resend would be due if nothing is answered from `now` on: the RFC 6298
@@ -109,13 +202,10 @@ impl Qp {
     /// well before the ACK timeout.
     pub(super) fn early_resend_at(&self, now: Instant) -> Option<Instant> {
         let timeout = self.timeout?;
-        let estimate = match self.srtt {
-            Some(srtt) => srtt + 4 * self.rttvar,
-            None => timeout / 16,
-        };
+        let estimate = self.rtt.timeout().unwrap_or(timeout / 16);
         let after = estimate
             .max(MIN_EARLY_RESEND)
-            .checked_mul(1 << (self.early_count + self.early_shift).min(16))?;
+            .checked_mul(self.backoff.factor())?;
         (after * 2 <= timeout).then(|| now + after)
     }
 
@@ -147,7 +237,7 @@ impl Qp {
     ///
     /// Either finding of a needless resend doubles this QP's later early-resend delays.
     pub(super) fn resend_early(&mut self, ctx: &mut Ctx, now: Instant) {
-        self.early_count += 1;
+        self.backoff.resent();
         ctx.counters.early_resends += 1;
         let from = self.comp_psn;
         let read = self
@@ -165,6 +255,66 @@ impl Qp {
     /// An early resend turned out needless: later ones of this QP wait twice as long.
     pub(super) fn early_was_needless(&mut self, ctx: &mut Ctx) {
         ctx.counters.early_needless += 1;
-        self.early_shift = (self.early_shift + 1).min(MAX_EARLY_SHIFT);
+        self.backoff.needless();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_halves_per_retry_and_widens_one_psn_per_window_acked() {
+        let mut w = Window::FULL;
+        assert_eq!(w.psns(), MAX_UNACKED_PSNS);
+        w.narrow();
+        assert_eq!(w.psns(), 64);
+        for _ in 0..10 {
+            w.narrow();
+        }
+        assert_eq!(w.psns(), MIN_WINDOW_PSNS, "never below the floor");
+        w.acked(MIN_WINDOW_PSNS - 1);
+        assert_eq!(w.psns(), MIN_WINDOW_PSNS);
+        w.acked(1);
+        assert_eq!(w.psns(), MIN_WINDOW_PSNS + 1, "one PSN per window's worth");
+        w.acked(u32::MAX);
+        assert_eq!(w.psns(), MAX_UNACKED_PSNS, "never above the full window");
+        w.narrow();
+        w.acked(63);
+        assert_eq!(w.psns(), 64, "a retry forgets the credit");
+    }
+
+    #[test]
+    fn the_rtt_estimate_follows_rfc_6298() {
+        let mut e = RttEstimate::default();
+        assert_eq!(e.timeout(), None);
+        let ms = Duration::from_millis;
+        e.sample(ms(8));
+        // srtt 8, rttvar 4: 8 + 16.
+        assert_eq!(e.timeout(), Some(ms(24)));
+        e.sample(ms(16));
+        // rttvar = (3×4 + |16−8|)/4 = 5, srtt = (7×8 + 16)/8 = 9: 9 + 20.
+        assert_eq!(e.timeout(), Some(ms(29)));
+    }
+
+    #[test]
+    fn backoff_doubles_per_resend_and_learns_from_needless_ones() {
+        let mut b = Backoff::default();
+        assert_eq!(b.factor(), 1);
+        b.resent();
+        b.resent();
+        assert_eq!(b.factor(), 4);
+        b.progress();
+        assert_eq!(b.factor(), 1, "a new stall starts over");
+        for _ in 0..20 {
+            b.needless();
+        }
+        assert_eq!(b.factor(), 1 << MAX_EARLY_SHIFT, "learning is capped");
+        b.found_loss();
+        assert_eq!(b.factor(), 1 << (MAX_EARLY_SHIFT - 1));
+        for _ in 0..20 {
+            b.resent();
+        }
+        assert_eq!(b.factor(), 1 << 16, "the factor is capped");
     }
 }

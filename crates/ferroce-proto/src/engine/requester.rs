@@ -17,7 +17,7 @@ impl Qp {
     /// the READ is longer than the largest window; then the current window's worth.
     pub(super) fn read_piece(&self, npkts: u32) -> u32 {
         if npkts > MAX_UNACKED_PSNS {
-            self.cwnd
+            self.window.psns()
         } else {
             npkts
         }
@@ -79,7 +79,11 @@ impl Qp {
             return None;
         }
         if self.is_rc() {
-            let window = if self.probing { PROBE_PSNS } else { self.cwnd };
+            let window = if self.probing {
+                PROBE_PSNS
+            } else {
+                self.window.psns()
+            };
             if self.comp_psn.steps_to(self.req_psn) >= window {
                 return None;
             }
@@ -185,7 +189,7 @@ impl Qp {
                 if transport == Transport::Rc {
                     // Twice per window at least, so a narrowed window never waits for a
                     // timeout to open again.
-                    let every = MAX_PKT_PER_ACK.min(self.cwnd / 2).max(1);
+                    let every = MAX_PKT_PER_ACK.min(self.window.psns() / 2).max(1);
                     bth.ack_req = last || self.probing || self.since_ack_req + 1 >= every;
                 }
                 let mut repr = PacketRepr::new(bth);
