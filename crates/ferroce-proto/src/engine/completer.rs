@@ -107,7 +107,7 @@ impl Qp {
                             self.rnr_left -= 1;
                         }
                         self.rewind(psn);
-                        self.rnr_wait_until = Some(now + timer.duration());
+                        self.timers.rnr_wait = Some(now + timer.duration());
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
                         self.ack_before(ctx, psn);

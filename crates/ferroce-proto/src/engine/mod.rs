@@ -68,7 +68,7 @@ mod responder;
 mod responses;
 mod wqe;
 
-use qp::Qp;
+use qp::{Qp, Timers};
 use recovery::*;
 use responder::*;
 pub use responder::{InboundWrite, WriteFilter};
@@ -743,40 +743,33 @@ impl Engine {
     /// When [`Engine::handle_timeout`] should next be called, if any timer is armed.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps
-            .values()
-            .flat_map(|qp| [qp.retransmit_at, qp.early_at, qp.rnr_wait_until])
-            .flatten()
-            .min()
+        self.qps.values().filter_map(|qp| qp.timers.next()).min()
     }
 
     /// Runs the timers that are due at `now`: retransmission (go-back-N, or retry exhaustion)
     /// and the end of RNR waits.
     pub fn handle_timeout(&mut self, now: Instant) {
         for qp in self.qps.values_mut() {
-            if qp.rnr_wait_until.is_some_and(|t| t <= now) {
-                qp.rnr_wait_until = None;
-            }
-            if qp.early_at.is_some_and(|t| t <= now) {
-                qp.early_at = None;
-                let due_anyway = qp.retransmit_at.is_some_and(|t| t <= now);
+            Timers::take_due(&mut qp.timers.rnr_wait, now);
+            if Timers::take_due(&mut qp.timers.early, now) {
+                let due_anyway = qp.timers.retransmit.is_some_and(|t| t <= now);
                 // An RNR wait is the responder's word, not a loss.
                 if qp.state == QpState::Rts
                     && qp.comp_psn != qp.req_psn
-                    && qp.rnr_wait_until.is_none()
+                    && qp.timers.rnr_wait.is_none()
                     && !due_anyway
                 {
                     qp.resend_early(&mut self.ctx, now);
                 }
             }
-            if qp.retransmit_at.is_some_and(|t| t <= now) {
-                qp.retransmit_at = None;
-                if qp.state == QpState::Rts && qp.comp_psn != qp.req_psn {
-                    let from = qp.comp_psn;
-                    qp.probing = qp.timed_out;
-                    qp.timed_out = true;
-                    qp.retry(&mut self.ctx, from, RetryCause::Timeout);
-                }
+            if Timers::take_due(&mut qp.timers.retransmit, now)
+                && qp.state == QpState::Rts
+                && qp.comp_psn != qp.req_psn
+            {
+                let from = qp.comp_psn;
+                qp.probing = qp.timed_out;
+                qp.timed_out = true;
+                qp.retry(&mut self.ctx, from, RetryCause::Timeout);
             }
         }
     }

@@ -35,7 +35,6 @@ pub(super) struct Qp {
     pub(super) comp_psn: Psn,
     pub(super) retries_left: u8,
     pub(super) rnr_left: u8,
-    pub(super) retransmit_at: Option<Instant>,
     /// A retransmission timeout fired and no ACK has made progress since.
     pub(super) timed_out: bool,
     /// A second timeout in a row: the peer is slow (an emulated rxe can take longer than the
@@ -52,14 +51,6 @@ pub(super) struct Qp {
     pub(super) rtt: RttEstimate,
     /// The packet timing the next round-trip sample, and when it left.
     pub(super) rtt_sample: Option<(Psn, Instant)>,
-    /// When to resend early: a stall of a few round trips with nothing answered means a lost
-    /// tail packet, ACK or sequence NAK, which would otherwise cost a whole ACK timeout (67 ms
-    /// at perftest's default). It goes back to the oldest unanswered PSN as a retry would,
-    /// without spending `retry_cnt`; the responder answers duplicates with an ACK. Each
-    /// further early resend of one stall waits twice as long, while that stays under half the
-    /// ACK timeout, which still fires on its own schedule: a dead peer is found as soon as
-    /// before.
-    pub(super) early_at: Option<Instant>,
     /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
     /// until an answer shows whether the stall was a loss.
     pub(super) early_probe: Option<Psn>,
@@ -68,7 +59,9 @@ pub(super) struct Qp {
     pub(super) early_read_watch: bool,
     /// How much later than the estimate the next early resend waits.
     pub(super) backoff: Backoff,
-    pub(super) rnr_wait_until: Option<Instant>,
+
+    /// The requester's three timers.
+    pub(super) timers: Timers,
 
     // Responder.
     pub(super) rq: VecDeque<RecvWqe>,
@@ -79,6 +72,45 @@ pub(super) struct Qp {
     pub(super) resources: VecDeque<Resource>,
     pub(super) responses: VecDeque<Response>,
     pub(super) write_filter: FilterSlot,
+}
+
+/// A queue pair's timers, in one table: when each is due, `None` when not armed. The engine
+/// sleeps until the earliest of all QPs' ([`Timers::next`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Timers {
+    /// The retransmission timeout: `timeout` after the oldest unanswered request, rearmed at
+    /// each progress.
+    pub(super) retransmit: Option<Instant>,
+    /// When to resend early: a stall of a few round trips with nothing answered means a lost
+    /// tail packet, ACK or sequence NAK, which would otherwise cost a whole ACK timeout (67 ms
+    /// at perftest's default). It goes back to the oldest unanswered PSN as a retry would,
+    /// without spending `retry_cnt`; the responder answers duplicates with an ACK. Each
+    /// further early resend of one stall waits twice as long, while that stays under half the
+    /// ACK timeout, which still fires on its own schedule: a dead peer is found as soon as
+    /// before.
+    pub(super) early: Option<Instant>,
+    /// The end of an RNR wait the responder asked for: nothing is sent before it.
+    pub(super) rnr_wait: Option<Instant>,
+}
+
+impl Timers {
+    /// The earliest armed timer.
+    pub(super) fn next(&self) -> Option<Instant> {
+        [self.retransmit, self.early, self.rnr_wait]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Disarms `timer` and says whether it was due at `now`.
+    pub(super) fn take_due(timer: &mut Option<Instant>, now: Instant) -> bool {
+        if timer.is_some_and(|t| t <= now) {
+            *timer = None;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl Qp {
@@ -106,18 +138,16 @@ impl Qp {
             comp_psn: Psn::default(),
             retries_left: 0,
             rnr_left: 0,
-            retransmit_at: None,
             timed_out: false,
             probing: false,
             retrying_from: None,
             window: Window::FULL,
             rtt: RttEstimate::default(),
             rtt_sample: None,
-            early_at: None,
             early_probe: None,
             early_read_watch: false,
             backoff: Backoff::default(),
-            rnr_wait_until: None,
+            timers: Timers::default(),
             rq: VecDeque::new(),
             epsn: Psn::default(),
             msn: 0,
@@ -204,9 +234,7 @@ impl Qp {
     /// queued is still sent.
     pub(super) fn enter_err(&mut self, ctx: &mut Ctx) {
         self.state = QpState::Err;
-        self.retransmit_at = None;
-        self.early_at = None;
-        self.rnr_wait_until = None;
+        self.timers = Timers::default();
         while let Some(wqe) = self.sq.pop_front() {
             self.complete_send(ctx, &wqe, WcStatus::WrFlushErr);
         }
@@ -235,5 +263,27 @@ impl Qp {
             )
         });
         self.resources.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_report_the_earliest_and_disarm_only_when_due() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut timers = Timers::default();
+        assert_eq!(timers.next(), None);
+        timers.retransmit = Some(t0 + ms(67));
+        timers.early = Some(t0 + ms(3));
+        assert_eq!(timers.next(), Some(t0 + ms(3)));
+        assert!(!Timers::take_due(&mut timers.early, t0 + ms(2)));
+        assert!(timers.early.is_some(), "not due: still armed");
+        assert!(Timers::take_due(&mut timers.early, t0 + ms(3)));
+        assert_eq!(timers.early, None);
+        assert_eq!(timers.next(), Some(t0 + ms(67)));
+        assert!(!Timers::take_due(&mut timers.rnr_wait, t0 + ms(100)), "unarmed");
     }
 }

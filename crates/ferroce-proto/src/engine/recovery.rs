@@ -169,7 +169,7 @@ impl Qp {
         ctx.counters.completer_retry_err += 1;
         self.window.narrow();
         self.rewind(from);
-        self.retransmit_at = None;
+        self.timers.retransmit = None;
     }
 
     /// The peer acknowledged or answered `acked` PSNs more: the retry counts start over, the
@@ -211,12 +211,12 @@ impl Qp {
 
     pub(super) fn rearm(&mut self, now: Instant) {
         let waiting = self.comp_psn != self.req_psn && self.state == QpState::Rts;
-        self.retransmit_at = if waiting {
+        self.timers.retransmit = if waiting {
             self.timeout.map(|t| now + t)
         } else {
             None
         };
-        self.early_at = if waiting {
+        self.timers.early = if waiting {
             self.early_resend_at(now)
         } else {
             None
@@ -249,7 +249,7 @@ impl Qp {
         self.probing = !read;
         self.retrying_from = Some(from);
         self.rewind(from);
-        self.early_at = self.early_resend_at(now);
+        self.timers.early = self.early_resend_at(now);
     }
 
     /// An early resend turned out needless: later ones of this QP wait twice as long.

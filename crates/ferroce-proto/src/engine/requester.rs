@@ -63,11 +63,11 @@ impl Qp {
         if self.state != QpState::Rts {
             return None;
         }
-        if let Some(until) = self.rnr_wait_until {
+        if let Some(until) = self.timers.rnr_wait {
             if now < until {
                 return None;
             }
-            self.rnr_wait_until = None;
+            self.timers.rnr_wait = None;
         }
         let index = self.req_index;
         let wqe = self.sq.get(index)?;
@@ -245,9 +245,9 @@ impl Qp {
                 self.complete_send(ctx, &wqe, WcStatus::Success);
             }
         }
-        if self.is_rc() && self.retransmit_at.is_none() {
-            self.retransmit_at = self.timeout.map(|t| now + t);
-            self.early_at = self.early_resend_at(now);
+        if self.is_rc() && self.timers.retransmit.is_none() {
+            self.timers.retransmit = self.timeout.map(|t| now + t);
+            self.timers.early = self.early_resend_at(now);
         }
         Some(len)
     }
