@@ -294,7 +294,7 @@ impl Engine {
     pub fn set_write_filter(&mut self, qpn: Qpn, filter: Option<Box<dyn WriteFilter>>) -> bool {
         match self.qps.get_mut(&qpn.value()) {
             Some(qp) => {
-                qp.write_filter = FilterSlot(filter);
+                qp.resp.write_filter = FilterSlot(filter);
                 true
             }
             None => false,
@@ -317,7 +317,9 @@ impl Engine {
     /// The PSN a queue pair's requester will send next, and the one its responder expects.
     #[must_use]
     pub fn qp_psns(&self, qpn: Qpn) -> Option<(Psn, Psn)> {
-        self.qps.get(&qpn.value()).map(|qp| (qp.req_psn, qp.epsn))
+        self.qps
+            .get(&qpn.value())
+            .map(|qp| (qp.req_psn, qp.resp.epsn))
     }
 
     /// Moves a queue pair through its states (`ibv_modify_qp`); see [`QpAttr`] for what each
@@ -418,7 +420,7 @@ impl Engine {
             qp.peer = Some(peer);
         }
         if let Some(psn) = attr.rq_psn {
-            qp.epsn = psn;
+            qp.resp.epsn = psn;
         }
         if let Some(psn) = attr.sq_psn {
             qp.req_psn = psn;
@@ -567,7 +569,7 @@ impl Engine {
         if qp.state == QpState::Reset {
             return Err(PostError::InvalidState(qp.state));
         }
-        if qp.rq.len() >= qp.init.caps.rq_depth as usize {
+        if qp.resp.rq.len() >= qp.init.caps.rq_depth as usize {
             return Err(PostError::QueueFull(qp.init.caps.rq_depth));
         }
         let (segs, len, fault) =
@@ -583,7 +585,7 @@ impl Engine {
             );
             return Ok(());
         }
-        qp.rq.push_back(RecvWqe {
+        qp.resp.rq.push_back(RecvWqe {
             wr_id: wr.wr_id,
             segs,
             len,
@@ -709,7 +711,7 @@ impl Engine {
             let qp = self.qps.get_mut(&key).expect("key from the map");
             let Some(peer) = qp.peer else { continue };
             let ack = matches!(
-                qp.responses.front(),
+                qp.resp.responses.front(),
                 Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
             );
             let sent = qp

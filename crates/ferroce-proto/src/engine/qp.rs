@@ -63,14 +63,29 @@ pub(super) struct Qp {
     /// The requester's three timers.
     pub(super) timers: Timers,
 
-    // Responder.
+    /// The responder's half.
+    pub(super) resp: ResponderState,
+}
+
+/// What the responder keeps: the receive queue, where the inbound stream is, and what it owes
+/// the requester.
+#[derive(Debug)]
+pub(super) struct ResponderState {
+    /// Receive requests, oldest first.
     pub(super) rq: VecDeque<RecvWqe>,
+    /// The PSN expected next.
     pub(super) epsn: Psn,
+    /// The message sequence number of the last completed message (AETH's MSN).
     pub(super) msn: u32,
+    /// A sequence NAK went out for `epsn` and is not re-sent until `epsn` arrives.
     pub(super) nak_sent: bool,
+    /// The multi-packet message being received.
     pub(super) in_msg: Option<InMsg>,
+    /// The READ and atomic results duplicates are replayed from.
     pub(super) resources: VecDeque<Resource>,
+    /// ACKs, NAKs and READ and atomic responses waiting to go out.
     pub(super) responses: VecDeque<Response>,
+    /// What refuses or counts inbound WRITEs (a frame receiver's page checks).
     pub(super) write_filter: FilterSlot,
 }
 
@@ -148,14 +163,16 @@ impl Qp {
             early_read_watch: false,
             backoff: Backoff::default(),
             timers: Timers::default(),
-            rq: VecDeque::new(),
-            epsn: Psn::default(),
-            msn: 0,
-            nak_sent: false,
-            in_msg: None,
-            resources: VecDeque::new(),
-            responses: VecDeque::new(),
-            write_filter: FilterSlot(None),
+            resp: ResponderState {
+                rq: VecDeque::new(),
+                epsn: Psn::default(),
+                msn: 0,
+                nak_sent: false,
+                in_msg: None,
+                resources: VecDeque::new(),
+                responses: VecDeque::new(),
+                write_filter: FilterSlot(None),
+            },
         }
     }
 
@@ -240,10 +257,10 @@ impl Qp {
         }
         self.req_index = 0;
         self.req_pkt = 0;
-        if let Some(InMsg::Send { wqe, .. }) = self.in_msg.take() {
-            self.rq.push_front(wqe);
+        if let Some(InMsg::Send { wqe, .. }) = self.resp.in_msg.take() {
+            self.resp.rq.push_front(wqe);
         }
-        while let Some(wqe) = self.rq.pop_front() {
+        while let Some(wqe) = self.resp.rq.pop_front() {
             self.complete_recv(
                 ctx,
                 wqe.wr_id,
@@ -253,7 +270,7 @@ impl Qp {
                 None,
             );
         }
-        self.responses.retain(|r| {
+        self.resp.responses.retain(|r| {
             matches!(
                 r,
                 Response::Ack {
@@ -262,7 +279,7 @@ impl Qp {
                 }
             )
         });
-        self.resources.clear();
+        self.resp.resources.clear();
     }
 }
 
@@ -284,6 +301,9 @@ mod tests {
         assert!(Timers::take_due(&mut timers.early, t0 + ms(3)));
         assert_eq!(timers.early, None);
         assert_eq!(timers.next(), Some(t0 + ms(67)));
-        assert!(!Timers::take_due(&mut timers.rnr_wait, t0 + ms(100)), "unarmed");
+        assert!(
+            !Timers::take_due(&mut timers.rnr_wait, t0 + ms(100)),
+            "unarmed"
+        );
     }
 }

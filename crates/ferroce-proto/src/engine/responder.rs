@@ -114,12 +114,12 @@ impl Qp {
             self.handle_uc_request(packet, ctx, mem);
             return;
         }
-        let distance = self.epsn.distance_to(psn);
+        let distance = self.resp.epsn.distance_to(psn);
         if distance > 0 {
             ctx.counters.out_of_seq_request += 1;
-            if !self.nak_sent {
-                self.nak_sent = true;
-                self.push_nak(self.epsn, NakCode::PsnSequenceError);
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                self.push_nak(self.resp.epsn, NakCode::PsnSequenceError);
             }
             return;
         }
@@ -128,7 +128,7 @@ impl Qp {
             self.handle_duplicate(packet, ctx);
             return;
         }
-        self.nak_sent = false;
+        self.resp.nak_sent = false;
         if let Err(Nak(code)) = self.execute(packet, ctx, mem) {
             match code {
                 NakCode::RemoteAccessError => ctx.counters.resp_access_err += 1,
@@ -160,7 +160,7 @@ impl Qp {
     /// the bytes are copied only when a later request is about to write while they wait.
     pub(super) fn snapshot_reads(&mut self, mem: &dyn Memory) {
         let mtu = u64::from(self.mtu);
-        for response in &mut self.responses {
+        for response in &mut self.resp.responses {
             if let Response::Read(job) = response {
                 if let ReadSource::Region(region, at) = job.source {
                     let done = u64::from(job.sent) * mtu;
@@ -198,36 +198,36 @@ impl Qp {
             | Operation::SendLastWithImmediate
             | Operation::SendOnly
             | Operation::SendOnlyWithImmediate => {
-                match (&self.in_msg, opcode.is_first()) {
+                match (&self.resp.in_msg, opcode.is_first()) {
                     (None, true) | (Some(InMsg::Send { .. }), false) => {}
                     _ => return Err(invalid()),
                 }
                 self.check_len(opcode, payload.len())?;
                 if opcode.is_first() {
-                    let Some(wqe) = self.rq.pop_front() else {
+                    let Some(wqe) = self.resp.rq.pop_front() else {
                         self.push_rnr_nak(ctx, psn);
                         return Ok(());
                     };
-                    self.in_msg = Some(InMsg::Send { wqe, offset: 0 });
+                    self.resp.in_msg = Some(InMsg::Send { wqe, offset: 0 });
                 }
-                let Some(InMsg::Send { wqe, offset }) = &mut self.in_msg else {
+                let Some(InMsg::Send { wqe, offset }) = &mut self.resp.in_msg else {
                     return Err(invalid());
                 };
                 let end = *offset + payload.len() as u64;
                 if end > wqe.len || wqe.fault.is_some() {
                     let (wr_id, status) = (wqe.wr_id, wqe.fault.unwrap_or(WcStatus::LocLenErr));
-                    self.in_msg = None;
+                    self.resp.in_msg = None;
                     self.complete_recv(ctx, wr_id, status, WcOpcode::Recv, 0, None);
                     return Err(invalid());
                 }
                 scatter(&wqe.segs, *offset, payload, mem);
                 *offset = end;
-                self.epsn = psn.next();
+                self.resp.epsn = psn.next();
                 if opcode.is_last() {
-                    let Some(InMsg::Send { wqe, offset }) = self.in_msg.take() else {
+                    let Some(InMsg::Send { wqe, offset }) = self.resp.in_msg.take() else {
                         return Err(invalid());
                     };
-                    self.msn = (self.msn + 1) & 0x00ff_ffff;
+                    self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                     ctx.counters.rdma_recvs += 1;
                     self.complete_recv(
                         ctx,
@@ -249,13 +249,13 @@ impl Qp {
             | Operation::RdmaWriteLastWithImmediate
             | Operation::RdmaWriteOnly
             | Operation::RdmaWriteOnlyWithImmediate => {
-                match (&self.in_msg, opcode.is_first()) {
+                match (&self.resp.in_msg, opcode.is_first()) {
                     (None, true) | (Some(InMsg::Write { .. }), false) => {}
                     _ => return Err(invalid()),
                 }
                 self.check_len(opcode, payload.len())?;
                 let with_imm = packet.imm().is_some();
-                if with_imm && self.rq.is_empty() {
+                if with_imm && self.resp.rq.is_empty() {
                     self.push_rnr_nak(ctx, psn);
                     return Ok(());
                 }
@@ -279,7 +279,7 @@ impl Qp {
                         );
                         Some(found.map_err(|_| Nak(NakCode::RemoteAccessError))?)
                     };
-                    self.in_msg = Some(InMsg::Write {
+                    self.resp.in_msg = Some(InMsg::Write {
                         target,
                         va: reth.va,
                         written: 0,
@@ -291,7 +291,7 @@ impl Qp {
                     va,
                     written,
                     total,
-                }) = &mut self.in_msg
+                }) = &mut self.resp.in_msg
                 else {
                     return Err(invalid());
                 };
@@ -299,7 +299,7 @@ impl Qp {
                 if end > u64::from(*total) || (opcode.is_last() && end != u64::from(*total)) {
                     return Err(invalid());
                 }
-                if let Some(filter) = self.write_filter.0.as_mut() {
+                if let Some(filter) = self.resp.write_filter.0.as_mut() {
                     let write = InboundWrite {
                         psn,
                         va: va.wrapping_add(u64::from(*written)),
@@ -319,12 +319,12 @@ impl Qp {
                 }
                 *written = end as u32;
                 let total = *total;
-                self.epsn = psn.next();
+                self.resp.epsn = psn.next();
                 if opcode.is_last() {
-                    self.in_msg = None;
-                    self.msn = (self.msn + 1) & 0x00ff_ffff;
+                    self.resp.in_msg = None;
+                    self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                     if with_imm {
-                        let wqe = self.rq.pop_front().expect("checked above");
+                        let wqe = self.resp.rq.pop_front().expect("checked above");
                         self.complete_recv(
                             ctx,
                             wqe.wr_id,
@@ -341,7 +341,7 @@ impl Qp {
                 Ok(())
             }
             Operation::RdmaReadRequest => {
-                if self.in_msg.is_some() || !self.access.contains(Access::REMOTE_READ) {
+                if self.resp.in_msg.is_some() || !self.access.contains(Access::REMOTE_READ) {
                     return Err(invalid());
                 }
                 let reth = packet.reth().ok_or_else(invalid)?;
@@ -357,19 +357,19 @@ impl Qp {
                     rkey: reth.rkey,
                     len: reth.len,
                 });
-                self.msn = (self.msn + 1) & 0x00ff_ffff;
-                self.responses.push_back(Response::Read(ReadJob {
+                self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+                self.resp.responses.push_back(Response::Read(ReadJob {
                     psn,
                     source: target.into(),
                     sent: 0,
                     len: reth.len,
-                    msn: self.msn,
+                    msn: self.resp.msn,
                 }));
-                self.epsn = psn.add(n);
+                self.resp.epsn = psn.add(n);
                 Ok(())
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                if self.in_msg.is_some() || !self.access.contains(Access::REMOTE_ATOMIC) {
+                if self.resp.in_msg.is_some() || !self.access.contains(Access::REMOTE_ATOMIC) {
                     return Err(invalid());
                 }
                 let a = packet.atomic_eth().ok_or_else(invalid)?;
@@ -390,13 +390,13 @@ impl Qp {
                 };
                 let orig = mem.atomic(region, offset, atomic);
                 self.push_resource(Resource::Atomic { psn, orig });
-                self.msn = (self.msn + 1) & 0x00ff_ffff;
-                self.responses.push_back(Response::AtomicAck {
+                self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+                self.resp.responses.push_back(Response::AtomicAck {
                     psn,
                     orig,
-                    msn: self.msn,
+                    msn: self.resp.msn,
                 });
-                self.epsn = psn.next();
+                self.resp.epsn = psn.next();
                 Ok(())
             }
             // Invalidation, FLUSH and ATOMIC WRITE are not implemented: refused as invalid.
@@ -422,10 +422,10 @@ impl Qp {
 
     pub(super) fn push_resource(&mut self, resource: Resource) {
         let capacity = usize::from(self.max_dest_rd_atomic.max(1)).next_power_of_two();
-        while self.resources.len() >= capacity {
-            self.resources.pop_front();
+        while self.resp.resources.len() >= capacity {
+            self.resp.resources.pop_front();
         }
-        self.resources.push_back(resource);
+        self.resp.resources.push_back(resource);
     }
 
     /// A request with a PSN already executed: re-ACK a SEND or WRITE, replay a READ or an
@@ -436,7 +436,7 @@ impl Qp {
             Operation::RdmaReadRequest => {
                 let Some(reth) = packet.reth() else { return };
                 let mtu = u64::from(self.mtu);
-                let found = self.resources.iter().rev().find_map(|r| match *r {
+                let found = self.resp.resources.iter().rev().find_map(|r| match *r {
                     Resource::Read {
                         first,
                         last,
@@ -463,28 +463,28 @@ impl Qp {
                 let Ok(target) = self.check_read(ctx, reth) else {
                     return;
                 };
-                self.responses.push_back(Response::Read(ReadJob {
+                self.resp.responses.push_back(Response::Read(ReadJob {
                     psn,
                     source: target.into(),
                     sent: 0,
                     len: reth.len,
-                    msn: self.msn,
+                    msn: self.resp.msn,
                 }));
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                let orig = self.resources.iter().rev().find_map(|r| match *r {
+                let orig = self.resp.resources.iter().rev().find_map(|r| match *r {
                     Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
                     _ => None,
                 });
                 if let Some(orig) = orig {
-                    self.responses.push_back(Response::AtomicAck {
+                    self.resp.responses.push_back(Response::AtomicAck {
                         psn,
                         orig,
-                        msn: self.msn,
+                        msn: self.resp.msn,
                     });
                 }
             }
-            _ => self.push_ack(self.epsn.sub(1)),
+            _ => self.push_ack(self.resp.epsn.sub(1)),
         }
     }
 
@@ -497,27 +497,30 @@ impl Qp {
     ) {
         let psn = packet.psn();
         let opcode = packet.opcode();
-        if psn != self.epsn {
+        if psn != self.resp.epsn {
             ctx.counters.out_of_seq_request += 1;
             self.abandon_uc(ctx);
         }
-        self.epsn = psn.next();
-        if self.in_msg.is_none() && !opcode.is_first() {
+        self.resp.epsn = psn.next();
+        if self.resp.in_msg.is_none() && !opcode.is_first() {
             // The rest of a message whose start was lost.
             return;
         }
         let with_imm = packet.imm().is_some();
         let needs_wqe = (opcode.is_first() && opcode.operation_is_send()) || with_imm;
-        if needs_wqe && self.rq.is_empty() && !matches!(self.in_msg, Some(InMsg::Send { .. })) {
+        if needs_wqe
+            && self.resp.rq.is_empty()
+            && !matches!(self.resp.in_msg, Some(InMsg::Send { .. }))
+        {
             ctx.counters.uc_dropped_msgs += 1;
-            self.in_msg = None;
+            self.resp.in_msg = None;
             return;
         }
         // UC reuses the RC execution, minus ACKs; failures drop the message silently.
-        let before = self.responses.len();
+        let before = self.resp.responses.len();
         let filtered = ctx.counters.write_filtered;
         let result = self.execute(packet, ctx, mem);
-        self.responses.truncate(before);
+        self.resp.responses.truncate(before);
         if let Err(nak) = result {
             // A filter's refusal is counted as `write_filtered` already.
             if nak.0 == NakCode::RemoteAccessError && ctx.counters.write_filtered == filtered {
@@ -525,15 +528,15 @@ impl Qp {
             }
             ctx.counters.uc_dropped_msgs += 1;
             self.abandon_uc(ctx);
-            self.epsn = psn.next();
+            self.resp.epsn = psn.next();
         }
     }
 
     pub(super) fn abandon_uc(&mut self, ctx: &mut Ctx) {
-        match self.in_msg.take() {
+        match self.resp.in_msg.take() {
             Some(InMsg::Send { wqe, .. }) => {
                 // The receive request is reused for the next message.
-                self.rq.push_front(wqe);
+                self.resp.rq.push_front(wqe);
                 ctx.counters.uc_dropped_msgs += 1;
             }
             Some(InMsg::Write { .. }) => ctx.counters.uc_dropped_msgs += 1,

@@ -23,19 +23,19 @@ pub(super) struct Nak(pub(super) NakCode);
 
 impl Qp {
     pub(super) fn push_ack(&mut self, psn: Psn) {
-        let msn = self.msn;
+        let msn = self.resp.msn;
         if let Some(Response::Ack {
             psn: last,
             syndrome: Syndrome::Ack { .. },
             msn: m,
-        }) = self.responses.back_mut()
+        }) = self.resp.responses.back_mut()
         {
             // Coalesce: a later cumulative ACK supersedes one not yet sent.
             *last = psn;
             *m = msn;
             return;
         }
-        self.responses.push_back(Response::Ack {
+        self.resp.responses.push_back(Response::Ack {
             psn,
             syndrome: Syndrome::ACK,
             msn,
@@ -46,18 +46,18 @@ impl Qp {
     /// the QP's RNR timer and retry from `psn`. Not fatal, and the packet is not executed.
     pub(super) fn push_rnr_nak(&mut self, ctx: &mut Ctx, psn: Psn) {
         ctx.counters.send_rnr_err += 1;
-        self.responses.push_back(Response::Ack {
+        self.resp.responses.push_back(Response::Ack {
             psn,
             syndrome: Syndrome::RnrNak(self.min_rnr_timer),
-            msn: self.msn,
+            msn: self.resp.msn,
         });
     }
 
     pub(super) fn push_nak(&mut self, psn: Psn, code: NakCode) {
-        self.responses.push_back(Response::Ack {
+        self.resp.responses.push_back(Response::Ack {
             psn,
             syndrome: Syndrome::Nak(code),
-            msn: self.msn,
+            msn: self.resp.msn,
         });
     }
 
@@ -65,7 +65,7 @@ impl Qp {
     pub(super) fn next_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
         let mtu = self.mtu;
         let dest_qpn = self.dest_qpn;
-        let repr = match self.responses.front_mut()? {
+        let repr = match self.resp.responses.front_mut()? {
             Response::Ack { psn, syndrome, msn } => {
                 let mut repr = PacketRepr::new(Bth::new(Opcode::RC_ACKNOWLEDGE, dest_qpn, *psn));
                 repr.aeth = Some(Aeth {
@@ -117,13 +117,13 @@ impl Qp {
                 buf[header_len + n..repr.buffer_len()].fill(0);
                 job.sent += 1;
                 if last {
-                    self.responses.pop_front();
+                    self.resp.responses.pop_front();
                 }
                 return Some(repr.buffer_len());
             }
         };
         let len = repr.emit(&[], buf).ok()?;
-        self.responses.pop_front();
+        self.resp.responses.pop_front();
         Some(len)
     }
 }
