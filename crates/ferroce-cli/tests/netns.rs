@@ -412,7 +412,11 @@ fn session_lat_across_namespaces() {
     let server = server.wait_with_output().unwrap();
     let (c, s) = (stdout_of("client", &client), stdout_of("server", &server));
     assert!(c.contains("\n 3000    300 "), "{c}");
-    assert!(c.contains("): consistent\n"), "{c}");
+    // Inside its round trip; how near the median depends on the host's load (as in perf.rs).
+    assert!(
+        c.contains("): consistent\n") || c.contains("): unusual\n"),
+        "{c}"
+    );
     assert!(s.contains(" Served 300 requests\n"), "{s}");
 }
 

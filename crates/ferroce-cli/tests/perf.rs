@@ -452,8 +452,11 @@ fn session_lat_round_trips_with_a_consistent_last_rtt() {
     assert_eq!(values.len(), 9, "{client}");
     assert_eq!((values[0], values[1]), (4096.0, 300.0));
     assert!(values[2..].iter().all(|&v| v > 0.0), "{client}");
+    // last_rtt_ns inside the round trip that encloses it ("INCONSISTENT" fails the tool);
+    // near the median ("consistent") or not ("unusual") is the host's scheduling, which a
+    // test must not time.
     assert!(
-        client.contains("): consistent\n"),
+        client.contains("): consistent\n") || client.contains("): unusual\n"),
         "last_rtt_ns checked:\n{client}"
     );
     assert!(
