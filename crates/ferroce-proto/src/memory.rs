@@ -48,6 +48,19 @@ impl Access {
         self.0 & other.0 == other.0
     }
 
+    /// The rights as `IBV_ACCESS_*` bits (`LOCAL_WRITE` 1, `REMOTE_WRITE` 2, `REMOTE_READ` 4,
+    /// `REMOTE_ATOMIC` 8), which the constants above are by construction: what a verbs
+    /// device is given for a region or a queue pair.
+    ///
+    /// ```
+    /// use ferroce_proto::memory::Access;
+    /// assert_eq!(Access::REMOTE_WRITE_ONLY.ibv_bits(), 1 | 2);
+    /// ```
+    #[must_use]
+    pub const fn ibv_bits(self) -> u8 {
+        self.0
+    }
+
     /// Whether any remote right is granted (the region then has an rkey).
     #[must_use]
     pub const fn is_remote(self) -> bool {

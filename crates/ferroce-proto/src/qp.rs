@@ -471,6 +471,38 @@ impl WcStatus {
     }
 }
 
+impl WcStatus {
+    /// The status of an `enum ibv_wc_status` value, as a verbs device reports it: the inverse
+    /// of [`WcStatus::ibv_value`]; a value the soft engine never produces is
+    /// [`WcStatus::Other`].
+    ///
+    /// ```
+    /// use ferroce_proto::qp::WcStatus;
+    /// for v in 0..=21 {
+    ///     assert_eq!(WcStatus::from_ibv_value(v).ibv_value(), v);
+    /// }
+    /// assert_eq!(WcStatus::from_ibv_value(7), WcStatus::BadRespErr);
+    /// ```
+    #[must_use]
+    pub const fn from_ibv_value(value: u32) -> Self {
+        match value {
+            0 => Self::Success,
+            1 => Self::LocLenErr,
+            2 => Self::LocQpOpErr,
+            4 => Self::LocProtErr,
+            5 => Self::WrFlushErr,
+            7 => Self::BadRespErr,
+            8 => Self::LocAccessErr,
+            9 => Self::RemInvReqErr,
+            10 => Self::RemAccessErr,
+            11 => Self::RemOpErr,
+            12 => Self::RetryExcErr,
+            13 => Self::RnrRetryExcErr,
+            other => Self::Other(other),
+        }
+    }
+}
+
 impl fmt::Display for WcStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Self::Other(value) = self {

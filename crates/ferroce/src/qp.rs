@@ -231,13 +231,7 @@ impl Qp {
         };
         let mut state = soft.shared.lock();
         let engine = &mut state.engine;
-        let access = match options.access {
-            RegionAccess::Local => Access::NONE,
-            RegionAccess::RemoteWrite => Access::REMOTE_WRITE,
-            RegionAccess::Remote => Access::REMOTE_WRITE
-                .with(Access::REMOTE_READ)
-                .with(Access::REMOTE_ATOMIC),
-        };
+        let access = options.access.qp_rights();
         let rnr = RnrTimer::new(options.min_rnr_timer).ok_or(ModifyError::InvalidValue {
             attr: "min_rnr_timer",
             value: options.min_rnr_timer.into(),

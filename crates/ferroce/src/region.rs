@@ -32,11 +32,23 @@ pub enum RegionAccess {
 }
 
 impl RegionAccess {
+    /// A region's rights: local write always, and what peers may do.
     pub(crate) fn rights(self) -> Access {
         match self {
             Self::Local => Access::LOCAL,
             Self::RemoteWrite => Access::REMOTE_WRITE_ONLY,
             Self::Remote => Access::REMOTE,
+        }
+    }
+
+    /// A queue pair's rights (`qp_access_flags`): only what peers may do through it.
+    pub(crate) fn qp_rights(self) -> Access {
+        match self {
+            Self::Local => Access::NONE,
+            Self::RemoteWrite => Access::REMOTE_WRITE,
+            Self::Remote => Access::REMOTE_WRITE
+                .with(Access::REMOTE_READ)
+                .with(Access::REMOTE_ATOMIC),
         }
     }
 }

@@ -497,6 +497,16 @@ pub(crate) const IBV_EVENT_GID_CHANGE: c_uint = 18;
 // enum ibv_fork_status
 pub(crate) const IBV_FORK_UNNEEDED: c_int = 2;
 
+// ferroce's region and QP rights are handed to libibverbs as they are: their bits must be
+// `IBV_ACCESS_*`'s.
+const _: () = {
+    use ferroce_proto::memory::Access;
+    assert!(Access::LOCAL_WRITE.ibv_bits() as c_int == IBV_ACCESS_LOCAL_WRITE);
+    assert!(Access::REMOTE_WRITE.ibv_bits() as c_int == IBV_ACCESS_REMOTE_WRITE);
+    assert!(Access::REMOTE_READ.ibv_bits() as c_int == IBV_ACCESS_REMOTE_READ);
+    assert!(Access::REMOTE_ATOMIC.ibv_bits() as c_int == IBV_ACCESS_REMOTE_ATOMIC);
+};
+
 const _: () = {
     assert!(size_of::<ibv_sge>() == 16);
     assert!(size_of::<ibv_send_wr>() == 128);

@@ -133,24 +133,6 @@ impl VerbsCq {
     }
 }
 
-fn status(value: u32) -> WcStatus {
-    match value {
-        0 => WcStatus::Success,
-        1 => WcStatus::LocLenErr,
-        2 => WcStatus::LocQpOpErr,
-        4 => WcStatus::LocProtErr,
-        5 => WcStatus::WrFlushErr,
-        7 => WcStatus::BadRespErr,
-        8 => WcStatus::LocAccessErr,
-        9 => WcStatus::RemInvReqErr,
-        10 => WcStatus::RemAccessErr,
-        11 => WcStatus::RemOpErr,
-        12 => WcStatus::RetryExcErr,
-        13 => WcStatus::RnrRetryExcErr,
-        other => WcStatus::Other(other),
-    }
-}
-
 /// A libibverbs completion in ferroce's terms. An error completion's opcode is undefined
 /// (only `wr_id`, `status` and `qp_num` are), so it reads as whatever the provider left.
 pub(crate) fn completion(wc: &ibv_wc) -> Completion {
@@ -166,7 +148,7 @@ pub(crate) fn completion(wc: &ibv_wc) -> Completion {
     };
     Completion {
         wr_id: wc.wr_id,
-        status: status(wc.status),
+        status: WcStatus::from_ibv_value(wc.status),
         opcode,
         byte_len: wc.byte_len,
         imm: (wc.wc_flags & IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
@@ -194,16 +176,6 @@ pub(crate) struct VerbsQp {
     psn: Psn,
     /// Reused to turn a list into one chain.
     list: Mutex<Vec<SendWr>>,
-}
-
-fn access_flags(access: RegionAccess) -> i32 {
-    match access {
-        RegionAccess::Local => 0,
-        RegionAccess::RemoteWrite => IBV_ACCESS_REMOTE_WRITE,
-        RegionAccess::Remote => {
-            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
-        }
-    }
 }
 
 fn post_error(e: &io::Error, depth: u32, what: &str) -> PostError {
@@ -371,7 +343,7 @@ impl VerbsQp {
             ))
         };
         // UC has no READ or atomics: asking for them is refused by some providers.
-        let mut access = access_flags(options.access);
+        let mut access = i32::from(options.access.qp_rights().ibv_bits());
         if self.qp_type == QpType::Uc {
             access &= IBV_ACCESS_REMOTE_WRITE;
         }
@@ -552,7 +524,7 @@ pub(crate) fn region_access(access: RegionAccess, order: WriteOrder) -> i32 {
         WriteOrder::AnyOrder => IBV_ACCESS_RELAXED_ORDERING,
         WriteOrder::InOrder => 0,
     };
-    IBV_ACCESS_LOCAL_WRITE | access_flags(access) | relaxed
+    i32::from(access.rights().ibv_bits()) | relaxed
 }
 
 #[cfg(test)]
@@ -590,6 +562,11 @@ mod tests {
             assert_eq!(c.status.ibv_value(), s, "status {s}");
             assert_eq!(c.imm, None);
         }
+        let wc = ibv_wc {
+            status: 12,
+            ..ibv_wc::default()
+        };
+        assert_eq!(completion(&wc).status, WcStatus::RetryExcErr);
     }
 
     #[test]
@@ -602,5 +579,18 @@ mod tests {
             region_access(RegionAccess::RemoteWrite, WriteOrder::AnyOrder),
             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_RELAXED_ORDERING
         );
+        assert_eq!(
+            region_access(RegionAccess::Remote, WriteOrder::InOrder),
+            IBV_ACCESS_LOCAL_WRITE
+                | IBV_ACCESS_REMOTE_WRITE
+                | IBV_ACCESS_REMOTE_READ
+                | IBV_ACCESS_REMOTE_ATOMIC
+        );
+        // A QP's rights carry no local write.
+        assert_eq!(
+            i32::from(RegionAccess::Remote.qp_rights().ibv_bits()),
+            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
+        );
+        assert_eq!(RegionAccess::Local.qp_rights().ibv_bits(), 0);
     }
 }
