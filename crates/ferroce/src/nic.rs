@@ -122,12 +122,13 @@ pub struct NicCaps {
     ///
     /// [`RegionMemory::Pageable`]: crate::RegionMemory::Pageable
     pub pageable_memory: bool,
-    /// The largest inline send a QP may ask for (on a verbs device, what a probe of RC QPs
-    /// was granted at open; 0 when none was).
+    /// The largest inline send a QP may ask for: on a verbs device, what a probe of RC QPs
+    /// was granted at open (0 when none was); `u32::MAX` on the soft NIC, which copies inline
+    /// bytes at post time whatever their number.
     pub max_inline: u32,
-    /// The most work requests per queue.
+    /// The most work requests per queue (`u32::MAX` on the soft NIC: no limit of its own).
     pub max_qp_wr: u32,
-    /// The most entries per CQ.
+    /// The most entries per CQ (`u32::MAX` on the soft NIC).
     pub max_cqe: u32,
     /// READs and atomics a QP may have outstanding, as requester and as responder (the
     /// smaller of `max_qp_init_rd_atom` and `max_qp_rd_atom` on a verbs device; perftest's
@@ -342,9 +343,10 @@ impl Nic {
             Backend::Soft(_) => NicCaps {
                 dmabuf: true,
                 pageable_memory: true,
-                max_inline: 4096,
-                max_qp_wr: 1 << 20,
-                max_cqe: 1 << 22,
+                // The engine takes what a QP or CQ asks for: no limit of its own.
+                max_inline: u32::MAX,
+                max_qp_wr: u32::MAX,
+                max_cqe: u32::MAX,
                 max_rd_atomic: 16,
                 per_packet_counters: true,
                 fault_injection: true,
