@@ -51,10 +51,11 @@ pub(crate) struct RecvArgs {
     /// The device's port.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     ib_port: u8,
-    /// The local address: the soft NIC's (frames arrive on its UDP port 4791), or on a verbs
-    /// device the address whose RoCE v2 GID to use (default: the first IPv4 one).
-    #[arg(long, default_value = "127.0.0.1")]
-    local: IpAddr,
+    /// The local address: the soft NIC's (frames arrive on its UDP port 4791; 127.0.0.1
+    /// unless given), or on a verbs device the address whose RoCE v2 GID to use (default: the
+    /// first IPv4 one).
+    #[arg(long)]
+    local: Option<IpAddr>,
     /// The device's data address: frames from any other are dropped. Defaults to
     /// `--device`'s address.
     #[arg(long)]
@@ -389,7 +390,9 @@ fn cuda_memory(args: &RecvArgs) -> anyhow::Result<Option<Arc<dyn DeviceMemory>>>
     let Some(ordinal) = args.cuda else {
         return Ok(None);
     };
-    let probe = ReceiverConfig::for_frames(args.frame_size, args.pages, args.local);
+    // Only the ring's size is wanted here: any peer address does.
+    let any = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let probe = ReceiverConfig::for_frames(args.frame_size, args.pages, any);
     let ring = probe.page_size * args.pages as usize;
     #[cfg(feature = "cuda")]
     {
@@ -458,17 +461,19 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         bail!("say where frames come from: --peer ADDR, or --device ADDR to program one");
     };
     let soft = NicConfig {
-        addr: SocketAddr::new(args.local, ROCE_PORT),
+        addr: SocketAddr::new(
+            args.local.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            ROCE_PORT,
+        ),
         faults: None,
         pcap: args.pcap.clone(),
         gso: !args.no_gso,
         gro: true,
     };
-    let local_given = args.local != IpAddr::from([127, 0, 0, 1]);
     let options = ferroce::DeviceOptions {
         port: args.ib_port,
         gid_index: None,
-        local: local_given.then_some(args.local),
+        local: args.local,
     };
     let nic = Nic::open_device(&args.ib_dev, &options, &soft)?;
     crate::refuse_soft_only(&nic, false, args.pcap.is_some()).map_err(anyhow::Error::msg)?;

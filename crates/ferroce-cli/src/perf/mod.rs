@@ -570,15 +570,10 @@ struct Session {
 
 fn execute(s: &Settings) -> Result<(), String> {
     let rig = Rig::new(s)?;
-    // The report names the GID index in use: the one a verbs device chose; on the soft NIC,
-    // whose one GID is its address, the index asked for, as before.
-    let gid_index = if s.device == ferroce::verbs::SOFT_DEVICE {
-        s.gid_index.unwrap_or(0)
-    } else {
-        rig.nic.gid_index()
-    };
+    // The report names the GID index: the one asked for (which a verbs device then uses, and
+    // which the soft NIC, whose one GID is its address, echoes), else the one the NIC chose.
     let s = &Settings {
-        gid_index: Some(gid_index),
+        gid_index: Some(s.gid_index.unwrap_or_else(|| rig.nic.gid_index())),
         out_reads: Some(s.out_reads.unwrap_or(rig.nic.caps().max_rd_atomic).max(1)),
         ..s.clone()
     };
