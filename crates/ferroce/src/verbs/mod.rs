@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use ferroce_proto::qp::Mtu;
 
 use abi::*;
-pub(crate) use ffi::{Context, Lib, Mr, Pd, RawCq, RawQp};
+pub(crate) use ffi::{Context, Lib, Mr, Opened, Pd, RawCq, RawQp};
 
 /// The name of the soft NIC among device names (`-d ferroce0`).
 pub const SOFT_DEVICE: &str = "ferroce0";
@@ -252,10 +252,6 @@ fn port_state_name(state: u32) -> &'static str {
     }
 }
 
-fn mtu_of(value: u32) -> Option<Mtu> {
-    Mtu::from_ibv_value(value.into())
-}
-
 /// A failed call on `device`, with no hint.
 fn call_failed(device: &str, call: &'static str, source: io::Error) -> VerbsError {
     VerbsError::Call {
@@ -274,19 +270,18 @@ fn library() -> Result<&'static Lib, VerbsError> {
     })
 }
 
-fn list_names(lib: &Lib) -> Result<Vec<String>, VerbsError> {
-    lib.device_names().map_err(|source| {
-        if source.raw_os_error() == Some(libc::ENOSYS) {
-            VerbsError::NoKernelSupport { source }
-        } else {
-            VerbsError::Call {
-                device: "(all)".into(),
-                call: "ibv_get_device_list",
-                source,
-                hint: None,
-            }
+/// The error of a device list that could not be had.
+fn list_failed(source: io::Error) -> VerbsError {
+    if source.raw_os_error() == Some(libc::ENOSYS) {
+        VerbsError::NoKernelSupport { source }
+    } else {
+        VerbsError::Call {
+            device: "(all)".into(),
+            call: "ibv_get_device_list",
+            source,
+            hint: None,
         }
-    })
+    }
 }
 
 /// The libibverbs file in use (`libibverbs.so.1`, or `FERROCE_IBVERBS`'s).
@@ -305,21 +300,19 @@ pub fn library_path() -> Result<String, VerbsError> {
 /// [`VerbsError::LibraryMissing`] without libibverbs, [`VerbsError::NoKernelSupport`] when the
 /// kernel has no RDMA.
 pub fn devices() -> Result<Vec<String>, VerbsError> {
-    list_names(library()?)
+    library()?.device_names().map_err(list_failed)
 }
 
 fn open_context(name: &str) -> Result<Arc<Context>, VerbsError> {
-    let lib = library()?;
-    let names = list_names(lib)?;
-    match lib.open(name) {
-        Ok(Some(ctx)) => Ok(Arc::new(ctx)),
-        Ok(None) => Err(VerbsError::NoSuchDevice {
+    match library()?.open(name).map_err(list_failed)? {
+        Opened::Context(ctx) => Ok(Arc::new(ctx)),
+        Opened::NotFound(names) => Err(VerbsError::NoSuchDevice {
             name: name.to_owned(),
             found: std::iter::once(SOFT_DEVICE.to_owned())
                 .chain(names)
                 .collect(),
         }),
-        Err(source) => Err(VerbsError::Call {
+        Opened::Refused(source) => Err(VerbsError::Call {
             device: name.to_owned(),
             call: "ibv_open_device",
             source,
@@ -386,8 +379,8 @@ pub fn describe(name: &str) -> Result<DeviceInfo, VerbsError> {
         ports.push(PortInfo {
             port,
             state: port_state_name(p.state),
-            max_mtu: mtu_of(p.max_mtu),
-            active_mtu: mtu_of(p.active_mtu),
+            max_mtu: Mtu::from_ibv_value(p.max_mtu.into()),
+            active_mtu: Mtu::from_ibv_value(p.active_mtu.into()),
             link_layer: match p.link_layer {
                 IBV_LINK_LAYER_INFINIBAND => "InfiniBand",
                 IBV_LINK_LAYER_ETHERNET => "Ethernet",
@@ -636,7 +629,7 @@ impl Device {
             port: options.port,
             gid,
             gid_index: Arc::clone(&gid_index),
-            active_mtu: mtu_of(port.active_mtu).unwrap_or(Mtu::M1024),
+            active_mtu: Mtu::from_ibv_value(port.active_mtu.into()).unwrap_or(Mtu::M1024),
             attr,
             pd,
             ctx: Arc::clone(&ctx),

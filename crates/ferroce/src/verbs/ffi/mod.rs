@@ -236,69 +236,82 @@ fn returned(rc: c_int) -> io::Result<()> {
     }
 }
 
+/// What looking for a device by name found.
+pub(crate) enum Opened {
+    /// The device, open.
+    Context(Context),
+    /// No device has the name; these are the names there are.
+    NotFound(Vec<String>),
+    /// The device is there but would not open (`ibv_open_device` set this errno).
+    Refused(io::Error),
+}
+
 impl Lib {
-    /// The names of the RDMA devices, in the library's order.
+    /// Runs `f` over the device list, each device with its name, then frees the list (an
+    /// unopened device dies with it).
     ///
     /// # Errors
     ///
     /// What `ibv_get_device_list` set errno to (ENOSYS: the kernel has no RDMA support).
-    pub(crate) fn device_names(&self) -> io::Result<Vec<String>> {
+    fn with_devices<T>(&self, f: impl FnOnce(&[(*mut c_void, String)]) -> T) -> io::Result<T> {
         let mut n: c_int = 0;
         // SAFETY: `n` is a live int the call writes the count into.
         let list = unsafe { (self.get_device_list)(&mut n) };
         if list.is_null() {
             return Err(errno());
         }
-        let mut names = Vec::new();
-        for i in 0..usize::try_from(n).unwrap_or(0) {
-            // SAFETY: the list holds `n` device pointers, then NULL.
-            let dev = unsafe { *list.add(i) };
-            // SAFETY: a device of the live list; its name is NUL-terminated and lives in it.
-            let name = unsafe { CStr::from_ptr((self.get_device_name)(dev)) };
-            names.push(name.to_string_lossy().into_owned());
-        }
-        // SAFETY: the list came from get_device_list and is freed once.
+        let devices: Vec<(*mut c_void, String)> = (0..usize::try_from(n).unwrap_or(0))
+            .map(|i| {
+                // SAFETY: the list holds `n` device pointers, then NULL.
+                let dev = unsafe { *list.add(i) };
+                // SAFETY: a device of the live list; its name is NUL-terminated and lives
+                // in it, and is copied here.
+                let name = unsafe { CStr::from_ptr((self.get_device_name)(dev)) };
+                (dev, name.to_string_lossy().into_owned())
+            })
+            .collect();
+        let result = f(&devices);
+        // SAFETY: the list came from get_device_list and is freed once; `f` has returned,
+        // and a context it opened outlives the list.
         unsafe { (self.free_device_list)(list) };
-        Ok(names)
+        Ok(result)
     }
 
-    /// Opens the device called `name`; `Ok(None)` when no device has that name.
+    /// The names of the RDMA devices, in the library's order.
     ///
     /// # Errors
     ///
-    /// The errno of `ibv_get_device_list` or `ibv_open_device`.
-    pub(crate) fn open(&'static self, name: &str) -> io::Result<Option<Context>> {
-        let mut n: c_int = 0;
-        // SAFETY: as in `device_names`.
-        let list = unsafe { (self.get_device_list)(&mut n) };
-        if list.is_null() {
-            return Err(errno());
-        }
-        let mut found = None;
-        for i in 0..usize::try_from(n).unwrap_or(0) {
-            // SAFETY: as in `device_names`.
-            let dev = unsafe { *list.add(i) };
-            // SAFETY: as in `device_names`.
-            let this = unsafe { CStr::from_ptr((self.get_device_name)(dev)) };
-            if this.to_bytes() == name.as_bytes() {
-                // Opened before the list is freed: an unopened device dies with the list.
-                // SAFETY: a device of the live list.
-                let ctx = unsafe { (self.open_device)(dev) };
-                found = Some(NonNull::new(ctx).ok_or_else(errno));
-                break;
-            }
-        }
-        // SAFETY: as in `device_names`; an opened context outlives the list.
-        unsafe { (self.free_device_list)(list) };
-        match found {
-            None => Ok(None),
-            Some(Err(e)) => Err(e),
-            Some(Ok(ctx)) => {
+    /// As for the device list (ENOSYS: no RDMA in the kernel).
+    pub(crate) fn device_names(&self) -> io::Result<Vec<String>> {
+        self.with_devices(|devices| devices.iter().map(|(_, name)| name.clone()).collect())
+    }
+
+    /// Opens the device called `name`, from one look at the device list.
+    ///
+    /// # Errors
+    ///
+    /// As for the device list (ENOSYS: no RDMA in the kernel); a device that is there but
+    /// does not open is [`Opened::Refused`].
+    pub(crate) fn open(&'static self, name: &str) -> io::Result<Opened> {
+        let opened = self.with_devices(|devices| {
+            let Some(&(dev, _)) = devices.iter().find(|(_, n)| n == name) else {
+                return Err(devices.iter().map(|(_, n)| n.clone()).collect());
+            };
+            // SAFETY: a device of the live list, opened before the list is freed.
+            let ctx = unsafe { (self.open_device)(dev) };
+            Ok(NonNull::new(ctx).ok_or_else(errno))
+        })?;
+        Ok(match opened {
+            Err(names) => Opened::NotFound(names),
+            Ok(Err(e)) => Opened::Refused(e),
+            Ok(Ok(ctx)) => {
                 let context = Context { lib: self, ctx };
-                crate::sys::set_nonblocking(context.async_fd())?;
-                Ok(Some(context))
+                match crate::sys::set_nonblocking(context.async_fd()) {
+                    Ok(()) => Opened::Context(context),
+                    Err(e) => Opened::Refused(e),
+                }
             }
-        }
+        })
     }
 
     /// Calls `ibv_fork_init` unless the kernel makes it needless (5.13 and later copy pinned
