@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The verbs backend's own instructions per work request, counted exactly by callgrind: the
-# example crates/ferroce/examples/verbs_hot_path.rs against the stand-in libibverbs of the
-# tests (its provider functions do next to nothing), at two request counts, so that setup
-# cancels out. Prints instructions per request for single posts and for chains of 16, and
-# what of it is the stand-in provider's. BENCHMARKS.md has the figures.
+# The verbs backend's own cost per work request: the example
+# crates/ferroce/examples/verbs_hot_path.rs against the stand-in libibverbs of the tests (its
+# provider functions do next to nothing), beside the same single-post loop in C as perftest
+# writes it. Instructions are counted exactly by callgrind at two request counts, so that
+# setup cancels out, with the stand-in provider's share; wall time per request is the median
+# of three runs of 2,000,000 requests. BENCHMARKS.md has the figures.
 # Needs: valgrind, a C compiler.
 # Usage: scripts/bench-verbs-overhead.sh
 set -euo pipefail
@@ -15,32 +16,10 @@ cc -shared -fPIC -O2 -o "$out/libibverbs.so.1" crates/ferroce/tests/fake-ibverbs
     -Wl,--version-script=crates/ferroce/tests/fake-ibverbs/libibverbs.map
 cargo build --release -q -p ferroce --example verbs_hot_path
 bin=target/release/examples/verbs_hot_path
-count() { # $1 requests, $2 single|chain -> total instructions, and the provider's
-    FERROCE_IBVERBS="$out/libibverbs.so.1" valgrind --tool=callgrind --callgrind-out-file="$out/cg.$1.$2" \
-        "$bin" fake0 "$1" "$2" >/dev/null 2>&1
-    local total provider
-    total=$(callgrind_annotate "$out/cg.$1.$2" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-    provider=$(callgrind_annotate "$out/cg.$1.$2" 2>/dev/null |
-        awk '/fake_(post_send|poll_cq)/ {gsub(",", "", $1); s += $1} END {print s + 0}')
-    echo "$total $provider"
-}
-for mode in single chain; do
-    read -r t1 p1 < <(count 1600 $mode)
-    read -r t2 p2 < <(count 33600 $mode)
-    # 32000 more requests: setup cancels out.
-    python3 - "$mode" "$t1" "$p1" "$t2" "$p2" <<'PY'
-import sys
-mode = sys.argv[1]
-t1, p1, t2, p2 = map(int, sys.argv[2:])
-per, prov = (t2 - t1) / 32000, (p2 - p1) / 32000
-label = "one post and one poll" if mode == "single" else "chains of 16, batched polls"
-print(f"ferroce, {label}: {per:.0f} instructions per request, {prov:.0f} of them the stand-in provider's")
-PY
-done
 
 # The same single-post loop in C, as perftest and rdma-core's tools write it: one request
-# built once, `ibv_post_send` and `ibv_poll_cq` as verbs.h inlines them (one indirect call
-# each through the context's ops), against the same stand-in.
+# built per post, `ibv_post_send` and `ibv_poll_cq` as verbs.h inlines them (one indirect
+# call each through the context's ops), against the same stand-in.
 cat > "$out/direct.c" <<'C'
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -78,7 +57,7 @@ int main(int argc, char **argv) {
     int (*poll)(struct cq *, int, struct wc *) = (void *)c->ops[11];
     for (long i = 0; i < n; i++) {
         memset(&wr, 0, sizeof wr);
-        wr.wr_id = 2 * i; wr.sg_list = &sg; wr.num_sge = 1; wr.opcode = 2; wr.send_flags = 2;
+        wr.wr_id = i; wr.sg_list = &sg; wr.num_sge = 1; wr.opcode = 2; wr.send_flags = 2;
         if (post(qp, &wr, &bad)) return 1;
         while (poll(cq, 1, &wc) == 0) {}
         if (wc.status) return 2;
@@ -88,14 +67,50 @@ int main(int argc, char **argv) {
 }
 C
 cc -O2 -o "$out/direct" "$out/direct.c" -ldl
-direct() { # $1 requests each way -> total instructions
-    valgrind --tool=callgrind --callgrind-out-file="$out/cgd.$1" "$out/direct" "$out/libibverbs.so.1" "$1" >/dev/null 2>&1
-    callgrind_annotate "$out/cgd.$1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+
+# ferroce loads the stand-in (the C loop is given its path).
+export FERROCE_IBVERBS="$out/libibverbs.so.1"
+# The command of path $1 for $2 requests.
+cmd() {
+    case $1 in
+        c) echo "$out/direct $out/libibverbs.so.1 $2" ;;
+        *) echo "$bin fake0 $2 $1" ;;
+    esac
 }
-d1=$(direct 1600)
-d2=$(direct 33600)
-python3 - "$d1" "$d2" <<'PY'
-import sys
-d1, d2 = map(int, sys.argv[1:])
-print(f"C, one post and one poll through verbs.h's inline calls: {(d2 - d1) / 32000:.0f} instructions per request")
+# Instructions of path $1 for $2 requests: the total and the stand-in provider's.
+count() {
+    # shellcheck disable=SC2046
+    valgrind --tool=callgrind --callgrind-out-file="$out/cg.$1.$2" $(cmd "$1" "$2") >/dev/null 2>&1
+    callgrind_annotate "$out/cg.$1.$2" 2>/dev/null | awk '
+        /PROGRAM TOTALS/ {gsub(",", "", $1); total = $1}
+        /fake_(post_send|poll_cq)/ {gsub(",", "", $1); provider += $1}
+        END {print total, provider + 0}'
+}
+# Nanoseconds per request of path $1: the median of three runs of 2,000,000.
+wall() {
+    python3 - "$(cmd "$1" 2000000)" <<'PY'
+import subprocess, sys, time
+runs = []
+for _ in range(3):
+    t = time.perf_counter()
+    subprocess.run(sys.argv[1], shell=True, check=True, stdout=subprocess.DEVNULL)
+    runs.append((time.perf_counter() - t) / 2_000_000 * 1e9)
+print(f"{sorted(runs)[1]:.0f}")
 PY
+}
+for path in single chain c; do
+    read -r t1 p1 < <(count $path 1600)
+    read -r t2 p2 < <(count $path 33600)
+    ns=$(wall $path)
+    python3 - "$path" "$t1" "$p1" "$t2" "$p2" "$ns" <<'PY'
+import sys
+path = sys.argv[1]
+t1, p1, t2, p2, ns = map(int, sys.argv[2:])
+per, prov = (t2 - t1) / 32000, (p2 - p1) / 32000
+label = {"single": "ferroce, one post and one poll",
+         "chain": "ferroce, chains of 16 and batched polls",
+         "c": "C, one post and one poll through verbs.h's inline calls"}[path]
+print(f"{label}: {per:.0f} instructions per request, {prov:.0f} of them the stand-in "
+      f"provider's; {ns} ns per request")
+PY
+done

@@ -17,6 +17,9 @@ use ferroce::{
     RegionMemory,
 };
 
+/// The high bits of the request ids the fake acts on (`fake.c`).
+const MAGIC: u64 = 0xfa4e_0000_0000_0000;
+
 #[path = "fake-ibverbs/build.rs"]
 mod fake_build;
 
@@ -167,8 +170,8 @@ fn a_refused_request_in_a_list_is_named_by_its_index() {
     .unwrap();
     assert_eq!(region.rkey(), 0, "a Local region gives peers no key");
     let send = |id| SendWr::new(id, SendOp::Send, Payload::Sge(region.local(0, 8).unwrap()));
-    // The fake refuses wr_id 0xbad with ENOMEM and points bad_wr at it.
-    let got = qp.post_send_list([send(1), send(0xbad), send(3)]);
+    // The fake refuses wr_id MAGIC | 0xbad with ENOMEM and points bad_wr at it.
+    let got = qp.post_send_list([send(1), send(MAGIC | 0xbad), send(3)]);
     assert!(matches!(got, Err((1, PostError::QueueFull(_)))), "{got:?}");
     assert_eq!(
         cq.poll().map(|c| c.wr_id),
@@ -312,32 +315,32 @@ fn async_events_reach_the_qp_the_cq_and_the_nic() {
             .unwrap();
     };
     // QP_FATAL names one QP: it reads as failed and in ERR; the other QP and the NIC do not.
-    raise(&qp, 0xdead);
+    raise(&qp, MAGIC | 0xdead);
     eventually("QP_FATAL", || qp.failure().is_some());
     assert!(qp.failure().unwrap().contains("QP fatal"));
     assert_eq!(qp.state(), Some(ferroce::qp::QpState::Err));
     assert_eq!(bystander.failure(), None);
     assert_eq!(nic.failure(), None);
     // CQ_ERR on the QP's send CQ: the CQ says so, and the QPs on it.
-    raise(&bystander, 0xc0e0);
+    raise(&bystander, MAGIC | 0xc0e0);
     eventually("CQ_ERR", || other.failure().is_some());
     assert!(other.failure().unwrap().contains("overrun"));
     assert!(bystander.failure().is_some());
     assert_eq!(cq.failure(), None);
     // Our GID out of the table: the address is gone until it is back.
     assert!(!nic.address_gone());
-    raise(&bystander, 0x91d0);
+    raise(&bystander, MAGIC | 0x91d0);
     eventually("GID_CHANGE, ours gone", || nic.address_gone());
     assert_eq!(
         nic.failure(),
         None,
         "an address can come back: not a failure"
     );
-    raise(&bystander, 0x91d1);
+    raise(&bystander, MAGIC | 0x91d1);
     eventually("GID_CHANGE, ours back", || !nic.address_gone());
     assert_eq!(nic.gid_index(), 1);
     // DEVICE_FATAL: the NIC failed for good.
-    raise(&bystander, 0xfa7a1);
+    raise(&bystander, MAGIC | 0xfa7a1);
     eventually("DEVICE_FATAL", || nic.failure().is_some());
     assert!(nic.failure().unwrap().contains("device fatal"));
 }

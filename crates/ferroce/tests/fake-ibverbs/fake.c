@@ -7,10 +7,11 @@
  * length, the immediate, and the rdma union's remote address and key, so a wrong layout in
  * ferroce shows as a refused post or a wrong completion. No RDMA happens.
  *
- * Some request ids raise an asynchronous event instead of being posted, so tests can drive
- * ferroce's event thread: 0xdead QP_FATAL on the QP, 0xc0e0 CQ_ERR on its send CQ, 0xfa7a1
- * DEVICE_FATAL, 0x91d0 GID_CHANGE with GID 1 taken out of the table, 0x91d1 GID_CHANGE with it
- * back. 0xbad is refused with ENOMEM (bad_wr).
+ * Some request ids, MAGIC plus a low word, raise an asynchronous event instead of being
+ * posted, so tests can drive ferroce's event thread: 0xdead QP_FATAL on the QP, 0xc0e0 CQ_ERR
+ * on its send CQ, 0xfa7a1 DEVICE_FATAL, 0x91d0 GID_CHANGE with GID 1 taken out of the table,
+ * 0x91d1 GID_CHANGE with it back; 0xbad is refused with ENOMEM (bad_wr). MAGIC keeps them
+ * out of the way of ordinary ids (a benchmark posting ids 0, 1, 2, …).
  *
  * FAKE_IBVERBS_ENOSYS=1 makes ibv_get_device_list fail as it does on a kernel without RDMA.
  * Built by tests/verbs_fake.rs with the system C compiler. */
@@ -56,6 +57,8 @@ struct async_event { void *element; unsigned event_type; };
 #define REMOTE_ADDR 0x10000ull
 #define REMOTE_KEY 0x1234u
 
+#define MAGIC 0xfa4e000000000000ull
+
 static int device_tag;
 static struct context *the_context;
 static int gid1_removed;
@@ -91,8 +94,8 @@ static int fake_post_send(struct qp *qp, struct send_wr *wr, struct send_wr **ba
 {
     for (; wr; wr = wr->next) {
         uint32_t len = 0;
-        if (wr->wr_id == 0xbad) { *bad = wr; return ENOMEM; }
-        switch (wr->wr_id) {
+        if (wr->wr_id == (MAGIC | 0xbad)) { *bad = wr; return ENOMEM; }
+        switch (wr->wr_id ^ MAGIC) {
         case 0xdead: raise_event(1, qp); continue;
         case 0xc0e0: raise_event(0, qp->send_cq); continue;
         case 0xfa7a1: raise_event(8, NULL); continue;
