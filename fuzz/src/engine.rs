@@ -254,7 +254,9 @@ impl Harness {
                 recv_cq: cq,
                 caps,
                 sq_sig_all: false,
+                srq: None,
             })
+            .expect("no SRQ to miss")
         };
         let rc = create(&mut engine, QpType::Rc, pd_a);
         let uc = create(&mut engine, QpType::Uc, pd_a);

@@ -35,18 +35,21 @@ fn side(ip: [u8; 4], region_len: usize) -> Side {
     });
     let pd = engine.alloc_pd();
     let cq = engine.create_cq(4096);
-    let qp = engine.create_qp(QpInit {
-        qp_type: QpType::Rc,
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        caps: QpCaps {
-            sq_depth: 1024,
-            rq_depth: 16,
-            max_inline: 0,
-        },
-        sq_sig_all: false,
-    });
+    let qp = engine
+        .create_qp(QpInit {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            caps: QpCaps {
+                sq_depth: 1024,
+                rq_depth: 16,
+                max_inline: 0,
+            },
+            sq_sig_all: false,
+            srq: None,
+        })
+        .unwrap();
     let region = engine
         .register(
             pd,

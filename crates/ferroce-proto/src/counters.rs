@@ -90,4 +90,16 @@ counters! {
     write_filtered,
     /// Completions that did not fit in a full completion queue (the QP went to ERR).
     cq_overflow,
+    /// UD datagrams whose Q_Key was not the receiving QP's: dropped (rxe's `qkey_viol`).
+    qkey_err,
+    /// UD datagrams that found no receive request posted: dropped (UD has no RNR).
+    ud_no_recv,
+    /// UD datagrams longer than the port's MTU: dropped.
+    ud_too_long,
+    /// UD datagrams longer than the receive request's buffer (header included): completed
+    /// with a local length error.
+    ud_len_err,
+    /// Asynchronous events dropped, oldest first, because the application left more than
+    /// `MAX_EVENTS` unread.
+    events_dropped,
 }

@@ -24,5 +24,7 @@ pub mod qp;
 pub mod wire;
 
 pub use counters::Counters;
-pub use engine::{Engine, EngineConfig, InboundWrite, Transmit, WriteFilter};
+pub use engine::{
+    CreateQpError, Engine, EngineConfig, InboundWrite, SrqAttr, SrqError, Transmit, WriteFilter,
+};
 pub use psn::Psn;

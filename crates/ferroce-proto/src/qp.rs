@@ -6,7 +6,7 @@
 
 use core::fmt;
 use core::time::Duration;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::memory::{Access, PdId};
 use crate::wire::{Qpn, RnrTimer};
@@ -19,6 +19,52 @@ pub enum QpType {
     Rc,
     /// Unreliable Connected: SEND and WRITE only, no acknowledgements, no retransmission.
     Uc,
+    /// Unreliable Datagram: SEND of one packet at most, to any QP a work request names; no
+    /// connection, no acknowledgements, no retransmission.
+    Ud,
+}
+
+/// The Q_Key of QP 1, the GSI (`IB_QP1_QKEY`): the only one it sends and accepts.
+pub const GSI_QKEY: u32 = 0x8001_0000;
+
+/// The bytes at the start of every UD receive buffer, before the payload: 20 zero bytes and
+/// the received IPv4 header, or the IPv6 header (what libibverbs' `ibv_init_ah_from_wc` reads).
+pub const UD_GRH_LEN: usize = 40;
+
+/// A shared receive queue's number on its engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SrqId(pub u32);
+
+/// Where a UD send goes (the address handle, remote QPN and Q_Key of `ibv_send_wr.wr.ud`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// The peer NIC's address and UDP port (4791).
+    pub peer: SocketAddr,
+    /// The destination queue pair.
+    pub qpn: Qpn,
+    /// The Q_Key to send; a value with the top bit set means the sending QP's own (IBTA
+    /// C10-15), as verbs does.
+    pub qkey: u32,
+}
+
+/// Who sent a datagram a UD receive completed with (`ibv_wc.src_qp` and the GRH's source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdSource {
+    /// The sending queue pair (the DETH's source QP).
+    pub qpn: Qpn,
+    /// The sender's IP address.
+    pub ip: IpAddr,
+}
+
+/// An asynchronous event of the engine (`struct ibv_async_event`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AsyncEvent {
+    /// An armed SRQ fell below its limit (`IBV_EVENT_SRQ_LIMIT_REACHED`); the limit is now
+    /// disarmed until set again.
+    SrqLimitReached(SrqId),
+    /// A QP attached to an SRQ entered ERR and will take no more of its receives
+    /// (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    QpLastWqeReached(Qpn),
 }
 
 /// A queue pair's state (IBTA Vol. 1 §10.3.1; `enum ibv_qp_state`).
@@ -176,6 +222,8 @@ pub struct QpInit {
     pub caps: QpCaps,
     /// Whether every send work request completes with a CQE, signaled or not.
     pub sq_sig_all: bool,
+    /// The shared receive queue its receives come from, instead of a queue of its own.
+    pub srq: Option<SrqId>,
 }
 
 /// Attributes for [`crate::engine::Engine::modify_qp`] (`struct ibv_qp_attr`); `None` leaves
@@ -187,6 +235,9 @@ pub struct QpInit {
 /// | RESET → INIT | `access` | `access` |
 /// | INIT → RTR | `peer`, `path_mtu`, `dest_qpn`, `rq_psn`, `max_dest_rd_atomic`, `min_rnr_timer` | `peer`, `path_mtu`, `dest_qpn`, `rq_psn` |
 /// | RTR → RTS | `sq_psn`, `timeout`, `retry_cnt`, `rnr_retry`, `max_rd_atomic` | `sq_psn` |
+///
+/// UD needs `access` and `qkey` at RESET → INIT, nothing at INIT → RTR and `sq_psn` at RTR →
+/// RTS.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpAttr {
     /// The state to move to.
@@ -215,6 +266,9 @@ pub struct QpAttr {
     pub retry_cnt: Option<u8>,
     /// Retries after an RNR NAK, 0–7; 7 means retry forever.
     pub rnr_retry: Option<u8>,
+    /// A UD queue pair's Q_Key, which arriving datagrams must carry (required at RESET → INIT
+    /// for UD; QP 1's is always [`GSI_QKEY`]).
+    pub qkey: Option<u32>,
 }
 
 /// The local ACK timeout for an `ibv_qp_attr.timeout` value: 4.096 µs × 2^`timeout`, or
@@ -356,6 +410,8 @@ pub struct SendWr {
     pub fence: bool,
     /// Ask the peer for a solicited event (`IBV_SEND_SOLICITED`).
     pub solicited: bool,
+    /// Where a UD queue pair sends it; required on UD, refused elsewhere.
+    pub dest: Option<UdDest>,
 }
 
 impl SendWr {
@@ -369,6 +425,16 @@ impl SendWr {
             signaled: true,
             fence: false,
             solicited: false,
+            dest: None,
+        }
+    }
+
+    /// A signaled UD request to `dest`.
+    #[must_use]
+    pub fn to(wr_id: u64, op: SendOp, local: Payload, dest: UdDest) -> Self {
+        Self {
+            dest: Some(dest),
+            ..Self::new(wr_id, op, local)
         }
     }
 }
@@ -409,6 +475,27 @@ pub enum PostError {
     /// The message is longer than 2^31 bytes, or an atomic's local entry is not 8 bytes.
     #[error("bad length {0}")]
     Length(u64),
+    /// A UD send is longer than the path MTU: a datagram is one packet (rxe would report
+    /// success and send nothing).
+    #[error("a {len}-byte datagram exceeds the {mtu}-byte MTU")]
+    DatagramTooLong {
+        /// The message's length.
+        len: u64,
+        /// The MTU.
+        mtu: u32,
+    },
+    /// A UD send names no destination, or a connected QP's send names one.
+    #[error("a UD send needs a destination (SendWr::dest), and only a UD send takes one")]
+    Destination,
+    /// A UD destination of the other IP family than the NIC's.
+    #[error("{0} is not of the NIC's address family")]
+    AddressFamily(IpAddr),
+    /// The queue pair takes its receives from a shared receive queue: post there.
+    #[error("queue pair {0} takes its receives from a shared receive queue")]
+    UsesSrq(Qpn),
+    /// No shared receive queue has this number.
+    #[error("no shared receive queue {0:?}")]
+    UnknownSrq(SrqId),
     /// A verbs device refused the request; the text says what it returned.
     #[error("the device refused the request: {0}")]
     Device(String),
@@ -558,6 +645,9 @@ pub struct Completion {
     pub byte_len: u32,
     /// Immediate data, for receives of SEND or WRITE with immediate.
     pub imm: Option<u32>,
-    /// The local queue pair.
+    /// The local queue pair (for a receive from a shared receive queue, the QP it came in
+    /// on).
     pub qpn: Qpn,
+    /// For a UD receive: who sent it.
+    pub ud: Option<UdSource>,
 }

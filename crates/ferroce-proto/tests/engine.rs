@@ -852,14 +852,18 @@ fn modify_to_err_flushes_everything() {
 fn state_transitions_are_checked() {
     let mut f = Fabric::new(2, 15);
     let node = &mut f.nodes[0];
-    let qp = node.engine.create_qp(ferroce_proto::qp::QpInit {
-        qp_type: QpType::Rc,
-        pd: node.pd,
-        send_cq: node.cq,
-        recv_cq: node.cq,
-        caps: Default::default(),
-        sq_sig_all: false,
-    });
+    let qp = node
+        .engine
+        .create_qp(ferroce_proto::qp::QpInit {
+            qp_type: QpType::Rc,
+            pd: node.pd,
+            send_cq: node.cq,
+            recv_cq: node.cq,
+            caps: Default::default(),
+            sq_sig_all: false,
+            srq: None,
+        })
+        .unwrap();
     let to = |state| QpAttr {
         state: Some(state),
         ..QpAttr::default()

@@ -49,6 +49,7 @@ fn main() {
         byte_len: 0,
         imm: None,
         qpn: Qpn::from_low_bits(0),
+        ud: None,
     }; 16];
     for chunk in 0..if chain { n / 16 } else { 0 } {
         qp.post_send_list((0..16).map(|j| send(chunk * 16 + j)))

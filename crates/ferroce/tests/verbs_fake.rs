@@ -280,6 +280,7 @@ fn a_cq_grows_when_its_queues_could_overrun_it_and_polls_in_batches() {
             byte_len: 0,
             imm: None,
             qpn: qp.qpn(),
+            ud: None,
         };
         100
     ];

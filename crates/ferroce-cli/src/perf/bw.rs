@@ -85,6 +85,7 @@ pub(super) fn request(
         signaled,
         fence: false,
         solicited: false,
+        dest: None,
     })
 }
 
@@ -144,6 +145,7 @@ fn read_back(rig: &Rig, i: usize, peer: &KeyLine, len: u64) -> Result<(), String
             signaled: true,
             fence: false,
             solicited: false,
+            dest: None,
         };
         post_and_wait(rig, i, wr)?;
         let back = rig.read(scratch, n)?;

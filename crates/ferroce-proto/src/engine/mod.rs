@@ -36,11 +36,17 @@
 //! protection domain, rights, bounds) before [`Memory`] is called, so a peer can only touch
 //! bytes of regions that granted it access.
 //!
+//! UD queue pairs send and receive single-packet datagrams with a DETH, Q_Key checked, each
+//! receive beginning with the 40-byte header verbs applications read the sender from; QP 1,
+//! the GSI, is created by [`Engine::create_gsi_qp`]. Shared receive queues feed any number of
+//! QPs, with the limit event of verbs ([`Engine::poll_event`]).
+//!
 //! One role per file: `requester` (the next request packet), `recovery` (rewinds, timers,
 //! the RTT and the window), `completer` (ACKs and responses in), `responder` (requests in),
-//! `responses` (ACKs, NAKs and READ and atomic responses out), with the queue pair's shared
-//! state in `qp` and the work queue entries in `wqe`. This file holds the [`Engine`] that
-//! routes datagrams, timers and commands to them.
+//! `responses` (ACKs, NAKs and READ and atomic responses out), `datagram` (UD, both ways),
+//! `srq` (shared receive queues and where a responder takes its receives from), with the queue
+//! pair's shared state in `qp` and the work queue entries in `wqe`. This file holds the
+//! [`Engine`] that routes datagrams, timers and commands to them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -51,21 +57,24 @@ use crate::memory::{
     Access, AtomicOp, Memory, MemoryTable, PdId, RegionId, RegionInfo, RegisterError, WriteOrder,
 };
 use crate::qp::{
-    ack_timeout, Completion, CqId, ModifyError, Payload, PostError, QpAttr, QpInit, QpState,
-    QpType, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    ack_timeout, AsyncEvent, Completion, CqId, ModifyError, Payload, PostError, QpAttr, QpInit,
+    QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqId, UdDest, UdSource, WcOpcode, WcStatus,
+    GSI_QKEY, UD_GRH_LEN,
 };
 use crate::wire::{
-    icrc, Aeth, AtomicAckEth, AtomicEth, Bth, HeaderSet, IpHeader, NakCode, Opcode, Operation,
-    Packet, PacketRepr, Qpn, Reth, RnrTimer, Syndrome, Transport, UdpHeader, ROCE_PORT,
+    icrc, Aeth, AtomicAckEth, AtomicEth, Bth, Datagram, Deth, HeaderSet, IpHeader, NakCode, Opcode,
+    Operation, Packet, PacketRepr, Qpn, Reth, RnrTimer, Syndrome, Transport, UdpHeader, ROCE_PORT,
 };
 use crate::Psn;
 
 mod completer;
+mod datagram;
 mod qp;
 mod recovery;
 mod requester;
 mod responder;
 mod responses;
+mod srq;
 mod wqe;
 
 use qp::{Qp, Timers};
@@ -73,6 +82,8 @@ use recovery::*;
 use responder::*;
 pub use responder::{InboundWrite, WriteFilter};
 use responses::*;
+use srq::Srq;
+pub use srq::{SrqAttr, SrqError};
 use wqe::*;
 
 /// The most packets a requester sends beyond the oldest unacknowledged one (rxe's
@@ -99,6 +110,9 @@ pub const MAX_PKT_PER_ACK: u32 = 64;
 pub const MAX_PACKET: usize = 4096 + 64;
 /// The largest message, 2^31 bytes (IBTA).
 pub const MAX_MESSAGE: u64 = 1 << 31;
+/// The most asynchronous events kept for [`Engine::poll_event`]; older ones are dropped and
+/// counted (`events_dropped`).
+pub const MAX_EVENTS: usize = 1024;
 
 /// The engine's fixed configuration.
 #[derive(Clone, Copy, Debug)]
@@ -147,6 +161,10 @@ struct Ctx {
     /// The UDP port packets arrive on; part of their ICRC.
     local_port: u16,
     cqs: HashMap<CqId, Cq>,
+    srqs: HashMap<SrqId, Srq>,
+    events: VecDeque<AsyncEvent>,
+    /// The port's MTU: the most a UD datagram carries.
+    port_mtu: u32,
     table: MemoryTable,
     counters: Counters,
 }
@@ -165,6 +183,15 @@ impl Ctx {
             }
         }
     }
+
+    /// Queues an asynchronous event, dropping the oldest when [`MAX_EVENTS`] wait.
+    fn raise(&mut self, event: AsyncEvent) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.pop_front();
+            self.counters.events_dropped += 1;
+        }
+        self.events.push_back(event);
+    }
 }
 
 /// The RoCEv2 protocol engine of one local address: its queue pairs, completion queues and
@@ -174,8 +201,24 @@ pub struct Engine {
     qps: BTreeMap<u32, Qp>,
     next_qpn: u32,
     next_cq: u32,
+    next_srq: u32,
     next_pd: u32,
     tx_cursor: u32,
+}
+
+/// Why a queue pair could not be created.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateQpError {
+    /// The shared receive queue named in [`QpInit::srq`] does not exist.
+    #[error("no shared receive queue {0:?}")]
+    UnknownSrq(SrqId),
+    /// QP 1 exists already.
+    #[error("the engine has its GSI (QP 1) already")]
+    GsiExists,
+    /// QP 1 must be a UD queue pair.
+    #[error("the GSI (QP 1) is a UD queue pair, not {0:?}")]
+    GsiNotUd(QpType),
 }
 
 impl Engine {
@@ -187,12 +230,16 @@ impl Engine {
                 local_ip: config.local_ip,
                 local_port: ROCE_PORT,
                 cqs: HashMap::new(),
+                srqs: HashMap::new(),
+                events: VecDeque::new(),
+                port_mtu: 1024,
                 table: MemoryTable::new(config.seed),
                 counters: Counters::default(),
             },
             qps: BTreeMap::new(),
             next_qpn: 0x11,
             next_cq: 1,
+            next_srq: 1,
             next_pd: 1,
             tx_cursor: 0,
         }
@@ -208,6 +255,17 @@ impl Engine {
     /// destination port, so it must be the port peers send to.
     pub fn set_local_port(&mut self, port: u16) {
         self.ctx.local_port = port;
+    }
+
+    /// Sets the port's MTU (1024 unless changed): the longest payload a UD datagram carries,
+    /// sent or received, as rxe takes its port's active MTU.
+    pub fn set_port_mtu(&mut self, mtu: crate::qp::Mtu) {
+        self.ctx.port_mtu = mtu.bytes();
+    }
+
+    /// The next asynchronous event (SRQ limit, last WQE reached), oldest first.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.ctx.events.pop_front()
     }
 
     /// The counters.
@@ -272,21 +330,66 @@ impl Engine {
     }
 
     /// A queue pair in state RESET.
-    pub fn create_qp(&mut self, init: QpInit) -> Qpn {
+    ///
+    /// # Errors
+    ///
+    /// [`CreateQpError::UnknownSrq`] when `init.srq` names no shared receive queue.
+    pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, CreateQpError> {
         let mut qpn = Qpn::from_low_bits(self.next_qpn);
         while self.qps.contains_key(&qpn.value()) || qpn.value() < 0x11 {
             self.next_qpn = self.next_qpn.wrapping_add(1);
             qpn = Qpn::from_low_bits(self.next_qpn);
         }
+        self.insert_qp(qpn, init)?;
         self.next_qpn = self.next_qpn.wrapping_add(1);
+        Ok(qpn)
+    }
+
+    /// QP 1, the General Services Interface, in state RESET: a UD queue pair whose Q_Key is
+    /// always [`GSI_QKEY`], sent and checked, whatever a work request or `modify_qp` says.
+    /// Connection management's MADs travel on it.
+    ///
+    /// # Errors
+    ///
+    /// [`CreateQpError`]: QP 1 exists, `init` is not UD, or its SRQ does not exist.
+    pub fn create_gsi_qp(&mut self, init: QpInit) -> Result<Qpn, CreateQpError> {
+        let gsi = Qpn::from_low_bits(1);
+        if init.qp_type != QpType::Ud {
+            return Err(CreateQpError::GsiNotUd(init.qp_type));
+        }
+        if self.qps.contains_key(&gsi.value()) {
+            return Err(CreateQpError::GsiExists);
+        }
+        self.insert_qp(gsi, init)?;
+        Ok(gsi)
+    }
+
+    fn insert_qp(&mut self, qpn: Qpn, init: QpInit) -> Result<(), CreateQpError> {
+        if let Some(id) = init.srq {
+            self.ctx
+                .srqs
+                .get_mut(&id)
+                .ok_or(CreateQpError::UnknownSrq(id))?
+                .attached += 1;
+        }
         self.qps.insert(qpn.value(), Qp::new(qpn, init));
-        qpn
+        Ok(())
     }
 
     /// Destroys a queue pair; packets for it are dropped from now on. Its outstanding work
-    /// requests are discarded without completions, as `ibv_destroy_qp` does.
+    /// requests are discarded without completions, as `ibv_destroy_qp` does; a receive it had
+    /// taken from a shared receive queue goes back there.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
-        self.qps.remove(&qpn.value()).is_some()
+        let Some(mut qp) = self.qps.remove(&qpn.value()) else {
+            return false;
+        };
+        if let Some(InMsg::Send { wqe, .. }) = qp.resp.in_msg.take() {
+            qp.return_recv(&mut self.ctx, wqe);
+        }
+        if let Some(srq) = qp.init.srq.and_then(|id| self.ctx.srqs.get_mut(&id)) {
+            srq.attached -= 1;
+        }
+        true
     }
 
     /// Adds `filter` to the inbound RDMA WRITEs of queue pair `qpn` (replacing any earlier
@@ -337,6 +440,7 @@ impl Engine {
         let from = qp.state;
         let to = attr.state.unwrap_or(from);
         let rc = qp.is_rc();
+        let ud = qp.is_ud();
         let allowed = matches!(
             (from, to),
             (_, QpState::Reset | QpState::Err)
@@ -358,7 +462,13 @@ impl Engine {
         };
         if from != to {
             match to {
-                QpState::Init => need(attr.access.is_some(), "access")?,
+                QpState::Init => {
+                    need(attr.access.is_some(), "access")?;
+                    if ud {
+                        need(attr.qkey.is_some(), "qkey")?;
+                    }
+                }
+                QpState::Rtr if ud => {}
                 QpState::Rtr => {
                     need(attr.peer.is_some(), "peer")?;
                     need(attr.path_mtu.is_some(), "path_mtu")?;
@@ -447,6 +557,11 @@ impl Engine {
             qp.rnr_retry = n;
             qp.rnr_left = n;
         }
+        if let Some(qkey) = attr.qkey {
+            if !qp.is_gsi() {
+                qp.qkey = qkey;
+            }
+        }
         qp.state = to;
         Ok(())
     }
@@ -492,8 +607,19 @@ impl Engine {
         if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Err) {
             return Err(PostError::InvalidState(qp.state));
         }
-        if !qp.is_rc() && wr.op.is_read_or_atomic() {
+        if !qp.is_rc() && wr.op.is_read_or_atomic()
+            || qp.is_ud() && !matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_))
+        {
             return Err(PostError::Unsupported(wr.op));
+        }
+        match wr.dest {
+            Some(dest) if qp.is_ud() => {
+                if IpHeader::between(self.ctx.local_ip, dest.peer.ip()).is_none() {
+                    return Err(PostError::AddressFamily(dest.peer.ip()));
+                }
+            }
+            None if !qp.is_ud() => {}
+            _ => return Err(PostError::Destination),
         }
         if qp.sq.len() >= qp.init.caps.sq_depth as usize {
             return Err(PostError::QueueFull(qp.init.caps.sq_depth));
@@ -528,6 +654,12 @@ impl Engine {
         {
             return Err(PostError::Length(len));
         }
+        if qp.is_ud() && len > u64::from(self.ctx.port_mtu) {
+            return Err(PostError::DatagramTooLong {
+                len,
+                mtu: self.ctx.port_mtu,
+            });
+        }
         let len = len as u32;
         let npkts = match wr.op {
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
@@ -546,6 +678,7 @@ impl Engine {
             first_psn: Psn::default(),
             started: false,
             fault,
+            dest: wr.dest,
         };
         if qp.state == QpState::Err {
             qp.complete_send(&mut self.ctx, &wqe, WcStatus::WrFlushErr);
@@ -568,6 +701,9 @@ impl Engine {
             .ok_or(PostError::UnknownQp(qpn))?;
         if qp.state == QpState::Reset {
             return Err(PostError::InvalidState(qp.state));
+        }
+        if qp.init.srq.is_some() {
+            return Err(PostError::UsesSrq(qpn));
         }
         if qp.resp.rq.len() >= qp.init.caps.rq_depth as usize {
             return Err(PostError::QueueFull(qp.init.caps.rq_depth));
@@ -641,15 +777,23 @@ impl Engine {
             src_port: src.port(),
             dst_port: self.ctx.local_port,
         };
+        let mut ip = ip;
         if !icrc::verify(&ip, &udp, bytes) {
             // An IPv4 peer other than ferroce or a sensor bridge sent a non-zero IP ID, which
             // the ICRC covers and the socket does not show: recover it, keeping 16 bits of
             // the ICRC as the check.
-            match ip {
-                IpHeader::V4(v4) if icrc::recover_ipv4_id(&v4, &udp, bytes).is_some() => {
-                    counters.icrc_id_recovered += 1;
-                }
-                _ => {
+            match &mut ip {
+                IpHeader::V4(v4) => match icrc::recover_ipv4_id(v4, &udp, bytes) {
+                    Some(id) => {
+                        v4.id = id;
+                        counters.icrc_id_recovered += 1;
+                    }
+                    None => {
+                        counters.icrc_err += 1;
+                        return;
+                    }
+                },
+                IpHeader::V6(_) => {
                     counters.icrc_err += 1;
                     return;
                 }
@@ -671,6 +815,15 @@ impl Engine {
         let pkey = packet.bth().pkey;
         if pkey & 0x7fff != 0x7fff {
             counters.pkey_err += 1;
+            return;
+        }
+        if qp.is_ud() {
+            // No connection: any sender with the Q_Key may send.
+            if matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                qp.handle_datagram(&packet, &ip, &mut self.ctx, mem);
+            } else {
+                counters.qp_state_drop += 1;
+            }
             return;
         }
         if qp.peer.map(|p| p.ip()) != Some(src.ip()) {
@@ -709,19 +862,26 @@ impl Engine {
                 _ => *self.qps.keys().next().expect("not empty"),
             };
             let qp = self.qps.get_mut(&key).expect("key from the map");
-            let Some(peer) = qp.peer else { continue };
-            let ack = matches!(
-                qp.resp.responses.front(),
-                Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
-            );
-            let sent = qp
-                .next_response(mem, buf)
-                .map(|len| (len, ack))
-                .or_else(|| {
-                    qp.next_request(now, &mut self.ctx, mem, buf)
-                        .map(|len| (len, false))
-                });
-            let Some((len, ack)) = sent else { continue };
+            let sent = if qp.is_ud() {
+                qp.next_datagram(&mut self.ctx, mem, buf)
+                    .map(|(len, peer)| (len, false, peer))
+            } else {
+                let Some(peer) = qp.peer else { continue };
+                let ack = matches!(
+                    qp.resp.responses.front(),
+                    Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
+                );
+                qp.next_response(mem, buf)
+                    .map(|len| (len, ack))
+                    .or_else(|| {
+                        qp.next_request(now, &mut self.ctx, mem, buf)
+                            .map(|len| (len, false))
+                    })
+                    .map(|(len, ack)| (len, ack, peer))
+            };
+            let Some((len, ack, peer)) = sent else {
+                continue;
+            };
             let ip = IpHeader::between(self.ctx.local_ip, peer.ip())?;
             // A UDP socket sends from its own port, not the per-QP port rxe picks when it
             // builds the IP header itself; the ICRC must cover the port actually used.

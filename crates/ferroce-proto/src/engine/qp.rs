@@ -18,6 +18,8 @@ pub(super) struct Qp {
     pub(super) min_rnr_timer: RnrTimer,
     pub(super) max_rd_atomic: u8,
     pub(super) max_dest_rd_atomic: u8,
+    /// A UD queue pair's Q_Key.
+    pub(super) qkey: u32,
 
     // Requester and completer.
     pub(super) sq: VecDeque<SendWqe>,
@@ -144,6 +146,7 @@ impl Qp {
             min_rnr_timer: RnrTimer::default(),
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
+            qkey: if qpn.value() == 1 { GSI_QKEY } else { 0 },
             sq: VecDeque::new(),
             req_index: 0,
             req_pkt: 0,
@@ -180,10 +183,20 @@ impl Qp {
         self.init.qp_type == QpType::Rc
     }
 
+    pub(super) fn is_ud(&self) -> bool {
+        self.init.qp_type == QpType::Ud
+    }
+
+    /// QP 1, whose Q_Key is fixed.
+    pub(super) fn is_gsi(&self) -> bool {
+        self.qpn.value() == 1
+    }
+
     pub(super) fn transport(&self) -> Transport {
         match self.init.qp_type {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
         }
     }
 
@@ -211,6 +224,7 @@ impl Qp {
             byte_len: wqe.len,
             imm: None,
             qpn: self.qpn,
+            ud: None,
         };
         if !ctx.complete(self.init.send_cq, completion) && self.state != QpState::Err {
             self.enter_err(ctx);
@@ -233,7 +247,13 @@ impl Qp {
             byte_len: u32::try_from(len).unwrap_or(u32::MAX),
             imm,
             qpn: self.qpn,
+            ud: None,
         };
+        self.push_recv_completion(ctx, completion);
+    }
+
+    /// Queues a receive completion; a full CQ moves the QP to ERR.
+    pub(super) fn push_recv_completion(&mut self, ctx: &mut Ctx, completion: Completion) {
         if !ctx.complete(self.init.recv_cq, completion) && self.state != QpState::Err {
             self.enter_err(ctx);
         }
@@ -248,7 +268,9 @@ impl Qp {
     }
 
     /// Enters ERR: every outstanding request completes with a flush error. A NAK already
-    /// queued is still sent.
+    /// queued is still sent. A QP on a shared receive queue flushes only the receive it was
+    /// in the middle of, leaves the others to the queue's other QPs, and raises
+    /// [`AsyncEvent::QpLastWqeReached`].
     pub(super) fn enter_err(&mut self, ctx: &mut Ctx) {
         self.state = QpState::Err;
         self.timers = Timers::default();
@@ -259,6 +281,9 @@ impl Qp {
         self.req_pkt = 0;
         if let Some(InMsg::Send { wqe, .. }) = self.resp.in_msg.take() {
             self.resp.rq.push_front(wqe);
+        }
+        if self.init.srq.is_some() {
+            ctx.raise(AsyncEvent::QpLastWqeReached(self.qpn));
         }
         while let Some(wqe) = self.resp.rq.pop_front() {
             self.complete_recv(

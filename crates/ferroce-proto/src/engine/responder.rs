@@ -204,7 +204,7 @@ impl Qp {
                 }
                 self.check_len(opcode, payload.len())?;
                 if opcode.is_first() {
-                    let Some(wqe) = self.resp.rq.pop_front() else {
+                    let Some(wqe) = self.take_recv(ctx) else {
                         self.push_rnr_nak(ctx, psn);
                         return Ok(());
                     };
@@ -255,7 +255,7 @@ impl Qp {
                 }
                 self.check_len(opcode, payload.len())?;
                 let with_imm = packet.imm().is_some();
-                if with_imm && self.resp.rq.is_empty() {
+                if with_imm && !self.has_recv(ctx) {
                     self.push_rnr_nak(ctx, psn);
                     return Ok(());
                 }
@@ -324,7 +324,9 @@ impl Qp {
                     self.resp.in_msg = None;
                     self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                     if with_imm {
-                        let wqe = self.resp.rq.pop_front().expect("checked above");
+                        let Some(wqe) = self.take_recv(ctx) else {
+                            return Err(invalid());
+                        };
                         self.complete_recv(
                             ctx,
                             wqe.wr_id,
@@ -508,9 +510,7 @@ impl Qp {
         }
         let with_imm = packet.imm().is_some();
         let needs_wqe = (opcode.is_first() && opcode.operation_is_send()) || with_imm;
-        if needs_wqe
-            && self.resp.rq.is_empty()
-            && !matches!(self.resp.in_msg, Some(InMsg::Send { .. }))
+        if needs_wqe && !self.has_recv(ctx) && !matches!(self.resp.in_msg, Some(InMsg::Send { .. }))
         {
             ctx.counters.uc_dropped_msgs += 1;
             self.resp.in_msg = None;
@@ -536,7 +536,7 @@ impl Qp {
         match self.resp.in_msg.take() {
             Some(InMsg::Send { wqe, .. }) => {
                 // The receive request is reused for the next message.
-                self.resp.rq.push_front(wqe);
+                self.return_recv(ctx, wqe);
                 ctx.counters.uc_dropped_msgs += 1;
             }
             Some(InMsg::Write { .. }) => ctx.counters.uc_dropped_msgs += 1,

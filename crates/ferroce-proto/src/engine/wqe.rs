@@ -105,6 +105,8 @@ pub(super) struct SendWqe {
     pub(super) started: bool,
     /// A local error found at post time, reported when the request reaches the front.
     pub(super) fault: Option<WcStatus>,
+    /// Where a UD request goes.
+    pub(super) dest: Option<UdDest>,
 }
 
 impl SendWqe {

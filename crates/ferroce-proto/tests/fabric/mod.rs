@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ferroce_proto::engine::{roce_peer, Engine, EngineConfig, MAX_PACKET};
 use ferroce_proto::memory::{Access, HeapMemory, PdId, RegionInfo, WriteOrder};
 use ferroce_proto::qp::{
-    Completion, CqId, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, RecvWr, Sge,
+    Completion, CqId, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, RecvWr, Sge, SrqId,
 };
 use ferroce_proto::wire::{Packet, Qpn, RnrTimer};
 use ferroce_proto::Psn;
@@ -192,23 +192,76 @@ impl Fabric {
         qp_type: QpType,
         opts: &ConnectOptions,
     ) -> (Qpn, Qpn) {
-        let qa = self.create_qp(a, qp_type, opts);
-        let qb = self.create_qp(b, qp_type, opts);
+        self.connect_srq(a, b, qp_type, opts, None)
+    }
+
+    /// As [`Fabric::connect`], with `b`'s queue pair taking its receives from `srq_b`.
+    pub fn connect_srq(
+        &mut self,
+        a: usize,
+        b: usize,
+        qp_type: QpType,
+        opts: &ConnectOptions,
+        srq_b: Option<SrqId>,
+    ) -> (Qpn, Qpn) {
+        let qa = self.create_qp(a, qp_type, opts, None);
+        let qb = self.create_qp(b, qp_type, opts, srq_b);
         self.bring_up(a, qa, b, qb, opts.psn_a, opts.psn_b, opts);
         self.bring_up(b, qb, a, qa, opts.psn_b, opts.psn_a, opts);
         (qa, qb)
     }
 
-    fn create_qp(&mut self, i: usize, qp_type: QpType, opts: &ConnectOptions) -> Qpn {
+    fn create_qp(
+        &mut self,
+        i: usize,
+        qp_type: QpType,
+        opts: &ConnectOptions,
+        srq: Option<SrqId>,
+    ) -> Qpn {
         let node = &mut self.nodes[i];
-        node.engine.create_qp(QpInit {
-            qp_type,
-            pd: node.pd,
-            send_cq: node.cq,
-            recv_cq: node.cq,
-            caps: opts.caps,
-            sq_sig_all: false,
-        })
+        node.engine
+            .create_qp(QpInit {
+                qp_type,
+                pd: node.pd,
+                send_cq: node.cq,
+                recv_cq: node.cq,
+                caps: opts.caps,
+                sq_sig_all: false,
+                srq,
+            })
+            .unwrap()
+    }
+
+    /// A UD queue pair on node `i` with `qkey`, in RTS.
+    pub fn ud_qp(&mut self, i: usize, qkey: u32) -> Qpn {
+        let qp = self.create_qp(i, QpType::Ud, &ConnectOptions::default(), None);
+        self.ud_up(i, qp, qkey);
+        qp
+    }
+
+    /// Brings a UD queue pair (QP 1 included) to RTS with `qkey`.
+    pub fn ud_up(&mut self, i: usize, qp: Qpn, qkey: u32) {
+        let engine = &mut self.nodes[i].engine;
+        let attrs = [
+            QpAttr {
+                state: Some(QpState::Init),
+                access: Some(Access::NONE),
+                qkey: Some(qkey),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(Psn::new(0).unwrap()),
+                ..QpAttr::default()
+            },
+        ];
+        for attr in attrs {
+            engine.modify_qp(qp, &attr).unwrap();
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -153,6 +153,7 @@ pub(crate) fn completion(wc: &ibv_wc) -> Completion {
         byte_len: wc.byte_len,
         imm: (wc.wc_flags & IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
         qpn: Qpn::from_low_bits(wc.qp_num),
+        ud: None,
     }
 }
 
@@ -207,6 +208,14 @@ impl VerbsQp {
         let kind = match qp_type {
             QpType::Rc => IBV_QPT_RC,
             QpType::Uc => IBV_QPT_UC,
+            QpType::Ud => {
+                return Err(VerbsError::Call {
+                    call: "ibv_create_qp",
+                    device: device.name.clone(),
+                    source: io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+                    hint: Some("ferroce runs UD queue pairs on the soft NIC only so far"),
+                })
+            }
         };
         let raw = device
             .pd
