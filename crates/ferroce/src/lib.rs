@@ -39,7 +39,9 @@ pub mod qp;
 pub mod region;
 pub mod session;
 mod soft;
+pub mod srq;
 mod sys;
+pub mod ud;
 mod udp;
 pub mod verbs;
 
@@ -57,4 +59,6 @@ pub use ferroce_proto as proto;
 pub use nic::{Faults, GsoStatus, Nic, NicCaps, NicConfig, NicError};
 pub use qp::{ConnectOptions, Qp, QpEndpoint};
 pub use region::{Region, RegionAccess, RegionError, RegionMemory};
+pub use srq::Srq;
+pub use ud::AddressHandle;
 pub use verbs::{DeviceOptions, VerbsError};

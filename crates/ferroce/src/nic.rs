@@ -104,6 +104,10 @@ pub enum NicError {
     /// An object of one NIC was used with another (a CQ of one NIC for a QP of another).
     #[error("{0} belongs to another NIC")]
     OtherNic(&'static str),
+    /// What was asked for runs on the soft NIC only so far (UD queue pairs and shared
+    /// receive queues on a verbs device).
+    #[error("{0} are not supported on a verbs device yet; use the soft NIC (`-d ferroce0`)")]
+    SoftOnly(&'static str),
 }
 
 /// What a NIC's backend offers (`Nic::caps`), in the manner of `ibv_query_device` and
@@ -225,6 +229,7 @@ impl Nic {
             seed,
         });
         engine.set_local_port(local.port());
+        engine.set_port_mtu(active_mtu_on(local.ip()));
         let pd = engine.alloc_pd();
         let pcap = match &config.pcap {
             Some(path) => Some(
@@ -405,6 +410,18 @@ impl Nic {
         match &self.backend {
             Backend::Soft(s) => *s.shared.lock().engine.counters(),
             Backend::Verbs(_) => Counters::default(),
+        }
+    }
+
+    /// The next asynchronous event of the soft NIC (`ibv_get_async_event`): an SRQ below its
+    /// armed limit, or a QP on an SRQ that has taken its last receive. `None` when none is
+    /// waiting, and on a verbs device, whose events ferroce handles itself ([`Nic::failure`],
+    /// [`crate::Qp::failure`]).
+    #[must_use]
+    pub fn poll_event(&self) -> Option<ferroce_proto::qp::AsyncEvent> {
+        match &self.backend {
+            Backend::Soft(s) => s.shared.lock().engine.poll_event(),
+            Backend::Verbs(_) => None,
         }
     }
 

@@ -8,16 +8,18 @@
 use std::net::SocketAddr;
 
 use ferroce_proto::memory::Access;
-use ferroce_proto::qp::{ModifyError, QpAttr, QpInit};
 pub use ferroce_proto::qp::{
-    Mtu, Payload, PostError, QpCaps, QpState, QpType, RecvWr, RemoteAddr, SendOp, SendWr, Sge,
+    AsyncEvent, Mtu, Payload, PostError, QpCaps, QpState, QpType, RecvWr, RemoteAddr, SendOp,
+    SendWr, Sge,
 };
+use ferroce_proto::qp::{ModifyError, QpAttr, QpInit};
 use ferroce_proto::wire::{Qpn, RnrTimer};
 use ferroce_proto::Psn;
 
 use crate::cq::CqInner;
 use crate::nic::NicError;
 use crate::region::RegionAccess;
+use crate::srq::Srq;
 use crate::verbs::queue::VerbsQp;
 use crate::{Cq, Nic};
 
@@ -72,7 +74,13 @@ pub struct Qp {
 }
 
 enum QpInner {
-    Soft { qpn: Qpn, psn: Psn, caps: QpCaps },
+    Soft {
+        qpn: Qpn,
+        psn: Psn,
+        caps: QpCaps,
+        /// Keeps the shared receive queue alive while the QP takes from it.
+        _srq: Option<Srq>,
+    },
     Verbs(VerbsQp),
 }
 
@@ -91,11 +99,13 @@ impl Qp {
     /// PSN is random, as `ibv_rc_pingpong` chooses it. On a verbs device the capacities are
     /// what the device granted ([`Qp::caps`]), and the CQs grow to hold the new queues.
     ///
+    /// A UD queue pair is brought up with [`Qp::ready_ud`] rather than [`Qp::connect`].
+    ///
     /// # Errors
     ///
     /// [`NicError::OtherNic`] when a CQ belongs to another NIC; [`NicError::Verbs`] when a
-    /// verbs device refuses the QP (the message says which capacity, where it can tell).
-    /// The soft NIC never refuses one.
+    /// verbs device refuses the QP (the message says which capacity, where it can tell);
+    /// [`NicError::SoftOnly`] for UD on a verbs device. The soft NIC never refuses one.
     pub fn new(
         nic: &Nic,
         qp_type: QpType,
@@ -103,8 +113,42 @@ impl Qp {
         recv_cq: &Cq,
         caps: QpCaps,
     ) -> Result<Self, NicError> {
+        Self::create(nic, qp_type, send_cq, recv_cq, caps, None)
+    }
+
+    /// A queue pair that takes its receives from `srq` (`ibv_qp_init_attr.srq`), as
+    /// [`Qp::new`] otherwise; posting receives to the QP itself is then refused.
+    ///
+    /// # Errors
+    ///
+    /// As [`Qp::new`], and [`NicError::OtherNic`] when the SRQ belongs to another NIC.
+    pub fn with_srq(
+        nic: &Nic,
+        qp_type: QpType,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        caps: QpCaps,
+    ) -> Result<Self, NicError> {
+        Self::create(nic, qp_type, send_cq, recv_cq, caps, Some(srq))
+    }
+
+    fn create(
+        nic: &Nic,
+        qp_type: QpType,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        srq: Option<&Srq>,
+    ) -> Result<Self, NicError> {
         if !nic.same(&send_cq.nic) || !nic.same(&recv_cq.nic) {
             return Err(NicError::OtherNic("a completion queue"));
+        }
+        if srq.is_some_and(|s| !nic.same(&s.inner.nic)) {
+            return Err(NicError::OtherNic("a shared receive queue"));
+        }
+        if nic.verbs().is_some() && qp_type == QpType::Ud {
+            return Err(NicError::SoftOnly("UD queue pairs"));
         }
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -124,20 +168,26 @@ impl Qp {
             return Err(NicError::OtherNic("a completion queue"));
         };
         let mut state = soft.shared.lock();
-        let qpn = state.engine.create_qp(QpInit {
-            qp_type,
-            pd: soft.pd,
-            send_cq: scq,
-            recv_cq: rcq,
-            caps,
-            sq_sig_all: false,
-        });
+        let qpn = state
+            .engine
+            .create_qp(QpInit {
+                qp_type,
+                pd: soft.pd,
+                send_cq: scq,
+                recv_cq: rcq,
+                caps,
+                sq_sig_all: false,
+                srq: srq.map(|s| s.inner.id),
+            })
+            .map_err(|_| NicError::OtherNic("a shared receive queue"))?;
         let seed = seed ^ qpn.value();
         // INIT at once, so receives can be posted before connecting (as ibv_rc_pingpong does);
-        // the access peers get is set by `connect`. RESET → INIT with an access cannot fail.
+        // the access peers get is set by `connect`, a UD QP's Q_Key by `ready_ud`. RESET →
+        // INIT with an access (and for UD a Q_Key) cannot fail.
         let init = QpAttr {
             state: Some(QpState::Init),
             access: Some(Access::NONE),
+            qkey: (qp_type == QpType::Ud).then_some(0),
             ..QpAttr::default()
         };
         let _ = state.engine.modify_qp(qpn, &init);
@@ -148,6 +198,7 @@ impl Qp {
                 qpn,
                 psn: Psn::from_low_bits(seed),
                 caps,
+                _srq: srq.cloned(),
             },
         })
     }
@@ -271,6 +322,44 @@ impl Qp {
                 ..QpAttr::default()
             },
         )
+    }
+
+    /// Brings a UD queue pair up to send and receive datagrams with `qkey`: INIT → RTR → RTS
+    /// (`ibv_modify_qp` three times, as `ibv_ud_pingpong` does). Its sends then name their
+    /// destination ([`SendWr::to`], [`crate::ud::AddressHandle::dest`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ModifyError`] when the queue pair is not a UD one in INIT.
+    pub fn ready_ud(&self, qkey: u32) -> Result<(), ModifyError> {
+        let Some((soft, qpn)) = self.soft() else {
+            return Err(ModifyError::Device(
+                "UD queue pairs run on the soft NIC only".into(),
+            ));
+        };
+        let mut state = soft.shared.lock();
+        let engine = &mut state.engine;
+        let psn = self.endpoint().psn;
+        for attr in [
+            QpAttr {
+                state: Some(QpState::Init),
+                access: Some(Access::NONE),
+                qkey: Some(qkey),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(psn),
+                ..QpAttr::default()
+            },
+        ] {
+            engine.modify_qp(qpn, &attr)?;
+        }
+        Ok(())
     }
 
     /// Posts a send work request (`ibv_post_send`); its packets leave before this returns.
