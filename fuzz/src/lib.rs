@@ -6,12 +6,14 @@
 //! byte for byte except where the wire format says bits are reserved (sent as zero), the pad
 //! (sent as zero) and the ICRC (emitted as zero, then sealed). [`check_datagram`] does the
 //! same for a whole IP packet, after checking that its IP and UDP headers re-emit.
+//! [`check_cm`] holds a 256-byte MAD to the contract of `ferroce_proto::cm`.
 //! [`engine::run`] drives a protocol engine with a sequence of datagrams (the `engine` target).
 
 pub mod engine;
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use ferroce_proto::cm::{CmMessage, CmaHeader, MadHeader, MAD_LEN};
 use ferroce_proto::wire::{
     icrc, Bth, Datagram, HeaderSet, IpHeader, Packet, PacketRepr, UdpHeader,
 };
@@ -171,4 +173,40 @@ pub fn check_datagram(data: &[u8]) {
     assert_eq!(out, expected, "re-emitted IP/UDP headers differ");
 
     check_packet(d.payload, &d.ip, &d.udp);
+}
+
+/// Checks a CM MAD: if `CmMessage::parse` accepts the bytes, they are 256 long, the message
+/// emits with its header, the emitted MAD sets no bit the input did not (reserved bits come
+/// back as zero, every other bit as it was) and parses to the same header and message. An
+/// rdma_cm header in a REQ's or SIDR_REQ's private data, when there is one, emits back the
+/// same way. The header and rdma_cm parsers take any bytes.
+pub fn check_cm(data: &[u8]) {
+    let _ = MadHeader::parse(data);
+    if let Ok(cma) = CmaHeader::parse(data) {
+        let mut out = [0; CmaHeader::LEN];
+        cma.emit(&mut out).expect("a parsed rdma_cm header emits");
+        assert_eq!(CmaHeader::parse(&out), Ok(cma));
+    }
+    let Ok((header, message)) = CmMessage::parse(data) else {
+        return;
+    };
+    assert_eq!(data.len(), MAD_LEN);
+    let mut out = [0xa5; MAD_LEN];
+    if let Err(e) = message.emit(&header, &mut out) {
+        panic!("emit refuses a parsed message: {e}: {message:?}");
+    }
+    for (i, (&o, &d)) in out.iter().zip(data).enumerate() {
+        assert_eq!(o & !d, 0, "emitted byte {i} is {o:#04x}, input {d:#04x}");
+    }
+    assert_eq!(CmMessage::parse(&out), Ok((header, message)));
+    let private = match &message {
+        CmMessage::Req(m) => &m.private_data.0[..],
+        CmMessage::SidrReq(m) => &m.private_data.0[..],
+        _ => return,
+    };
+    if let Ok(cma) = CmaHeader::parse(private) {
+        let mut again = [0; CmaHeader::LEN];
+        cma.emit(&mut again).expect("a parsed rdma_cm header emits");
+        assert_eq!(CmaHeader::parse(&again), Ok(cma));
+    }
 }
