@@ -3,8 +3,9 @@
 //! Thin by design: argument parsing, the tools' loops and printing; the protocol work happens
 //! in the `ferroce` library. `decode` reads captures; `devinfo` is `ibv_devinfo`; `pingpong`
 //! is `ibv_rc_pingpong` and `perf` is perftest's `ib_*` tools, over the soft NIC or a verbs
-//! device (`-d`); `stream` sends and receives sensor frames, and `demo` runs a stream on
-//! loopback.
+//! device (`-d`); `ud-pingpong` and `srq-pingpong` are `ibv_ud_pingpong` and
+//! `ibv_srq_pingpong` on the soft NIC; `stream` sends and receives sensor frames, and `demo`
+//! runs a stream on loopback.
 
 #![forbid(unsafe_code)]
 
@@ -17,7 +18,9 @@ use clap::{Parser, Subcommand};
 mod devinfo;
 mod perf;
 mod pingpong;
+mod srq_pingpong;
 mod stream;
+mod ud_pingpong;
 use ferroce::capture::CaptureReader;
 use ferroce::decode::{decode_frame, IcrcStatus};
 
@@ -50,6 +53,12 @@ enum Command {
     Devinfo(devinfo::DevinfoArgs),
     /// A SEND/RECV ping-pong, flag- and wire-compatible with rdma-core's `ibv_rc_pingpong`.
     Pingpong(pingpong::PingpongArgs),
+    /// A UD SEND/RECV ping-pong, flag- and wire-compatible with rdma-core's
+    /// `ibv_ud_pingpong` (the soft NIC only).
+    UdPingpong(ud_pingpong::UdPingpongArgs),
+    /// Many RC queue pairs ping-ponging over one shared receive queue, flag- and
+    /// wire-compatible with rdma-core's `ibv_srq_pingpong` (the soft NIC only).
+    SrqPingpong(srq_pingpong::SrqPingpongArgs),
     /// perftest's bandwidth and latency tests (`ib_write_bw`, `ib_send_lat`, …), flag-,
     /// output- and wire-compatible with perftest 6.06.
     #[command(subcommand)]
@@ -73,6 +82,8 @@ fn main() -> ExitCode {
         Command::Decode { file, port, json } => decode(&file, port, json),
         Command::Devinfo(args) => devinfo::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
+        Command::UdPingpong(args) => ud_pingpong::run(&args),
+        Command::SrqPingpong(args) => srq_pingpong::run(&args),
         Command::Perf(command) => perf::run(&command),
         Command::Stream(command) => stream::run(&command),
         Command::Demo { json } => stream::demo(json),

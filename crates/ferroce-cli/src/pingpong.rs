@@ -27,12 +27,8 @@ pub(crate) struct PingpongArgs {
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
-    /// Device name (the soft NIC has one; accepted for compatibility).
-    #[arg(short = 'd', long = "ib-dev", default_value = "ferroce0")]
-    ib_dev: String,
-    /// Port of the device (accepted for compatibility).
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
-    ib_port: u8,
+    #[command(flatten)]
+    nic: NicFlags,
     /// Message size in bytes.
     #[arg(short = 's', long = "size", default_value_t = 4096)]
     size: u32,
@@ -51,19 +47,31 @@ pub(crate) struct PingpongArgs {
     /// Sleep on completion events instead of polling.
     #[arg(short = 'e', long = "events")]
     events: bool,
-    /// GID index (the soft NIC's GID is its address; accepted for compatibility).
-    #[arg(short = 'g', long = "gid-idx")]
-    gid_idx: Option<u32>,
     /// Check the content of every received message.
     #[arg(short = 'c', long = "chk")]
     chk: bool,
+}
+
+/// The device flags of rdma-core's pingpong tools (`-d -i -g`), and ferroce's own for the
+/// soft NIC.
+#[derive(Args, Debug)]
+pub(crate) struct NicFlags {
+    /// Device name: `ferroce0` is the soft NIC, any other a verbs device.
+    #[arg(short = 'd', long = "ib-dev", default_value = "ferroce0")]
+    pub(crate) ib_dev: String,
+    /// Port of the device.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// GID index on a verbs device (the soft NIC's GID is its address).
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u32>,
     /// The local address: the soft NIC's (127.0.0.1 unless given), or on a verbs device the
     /// address whose RoCE v2 GID to use.
     #[arg(long = "local")]
     local: Option<IpAddr>,
     /// Print the NIC's counters at exit, as `rdma statistic show` does.
     #[arg(long = "stats")]
-    stats: bool,
+    pub(crate) stats: bool,
     /// Write every packet sent and received to this pcap file.
     #[arg(long = "pcap")]
     pcap: Option<std::path::PathBuf>,
@@ -75,8 +83,40 @@ pub(crate) struct PingpongArgs {
     no_gso: bool,
 }
 
+impl NicFlags {
+    /// Opens the device, as rdma-core's tools word a failure.
+    pub(crate) fn open(&self) -> Result<Nic, String> {
+        let config = NicConfig {
+            faults: self.fault,
+            pcap: self.pcap.clone(),
+            gso: !self.no_gso,
+            ..NicConfig::on(
+                self.local
+                    .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+            )
+        };
+        let device = DeviceOptions {
+            port: self.ib_port,
+            gid_index: self.gid_idx,
+            local: self.local,
+        };
+        let nic = Nic::open_device(&self.ib_dev, &device, &config)
+            .map_err(|e| format!("Couldn't get device {}: {e}", self.ib_dev))?;
+        crate::refuse_soft_only(&nic, self.fault.is_some(), self.pcap.is_some())?;
+        Ok(nic)
+    }
+
+    /// Lingers for the peer's last packets, then prints the counters if asked.
+    pub(crate) fn finish(&self, nic: &Nic) {
+        linger(nic);
+        if self.stats {
+            println!("{}", nic.statistics_line(&self.ib_dev));
+        }
+    }
+}
+
 /// The buffer `ibv_rc_pingpong` sends: 0x7b everywhere, 0 at every page start when checking.
-fn pingpong_buffer(size: usize, chk: bool) -> Vec<u8> {
+pub(crate) fn pingpong_buffer(size: usize, chk: bool) -> Vec<u8> {
     let mut buf = vec![0x7b; size.max(1)];
     if chk {
         for byte in buf.iter_mut().step_by(PAGE) {
@@ -86,7 +126,7 @@ fn pingpong_buffer(size: usize, chk: bool) -> Vec<u8> {
     buf
 }
 
-fn fail(message: impl std::fmt::Display) -> ExitCode {
+pub(crate) fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("{message}");
     ExitCode::FAILURE
 }
@@ -98,27 +138,10 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
             args.mtu
         ));
     };
-    let config = NicConfig {
-        faults: args.fault,
-        pcap: args.pcap.clone(),
-        gso: !args.no_gso,
-        ..NicConfig::on(
-            args.local
-                .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
-        )
-    };
-    let device = DeviceOptions {
-        port: args.ib_port,
-        gid_index: args.gid_idx,
-        local: args.local,
-    };
-    let nic = match Nic::open_device(&args.ib_dev, &device, &config) {
+    let nic = match args.nic.open() {
         Ok(nic) => nic,
-        Err(e) => return fail(format!("Couldn't get device {}: {e}", args.ib_dev)),
+        Err(e) => return fail(e),
     };
-    if let Err(e) = crate::refuse_soft_only(&nic, args.fault.is_some(), args.pcap.is_some()) {
-        return fail(e);
-    }
     let size = args.size as usize;
     let cq = match Cq::new(&nic, args.rx_depth as usize + 1) {
         Ok(cq) => cq,
@@ -173,11 +196,13 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
     let local = PingpongDest::from_endpoint(&qp.endpoint());
     println!("  local address:  {local}");
     let remote = match &args.server {
-        Some(server) => client_exchange(server, args.port, &local),
-        None => server_exchange(args.port, &local, |remote| connect(&qp, remote, mtu)),
+        Some(server) => client_exchange(server, args.port, &[local], 1),
+        None => server_exchange(args.port, &[local], 1, |remote| {
+            connect(&qp, &remote[0], mtu)
+        }),
     };
     let remote = match remote {
-        Ok(remote) => remote,
+        Ok(remote) => remote[0],
         Err(e) => return fail(e),
     };
     println!("  remote address: {remote}");
@@ -254,32 +279,33 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
             pending = RECV_WRID | SEND_WRID;
         }
     }
+    print_result(start, args.size, args.iters);
+    args.nic.finish(&nic);
+    let _ = args.sl;
+    ExitCode::SUCCESS
+}
+
+/// The two result lines all of rdma-core's pingpong tools print.
+pub(crate) fn print_result(start: Instant, size: u32, iters: u32) {
     let usec = start.elapsed().as_secs_f64() * 1e6;
-    let bytes = u64::from(args.size) * u64::from(args.iters) * 2;
+    let bytes = u64::from(size) * u64::from(iters) * 2;
     println!(
         "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
         usec / 1e6,
         bytes as f64 * 8.0 / usec
     );
     println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        args.iters,
+        "{iters} iters in {:.2} seconds = {:.2} usec/iter",
         usec / 1e6,
-        usec / f64::from(args.iters)
+        usec / f64::from(iters)
     );
-    linger(&nic);
-    if args.stats {
-        println!("{}", nic.statistics_line(&args.ib_dev));
-    }
-    let _ = args.sl;
-    ExitCode::SUCCESS
 }
 
 /// Keeps the NIC answering until the peer has been quiet for a while (at most 2 s): our ACK of
 /// its last SEND may have been lost, and a peer retransmitting to a NIC that is gone ends in
 /// "retry counter exceeded" although every message arrived. Two ACK timeouts of quiet (the
 /// default 67 ms each) mean the peer has its ACK.
-fn linger(nic: &Nic) {
+pub(crate) fn linger(nic: &Nic) {
     // A verbs device answers in its own driver, and counts nothing here.
     if !nic.caps().manual_progress {
         return;
@@ -307,27 +333,45 @@ fn connect(qp: &Qp, remote: &PingpongDest, mtu: Mtu) -> Result<(), String> {
         .map_err(|e| format!("Failed to modify QP to RTR/RTS: {e}"))
 }
 
-/// The client's half: connect, send ours, read theirs, say "done".
-fn client_exchange(server: &str, port: u16, local: &PingpongDest) -> Result<PingpongDest, String> {
+/// The client's half: connect, send ours, read `remotes` of theirs, say "done". Every
+/// pingpong tool sends one line per QP (`ibv_srq_pingpong` always 256, unused ones zero).
+pub(crate) fn client_exchange(
+    server: &str,
+    port: u16,
+    locals: &[PingpongDest],
+    remotes: usize,
+) -> Result<Vec<PingpongDest>, String> {
     let mut stream = TcpStream::connect((server, port))
         .map_err(|e| format!("Couldn't connect to {server}:{port}: {e}"))?;
-    local
-        .send(&mut stream)
-        .map_err(|e| format!("Couldn't send local address: {e}"))?;
-    let remote = PingpongDest::receive(&mut stream)
-        .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    for local in locals {
+        local
+            .send(&mut stream)
+            .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    }
+    let remote = receive_all(&mut stream, remotes)?;
     stream
         .write_all(b"done\0")
         .map_err(|e| format!("Couldn't send \"done\": {e}"))?;
     Ok(remote)
 }
 
-/// The server's half: accept, read theirs, connect the QP, send ours, wait for "done".
-fn server_exchange(
+fn receive_all(stream: &mut TcpStream, n: usize) -> Result<Vec<PingpongDest>, String> {
+    (0..n)
+        .map(|i| {
+            PingpongDest::receive(stream)
+                .map_err(|e| format!("Couldn't read remote address [{i}]: {e}"))
+        })
+        .collect()
+}
+
+/// The server's half: accept, read `remotes` of theirs, connect the QPs, send ours, wait for
+/// "done".
+pub(crate) fn server_exchange(
     port: u16,
-    local: &PingpongDest,
-    connect: impl FnOnce(&PingpongDest) -> Result<(), String>,
-) -> Result<PingpongDest, String> {
+    locals: &[PingpongDest],
+    remotes: usize,
+    connect: impl FnOnce(&[PingpongDest]) -> Result<(), String>,
+) -> Result<Vec<PingpongDest>, String> {
     // Every address, IPv6 and IPv4 alike where the host allows dual-stack sockets.
     let listener = TcpListener::bind(("::", port))
         .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
@@ -335,12 +379,13 @@ fn server_exchange(
     let (mut stream, _) = listener
         .accept()
         .map_err(|e| format!("accept() failed: {e}"))?;
-    let remote = PingpongDest::receive(&mut stream)
-        .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    let remote = receive_all(&mut stream, remotes)?;
     connect(&remote)?;
-    local
-        .send(&mut stream)
-        .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    for local in locals {
+        local
+            .send(&mut stream)
+            .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    }
     let mut done = [0u8; 5];
     stream
         .read_exact(&mut done)
