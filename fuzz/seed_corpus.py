@@ -6,6 +6,11 @@ IPv6, optional 802.1Q tags) this writes the IP packet (IP header on, Ethernet pa
 to corpus/datagram/ and the UDP payload (BTH through ICRC) to corpus/packet/, each file named
 by the SHA-1 of its contents, as libFuzzer names its own corpus files.
 
+corpus/cm/ gets the 256-byte MAD of every UD SEND_ONLY to QP 1 in the captures, and one MAD
+per CM attribute made here: the CM header (base version 1, class 0x07, class version 2,
+method Send) and an all-zero message, but for the REQ's MTU code (3, as 0 is reserved).
+Random bytes almost never reach the message bodies without them.
+
 Usage: python3 fuzz/seed_corpus.py   (from anywhere)
 """
 import hashlib
@@ -57,20 +62,47 @@ def roce(frame):
     return ip, udp[8:]
 
 
+def cm_mad(payload):
+    """The MAD of a UD SEND_ONLY (0x64) to QP 1: after the BTH (12) and DETH (8), 256 bytes."""
+    if len(payload) < 20 + 256 or payload[0] != 0x64 or payload[5:8] != b"\x00\x00\x01":
+        return None
+    return payload[20 : 20 + 256]
+
+
+def cm_seeds():
+    for attribute in range(0x10, 0x1B):
+        mad = bytearray(256)
+        mad[0:4] = bytes([1, 0x07, 2, 0x03])
+        mad[16:18] = struct.pack(">H", attribute)
+        if attribute == 0x10:
+            mad[24 + 50] = 0x30
+        yield bytes(mad)
+
+
 def main():
-    out = {name: HERE / "corpus" / name for name in ("datagram", "packet")}
+    names = ("datagram", "packet", "cm")
+    out = {name: HERE / "corpus" / name for name in names}
     for d in out.values():
         d.mkdir(parents=True, exist_ok=True)
-    written = {"datagram": set(), "packet": set()}
+    written = {name: set() for name in names}
+
+    def write(name, blob):
+        digest = hashlib.sha1(blob).hexdigest()
+        (out[name] / digest).write_bytes(blob)
+        written[name].add(digest)
+
     for pcap in sorted(TESTDATA.glob("*.pcap")):
         for frame in records(pcap):
             found = roce(frame)
             if found is None:
                 continue
             for name, blob in zip(("datagram", "packet"), found):
-                digest = hashlib.sha1(blob).hexdigest()
-                (out[name] / digest).write_bytes(blob)
-                written[name].add(digest)
+                write(name, blob)
+            mad = cm_mad(found[1])
+            if mad is not None:
+                write("cm", mad)
+    for mad in cm_seeds():
+        write("cm", mad)
     for name, digests in written.items():
         print(f"{out[name]}: {len(digests)} distinct inputs", file=sys.stderr)
 
