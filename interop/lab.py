@@ -51,6 +51,7 @@ HOST_PACKAGES = [
 # Host binaries copied into the guest, with their libraries (found with ldd).
 GUEST_BINARIES = [
     "ibv_devinfo", "ibv_devices", "ibv_rc_pingpong", "ibv_uc_pingpong", "ibv_ud_pingpong",
+    "ibv_srq_pingpong",
     "ib_write_bw", "ib_write_lat", "ib_read_bw", "ib_read_lat", "ib_send_bw", "ib_send_lat",
     "ib_atomic_bw", "ib_atomic_lat", "rping", "ucmatose",
     "ip", "rdma", "ss", "tc", "tcpdump", "socat", "ethtool", "bash",

@@ -83,6 +83,21 @@ class Endpoint:
             cmd += " -e"
         return cmd + (f" {server}" if server else "")
 
+    def ud_pingpong(self, size, n, server=None):
+        if self.impl == "rxe":
+            cmd = f"ibv_ud_pingpong -d rxe0 -g 1 -s {size} -n {n}"
+        else:
+            cmd = f"{self.bin} ud-pingpong --local {self.addr} -g 1 -s {size} -n {n}"
+        return cmd + (f" {server}" if server else "")
+
+    def srq_pingpong(self, qps, size, n, server=None):
+        flags = f"-g 1 -q {qps} -s {size} -n {n}"
+        if self.impl == "rxe":
+            cmd = f"ibv_srq_pingpong -d rxe0 {flags}"
+        else:
+            cmd = f"{self.bin} srq-pingpong --local {self.addr} {flags}"
+        return cmd + (f" {server}" if server else "")
+
     def perf(self, tool, sub, flags, server=None):
         if self.impl == "rxe":
             cmd = f"{tool} -d rxe0 -x 1 -F {flags}"
@@ -391,6 +406,25 @@ def interop_plan(lab):
         flags = perf_flags(kind, sub)
         plan.append((f"loss-{tool}-{role}", kind, server, client, server.perf(tool, sub, flags),
                      client.perf(tool, sub, flags, server.addr), 90, loss, 1024))
+    # UD (no CM): datagrams up to the 1024-byte MTU of the guests' 1500-byte link, each with
+    # the 40-byte header rxe writes; no loss run, since UD does not resend and the tool would
+    # wait for a lost datagram for ever
+    for size in (64, 1024):
+        n = pingpong_iters(size)
+        for server, client in ((vm, host), (host, vm)):
+            role = "ferroce-client" if client is host else "ferroce-server"
+            plan.append((f"ud-pingpong-{size}B-{role}", "pingpong", server, client,
+                         server.ud_pingpong(size, n), client.ud_pingpong(size, n, server.addr),
+                         40, 0, 1024))
+    # SRQ: four RC QPs over one shared receive queue on each side, clean and under loss (an
+    # RNR or a resend must find the QP's receive in the shared pool)
+    for name, drop in (("srq-pingpong-4qp", 0), ("loss-srq-pingpong-4qp", loss)):
+        n = iters(400 if not drop else 100)
+        for server, client in ((vm, host), (host, vm)):
+            role = "ferroce-client" if client is host else "ferroce-server"
+            plan.append((f"{name}-{role}", "pingpong", server, client,
+                         server.srq_pingpong(4, 4096, n), client.srq_pingpong(4, 4096, n, server.addr),
+                         90 if drop else 40, drop, 1024))
     # a READ longer than the requester's largest window: ferroce asks for 1 MiB as eight READ
     # requests of 128 response packets, which rxe must serve within max_rd_atomic, with and
     # without loss
