@@ -530,10 +530,7 @@ pub fn decode_frame(frame: &Frame, port: u16) -> Option<Record> {
     };
     let bytes = datagram.payload;
     record.opcode = bytes.first().copied();
-    record.opcode_name = record
-        .opcode
-        .and_then(Opcode::new)
-        .map(Opcode::name);
+    record.opcode_name = record.opcode.and_then(Opcode::new).map(Opcode::name);
     record.icrc = Some(if icrc::verify(&datagram.ip, &datagram.udp, bytes) {
         IcrcStatus::Ok
     } else {
