@@ -595,7 +595,7 @@ fn cm_messages() -> Vec<ferroce_proto::cm::CmMessage> {
         local_cm_response_timeout: 20,
         retry_count: 7,
         pkey: 0xffff,
-        path_mtu: Mtu::Mtu1024,
+        path_mtu: Mtu::M1024,
         rdc_exists: false,
         rnr_retry_count: 7,
         max_cm_retries: 15,

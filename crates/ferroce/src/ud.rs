@@ -1,7 +1,7 @@
 //! Unreliable datagrams: address handles and the destinations of UD sends
 //! (`ibv_create_ah`, `ibv_create_ah_from_wc`, `ibv_send_wr.wr.ud`).
 //!
-//! A UD queue pair ([`crate::QpType::Ud`], brought up with [`crate::Qp::ready_ud`]) sends each
+//! A UD queue pair ([`crate::qp::QpType::Ud`], brought up with [`crate::Qp::ready_ud`]) sends each
 //! message as one packet to the QP its work request names, at most the port's MTU
 //! ([`crate::Nic::active_mtu`]). Every receive buffer begins with [`UD_GRH_LEN`] bytes that
 //! say who sent it (20 zero bytes and the IPv4 header, or the IPv6 header, as rxe writes

@@ -22,6 +22,7 @@ use core::fmt;
 use std::net::Ipv6Addr;
 
 use super::{CmError, ServiceId};
+pub use crate::qp::Mtu;
 use crate::wire::Qpn;
 use crate::Psn;
 
@@ -317,54 +318,6 @@ impl<const N: usize> fmt::Debug for FixedBytes<N> {
             write!(f, "{b:02x}")?;
         }
         write!(f, " +{} zero)", N - data.len())
-    }
-}
-
-/// A path MTU code (IBA's `enum ib_mtu`), 4 bits in a REQ. Codes 0 and 6-15 are reserved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mtu {
-    /// Code 1: 256 bytes.
-    Mtu256,
-    /// Code 2: 512 bytes.
-    Mtu512,
-    /// Code 3: 1024 bytes (RoCE over an Ethernet MTU of 1500).
-    Mtu1024,
-    /// Code 4: 2048 bytes.
-    Mtu2048,
-    /// Code 5: 4096 bytes (RoCE over jumbo frames).
-    Mtu4096,
-}
-
-impl Mtu {
-    /// The MTU from its code, or `None` for a reserved code.
-    #[must_use]
-    pub const fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            1 => Self::Mtu256,
-            2 => Self::Mtu512,
-            3 => Self::Mtu1024,
-            4 => Self::Mtu2048,
-            5 => Self::Mtu4096,
-            _ => return None,
-        })
-    }
-
-    /// The 4-bit code.
-    #[must_use]
-    pub const fn code(self) -> u8 {
-        match self {
-            Self::Mtu256 => 1,
-            Self::Mtu512 => 2,
-            Self::Mtu1024 => 3,
-            Self::Mtu2048 => 4,
-            Self::Mtu4096 => 5,
-        }
-    }
-
-    /// The MTU in bytes.
-    #[must_use]
-    pub const fn bytes(self) -> u32 {
-        128 << self.code()
     }
 }
 
@@ -789,7 +742,7 @@ impl Req {
             local_cm_response_timeout: f.bits(47, 7, 3),
             retry_count: f.bits(47, 2, 0),
             pkey: f.u16(48),
-            path_mtu: Mtu::from_code(mtu).ok_or(CmError::Reserved {
+            path_mtu: Mtu::from_ibv_value(mtu as i64).ok_or(CmError::Reserved {
                 field: "REQ path MTU",
                 value: mtu.into(),
             })?,
@@ -823,7 +776,7 @@ impl Req {
         w.bits(47, 7, 3, "REQ local CM response timeout", timeout)?;
         w.bits(47, 2, 0, "REQ retry count", self.retry_count)?;
         w.u16(48, self.pkey);
-        w.bits(50, 7, 4, "REQ path MTU", self.path_mtu.code())?;
+        w.bits(50, 7, 4, "REQ path MTU", self.path_mtu.ibv_value())?;
         w.flag(50, 3, self.rdc_exists);
         w.bits(50, 2, 0, "REQ RNR retry count", self.rnr_retry_count)?;
         w.bits(51, 7, 4, "REQ max CM retries", self.max_cm_retries)?;

@@ -14,6 +14,7 @@
 //! than its field, a header that is not a CM MAD), so whatever it writes parses again.
 
 mod cma;
+pub mod machine;
 mod mad;
 #[cfg(test)]
 mod tests;

@@ -151,7 +151,7 @@ fn widest_req() -> Req {
         local_cm_response_timeout: 0x1f,
         retry_count: 7,
         pkey: u16::MAX,
-        path_mtu: Mtu::Mtu4096,
+        path_mtu: Mtu::M4096,
         rdc_exists: true,
         rnr_retry_count: 7,
         max_cm_retries: 0xf,
@@ -288,7 +288,7 @@ fn every_message_round_trips_at_its_widest_values() {
         local_cm_response_timeout: 0,
         retry_count: 0,
         pkey: 0,
-        path_mtu: Mtu::Mtu256,
+        path_mtu: Mtu::M256,
         rdc_exists: false,
         rnr_retry_count: 0,
         max_cm_retries: 0,
@@ -332,7 +332,7 @@ fn rping_req() -> (MadHeader, Req) {
         local_cm_response_timeout: 20,
         retry_count: 7,
         pkey: 0xffff,
-        path_mtu: Mtu::Mtu1024,
+        path_mtu: Mtu::M1024,
         rdc_exists: false,
         rnr_retry_count: 7,
         max_cm_retries: 15,
@@ -406,7 +406,7 @@ fn the_rping_req_reads_and_writes_the_captured_values() {
     assert_eq!(req.local_ca_guid, 0x5054_00ff_fe77_0012);
     assert_eq!(req.local_qpn.value(), 0x3c);
     assert_eq!(req.starting_psn.value(), 0x10_36e6);
-    assert_eq!((req.path_mtu.code(), req.path_mtu.bytes()), (3, 1024));
+    assert_eq!((req.path_mtu.ibv_value(), req.path_mtu.bytes()), (3, 1024));
     assert_eq!((req.retry_count, req.rnr_retry_count), (7, 7));
     assert_eq!(req.remote_cm_response_timeout, 20);
     assert_eq!(req.local_cm_response_timeout, 20);
@@ -625,7 +625,11 @@ fn codes_round_trip() {
         assert_eq!(SidrStatus::from_code(code).code(), code);
     }
     assert_eq!(SidrStatus::from_code(1), SidrStatus::Unsupported);
-    let mtus: Vec<_> = (0..16).filter_map(Mtu::from_code).map(Mtu::bytes).collect();
+    let mtus: Vec<_> = (0..16)
+        .map(i64::from)
+        .filter_map(Mtu::from_ibv_value)
+        .map(Mtu::bytes)
+        .collect();
     assert_eq!(mtus, [256, 512, 1024, 2048, 4096]);
 }
 
