@@ -1,20 +1,26 @@
 //! The bandwidth loops: the client keeps up to `tx-depth` requests in flight per queue pair
 //! and asks for a completion every `cq-mod` requests (`run_iter_bw`); the SEND server keeps
-//! receives posted and counts them (`run_iter_bw_server`).
+//! receives posted, on each queue pair or on their shared receive queue, and counts them
+//! (`run_iter_bw_server`).
 
 use std::time::{Duration, Instant};
 
 use ferroce::cq::{Completion, WcStatus};
 use ferroce::qp::{Payload, RecvWr, RemoteAddr, SendOp, SendWr};
+use ferroce::ud::UD_GRH_LEN;
 
 use super::oob::{BwReport, Comm, KeyLine};
-use super::{mismatch, AtomicType, Rig, Settings, Verb};
+use super::{mismatch, peer_ip, AtomicType, Connection, Rig, Settings, Verb};
 
 /// How long a loop waits without any progress before it gives up on the peer.
 pub(super) const STALL: Duration = Duration::from_secs(30);
 
 /// How often an idle loop looks at the TCP connection.
 const PEEK_EVERY: Duration = Duration::from_millis(2);
+
+/// How long the SEND server keeps taking messages after the client said it is done (its
+/// last packets may still be on their way behind the TCP message) before it stops.
+const DRAIN: Duration = Duration::from_millis(50);
 
 /// The `wr_id`s of the extra requests `--check` posts, above any traffic's.
 const CHECK_WRID: u64 = u64::MAX - 1;
@@ -65,7 +71,8 @@ fn operation(s: &Settings, peer: &KeyLine) -> SendOp {
     }
 }
 
-/// A request of queue pair `i`: its local area as the gather (or scatter) list.
+/// A request of queue pair `i`: its local area as the gather (or scatter) list; on UD, to
+/// the peer's queue pair.
 pub(super) fn request(
     rig: &Rig,
     i: usize,
@@ -85,7 +92,7 @@ pub(super) fn request(
         signaled,
         fence: false,
         solicited: false,
-        dest: None,
+        dest: rig.dest(i),
     })
 }
 
@@ -290,7 +297,7 @@ pub(super) fn client(
     if s.check {
         for (i, peer) in peers.iter().enumerate() {
             match s.verb {
-                Verb::Write if !s.uc => read_back(rig, i, peer, len)?,
+                Verb::Write if s.connection == Connection::Rc => read_back(rig, i, peer, len)?,
                 Verb::Read => {
                     let got = rig.read(rig.local_off(i), len)?;
                     if let Some(at) = mismatch(&got, 0) {
@@ -401,7 +408,9 @@ pub(super) fn check_target(s: &Settings, rig: &Rig) -> Result<(), String> {
                     let got = rig.read(rig.target_off(i), len)?;
                     match mismatch(&got, 0) {
                         None => break,
-                        Some(_) if s.uc && since.elapsed() < Duration::from_secs(1) => {
+                        Some(_)
+                            if s.connection.lossy() && since.elapsed() < Duration::from_secs(1) =>
+                        {
                             std::thread::sleep(Duration::from_millis(10));
                         }
                         Some(at) => return Err(check_failed("target area", i, at, got[at], 0)),
@@ -427,57 +436,129 @@ pub(super) fn check_target(s: &Settings, rig: &Rig) -> Result<(), String> {
     Ok(())
 }
 
-/// How many receives to post before a SEND test starts (`ctx_set_recv_wqes`): the receive
-/// depth, or fewer when the run has fewer iterations.
-pub(super) fn first_receives(s: &Settings) -> u64 {
-    if s.duration.is_some() {
+/// How many receives to post into each queue pair's receive buffer before a SEND test
+/// starts (`ctx_set_recv_wqes`): the receive depth, or fewer when the run has fewer
+/// iterations; shared out among the queue pairs when they share a receive queue.
+pub(super) fn first_receives(s: &Settings, qps: usize) -> u64 {
+    let depth = if s.duration.is_some() {
         u64::from(s.rx_depth)
     } else {
         u64::from(s.rx_depth).min(s.iters)
+    };
+    if s.has_srq() {
+        (depth / qps as u64).max(1)
+    } else {
+        depth
     }
 }
 
+/// Posts one receive into queue pair `i`'s receive buffer, on that queue pair or on the
+/// shared receive queue; its `wr_id` names the buffer.
+pub(super) fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
+    let (at, len) = rig.recv_buffer(i);
+    let sge = rig
+        .region
+        .local(at, len as u32)
+        .map_err(|e| e.to_string())?;
+    let wr = RecvWr {
+        wr_id: i as u64,
+        sges: vec![sge],
+    };
+    match &rig.srq {
+        Some(srq) => srq
+            .post_recv(wr)
+            .map_err(|e| format!("Couldn't post recv SRQ = {i}: {e}")),
+        None => rig.qps[i]
+            .post_recv(wr)
+            .map_err(|e| format!(" Couldn't post receive: {e}")),
+    }
+}
+
+/// Checks message `n`, which queue pair `qp` received, under `--check`: its length, its bytes
+/// and, on UD, who sent it (`peer`, the queue pair of the key line exchanged for `qp`) and
+/// the GRH before it.
+pub(super) fn check_message(
+    rig: &Rig,
+    wc: &Completion,
+    qp: usize,
+    size: u64,
+    peer: &KeyLine,
+    n: u64,
+) -> Result<(), String> {
+    let buffer = wc.wr_id as usize;
+    let expected = rig.received_len(size);
+    if u64::from(wc.byte_len) != expected {
+        return Err(format!(
+            " Data check failed: message {n} on queue pair {qp} has {} bytes, expected {expected}",
+            wc.byte_len
+        ));
+    }
+    let got = rig.read(rig.payload_off(buffer), size)?;
+    if let Some(at) = mismatch(&got, 0) {
+        return Err(check_failed("receive buffer", buffer, at, got[at], 0));
+    }
+    if !rig.ud {
+        return Ok(());
+    }
+    let ip = peer_ip(peer);
+    match wc.ud {
+        Some(source) if source.qpn.value() == peer.qpn && source.ip == ip => {}
+        other => {
+            return Err(format!(
+                " Data check failed: datagram {n} on queue pair {qp} came from {other:?}, expected QPN {:#x} at {ip}",
+                peer.qpn
+            ))
+        }
+    }
+    let len = UD_GRH_LEN as u64;
+    let grh = rig.read(rig.payload_off(buffer) - len, len)?;
+    // rxe's GRH of an IPv4 packet: 20 zero bytes, then the IPv4 header; of IPv6, the header.
+    let names_sender = match ip {
+        std::net::IpAddr::V4(v4) => {
+            grh[..20].iter().all(|&b| b == 0) && grh[20] >> 4 == 4 && grh[32..36] == v4.octets()
+        }
+        std::net::IpAddr::V6(v6) => grh[0] >> 4 == 6 && grh[8..24] == v6.octets(),
+    };
+    if !names_sender {
+        return Err(format!(
+            " Data check failed: the GRH of datagram {n} on queue pair {qp} does not name {ip} as its sender: {grh:02x?}"
+        ));
+    }
+    Ok(())
+}
+
 /// The SEND server's receives: posted before the sync key line, counted and re-posted while
-/// the client sends.
+/// the client sends. A receive goes back where it came from, into the same buffer: to its
+/// queue pair, or to the shared receive queue whichever queue pair took it
+/// (`run_iter_bw_server`).
 pub(super) struct Receiver {
+    /// Receives posted into each queue pair's buffer.
     posted: Vec<u64>,
 }
 
-/// Posts one receive on queue pair `i`, into its share of the target region.
-pub(super) fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
-    let sge = rig
-        .region
-        .local(rig.target_off(i), rig.area() as u32)
-        .map_err(|e| e.to_string())?;
-    rig.qps[i]
-        .post_recv(RecvWr {
-            wr_id: i as u64,
-            sges: vec![sge],
-        })
-        .map_err(|e| format!(" Couldn't post receive: {e}"))
-}
-
 impl Receiver {
-    /// Posts the first receives of every queue pair (`ctx_set_recv_wqes`).
+    /// Posts the first receives into every queue pair's buffer (`ctx_set_recv_wqes`).
     pub(super) fn post(s: &Settings, rig: &Rig) -> Result<Self, String> {
-        let first = first_receives(s);
-        for i in 0..rig.qps.len() {
+        let q = rig.qps.len();
+        let first = first_receives(s, q);
+        for i in 0..q {
             for _ in 0..first {
                 post_recv(rig, i)?;
             }
         }
         Ok(Self {
-            posted: vec![first; rig.qps.len()],
+            posted: vec![first; q],
         })
     }
 
-    /// Receives one message size's messages; `comm` says when a client that ran for a
-    /// duration has stopped.
+    /// Receives one message size's messages from the client's queue pairs (`peers`, for
+    /// `--check`); `comm` says when the client has stopped.
     pub(super) fn run(
         &mut self,
         s: &Settings,
         rig: &Rig,
         size: u64,
+        peers: &[KeyLine],
         comm: &Comm,
     ) -> Result<BwReport, String> {
         let q = rig.qps.len();
@@ -491,6 +572,8 @@ impl Receiver {
         let mut last = start;
         let mut last_progress = start;
         let mut last_peek = start;
+        // When the client said it is done: what is on its way still counts for a moment.
+        let mut ending: Option<Instant> = None;
         loop {
             let mut progressed = false;
             while let Some(wc) = rig.recv_cq.poll() {
@@ -500,17 +583,12 @@ impl Receiver {
                 let Some(i) = qp_of(wc.qpn.value()) else {
                     continue;
                 };
+                let buffer = wc.wr_id as usize;
+                if buffer >= q {
+                    continue;
+                }
                 if s.check {
-                    if u64::from(wc.byte_len) != size {
-                        return Err(format!(
-                            " Data check failed: message {rcnt} on queue pair {i} has {} bytes, expected {size}",
-                            wc.byte_len
-                        ));
-                    }
-                    let got = rig.read(rig.target_off(i), size)?;
-                    if let Some(at) = mismatch(&got, 0) {
-                        return Err(check_failed("receive buffer", i, at, got[at], 0));
-                    }
+                    check_message(rig, &wc, i, size, &peers[i], rcnt)?;
                 }
                 received[i] += 1;
                 rcnt += 1;
@@ -518,32 +596,47 @@ impl Receiver {
                 if record {
                     tcompleted.push(last);
                 }
-                if !record || self.posted[i] < s.iters {
-                    post_recv(rig, i)?;
-                    self.posted[i] += 1;
+                if !record || self.posted[buffer] < s.iters {
+                    post_recv(rig, buffer)?;
+                    self.posted[buffer] += 1;
                 }
                 progressed = true;
             }
-            if record && received.iter().all(|&r| r >= s.iters) {
+            let all_in = record && received.iter().all(|&r| r >= s.iters);
+            if all_in {
                 break;
             }
             if progressed {
                 last_progress = Instant::now();
                 continue;
             }
-            if last_peek.elapsed() >= PEEK_EVERY {
-                last_peek = Instant::now();
-                if comm.peer_spoke() {
-                    if record && !s.uc {
+            match ending {
+                Some(since) if since.elapsed() >= DRAIN && last_progress.elapsed() >= DRAIN => {
+                    // UC and UD lose what was lost; RC must have delivered everything.
+                    let expected = s.iters * q as u64;
+                    if record && !s.connection.lossy() {
                         return Err(format!(
-                            " The client stopped after {rcnt} of {} messages",
-                            s.iters * q as u64
+                            " The client stopped after {rcnt} of {expected} messages"
                         ));
+                    }
+                    if record {
+                        eprintln!(
+                            " Received {rcnt} of {expected} messages: the rest were lost ({} does not resend)",
+                            s.connection_name()
+                        );
                     }
                     break;
                 }
+                Some(_) => {}
+                None if last_peek.elapsed() >= PEEK_EVERY => {
+                    last_peek = Instant::now();
+                    if comm.peer_spoke() {
+                        ending = Some(last_peek);
+                    }
+                }
+                None => {}
             }
-            if record && last_progress.elapsed() > STALL {
+            if record && ending.is_none() && last_progress.elapsed() > STALL {
                 return Err(stalled("receiving"));
             }
             std::thread::yield_now();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ferroce::cq::WcStatus;
 use ferroce::qp::{RemoteAddr, SendOp};
 
-use super::bw::{recv_error, request, send_error, STALL};
+use super::bw::{check_message, recv_error, request, send_error, STALL};
 use super::oob::{Comm, KeyLine};
 use super::report::{lat_report, LatReport};
 use super::{mismatch, pattern, pattern_byte, AtomicType, Rig, Settings, Verb};
@@ -351,8 +351,8 @@ pub(super) fn one_at_a_time(
     ))
 }
 
-/// send-lat: receives posted before the sync key line, then SEND ping-pong. The client
-/// sends first (perftest's order).
+/// send-lat: receives posted before the sync key line (on the queue pair, or on its shared
+/// receive queue), then SEND ping-pong. The client sends first (perftest's order).
 pub(super) struct SendPingpong {
     posted: u64,
 }
@@ -360,19 +360,20 @@ pub(super) struct SendPingpong {
 impl SendPingpong {
     /// Posts the first receives (`ctx_set_recv_wqes`).
     pub(super) fn post(s: &Settings, rig: &Rig) -> Result<Self, String> {
-        let first = super::bw::first_receives(s);
+        let first = super::bw::first_receives(s, 1);
         for _ in 0..first {
             super::bw::post_recv(rig, 0)?;
         }
         Ok(Self { posted: first })
     }
 
-    /// The ping-pong of one message size.
+    /// The ping-pong of one message size with the queue pair of `peer`.
     pub(super) fn run(
         &mut self,
         s: &Settings,
         rig: &Rig,
         size: u64,
+        peer: &KeyLine,
         comm: &Comm,
     ) -> Result<LatReport, String> {
         let client = s.is_client();
@@ -404,20 +405,7 @@ impl SendPingpong {
                     return Err(recv_error(&wc, rcnt));
                 }
                 if s.check {
-                    if u64::from(wc.byte_len) != size {
-                        return Err(format!(
-                            " Data check failed: message {rcnt} has {} bytes, expected {size}",
-                            wc.byte_len
-                        ));
-                    }
-                    let got = rig.read(rig.target_off(0), size)?;
-                    if let Some(at) = mismatch(&got, 0) {
-                        return Err(format!(
-                            " Data check failed: byte {at} of message {rcnt} is {:#04x}, expected {:#04x}",
-                            got[at],
-                            pattern_byte(at as u64)
-                        ));
-                    }
+                    check_message(rig, &wc, 0, size, peer, rcnt)?;
                 }
                 rcnt += 1;
                 if !sends.record || self.posted < s.iters {

@@ -24,6 +24,17 @@
 //!      the closing handshake.
 //!    - read-lat, atomic-lat: the server goes straight to the closing handshake, where it
 //!      waits while the client runs.
+//!
+//! send-bw and send-lat also run over UD (`-c UD`) and with a shared receive queue
+//! (`--use-srq`), as perftest does them: a UD queue pair takes Q_Key 0x11111111 (perftest's
+//! `DEF_QKEY`) and sends each message as one datagram to the QPN and GID of the peer's key
+//! line; a message is at most the MTU both sides agreed on (a larger `-s` is refused after
+//! the MTU exchange, the default size and `-a` are cut down to it); each receive buffer holds
+//! the 40-byte GRH before the payload, which starts on a cache line; the receive depth of UD
+//! and UC is the iteration count (up to 16000) unless `-r` says otherwise. With `--use-srq`
+//! the receiving side (the server of send-bw, both sides of send-lat) puts every queue pair
+//! on one SRQ of `-r` receives, posted as perftest does: `rx-depth / qps` per queue pair's
+//! buffer, each re-posted to the SRQ when a message used it, whichever queue pair took it.
 
 mod bw;
 mod lat;
@@ -41,9 +52,10 @@ use ferroce::proto::memory::WriteOrder;
 use ferroce::proto::wire::{Qpn, ROCE_PORT};
 use ferroce::proto::Psn;
 use ferroce::qp::{Mtu, QpCaps, QpType};
+use ferroce::ud::{AddressHandle, UdDest, UD_GRH_LEN};
 use ferroce::{
     ConnectOptions, Cq, DeviceOptions, Nic, NicConfig, Qp, QpEndpoint, Region, RegionAccess,
-    RegionMemory,
+    RegionMemory, Srq,
 };
 
 use oob::{BwReport, Comm, KeyLine};
@@ -133,9 +145,13 @@ pub(crate) struct PerfArgs {
     /// Do not fail on CPU frequency scaling (accepted; nothing to check).
     #[arg(short = 'F', long = "CPU-freq")]
     cpu_freq: bool,
-    /// Connection type: RC, or UC for the WRITE and SEND tests.
+    /// Connection type: RC; UC for the WRITE and SEND tests; UD for the SEND tests.
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
+    /// SEND tests: the receiving side's queue pairs share one receive queue of `-r`
+    /// receives.
+    #[arg(long = "use-srq")]
+    use_srq: bool,
     /// Atomic operation: FETCH_AND_ADD or CMP_AND_SWAP.
     #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD")]
     atomic_type: String,
@@ -196,6 +212,40 @@ enum Kind {
     Lat,
 }
 
+/// The transport of the queue pairs (`-c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Connection {
+    /// Reliable connection.
+    Rc,
+    /// Unreliable connection.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl Connection {
+    /// perftest's name (`connStr`).
+    fn name(self) -> &'static str {
+        match self {
+            Self::Rc => "RC",
+            Self::Uc => "UC",
+            Self::Ud => "UD",
+        }
+    }
+
+    /// Whether a message may be lost for good: nothing acknowledges or resends it.
+    fn lossy(self) -> bool {
+        self != Self::Rc
+    }
+}
+
+/// The Q_Key of perftest's UD queue pairs and of the datagrams they send (`DEF_QKEY`).
+const UD_QKEY: u32 = 0x1111_1111;
+
+/// Where a UD receive's payload starts in its area: one cache line in, the GRH just before
+/// it, as perftest places it (`cache_line_size - UD_ADDITION`).
+const UD_PAYLOAD_AT: u64 = CACHE_LINE as u64;
+
 /// The atomic operation of the atomic tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum AtomicType {
@@ -222,6 +272,10 @@ struct Settings {
     kind: Kind,
     server: Option<String>,
     sizes: Vec<u64>,
+    /// `-a`: a sweep of sizes.
+    all: bool,
+    /// Whether `-s` was given (perftest's `req_size`).
+    size_given: bool,
     iters: u64,
     duration: Option<Duration>,
     qps: usize,
@@ -237,7 +291,9 @@ struct Settings {
     ib_port: u8,
     /// As asked; the index in use is the NIC's (`Nic::gid_index`).
     gid_index: Option<u32>,
-    uc: bool,
+    connection: Connection,
+    /// `--use-srq`.
+    use_srq: bool,
     atomic: AtomicType,
     /// As asked; the NIC's most when `None` (resolved once it is open).
     out_reads: Option<u8>,
@@ -256,6 +312,11 @@ struct Settings {
 const MIN_ITERS: u64 = 5;
 /// The largest size of `-a`: 2^23.
 const MAX_SWEEP_EXP: u32 = 23;
+/// perftest's default receive depth of the SEND tests (`DEF_RX_SEND`).
+const DEF_RX_DEPTH: u32 = 512;
+/// The receive depth perftest gives UD and UC at most when `-r` is left at its default
+/// (`UC_MAX_RX`).
+const UC_MAX_RX: u64 = 16000;
 /// The largest message the soft NIC takes.
 const MAX_SIZE: u64 = 1 << 31;
 /// perftest's cycle buffer (the page size) and cache line, as exchanged.
@@ -315,14 +376,22 @@ impl Settings {
                 ))
             }
         };
-        let uc = match a.connection.to_ascii_uppercase().as_str() {
-            "RC" => false,
-            "UC" if matches!(verb, Verb::Write | Verb::Send) => true,
-            "UC" => return Err(" UC has no RDMA READ or atomics: use -c RC".into()),
-            other => {
-                return Err(format!(
-                    " Unsupported connection type {other}: the soft NIC runs RC and UC"
-                ))
+        // perftest's words (`change_conn_type`).
+        let connection = match a.connection.to_ascii_uppercase().as_str() {
+            "RC" => Connection::Rc,
+            "UC" if matches!(verb, Verb::Read | Verb::Atomic) => {
+                return Err(" UC connection not possible in READ/ATOMIC verbs".into())
+            }
+            "UC" => Connection::Uc,
+            "UD" if verb != Verb::Send => {
+                return Err(" UD connection only possible in SEND verb".into())
+            }
+            "UD" => Connection::Ud,
+            _ => {
+                return Err(
+                    " Invalid Connection type. Please choose from {RC,UC,UD} (the soft NIC runs no XRC, DC or SRD)"
+                        .into(),
+                )
             }
         };
         let atomic = match a.atomic_type.to_ascii_uppercase().as_str() {
@@ -330,7 +399,9 @@ impl Settings {
             "CMP_AND_SWAP" => AtomicType::CmpSwap,
             other => return Err(format!(" Unknown atomic type {other}")),
         };
-        // perftest clips the queue depths to the iterations, and moderation to the depth.
+        // perftest clips the queue depths to the iterations, and moderation to the depth
+        // (`force_dependecies`); UD and UC, which lose what finds no receive, keep a receive
+        // posted for every message (up to 16000) unless -r is given.
         let mut tx_depth = a.tx_depth.unwrap_or(match kind {
             Kind::Bw => 128,
             Kind::Lat => 1,
@@ -339,11 +410,24 @@ impl Settings {
         if duration.is_none() {
             tx_depth = tx_depth.min(iters as u32);
             rx_depth = rx_depth.min(iters as u32);
+            if connection.lossy() && rx_depth == DEF_RX_DEPTH {
+                rx_depth = iters.min(UC_MAX_RX) as u32;
+            }
         }
         if tx_depth == 0 || rx_depth == 0 {
             return Err(" Queue depths must be at least 1".into());
         }
         let cq_mod = a.cq_mod.clamp(1, tx_depth);
+        if a.use_srq && verb != Verb::Send {
+            return Err(" Using SRQ only avavilible in SEND tests.".into());
+        }
+        if a.use_srq && a.qps > rx_depth {
+            return Err(" Using SRQ depth should be greater than number of QPs.".into());
+        }
+        // perftest's "WA for a bug when rx_depth is odd in SEND".
+        if verb == Verb::Send && rx_depth % 2 == 1 && !a.all {
+            rx_depth += 1;
+        }
         let json = match (&a.out_json_file, a.out_json) {
             (Some(path), _) => Some(path.clone()),
             (None, true) => return Err(" --out_json needs --out_json_file FILE".into()),
@@ -355,6 +439,8 @@ impl Settings {
             kind,
             server: a.server.clone(),
             sizes,
+            all: a.all,
+            size_given: a.size.is_some(),
             iters,
             duration,
             qps: a.qps as usize,
@@ -368,7 +454,8 @@ impl Settings {
             device: a.ib_dev.clone(),
             ib_port: a.ib_port,
             gid_index: a.gid_index,
-            uc,
+            connection,
+            use_srq: a.use_srq,
             atomic,
             out_reads: a.outs.map(|o| o.max(1)),
             timeout: a.qp_timeout,
@@ -388,13 +475,42 @@ impl Settings {
         self.server.is_some()
     }
 
-    /// "RC" or "UC".
+    /// "RC", "UC" or "UD".
     fn connection_name(&self) -> &'static str {
-        if self.uc {
-            "UC"
-        } else {
-            "RC"
+        self.connection.name()
+    }
+
+    /// Whether this side's queue pairs take their receives from a shared receive queue:
+    /// with `--use-srq`, the side that receives (perftest's `srq_exists`).
+    fn has_srq(&self) -> bool {
+        self.use_srq && (self.kind == Kind::Lat || !self.is_client())
+    }
+
+    /// The sizes as the MTU both sides agreed on allows them on UD (`check_mtu`): a larger
+    /// `-s` is refused; the default size, and `-a`, are cut down to the MTU, with perftest's
+    /// two lines on stderr.
+    fn fit_datagrams(&self, mtu: Mtu) -> Result<Self, String> {
+        let limit = u64::from(mtu.bytes());
+        if self.connection != Connection::Ud || self.max_size() <= limit {
+            return Ok(self.clone());
         }
+        if !self.all && self.size_given {
+            return Err(
+                " Max message size in UD cannot be greater than MTU \n Couldn't get context for the device"
+                    .into(),
+            );
+        }
+        eprintln!(" Max msg size in UD is MTU {limit}");
+        eprintln!(" Changing to this MTU");
+        let sizes = if self.all {
+            (1..=limit.trailing_zeros()).map(|e| 1u64 << e).collect()
+        } else {
+            vec![limit]
+        };
+        Ok(Self {
+            sizes,
+            ..self.clone()
+        })
     }
 
     fn max_size(&self) -> u64 {
@@ -413,18 +529,24 @@ fn pattern(len: u64) -> Vec<u8> {
     (0..len).map(pattern_byte).collect()
 }
 
-/// The NIC and everything a test runs on: a send and a receive CQ, the queue pairs, and one
-/// registered buffer holding, per queue pair, a local area (what is sent, or where READs
-/// and atomic results land) and a target area (what the peer addresses), as perftest lays
-/// out its buffer.
+/// The NIC and everything a test runs on: a send and a receive CQ, the queue pairs (and
+/// their shared receive queue, with `--use-srq`), and one registered buffer holding, per
+/// queue pair, a local area (what is sent, or where READs and atomic results land) and a
+/// target area (what the peer addresses, or where its SENDs land), as perftest lays out its
+/// buffer.
 struct Rig {
     nic: Nic,
     send_cq: Cq,
     recv_cq: Cq,
     qps: Vec<Qp>,
+    srq: Option<Srq>,
     region: Region,
     base: u64,
     area: u64,
+    /// UD: where each queue pair's datagrams go (the peer's QPN and GID), once connected.
+    dests: Vec<UdDest>,
+    /// UD: receives carry the 40-byte GRH before the payload.
+    ud: bool,
 }
 
 impl Rig {
@@ -446,18 +568,37 @@ impl Rig {
         crate::refuse_soft_only(&nic, s.fault.is_some(), s.pcap.is_some())
             .map_err(|e| format!(" {e}"))?;
         let q = s.qps;
-        let area = s.max_size().max(u64::from(CYCLE_BUFFER));
+        let ud = s.connection == Connection::Ud;
+        // UD: a cache line more, for the GRH before the payload.
+        let area = s.max_size().max(u64::from(CYCLE_BUFFER)) + if ud { UD_PAYLOAD_AT } else { 0 };
         let cq_error = |e| format!(" Couldn't create CQ: {e}");
         let send_cq = Cq::new(&nic, q * (s.tx_depth as usize + 2) + 16).map_err(cq_error)?;
         let recv_cq = Cq::new(&nic, q * (s.rx_depth as usize + 2) + 16).map_err(cq_error)?;
+        // perftest's SRQ: as deep as -r, one receive SGE.
+        let srq = if s.has_srq() {
+            Some(Srq::new(&nic, s.rx_depth).map_err(|e| format!("Couldn't create SRQ: {e}"))?)
+        } else {
+            None
+        };
         let caps = QpCaps {
             sq_depth: s.tx_depth + 1,
-            rq_depth: if s.verb == Verb::Send { s.rx_depth } else { 1 },
+            rq_depth: if s.verb == Verb::Send && srq.is_none() {
+                s.rx_depth
+            } else {
+                1
+            },
             max_inline: 0,
         };
-        let qp_type = if s.uc { QpType::Uc } else { QpType::Rc };
+        let qp_type = match s.connection {
+            Connection::Rc => QpType::Rc,
+            Connection::Uc => QpType::Uc,
+            Connection::Ud => QpType::Ud,
+        };
         let qps = (0..q)
-            .map(|_| Qp::new(&nic, qp_type, &send_cq, &recv_cq, caps))
+            .map(|_| match &srq {
+                Some(srq) => Qp::with_srq(&nic, qp_type, &send_cq, &recv_cq, srq, caps),
+                None => Qp::new(&nic, qp_type, &send_cq, &recv_cq, caps),
+            })
             .collect::<Result<_, _>>()
             .map_err(|e| format!(" Couldn't create QP: {e}"))?;
         let len = 64 + 2 * q as u64 * area;
@@ -476,9 +617,12 @@ impl Rig {
             send_cq,
             recv_cq,
             qps,
+            srq,
             region,
             base,
             area,
+            dests: Vec::new(),
+            ud,
         };
         let pat = pattern(area);
         for i in 0..q {
@@ -501,9 +645,31 @@ impl Rig {
         self.base + (self.qps.len() + i) as u64 * self.area
     }
 
-    /// Size of one area.
-    fn area(&self) -> u64 {
-        self.area
+    /// The receive buffer of queue pair `i`'s area: where it starts and how long it is. On
+    /// UD it starts 40 bytes before a cache line, so that the payload, after the GRH, starts
+    /// on one.
+    fn recv_buffer(&self, i: usize) -> (u64, u64) {
+        if self.ud {
+            let skip = UD_PAYLOAD_AT - UD_GRH_LEN as u64;
+            (self.target_off(i) + skip, self.area - skip)
+        } else {
+            (self.target_off(i), self.area)
+        }
+    }
+
+    /// Where a message received into queue pair `i`'s receive buffer begins.
+    fn payload_off(&self, i: usize) -> u64 {
+        self.target_off(i) + if self.ud { UD_PAYLOAD_AT } else { 0 }
+    }
+
+    /// Bytes a receive completion counts for a message of `size` bytes: the GRH too on UD.
+    fn received_len(&self, size: u64) -> u64 {
+        size + if self.ud { UD_GRH_LEN as u64 } else { 0 }
+    }
+
+    /// Where queue pair `i`'s datagrams go, on UD.
+    fn dest(&self, i: usize) -> Option<UdDest> {
+        self.dests.get(i).copied()
     }
 
     /// Copies `bytes` to offset `at`.
@@ -569,7 +735,7 @@ struct Session {
 }
 
 fn execute(s: &Settings) -> Result<(), String> {
-    let rig = Rig::new(s)?;
+    let mut rig = Rig::new(s)?;
     // The report names the GID index: the one asked for (which a verbs device then uses, and
     // which the soft NIC, whose one GID is its address, echoes), else the one the NIC chose.
     let s = &Settings {
@@ -585,6 +751,7 @@ fn execute(s: &Settings) -> Result<(), String> {
     comm.exchange_versions()?;
     comm.check_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
     let mtu = comm.check_mtu(s.mtu.unwrap_or_else(|| rig.nic.active_mtu()))?;
+    let s = &s.fit_datagrams(mtu)?;
     report::print_header(s, mtu.bytes());
 
     let gid = match rig.nic.addr().ip() {
@@ -632,9 +799,19 @@ fn execute(s: &Settings) -> Result<(), String> {
                 .into(),
         );
     }
-    for (qp, peer) in rig.qps.iter().zip(&remote) {
-        connect(qp, peer, s, mtu, out_reads)?;
+    if s.connection == Connection::Ud {
+        rig.dests = rig
+            .qps
+            .iter()
+            .zip(&remote)
+            .map(|(qp, peer)| ready_ud(qp, peer))
+            .collect::<Result<_, _>>()?;
+    } else {
+        for (qp, peer) in rig.qps.iter().zip(&remote) {
+            connect(qp, peer, s, mtu, out_reads)?;
+        }
     }
+    let rig = rig;
     for key in &local {
         println!("{}", report::address_lines("local", key, s.verb));
     }
@@ -666,14 +843,30 @@ fn execute(s: &Settings) -> Result<(), String> {
     Ok(())
 }
 
+/// The address of the NIC a key line's GID names.
+fn peer_ip(peer: &KeyLine) -> IpAddr {
+    let gid = peer.gid_addr();
+    gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4)
+}
+
+/// Moves a UD queue pair to RTS with perftest's Q_Key, and names where its datagrams go: the
+/// queue pair of the peer's key line, at its GID, with the same Q_Key (`ctx_connect`,
+/// `ctx_set_send_reg_wqes`).
+fn ready_ud(qp: &Qp, peer: &KeyLine) -> Result<UdDest, String> {
+    qp.ready_ud(UD_QKEY).map_err(|e| {
+        format!(
+            " Failed to modify QP to RTR/RTS: {e}\n Unable to Connect the HCA's through the link"
+        )
+    })?;
+    Ok(AddressHandle::new(peer_ip(peer)).dest(Qpn::from_low_bits(peer.qpn), UD_QKEY))
+}
+
 /// Moves a queue pair to RTR and RTS towards the peer its key line names.
 fn connect(qp: &Qp, peer: &KeyLine, s: &Settings, mtu: Mtu, out_reads: u32) -> Result<(), String> {
-    let gid = peer.gid_addr();
-    let ip = gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4);
     let endpoint = QpEndpoint {
         qpn: Qpn::from_low_bits(peer.qpn),
         psn: Psn::from_low_bits(peer.psn),
-        addr: SocketAddr::new(ip, ROCE_PORT),
+        addr: SocketAddr::new(peer_ip(peer), ROCE_PORT),
     };
     let rd_atomic = out_reads.min(peer.out_reads.max(1)).min(255) as u8;
     let options = ConnectOptions {
@@ -755,7 +948,7 @@ fn send_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, St
         comm.hand_shake(&local[0])?;
         let r = match receiver.as_mut() {
             None => bw::client(s, rig, &remote, size)?,
-            Some(receiver) => receiver.run(s, rig, size, &comm)?,
+            Some(receiver) => receiver.run(s, rig, size, &remote, &comm)?,
         };
         print_bw(s, &r);
         results.push(Outcome::Bw(r));
@@ -789,7 +982,9 @@ fn write_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, 
 /// ping-pong.
 fn send_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
     let Session {
-        mut comm, local, ..
+        mut comm,
+        local,
+        remote,
     } = session;
     println!("{RESULT_LINE}");
     println!("{}", report::lat_columns(s.duration.is_some()));
@@ -797,7 +992,7 @@ fn send_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, S
     for &size in &s.sizes {
         let mut pingpong = lat::SendPingpong::post(s, rig)?;
         comm.hand_shake(&local[0])?;
-        let r = pingpong.run(s, rig, size, &comm)?;
+        let r = pingpong.run(s, rig, size, &remote[0], &comm)?;
         println!("{}", report::lat_line(&r));
         results.push(Outcome::Lat(r));
     }

@@ -49,8 +49,9 @@ pub(super) fn print_header(s: &Settings, mtu_bytes: u32) {
     println!(" Dual-port       : OFF\t\tDevice         : {}", s.device);
     println!(" Number of qps   : {}\t\tTransport type : IB", s.qps);
     println!(
-        " Connection type : {}\t\tUsing SRQ      : OFF",
-        s.connection_name()
+        " Connection type : {}\t\tUsing SRQ      : {}",
+        s.connection_name(),
+        on_off(s.use_srq)
     );
     println!(" PCIe relax order: OFF");
     println!(" ibv_wr* API     : OFF");
@@ -74,6 +75,15 @@ pub(super) fn print_header(s: &Settings, mtu_bytes: u32) {
     println!(" rdma_cm QPs\t : OFF");
     println!(" Data ex. method : Ethernet");
     println!("{RESULT_LINE}");
+}
+
+/// perftest's "ON" / "OFF".
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "ON"
+    } else {
+        "OFF"
+    }
 }
 
 /// `ctx_print_pingpong_data`: the address line and the GID line, GID bytes in decimal.
@@ -270,7 +280,7 @@ pub(super) fn write_json(
     info.insert("Number_of_qps".into(), s.qps.into());
     info.insert("Transport_type".into(), "IB".into());
     info.insert("Connection_type".into(), s.connection_name().into());
-    info.insert("Using_SRQ".into(), "OFF".into());
+    info.insert("Using_SRQ".into(), on_off(s.use_srq).into());
     info.insert("PCIe_relax_order".into(), "OFF".into());
     info.insert("ibv_wr_API".into(), "OFF".into());
     if s.is_client() {
