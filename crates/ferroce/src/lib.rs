@@ -26,6 +26,7 @@
 
 pub mod cache;
 pub mod capture;
+pub mod cm;
 pub mod cq;
 #[cfg(feature = "cuda")]
 pub mod cuda;

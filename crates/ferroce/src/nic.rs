@@ -170,7 +170,9 @@ pub(crate) enum Backend {
 pub(crate) struct SoftNic {
     pub(crate) shared: Arc<Shared>,
     pub(crate) pd: PdId,
-    _owner: Arc<Owner>,
+    /// `None` for the NIC's own internal handles (its connection manager's), which must not
+    /// keep it open.
+    owner: Option<Arc<Owner>>,
 }
 
 /// An open verbs device; its event thread stops with the last handle or [`Nic::close`].
@@ -184,12 +186,27 @@ impl Drop for VerbsNic {
     }
 }
 
-/// Stops the progress thread when the last user handle goes.
-struct Owner(Arc<Shared>);
+/// Stops the connection manager, then the progress thread, when the last user handle goes.
+struct Owner {
+    shared: Arc<Shared>,
+    cm: std::sync::Mutex<Option<Arc<crate::cm::Agent>>>,
+}
+
+impl Owner {
+    fn stop_cm(&self) {
+        let agent = self
+            .cm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        drop(agent);
+    }
+}
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        self.0.stop();
+        self.stop_cm();
+        self.shared.stop();
     }
 }
 
@@ -245,13 +262,26 @@ impl Nic {
         shared
             .start()
             .map_err(|source| NicError::Socket { addr, source })?;
-        Ok(Self {
+        let owner = Arc::new(Owner {
+            shared: Arc::clone(&shared),
+            cm: std::sync::Mutex::new(None),
+        });
+        let nic = Self {
             backend: Backend::Soft(SoftNic {
-                _owner: Arc::new(Owner(Arc::clone(&shared))),
+                owner: Some(Arc::clone(&owner)),
                 shared,
                 pd,
             }),
-        })
+        };
+        // QP 1 and the connection manager on it, as every RDMA device has them: a REQ to a
+        // port nobody listens on is refused (REJ 8), not left unanswered.
+        let agent = crate::cm::Agent::start(&nic.internal_handle())
+            .map_err(|source| NicError::Socket { addr, source })?;
+        *owner
+            .cm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(agent));
+        Ok(nic)
     }
 
     /// Opens the device called `name`: [`verbs::SOFT_DEVICE`] (`ferroce0`) is the soft NIC,
@@ -307,6 +337,31 @@ impl Nic {
             Backend::Soft(s) => Some(s),
             Backend::Verbs(_) => None,
         }
+    }
+
+    /// A handle of this soft NIC that does not keep it open: for what the NIC itself owns
+    /// (its connection manager's QP 1), which would otherwise keep it alive for ever.
+    pub(crate) fn internal_handle(&self) -> Self {
+        match &self.backend {
+            Backend::Soft(s) => Self {
+                backend: Backend::Soft(SoftNic {
+                    shared: Arc::clone(&s.shared),
+                    pd: s.pd,
+                    owner: None,
+                }),
+            },
+            Backend::Verbs(_) => self.clone(),
+        }
+    }
+
+    /// The soft NIC's connection manager, while it is open.
+    pub(crate) fn cm_agent(&self) -> Option<Arc<crate::cm::Agent>> {
+        let owner = self.soft()?.owner.as_ref()?;
+        owner
+            .cm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The verbs device, or `None` on the soft NIC.
@@ -523,7 +578,12 @@ impl Nic {
     /// event thread; the device closes when its last object is dropped. Idempotent.
     pub fn close(&self) {
         match &self.backend {
-            Backend::Soft(s) => s.shared.stop(),
+            Backend::Soft(s) => {
+                if let Some(owner) = &s.owner {
+                    owner.stop_cm();
+                }
+                s.shared.stop();
+            }
             Backend::Verbs(v) => v.device.stop(),
         }
     }

@@ -67,6 +67,23 @@ impl Default for ConnectOptions {
     }
 }
 
+/// Everything INIT → RTR → RTS sets on the soft NIC.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BringUp {
+    pub(crate) peer: SocketAddr,
+    pub(crate) dest_qpn: Qpn,
+    pub(crate) sq_psn: Psn,
+    pub(crate) rq_psn: Psn,
+    pub(crate) mtu: Mtu,
+    pub(crate) access: Access,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) min_rnr_timer: RnrTimer,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) max_dest_rd_atomic: u8,
+}
+
 /// A queue pair of a [`Nic`].
 pub struct Qp {
     nic: Nic,
@@ -275,25 +292,45 @@ impl Qp {
     /// a verbs device, [`ModifyError::Device`] with what it returned (ETIMEDOUT at RTR: the
     /// peer's address could not be resolved).
     pub fn connect(&self, peer: &QpEndpoint, options: &ConnectOptions) -> Result<(), ModifyError> {
-        let (soft, qpn) = match (&self.inner, self.soft()) {
-            (QpInner::Verbs(qp), _) => return qp.connect(peer, options),
-            (_, Some(s)) => s,
-            (_, None) => return Err(ModifyError::Device("the NIC is gone".into())),
-        };
-        let mut state = soft.shared.lock();
-        let engine = &mut state.engine;
-        let access = options.access.qp_rights();
+        if let QpInner::Verbs(qp) = &self.inner {
+            return qp.connect(peer, options);
+        }
         let rnr = RnrTimer::new(options.min_rnr_timer).ok_or(ModifyError::InvalidValue {
             attr: "min_rnr_timer",
             value: options.min_rnr_timer.into(),
             expected: "0 to 31",
         })?;
-        let psn = self.endpoint().psn;
+        self.bring_up(&BringUp {
+            peer: peer.addr,
+            dest_qpn: peer.qpn,
+            sq_psn: self.endpoint().psn,
+            rq_psn: peer.psn,
+            mtu: options.mtu,
+            access: options.access.qp_rights(),
+            timeout: options.timeout,
+            retry_cnt: options.retry_cnt,
+            rnr_retry: options.rnr_retry,
+            min_rnr_timer: rnr,
+            max_rd_atomic: options.max_rd_atomic,
+            max_dest_rd_atomic: options.max_rd_atomic,
+        })
+    }
+
+    /// INIT → RTR → RTS on the soft NIC with every attribute given (connection management
+    /// settles each side's separately).
+    pub(crate) fn bring_up(&self, b: &BringUp) -> Result<(), ModifyError> {
+        let Some((soft, qpn)) = self.soft() else {
+            return Err(ModifyError::Device(
+                "a verbs device's QPs are connected by Qp::connect".into(),
+            ));
+        };
+        let mut state = soft.shared.lock();
+        let engine = &mut state.engine;
         engine.modify_qp(
             qpn,
             &QpAttr {
                 state: Some(QpState::Init),
-                access: Some(access),
+                access: Some(b.access),
                 ..QpAttr::default()
             },
         )?;
@@ -301,12 +338,12 @@ impl Qp {
             qpn,
             &QpAttr {
                 state: Some(QpState::Rtr),
-                path_mtu: Some(options.mtu),
-                dest_qpn: Some(peer.qpn),
-                peer: Some(peer.addr),
-                rq_psn: Some(peer.psn),
-                max_dest_rd_atomic: Some(options.max_rd_atomic),
-                min_rnr_timer: Some(rnr),
+                path_mtu: Some(b.mtu),
+                dest_qpn: Some(b.dest_qpn),
+                peer: Some(b.peer),
+                rq_psn: Some(b.rq_psn),
+                max_dest_rd_atomic: Some(b.max_dest_rd_atomic),
+                min_rnr_timer: Some(b.min_rnr_timer),
                 ..QpAttr::default()
             },
         )?;
@@ -314,11 +351,11 @@ impl Qp {
             qpn,
             &QpAttr {
                 state: Some(QpState::Rts),
-                sq_psn: Some(psn),
-                timeout: Some(options.timeout),
-                retry_cnt: Some(options.retry_cnt),
-                rnr_retry: Some(options.rnr_retry),
-                max_rd_atomic: Some(options.max_rd_atomic),
+                sq_psn: Some(b.sq_psn),
+                timeout: Some(b.timeout),
+                retry_cnt: Some(b.retry_cnt),
+                rnr_retry: Some(b.rnr_retry),
+                max_rd_atomic: Some(b.max_rd_atomic),
                 ..QpAttr::default()
             },
         )
@@ -444,6 +481,42 @@ impl Qp {
             },
         );
         soft.shared.after_command(state);
+    }
+
+    /// QP 1 of a soft NIC, the GSI, in RTS with its fixed Q_Key: connection management's
+    /// MADs travel on it. One per NIC at a time.
+    pub(crate) fn gsi(nic: &Nic, cq: &Cq, caps: QpCaps) -> Result<Self, NicError> {
+        let (Some(soft), Some(cq_id)) = (nic.soft(), cq.soft_id()) else {
+            return Err(NicError::SoftOnly(
+                "connection management's own GSI endpoints",
+            ));
+        };
+        let mut state = soft.shared.lock();
+        let qpn = state
+            .engine
+            .create_gsi_qp(QpInit {
+                qp_type: QpType::Ud,
+                pd: soft.pd,
+                send_cq: cq_id,
+                recv_cq: cq_id,
+                caps,
+                sq_sig_all: false,
+                srq: None,
+            })
+            .map_err(|_| NicError::SoftOnly("a second GSI on one NIC"))?;
+        drop(state);
+        let qp = Self {
+            nic: nic.clone(),
+            inner: QpInner::Soft {
+                qpn,
+                psn: Psn::default(),
+                caps,
+                _srq: None,
+            },
+        };
+        qp.ready_ud(ferroce_proto::qp::GSI_QKEY)
+            .map_err(|_| NicError::SoftOnly("a GSI that cannot be brought up"))?;
+        Ok(qp)
     }
 
     /// The soft engine's number for this QP, for the faces that attach to the engine.
