@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
 mod devinfo;
 mod perf;
 mod pingpong;
+mod rping;
 mod srq_pingpong;
 mod stream;
 mod ud_pingpong;
@@ -59,6 +60,9 @@ enum Command {
     /// Many RC queue pairs ping-ponging over one shared receive queue, flag- and
     /// wire-compatible with rdma-core's `ibv_srq_pingpong` (the soft NIC only).
     SrqPingpong(srq_pingpong::SrqPingpongArgs),
+    /// RDMA READ and WRITE ping over a connection made by connection management,
+    /// flag-, wire- and output-compatible with librdmacm's `rping` (the soft NIC only).
+    Rping(rping::RpingArgs),
     /// perftest's bandwidth and latency tests (`ib_write_bw`, `ib_send_lat`, …), flag-,
     /// output- and wire-compatible with perftest 6.06.
     #[command(subcommand)]
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(&args),
         Command::UdPingpong(args) => ud_pingpong::run(&args),
         Command::SrqPingpong(args) => srq_pingpong::run(&args),
+        Command::Rping(args) => rping::run(&args),
         Command::Perf(command) => perf::run(&command),
         Command::Stream(command) => stream::run(&command),
         Command::Demo { json } => stream::demo(json),
@@ -168,5 +173,17 @@ fn decode(file: &PathBuf, port: u16, json: bool) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap checks a command line's definition only when it parses one; this checks every
+    /// subcommand's at once (rping's -V once clashed with clap's own --version).
+    #[test]
+    fn every_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
     }
 }
