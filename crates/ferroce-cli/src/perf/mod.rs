@@ -13,7 +13,8 @@
 //! 3. write-lat, read-lat and atomic-lat only: one key line each way.
 //! 4. One key line per queue pair each way; the queue pairs go to RTR and RTS; the local
 //!    address lines; one key line per queue pair again, with the remote address lines; one
-//!    more key line ("after RTR").
+//!    more key line ("after RTR"), which send-bw and send-lat exchange before the local
+//!    address lines instead.
 //! 5. The traffic, and the end each test has:
 //!    - write-bw, read-bw, atomic-bw: the server waits in a key line while the client runs;
 //!      then the client's report goes over (`xchg_bw_reports`) and the closing handshake.
@@ -812,6 +813,12 @@ fn execute(s: &Settings) -> Result<(), String> {
         }
     }
     let rig = rig;
+    // One more key line once the queue pairs are connected ("after RTR"): send-bw and
+    // send-lat shake hands right away, the other tests after the remote address lines. With
+    // more than one queue pair the order tells which key line is which.
+    if s.verb == Verb::Send {
+        comm.hand_shake(&local[0])?;
+    }
     for key in &local {
         println!("{}", report::address_lines("local", key, s.verb));
     }
@@ -819,8 +826,9 @@ fn execute(s: &Settings) -> Result<(), String> {
         remote[i] = comm.hand_shake(key)?;
         println!("{}", report::address_lines("remote", &remote[i], s.verb));
     }
-    // An additional handshake is required after moving the queue pairs to RTR.
-    comm.hand_shake(&local[0])?;
+    if s.verb != Verb::Send {
+        comm.hand_shake(&local[0])?;
+    }
 
     let session = Session {
         comm,
