@@ -425,6 +425,19 @@ def interop_plan(lab):
             plan.append((f"{name}-{role}", "pingpong", server, client,
                          server.srq_pingpong(4, 4096, n), client.srq_pingpong(4, 4096, n, server.addr),
                          90 if drop else 40, drop, 1024))
+    # perftest's UD and SRQ modes of its SEND tests: -c UD sends each message as one datagram
+    # (here the guests' 1024-byte MTU) with Q_Key 0x11111111 to the QPN of the key line, each
+    # receive taking the 40-byte GRH first; --use-srq -q 2 puts the receiver's two RC QPs on one
+    # shared receive queue. No loss runs: UD does not resend, and perftest's server would wait
+    # for a lost datagram for a minute or two.
+    for name, tool, sub, kind, flags in (
+            ("ib_send_bw-ud", "ib_send_bw", "send-bw", "bw", f"-c UD -s 1024 -n {iters(100)}"),
+            ("ib_send_lat-ud", "ib_send_lat", "send-lat", "lat", f"-c UD -s 1024 -n {iters(200)}"),
+            ("ib_send_bw-srq-2qp", "ib_send_bw", "send-bw", "bw", f"--use-srq -q 2 -s 65536 -n {iters(40)}")):
+        for server, client in ((vm, host), (host, vm)):
+            role = "ferroce-client" if client is host else "ferroce-server"
+            plan.append((f"{name}-{role}", kind, server, client, server.perf(tool, sub, flags),
+                         client.perf(tool, sub, flags, server.addr), 60, 0, 1024))
     # a READ longer than the requester's largest window: ferroce asks for 1 MiB as eight READ
     # requests of 128 response packets, which rxe must serve within max_rd_atomic, with and
     # without loss
