@@ -21,7 +21,9 @@ mod pingpong;
 mod rping;
 mod srq_pingpong;
 mod stream;
+mod ucmatose;
 mod ud_pingpong;
+mod udaddy;
 use ferroce::capture::CaptureReader;
 use ferroce::decode::{decode_frame, IcrcStatus};
 
@@ -63,6 +65,12 @@ enum Command {
     /// RDMA READ and WRITE ping over a connection made by connection management,
     /// flag-, wire- and output-compatible with librdmacm's `rping` (the soft NIC only).
     Rping(rping::RpingArgs),
+    /// RC connections over connection management with SENDs both ways, flag-, wire- and
+    /// output-compatible with librdmacm's `ucmatose` (the soft NIC only).
+    Ucmatose(ucmatose::UcmatoseArgs),
+    /// UD endpoints resolved by SIDR with datagrams both ways, flag-, wire- and
+    /// output-compatible with librdmacm's `udaddy` (the soft NIC only).
+    Udaddy(udaddy::UdaddyArgs),
     /// perftest's bandwidth and latency tests (`ib_write_bw`, `ib_send_lat`, …), flag-,
     /// output- and wire-compatible with perftest 6.06.
     #[command(subcommand)]
@@ -89,6 +97,8 @@ fn main() -> ExitCode {
         Command::UdPingpong(args) => ud_pingpong::run(&args),
         Command::SrqPingpong(args) => srq_pingpong::run(&args),
         Command::Rping(args) => rping::run(&args),
+        Command::Ucmatose(args) => ucmatose::run(&args),
+        Command::Udaddy(args) => udaddy::run(&args),
         Command::Perf(command) => perf::run(&command),
         Command::Stream(command) => stream::run(&command),
         Command::Demo { json } => stream::demo(json),

@@ -105,7 +105,7 @@ fn open(addr: IpAddr) -> Result<Nic, String> {
 }
 
 /// The source address the kernel would pick to reach `to` (no packet is sent).
-fn route_source(to: IpAddr) -> Option<IpAddr> {
+pub(crate) fn route_source(to: IpAddr) -> Option<IpAddr> {
     let any: IpAddr = if to.is_ipv4() {
         Ipv4Addr::UNSPECIFIED.into()
     } else {
@@ -321,9 +321,12 @@ fn ping(args: &RpingArgs) -> Result<(), String> {
         }
         ping += 1;
     }
-    conn.disconnect(Duration::from_secs(10))
-        .map_err(|e| format!("rdma_disconnect: {e}"))?;
-    eprintln!("client DISCONNECT EVENT...");
+    // rping's exit status does not wait on the DREP (the kernel resends a lost DREQ after the
+    // process is gone); ferroce's DREQ lives in this process, so wait for it a while.
+    match conn.disconnect(Duration::from_secs(30)) {
+        Ok(()) => eprintln!("client DISCONNECT EVENT..."),
+        Err(e) => eprintln!("rdma_disconnect: {e}"),
+    }
     Ok(())
 }
 
