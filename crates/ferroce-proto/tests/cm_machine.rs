@@ -573,3 +573,20 @@ fn sidr_resolves_a_ud_service() {
     w.run_for(cm_time(CM_RESPONSE_TIMEOUT) * (u32::from(MAX_CM_RETRIES) + 2));
     assert_eq!(w.events_a.last(), Some(&CmEvent::SidrUnreachable { id }));
 }
+
+#[test]
+fn an_unanswered_dreq_closes_the_connection_after_its_few_retries() {
+    use ferroce_proto::cm::machine::DREQ_RETRIES;
+    let mut w = Wire::new();
+    w.b.listen(sid()).unwrap();
+    let (active, _) = handshake(&mut w, 0x20);
+    // B is gone: nothing A sends arrives any more.
+    w.rule = Box::new(|from, _| if from == A { Fate::Drop } else { Fate::Deliver });
+    w.a.disconnect(w.now, active).unwrap();
+    let interval = cm_time(PACKET_LIFETIME) * 2 + cm_time(CM_RESPONSE_TIMEOUT);
+    w.run_for(interval * u32::from(DREQ_RETRIES) + interval / 2);
+    assert!(!w.events_a.contains(&CmEvent::Disconnected { id: active }));
+    w.run_for(interval);
+    assert!(w.events_a.contains(&CmEvent::Disconnected { id: active }));
+    assert_eq!(w.sent(A, AttributeId::Dreq), 1 + usize::from(DREQ_RETRIES));
+}

@@ -38,6 +38,11 @@ pub const MAX_CM_RETRIES: u8 = 15;
 /// The local ACK timeout a REQ carries for the path: the kernel's for a packet lifetime of 18
 /// (0x13, about 2.1 s).
 pub const PATH_ACK_TIMEOUT: u8 = 19;
+/// How often a DREQ is resent before the connection counts as closed anyway. Fewer than a
+/// REQ's: a DREQ is a courtesy (the peer's QP times out by itself), and the kernel was seen,
+/// in the lab under loss, to answer a first DREQ whose DREP was lost and none of its resends,
+/// which cost its closer the whole REQ budget (a minute) for nothing.
+pub const DREQ_RETRIES: u8 = 3;
 /// The MRA service timeout ferroce sends while its application decides (2^24 × 4.096 µs,
 /// about 69 s, as rdma_cm's delayed MRA).
 pub const MRA_SERVICE_TIMEOUT: u8 = 24;
@@ -681,7 +686,7 @@ impl CmEndpoint {
         conn.dreq_tid = tid;
         conn.resend = Some((dreq, tid));
         conn.due = Some(now + conn.interval);
-        conn.retries_left = MAX_CM_RETRIES;
+        conn.retries_left = DREQ_RETRIES;
         let peer = conn.peer;
         self.send(peer, &dreq, tid);
         Ok(())
