@@ -53,14 +53,14 @@ GUEST_BINARIES = [
     "ibv_devinfo", "ibv_devices", "ibv_rc_pingpong", "ibv_uc_pingpong", "ibv_ud_pingpong",
     "ibv_srq_pingpong",
     "ib_write_bw", "ib_write_lat", "ib_read_bw", "ib_read_lat", "ib_send_bw", "ib_send_lat",
-    "ib_atomic_bw", "ib_atomic_lat", "rping", "ucmatose",
+    "ib_atomic_bw", "ib_atomic_lat", "rping", "ucmatose", "udaddy",
     "ip", "rdma", "ss", "tc", "tcpdump", "socat", "ethtool", "bash",
 ]
 # Libraries a binary may load later (the ferroce binary comes from the 9p export).
 GUEST_EXTRA_LIBS = ["libgcc_s.so.1", "libm.so.6", "libc.so.6", "libpthread.so.0", "libdl.so.2",
                     "librt.so.1"]
 GUEST_MODULES = ["virtio_pci", "virtio_net", "9pnet_virtio", "9p", "crc32_generic",
-                 "crc32-pclmul", "rdma_rxe", "ib_uverbs", "sch_netem"]
+                 "crc32-pclmul", "rdma_rxe", "ib_uverbs", "sch_netem", "rdma_ucm"]
 STAMP_PACKAGES = ["rdma-core", "ibverbs-utils", "ibverbs-providers", "libibverbs1", "perftest",
                   "rdmacm-utils", "iproute2", "busybox-static", "tcpdump", "socat", "ethtool",
                   "libc6"]
@@ -723,10 +723,16 @@ table bridge ferroce_loss {{
                 self.nft_tables.discard(table)
 
     def set_mtu(self, mtu):
-        """Sets every guest's eth0 MTU (1500: rxe's active MTU 1024; 9000: 4096)."""
+        """Sets every guest's eth0 MTU (1500: rxe's active MTU 1024; 9000: 4096), and the
+        bridge's and taps' to match: ferroce on the host takes its path MTU from the bridge, and
+        a REQ's MTU is final for the passive side, so a bridge left at 9000 towards guests at
+        1500 would have ferroce claim 4096 and its peer send packets the guests cannot take."""
         want = {1500: "1024", 9000: "4096"}.get(mtu)
+        ns = ["ip", "netns", "exec", self.ns, "ip", "link", "set"]
         for g in self.guests.values():
             g.sh(f"ip link set eth0 mtu {mtu}")
+            subprocess.run(ns + [g.tap, "mtu", str(mtu)], check=True)
+        subprocess.run(ns + [BRIDGE, "mtu", str(mtu)], check=True)
         if want:
             for g in self.guests.values():
                 if not self.wait_guest_mtu(g, want):

@@ -28,6 +28,8 @@ import lab as labmod  # noqa: E402
 from lab import HOST_ADDR, GUEST_ADDRS, Lab, LabError, log  # noqa: E402
 
 PORT = 18515
+# rping's default rdma_cm port
+RPING_PORT = 7174
 GUEST_BIN = "/ferroce/ferroce"
 MIB = 1 << 20
 
@@ -98,6 +100,25 @@ class Endpoint:
             cmd = f"{self.bin} srq-pingpong --local {self.addr} {flags}"
         return cmd + (f" {server}" if server else "")
 
+    def rping(self, size, count, server=None, port=None):
+        """rping's server (`-s -a` its own address) or client (`-c -a` the server's); the
+        client pings `count` times and validates every ping."""
+        port = port or RPING_PORT
+        tool = "rping" if self.impl == "rxe" else f"{self.bin} rping"
+        if server is None:
+            return f"{tool} -s -a {self.addr} -p {port} -S {size} -v"
+        source = "" if self.impl == "rxe" else f" -I {self.addr}"
+        return f"{tool} -c -a {server}{source} -p {port} -S {size} -C {count} -v -V"
+
+    def cmatose(self, tool, flags, server=None):
+        """ucmatose or udaddy: the server binds its address (`-b`), the client names the
+        server (`-s`) and, for ferroce, its own (`-b`)."""
+        cmd = tool if self.impl == "rxe" else f"{self.bin} {tool}"
+        if server is None:
+            return f"{cmd} -b {self.addr} {flags}"
+        source = "" if self.impl == "rxe" else f" -b {self.addr}"
+        return f"{cmd} -s {server}{source} {flags}"
+
     def perf(self, tool, sub, flags, server=None):
         if self.impl == "rxe":
             cmd = f"{tool} -d rxe0 -x 1 -F {flags}"
@@ -146,6 +167,27 @@ class Running:
         elif self.job is not None:
             self.job.kill()
 
+    def wait_cm_listen(self, port, timeout):
+        """An rdma_cm listener is up: in a guest, `rdma res show cm_id` lists it; on the host,
+        ferroce's soft NIC holds UDP 4791 (its listener follows within milliseconds)."""
+        if self.where == "host":
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                p = subprocess.run(["ip", "netns", "exec", self.lab.ns, "ss", "-Hlun", "sport = :4791"],
+                                   text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                if p.stdout.strip():
+                    time.sleep(0.3)
+                    return True
+                if self.proc.poll() is not None:
+                    return False
+                time.sleep(0.05)
+            return False
+        script = (f"i=0; while [ $i -lt {int(timeout * 10)} ]; do "
+                  f"rdma res show cm_id 2>/dev/null | grep LISTEN | grep -q ':{port}' && exit 0; "
+                  "usleep 100000; i=$((i+1)); done; exit 1")
+        rc, _ = self.lab.guest(self.where).sh(script, limit=timeout + 5, check=False)
+        return rc == 0
+
     def wait_listen(self, port, timeout):
         if self.where == "host":
             return self.lab.wait_host_listen(port, timeout, self.proc)
@@ -164,6 +206,13 @@ def parse_metrics(kind, out):
         r = re.search(r"(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter", out)
         if r:
             m["usec_iter"] = float(r.group(3))
+    elif kind == "rping":
+        pings = re.findall(r"^ping data: rdma-ping-\d+", out, re.M)
+        if pings:
+            m["pings"] = len(pings)
+    elif kind == "cm":
+        if re.search(r"^data transfers complete$", out, re.M) and re.search(r"^return status 0$", out, re.M):
+            m["complete"] = True
     elif kind == "bw":
         for line in out.splitlines():
             f = line.split()
@@ -267,7 +316,12 @@ def run_pair(lab, name, kind, server, client, server_cmd, client_cmd, limit, out
             # packet may go; the others lose no bare ACK (see Lab.set_loss)
             lab.set_loss(loss, acks=(kind == "bw"))
         srv = Running(lab, server.where, server_cmd, limit, os.path.join(outdir, name + ".server.log"))
-        if not srv.wait_listen(PORT, 30):
+        if kind in ("rping", "cm"):
+            cm_port = 7471 if "ucmatose" in name else RPING_PORT
+            if not srv.wait_cm_listen(cm_port, 30):
+                srv.wait(5)
+                raise LabError(f"the server never listened on rdma_cm port {cm_port}:\n{srv.out.strip()[-800:]}")
+        elif not srv.wait_listen(PORT, 30):
             srv.wait(5)
             raise LabError(f"the server never listened on TCP {PORT}:\n{srv.out.strip()[-800:]}")
         cli = Running(lab, client.where, client_cmd, limit, os.path.join(outdir, name + ".client.log"))
@@ -290,6 +344,13 @@ def run_pair(lab, name, kind, server, client, server_cmd, client_cmd, limit, out
             problems.append("no result line in the client's output")
         if kind == "pingpong" and crc == 0 and src == 0 and not res["server_metrics"]:
             problems.append("no result line in the server's output")
+        if kind == "cm" and crc == 0 and src == 0 and not res["server_metrics"]:
+            problems.append("the server did not complete its data transfers")
+        if kind == "rping" and crc == 0:
+            want = int(re.search(r"-C (\d+)", client_cmd).group(1))
+            got = res["metrics"].get("pings", 0)
+            if got != want:
+                problems.append(f"the client printed {got} validated pings of {want}")
         if loss and not res.get("dropped"):
             problems.append("the loss rules dropped nothing")
     except LabError as e:
@@ -353,6 +414,10 @@ def fmt_metrics(kind, m):
         return f"{m['bw_avg']:.2f} MB/s {m['mpps']:.6f} Mpps"
     if kind == "lat" and m:
         return f"typical {m['t_typical']:.2f} us avg {m['t_avg']:.2f} us"
+    if kind == "rping" and m:
+        return f"{m['pings']} pings validated"
+    if kind == "cm" and m:
+        return "data transfers complete"
     return "(no figures)"
 
 
@@ -438,6 +503,27 @@ def interop_plan(lab):
             role = "ferroce-client" if client is host else "ferroce-server"
             plan.append((f"{name}-{role}", kind, server, client, server.perf(tool, sub, flags),
                          client.perf(tool, sub, flags, server.addr), 60, 0, 1024))
+    # rdma_cm: rping, both roles, at 64 B and 4 KiB, and under loss; the client validates
+    # every ping (-V), which the server READs from it and WRITEs back
+    for size, drop in ((64, 0), (4096, 0), (64, loss)):
+        count = iters(50 if not drop else 20)
+        for server, client in ((vm, host), (host, vm)):
+            role = "ferroce-client" if client is host else "ferroce-server"
+            name = f"{'loss-' if drop else ''}rping-{size}B-{role}"
+            plan.append((name, "rping", server, client, server.rping(size, count),
+                         client.rping(size, count, server.addr), 90 if drop else 60, drop, 1024))
+    # ucmatose: four RC connections, SENDs both ways, the server disconnecting them; clean
+    # and under loss. udaddy: SIDR, then datagrams both ways (no loss run: UD does not resend)
+    for name, drop in (("ucmatose-4conn", 0), ("loss-ucmatose-4conn", loss)):
+        for server, client in ((vm, host), (host, vm)):
+            role = "ferroce-client" if client is host else "ferroce-server"
+            plan.append((f"{name}-{role}", "cm", server, client,
+                         server.cmatose("ucmatose", "-c 4"),
+                         client.cmatose("ucmatose", "-c 4", server.addr), 120 if drop else 60, drop, 1024))
+    for server, client in ((vm, host), (host, vm)):
+        role = "ferroce-client" if client is host else "ferroce-server"
+        plan.append((f"udaddy-{role}", "cm", server, client, server.cmatose("udaddy", "-S 512"),
+                     client.cmatose("udaddy", "-S 512", server.addr), 60, 0, 1024))
     # a READ longer than the requester's largest window: ferroce asks for 1 MiB as eight READ
     # requests of 128 response packets, which rxe must serve within max_rd_atomic, with and
     # without loss
@@ -525,10 +611,11 @@ def cmd_test(args):
         if args.list:
             for p in plan:
                 print(p[0])
-            for c in VERBS_CHECKS:
+            for c in CM_CHECKS + VERBS_CHECKS:
                 print(c.__name__.replace("_", "-"))
             return 0
-        checks = [c for c in VERBS_CHECKS if re.search(args.only or "", c.__name__.replace("_", "-"))]
+        checks = [c for c in CM_CHECKS + VERBS_CHECKS
+                  if re.search(args.only or "", c.__name__.replace("_", "-"))]
         if args.list:
             for c in checks:
                 print(c.__name__.replace("_", "-"))
@@ -708,6 +795,46 @@ def verbs_memlock(lab, outdir):
 
 VERBS_CHECKS = [verbs_device_tests, verbs_frames_stream, verbs_frames_loss,
                 verbs_frames_address_deleted, verbs_memlock]
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection management's refusals, each way
+
+
+def rej8_problems(rc, out):
+    """rping on a REJ 8: its words, and the -1 it exits with (255)."""
+    problems = []
+    if rc != 255:
+        problems.append(f"exit {rc}, not rping's 255")
+    if "cma event RDMA_CM_EVENT_REJECTED, error 8" not in out:
+        problems.append("no 'cma event RDMA_CM_EVENT_REJECTED, error 8':\n" + out.strip()[-600:])
+    return problems
+
+
+def rping_rej8_ferroce_client(lab, outdir):
+    """ferroce's rping to a guest port nobody listens on: the guest kernel's REJ 8."""
+    host = Endpoint(lab, "host", "ferroce")
+    cmd = f"{host.bin} rping -c -a {GUEST_ADDRS['vm1']} -I {HOST_ADDR} -p 9999 -C 1"
+    job = Running(lab, "host", cmd, 60, os.path.join(outdir, "rping-rej8-ferroce-client.log"))
+    return rej8_problems(job.wait(70), job.out)
+
+
+def rping_rej8_ferroce_server(lab, outdir):
+    """The guest's rping to a port nobody listens on at ferroce's NIC: ferroce's REJ 8."""
+    host = Endpoint(lab, "host", "ferroce")
+    other = Running(lab, "host", f"{host.bin} rping -s -a {HOST_ADDR} -p 9998", 60,
+                    os.path.join(outdir, "rping-rej8-ferroce-server.host.log"))
+    try:
+        if not other.wait_cm_listen(9998, 20):
+            return ["ferroce's NIC did not come up on the host"]
+        rc, out = guest_run(lab, "vm1", f"rping -c -a {HOST_ADDR} -p 9999 -C 1", 60, outdir,
+                            "rping-rej8-ferroce-server")
+        return rej8_problems(rc, out)
+    finally:
+        other.kill()
+
+
+CM_CHECKS = [rping_rej8_ferroce_client, rping_rej8_ferroce_server]
 
 
 def write_results(rundir, results, t0, accel, mode):
