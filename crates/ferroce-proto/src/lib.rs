@@ -25,6 +25,6 @@ pub mod wire;
 
 pub use counters::Counters;
 pub use engine::{
-    CreateQpError, Engine, EngineConfig, InboundWrite, SrqAttr, SrqError, Transmit, WriteFilter,
+    Census, CreateQpError, Engine, EngineConfig, InboundWrite, SrqAttr, SrqError, Transmit, WriteFilter,
 };
 pub use psn::Psn;

@@ -22,8 +22,21 @@ pub struct Cq {
 
 #[derive(Clone)]
 pub(crate) enum CqInner {
-    Soft(CqId, usize),
+    Soft(Arc<SoftCq>, usize),
     Verbs(Arc<VerbsCq>),
+}
+
+/// A soft CQ's number in the engine; the CQ is destroyed with its last handle (queue pairs
+/// hold one while they report to it).
+pub(crate) struct SoftCq {
+    id: CqId,
+    shared: Arc<crate::soft::Shared>,
+}
+
+impl Drop for SoftCq {
+    fn drop(&mut self) {
+        self.shared.lock().engine.destroy_cq(self.id);
+    }
 }
 
 impl std::fmt::Debug for Cq {
@@ -44,7 +57,11 @@ impl Cq {
     /// [`NicError::Verbs`] when a verbs device refuses the CQ; never on the soft NIC.
     pub fn new(nic: &Nic, depth: usize) -> Result<Self, NicError> {
         let inner = match &nic.backend {
-            Backend::Soft(s) => CqInner::Soft(s.shared.lock().engine.create_cq(depth), depth),
+            Backend::Soft(s) => {
+                let id = s.shared.lock().engine.create_cq(depth);
+                let shared = Arc::clone(&s.shared);
+                CqInner::Soft(Arc::new(SoftCq { id, shared }), depth)
+            }
             Backend::Verbs(v) => CqInner::Verbs(Arc::new(VerbsCq::new(&v.device, depth)?)),
         };
         Ok(Self {
@@ -56,7 +73,7 @@ impl Cq {
     /// The soft CQ's id; `None` on a verbs device.
     pub(crate) fn soft_id(&self) -> Option<CqId> {
         match &self.inner {
-            CqInner::Soft(id, _) => Some(*id),
+            CqInner::Soft(cq, _) => Some(cq.id),
             CqInner::Verbs(_) => None,
         }
     }
@@ -110,7 +127,7 @@ impl Cq {
     pub fn poll(&self) -> Option<Completion> {
         let id = match &self.inner {
             CqInner::Verbs(cq) => return cq.poll(),
-            CqInner::Soft(id, _) => *id,
+            CqInner::Soft(cq, _) => cq.id,
         };
         let soft = self.nic.soft()?;
         let shared = &soft.shared;
@@ -166,7 +183,7 @@ impl Cq {
     #[must_use]
     pub fn wait(&self, timeout: Duration) -> Option<Completion> {
         let (id, soft) = match (&self.inner, self.nic.soft()) {
-            (CqInner::Soft(id, _), Some(soft)) => (*id, soft),
+            (CqInner::Soft(cq, _), Some(soft)) => (cq.id, soft),
             (CqInner::Verbs(cq), _) => return cq.wait(timeout),
             (CqInner::Soft(..), None) => return None,
         };

@@ -480,6 +480,17 @@ impl Nic {
         }
     }
 
+    /// What the soft NIC's engine holds now: queue pairs (QP 1 included), CQs, SRQs,
+    /// regions, armed timers and unpolled completions, for checking that what was set up was
+    /// torn down. `None` on a verbs device.
+    #[must_use]
+    pub fn census(&self) -> Option<ferroce_proto::Census> {
+        match &self.backend {
+            Backend::Soft(s) => Some(s.shared.lock().engine.census()),
+            Backend::Verbs(_) => None,
+        }
+    }
+
     /// The counters as `rdma statistic show` prints them: `link <dev>/<port> name value …`;
     /// on a verbs device, its `hw_counters` from sysfs (rxe's or mlx5's own).
     #[must_use]

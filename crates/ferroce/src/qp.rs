@@ -97,6 +97,8 @@ enum QpInner {
         caps: QpCaps,
         /// Keeps the shared receive queue alive while the QP takes from it.
         _srq: Option<Srq>,
+        /// Keeps its completion queues alive while it reports to them.
+        _cqs: Option<(Cq, Cq)>,
     },
     Verbs(VerbsQp),
 }
@@ -216,6 +218,7 @@ impl Qp {
                 psn: Psn::from_low_bits(seed),
                 caps,
                 _srq: srq.cloned(),
+                _cqs: Some((send_cq.clone(), recv_cq.clone())),
             },
         })
     }
@@ -512,6 +515,7 @@ impl Qp {
                 psn: Psn::default(),
                 caps,
                 _srq: None,
+                _cqs: Some((cq.clone(), cq.clone())),
             },
         };
         qp.ready_ud(ferroce_proto::qp::GSI_QKEY)

@@ -217,47 +217,57 @@ fn sidr_finds_a_ud_queue_pair() {
 }
 
 #[test]
-fn many_connections_made_and_closed_leave_nothing_behind() {
+fn a_thousand_connections_made_and_closed_leave_nothing_behind() {
+    // As librdmacm's cmtime does: set up N connections, tear them down, and find each NIC as
+    // it was: no QP, CQ, region or armed timer more, and no connection left in the CM.
     let (a, b) = (nic(106), nic(107));
-    let (cq_a, cq_b) = (Cq::new(&a, 256).unwrap(), Cq::new(&b, 256).unwrap());
+    let before = (a.census().unwrap(), b.census().unwrap());
     let listener = Listener::bind(&b, 7176).unwrap();
-    const N: usize = 50;
-    let qps_a: Vec<_> = (0..N)
-        .map(|_| Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap())
-        .collect();
-    let qps_b: Vec<_> = (0..N)
-        .map(|_| Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap())
-        .collect();
-    let (clients, servers) = std::thread::scope(|s| {
-        let server = s.spawn(|| {
-            qps_b
+    const N: usize = 1000;
+    {
+        let (cq_a, cq_b) = (Cq::new(&a, 64).unwrap(), Cq::new(&b, 64).unwrap());
+        let qps_a: Vec<_> = (0..N)
+            .map(|_| Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap())
+            .collect();
+        let qps_b: Vec<_> = (0..N)
+            .map(|_| Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap())
+            .collect();
+        let (clients, servers) = std::thread::scope(|s| {
+            let server = s.spawn(|| {
+                qps_b
+                    .iter()
+                    .map(|qp| {
+                        let request = listener.get_request(10 * SECOND).unwrap();
+                        let conn = request.accept(qp, &ConnParam::default()).unwrap();
+                        conn.wait_established(10 * SECOND).unwrap();
+                        conn
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let clients: Vec<_> = qps_a
                 .iter()
                 .map(|qp| {
-                    let request = listener.get_request(10 * SECOND).unwrap();
-                    let conn = request.accept(qp, &ConnParam::default()).unwrap();
-                    conn.wait_established(10 * SECOND).unwrap();
-                    conn
+                    Connection::connect(&a, qp, ip(107), 7176, &ConnParam::default()).unwrap()
                 })
-                .collect::<Vec<_>>()
+                .collect();
+            (clients, server.join().unwrap())
         });
-        let clients: Vec<_> = qps_a
-            .iter()
-            .map(|qp| Connection::connect(&a, qp, ip(107), 7176, &ConnParam::default()).unwrap())
-            .collect();
-        (clients, server.join().unwrap())
-    });
-    for conn in &clients {
-        conn.disconnect(10 * SECOND).unwrap();
+        assert_eq!(a.census().unwrap().qps, before.0.qps + N);
+        for conn in &clients {
+            conn.disconnect(10 * SECOND).unwrap();
+        }
+        for conn in &servers {
+            conn.wait_disconnected(10 * SECOND).unwrap();
+        }
+        let counters = cm::counters(&a).unwrap();
+        assert_eq!(counters.resends, 0, "{counters:?}");
+        assert_eq!(counters.unexpected + counters.malformed, 0, "{counters:?}");
     }
-    for conn in &servers {
-        conn.wait_disconnected(10 * SECOND).unwrap();
-    }
-    drop((clients, servers));
-    let counters = cm::counters(&a).unwrap();
-    assert_eq!(counters.resends, 0, "{counters:?}");
-    assert_eq!(counters.unexpected + counters.malformed, 0, "{counters:?}");
-    // QP numbers may be reused once timewait is over: every connection is forgotten then.
+    drop(listener);
+    // Every connection is forgotten once timewait is over (QP numbers may be reused then).
     std::thread::sleep(Duration::from_millis(2300));
     assert_eq!(cm::connections(&a), Some(0));
     assert_eq!(cm::connections(&b), Some(0));
+    assert_eq!(a.census().unwrap(), before.0);
+    assert_eq!(b.census().unwrap(), before.1);
 }

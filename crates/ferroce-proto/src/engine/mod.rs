@@ -206,6 +206,24 @@ pub struct Engine {
     tx_cursor: u32,
 }
 
+/// How many of each object an engine holds ([`Engine::census`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Census {
+    /// Queue pairs, QP 1 included.
+    pub qps: usize,
+    /// Completion queues.
+    pub cqs: usize,
+    /// Shared receive queues.
+    pub srqs: usize,
+    /// Registered regions.
+    pub regions: usize,
+    /// Timers armed across all queue pairs.
+    pub armed_timers: usize,
+    /// Completions waiting to be polled.
+    pub queued_completions: usize,
+}
+
 /// Why a queue pair could not be created.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -322,6 +340,36 @@ impl Engine {
             },
         );
         id
+    }
+
+    /// Destroys a completion queue (`ibv_destroy_cq`); its completions are gone. Refused
+    /// (`false`) while a queue pair reports to it, or when there is no such CQ.
+    pub fn destroy_cq(&mut self, cq: CqId) -> bool {
+        let in_use = self
+            .qps
+            .values()
+            .any(|qp| qp.init.send_cq == cq || qp.init.recv_cq == cq);
+        !in_use && self.ctx.cqs.remove(&cq).is_some()
+    }
+
+    /// What the engine holds now: for checking that what was set up was torn down.
+    #[must_use]
+    pub fn census(&self) -> Census {
+        Census {
+            qps: self.qps.len(),
+            cqs: self.ctx.cqs.len(),
+            srqs: self.ctx.srqs.len(),
+            regions: self.ctx.table.len(),
+            armed_timers: self
+                .qps
+                .values()
+                .map(|qp| {
+                    let t = &qp.timers;
+                    [t.retransmit, t.early, t.rnr_wait].iter().flatten().count()
+                })
+                .sum(),
+            queued_completions: self.ctx.cqs.values().map(|cq| cq.entries.len()).sum(),
+        }
     }
 
     /// The next completion of `cq`, oldest first.
