@@ -26,6 +26,11 @@
 //!    - read-lat, atomic-lat: the server goes straight to the closing handshake, where it
 //!      waits while the client runs.
 //!
+//! With `-R` (`--rdma_cm`) the exchange runs over an RC connection made by rdma_cm on the
+//! same port, and the queue pairs are connected by the connection manager (RC: REQ, REP,
+//! RTU; UD: SIDR) between two empty key lines after the MTU, as perftest's `-R` does
+//! ([`rdma_cm`]); the rest of the run is the same.
+//!
 //! send-bw and send-lat also run over UD (`-c UD`) and with a shared receive queue
 //! (`--use-srq`), as perftest does them: a UD queue pair takes Q_Key 0x11111111 (perftest's
 //! `DEF_QKEY`) and sends each message as one datagram to the QPN and GID of the peer's key
@@ -40,6 +45,7 @@
 mod bw;
 mod lat;
 mod oob;
+mod rdma_cm;
 mod report;
 mod session;
 
@@ -60,6 +66,7 @@ use ferroce::{
 };
 
 use oob::{BwReport, Comm, KeyLine};
+use rdma_cm::CmLink;
 use report::{Outcome, RESULT_LINE};
 
 /// perftest's bandwidth and latency tests.
@@ -153,6 +160,10 @@ pub(crate) struct PerfArgs {
     /// receives.
     #[arg(long = "use-srq")]
     use_srq: bool,
+    /// Connect the queue pairs with rdma_cm, and exchange over an rdma_cm connection on the
+    /// same port rather than TCP (RC; UD by SIDR for the SEND tests; the soft NIC only).
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
     /// Atomic operation: FETCH_AND_ADD or CMP_AND_SWAP.
     #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD")]
     atomic_type: String,
@@ -295,6 +306,8 @@ struct Settings {
     connection: Connection,
     /// `--use-srq`.
     use_srq: bool,
+    /// `-R`: rdma_cm connects the queue pairs and carries the exchange.
+    rdma_cm: bool,
     atomic: AtomicType,
     /// As asked; the NIC's most when `None` (resolved once it is open).
     out_reads: Option<u8>,
@@ -395,6 +408,12 @@ impl Settings {
                 )
             }
         };
+        if a.rdma_cm && connection == Connection::Uc {
+            return Err(format!(
+                "{}\n UC is not supported in librdmacm",
+                RESULT_LINE
+            ));
+        }
         let atomic = match a.atomic_type.to_ascii_uppercase().as_str() {
             "FETCH_AND_ADD" => AtomicType::FetchAdd,
             "CMP_AND_SWAP" => AtomicType::CmpSwap,
@@ -457,6 +476,7 @@ impl Settings {
             gid_index: a.gid_index,
             connection,
             use_srq: a.use_srq,
+            rdma_cm: a.rdma_cm,
             atomic,
             out_reads: a.outs.map(|o| o.max(1)),
             timeout: a.qp_timeout,
@@ -745,15 +765,27 @@ fn execute(s: &Settings) -> Result<(), String> {
         out_reads: Some(s.out_reads.unwrap_or(rig.nic.caps().max_rd_atomic).max(1)),
         ..s.clone()
     };
-    let mut comm = match &s.server {
-        Some(server) => Comm::connect(server, s.port),
-        None => Comm::accept(s.port),
+    let mut comm = match (&s.server, s.rdma_cm) {
+        (Some(server), false) => Comm::connect(server, s.port),
+        (None, false) => Comm::accept(s.port),
+        (Some(server), true) => resolve(server, s.port)
+            .and_then(|ip| CmLink::connect(&rig.nic, ip, s.port))
+            .map(Comm::over_rdma_cm),
+        (None, true) => CmLink::accept(&rig.nic, s.port).map(Comm::over_rdma_cm),
     }
     .map_err(|e| format!("{e}\n Unable to init the socket connection"))?;
     comm.exchange_versions()?;
     comm.check_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
     let mtu = comm.check_mtu(s.mtu.unwrap_or_else(|| rig.nic.active_mtu()))?;
     let s = &s.fit_datagrams(mtu)?;
+    // -R: an empty key line each way, the queue pairs' connections, another empty key line
+    // (`create_rdma_cm_connection`).
+    if s.rdma_cm {
+        comm.hand_shake(&KeyLine::default())?;
+        let cm = comm.rdma_cm().ok_or(" No rdma_cm connection")?;
+        rig.dests = cm.connect_queue_pairs(s, &rig, mtu)?;
+        comm.hand_shake(&KeyLine::default())?;
+    }
     report::print_header(s, mtu.bytes());
 
     let gid = match rig.nic.addr().ip() {
@@ -781,6 +813,7 @@ fn execute(s: &Settings) -> Result<(), String> {
                 vaddr: rig.region.va() + rig.target_off(i),
                 gid,
                 srqn: 0,
+                gid_index: s.gid_index.unwrap_or(0),
             }
         })
         .collect();
@@ -795,13 +828,17 @@ fn execute(s: &Settings) -> Result<(), String> {
         remote.push(comm.hand_shake(key)?);
     }
     let mapped = |g: &[u8; 16]| std::net::Ipv6Addr::from(*g).to_ipv4_mapped().is_some();
-    if mapped(&local[0].gid) != mapped(&remote[0].gid) {
+    // With -R the connection manager connected the queue pairs already; perftest compares
+    // no GIDs then.
+    if !s.rdma_cm && mapped(&local[0].gid) != mapped(&remote[0].gid) {
         return Err(
             "\n Found Incompatibility issue with GID types.\n Please Try to use a different IP version.\n"
                 .into(),
         );
     }
-    if s.connection == Connection::Ud {
+    if s.rdma_cm {
+        // Connected by the connection manager already.
+    } else if s.connection == Connection::Ud {
         rig.dests = rig
             .qps
             .iter()
@@ -850,6 +887,21 @@ fn execute(s: &Settings) -> Result<(), String> {
         println!("{}", rig.nic.statistics_line(&s.device));
     }
     Ok(())
+}
+
+/// The server's address, for rdma_cm (perftest resolves an IPv4 one).
+fn resolve(server: &str, port: u16) -> Result<IpAddr, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = (server, port)
+        .to_socket_addrs()
+        .map_err(|e| format!(" Problem in resolving basic address and port ({server}: {e})"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .map(SocketAddr::ip)
+        .ok_or_else(|| format!(" Problem in resolving basic address and port ({server})"))
 }
 
 /// The address of the NIC a key line's GID names.

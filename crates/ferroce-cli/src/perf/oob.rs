@@ -1,17 +1,22 @@
-//! perftest's out-of-band exchange over TCP (protocol.md §6, as perftest 6.06 does it).
+//! perftest's out-of-band exchange over TCP (protocol.md §6, as perftest 6.06 does it), or,
+//! with `-R`, over an RC connection that rdma_cm made ([`super::rdma_cm`]).
 //!
 //! Every step is symmetric and of the same length both ways: the client writes and then
 //! reads, the server reads and then writes. The steps are the version (16 bytes), the cycle
 //! buffer and cache line size (4 bytes each, big-endian, when the peer is 5.32 or newer), the
-//! MTU (`"%d"` of `enum ibv_mtu`, 2 bytes from 5.31 on), the 108-byte key lines
-//! (`ctx_hand_shake`), the bandwidth report (`xchg_bw_reports`) and the closing key line
-//! followed by `"done\0"` (`ctx_close_connection`).
+//! MTU (`"%d"` of `enum ibv_mtu`, 2 bytes from 5.31 on), the key lines (`ctx_hand_shake`), the
+//! bandwidth report (`xchg_bw_reports`) and the closing key line (`ctx_close_connection`),
+//! which TCP follows with `"done\0"`. Over TCP a key line is 108 bytes of text; over rdma_cm
+//! each step is one SEND, and a key line is `struct pingpong_dest` itself, 56 bytes,
+//! big-endian (`rdma_write_keys`).
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use ferroce::qp::Mtu;
+
+use super::rdma_cm::CmLink;
 
 /// The version we advertise: Debian 12's perftest, older than 6.28, so that peers skip
 /// `negotiate_params`.
@@ -20,12 +25,17 @@ pub(super) const VERSION: &str = "6.06";
 /// The length of a key line with a GID: 107 characters and a NUL.
 pub(super) const KEY_LINE_LEN: usize = 108;
 
-/// What `ctx_close_connection` writes after its last key line.
+/// The length of a key line over rdma_cm: `struct pingpong_dest` as it lies in memory.
+pub(super) const KEY_STRUCT_LEN: usize = 56;
+
+/// What `ctx_close_connection` writes after its last key line (over TCP).
 const DONE: &[u8; 5] = b"done\0";
 
-/// One side's key line (`struct pingpong_dest` as `ethernet_write_keys` prints it):
-/// `LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID(16 × %02x:):SRQN:`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One side's key line: `struct pingpong_dest` as `ethernet_write_keys` prints it,
+/// `LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID(16 × %02x:):SRQN:`, or as `rdma_write_keys` sends it.
+/// The default, all zeros, is the key line perftest's `-R` exchanges around the connection of
+/// its queue pairs, before it has filled its own in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct KeyLine {
     /// The LID; 0 on RoCE.
     pub(super) lid: u16,
@@ -43,6 +53,8 @@ pub(super) struct KeyLine {
     pub(super) gid: [u8; 16],
     /// The SRQ number (0: none).
     pub(super) srqn: u32,
+    /// The GID index (sent over rdma_cm only).
+    pub(super) gid_index: u32,
 }
 
 impl KeyLine {
@@ -85,6 +97,43 @@ impl KeyLine {
             vaddr: hex(fields[5])?,
             gid,
             srqn: hex(fields[22])? as u32,
+            gid_index: 0,
+        })
+    }
+
+    /// The 56 bytes over rdma_cm: every field big-endian, the 4 bytes of padding before the
+    /// address zero (`rdma_write_keys`).
+    pub(super) fn to_struct(self) -> [u8; KEY_STRUCT_LEN] {
+        let mut out = [0u8; KEY_STRUCT_LEN];
+        out[0..4].copy_from_slice(&u32::from(self.lid).to_be_bytes());
+        out[4..8].copy_from_slice(&self.out_reads.to_be_bytes());
+        out[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+        out[12..16].copy_from_slice(&self.psn.to_be_bytes());
+        out[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        out[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        out[32..48].copy_from_slice(&self.gid);
+        out[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        out[52..56].copy_from_slice(&self.gid_index.to_be_bytes());
+        out
+    }
+
+    /// Reads a peer's 56 bytes, as `rdma_read_keys` does (it leaves the padding, and perftest
+    /// the SRQ number and GID index, unread).
+    pub(super) fn parse_struct(bytes: &[u8]) -> Result<Self, String> {
+        let Some(b) = bytes.get(..KEY_STRUCT_LEN) else {
+            return Err(format!("A key line of {} bytes, not 56", bytes.len()));
+        };
+        let be32 = |at: usize| u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        Ok(Self {
+            lid: be32(0) as u16,
+            out_reads: be32(4),
+            qpn: be32(8) & 0x00ff_ffff,
+            psn: be32(12) & 0x00ff_ffff,
+            rkey: be32(16),
+            vaddr: u64::from_be_bytes(b[24..32].try_into().expect("8 bytes")),
+            gid: b[32..48].try_into().expect("16 bytes"),
+            srqn: be32(48),
+            gid_index: be32(52),
         })
     }
 
@@ -109,12 +158,21 @@ pub(super) struct BwReport {
     pub(super) msg_rate: f64,
 }
 
-/// The TCP connection of the exchange and what it learnt about the peer.
+/// The connection of the exchange and what it learnt about the peer.
 #[derive(Debug)]
 pub(super) struct Comm {
-    stream: TcpStream,
+    link: Link,
     client: bool,
     remote_version: String,
+}
+
+/// What the exchange runs over.
+#[derive(Debug)]
+enum Link {
+    /// perftest's default: a TCP connection.
+    Tcp(TcpStream),
+    /// `-R`: SENDs over an RC connection made by rdma_cm.
+    Cm(Box<CmLink>),
 }
 
 const XCHG_FAILED: &str = "Failed to exchange data between server and clients";
@@ -126,10 +184,27 @@ impl Comm {
             .map_err(|e| format!("Couldn't connect to {server}:{port} ({e})"))?;
         let _ = stream.set_nodelay(true);
         Ok(Self {
-            stream,
+            link: Link::Tcp(stream),
             client: true,
             remote_version: String::new(),
         })
+    }
+
+    /// `-R`: the exchange over `link`'s control connection.
+    pub(super) fn over_rdma_cm(link: CmLink) -> Self {
+        Self {
+            client: link.is_client(),
+            link: Link::Cm(Box::new(link)),
+            remote_version: String::new(),
+        }
+    }
+
+    /// The rdma_cm side of the exchange, with `-R`.
+    pub(super) fn rdma_cm(&mut self) -> Option<&mut CmLink> {
+        match &mut self.link {
+            Link::Cm(cm) => Some(cm),
+            Link::Tcp(_) => None,
+        }
     }
 
     /// The server's side: listens on `port` (printing perftest's banner once listening) and
@@ -138,17 +213,13 @@ impl Comm {
         let listener = TcpListener::bind(("::", port))
             .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
             .map_err(|e| format!("Couldn't listen to port {port} ({e})"))?;
-        println!();
-        println!("************************************");
-        println!("* Waiting for client to connect... *");
-        println!("************************************");
-        let _ = io::stdout().flush();
+        print_banner();
         let (stream, _) = listener
             .accept()
             .map_err(|e| format!("accept() failed ({e})"))?;
         let _ = stream.set_nodelay(true);
         Ok(Self {
-            stream,
+            link: Link::Tcp(stream),
             client: false,
             remote_version: String::new(),
         })
@@ -158,14 +229,26 @@ impl Comm {
         atof(&self.remote_version) >= version - 1e-9
     }
 
-    /// `ctx_xchg_data`: the client writes then reads, the server reads then writes.
+    /// `ctx_xchg_data`: the client writes then reads, the server reads then writes; over
+    /// rdma_cm each write is one SEND and each read one receive.
     fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> io::Result<()> {
-        if self.client {
-            self.stream.write_all(mine)?;
-            self.stream.read_exact(theirs)
-        } else {
-            self.stream.read_exact(theirs)?;
-            self.stream.write_all(mine)
+        match (&mut self.link, self.client) {
+            (Link::Tcp(stream), true) => {
+                stream.write_all(mine)?;
+                stream.read_exact(theirs)
+            }
+            (Link::Tcp(stream), false) => {
+                stream.read_exact(theirs)?;
+                stream.write_all(mine)
+            }
+            (Link::Cm(cm), true) => {
+                cm.send(mine)?;
+                cm.recv(theirs)
+            }
+            (Link::Cm(cm), false) => {
+                cm.recv(theirs)?;
+                cm.send(mine)
+            }
         }
     }
 
@@ -220,10 +303,16 @@ impl Comm {
         Ok(theirs.map_or(mine, |t| t.min(mine)))
     }
 
-    /// `ctx_hand_shake`: one key line each way.
+    /// `ctx_hand_shake`: one key line each way, as text over TCP, as the struct over rdma_cm.
     pub(super) fn hand_shake(&mut self, mine: &KeyLine) -> Result<KeyLine, String> {
-        let mut theirs = [0u8; KEY_LINE_LEN];
-        self.xchg(&mine.to_wire(), &mut theirs).map_err(|e| {
+        let cm = matches!(self.link, Link::Cm(_));
+        let (ours, len) = if cm {
+            (mine.to_struct().to_vec(), KEY_STRUCT_LEN)
+        } else {
+            (mine.to_wire().to_vec(), KEY_LINE_LEN)
+        };
+        let mut theirs = vec![0u8; len];
+        self.xchg(&ours, &mut theirs).map_err(|e| {
             let what = if e.kind() == io::ErrorKind::UnexpectedEof {
                 "the peer closed the connection".to_owned()
             } else {
@@ -231,7 +320,11 @@ impl Comm {
             };
             format!(" {XCHG_FAILED} ({what})")
         })?;
-        KeyLine::parse(&theirs)
+        if cm {
+            KeyLine::parse_struct(&theirs)
+        } else {
+            KeyLine::parse(&theirs)
+        }
     }
 
     /// `xchg_bw_reports`: size, iterations, peak, average and message rate, each a big-endian
@@ -270,29 +363,35 @@ impl Comm {
         })
     }
 
-    /// `ctx_close_connection`: a last key line each way, then `"done\0"` and close. perftest
-    /// never reads the peer's `"done"`; we drain it (briefly) so that closing sends no reset.
+    /// `ctx_close_connection`: a last key line each way, then over TCP `"done\0"` and close.
+    /// perftest never reads the peer's `"done"`; we drain it (briefly) so that closing sends no
+    /// reset. Over rdma_cm the connections close instead ([`CmLink::close`]).
     pub(super) fn close_connection(mut self, mine: &KeyLine) -> Result<(), String> {
         self.hand_shake(mine)
             .map_err(|e| format!("{e}\nFailed to close connection between server and client"))?;
-        self.stream
-            .write_all(DONE)
-            .map_err(|e| format!("Couldn't write to socket ({e})"))?;
+        if let Link::Tcp(stream) = &mut self.link {
+            stream
+                .write_all(DONE)
+                .map_err(|e| format!("Couldn't write to socket ({e})"))?;
+        }
         self.finish();
         Ok(())
     }
 
     /// Ends the connection without a closing handshake (the latency tests that have none):
     /// says we are done (FIN) and waits, a while at most, for the peer to say so too, so that
-    /// neither side's NIC goes away while the other still needs its acknowledgements.
+    /// neither side's NIC goes away while the other still needs its acknowledgements. Over
+    /// rdma_cm the connections close as perftest closes them ([`CmLink::close`]).
     pub(super) fn finish(self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Write);
-        let _ = self
-            .stream
-            .set_read_timeout(Some(Duration::from_millis(200)));
+        let stream = match self.link {
+            Link::Tcp(stream) => stream,
+            Link::Cm(cm) => return cm.close(),
+        };
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut sink = [0u8; 256];
-        let mut stream = &self.stream;
+        let mut stream = &stream;
         while Instant::now() < deadline {
             match stream.read(&mut sink) {
                 Ok(0) => break,
@@ -311,17 +410,30 @@ impl Comm {
     /// cannot know the iteration count (duration mode, an echoing server) learns that the
     /// other side has stopped.
     pub(super) fn peer_spoke(&self) -> bool {
-        if self.stream.set_nonblocking(true).is_err() {
+        let stream = match &self.link {
+            Link::Tcp(stream) => stream,
+            Link::Cm(cm) => return cm.peer_spoke(),
+        };
+        if stream.set_nonblocking(true).is_err() {
             return true;
         }
         let mut byte = [0u8; 1];
-        let spoke = match self.stream.peek(&mut byte) {
+        let spoke = match stream.peek(&mut byte) {
             Ok(_) => true,
             Err(e) => e.kind() != io::ErrorKind::WouldBlock,
         };
-        let _ = self.stream.set_nonblocking(false);
+        let _ = stream.set_nonblocking(false);
         spoke
     }
+}
+
+/// The server's banner, once it listens (perftest prints it just before).
+pub(super) fn print_banner() {
+    println!();
+    println!("************************************");
+    println!("* Waiting for client to connect... *");
+    println!("************************************");
+    let _ = io::stdout().flush();
 }
 
 /// C's `atof` for version strings: the leading number, 0 if none.
@@ -354,6 +466,35 @@ mod tests {
         let round = key.to_wire();
         assert_eq!(&round[..107], &wire[..]);
         assert_eq!(round[107], 0);
+    }
+
+    #[test]
+    fn the_key_struct_is_big_endian_with_padding_before_the_address() {
+        let key = KeyLine {
+            lid: 0,
+            out_reads: 0x80,
+            qpn: 0x11,
+            psn: 0x00ab_cdef,
+            rkey: 0x1234,
+            vaddr: 0x55ba_7c2e_5000,
+            gid: "::ffff:10.77.0.11".parse::<Ipv6Addr>().unwrap().octets(),
+            srqn: 0,
+            gid_index: 1,
+        };
+        let bytes = key.to_struct();
+        assert_eq!(
+            &bytes[..24],
+            &[
+                0, 0, 0, 0, 0, 0, 0, 0x80, 0, 0, 0, 0x11, 0, 0xab, 0xcd, 0xef, 0, 0, 0x12, 0x34, 0,
+                0, 0, 0
+            ]
+        );
+        assert_eq!(&bytes[24..32], &[0, 0, 0x55, 0xba, 0x7c, 0x2e, 0x50, 0]);
+        assert_eq!(&bytes[32..48], &key.gid);
+        assert_eq!(&bytes[48..], &[0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(KeyLine::parse_struct(&bytes).unwrap(), key);
+        assert_eq!(KeyLine::default().to_struct(), [0; KEY_STRUCT_LEN]);
+        assert!(KeyLine::parse_struct(&bytes[..40]).is_err());
     }
 
     #[test]

@@ -72,8 +72,17 @@ pub(super) fn print_header(s: &Settings, mtu_bytes: u32) {
     } else {
         println!(" Max inline data : 0[B]");
     }
-    println!(" rdma_cm QPs\t : OFF");
-    println!(" Data ex. method : Ethernet");
+    println!(" rdma_cm QPs\t : {}", on_off(s.rdma_cm));
+    if s.rdma_cm {
+        println!(" Data ex. method : rdma_cm");
+        if !s.is_client() {
+            println!("{RESULT_LINE}");
+            println!(" Waiting for client rdma_cm QP to connect");
+            println!(" Please run the same command with the IB/RoCE interface IP");
+        }
+    } else {
+        println!(" Data ex. method : Ethernet");
+    }
     println!("{RESULT_LINE}");
 }
 
@@ -300,8 +309,11 @@ pub(super) fn write_json(
     } else {
         info.insert("Max_inline_data".into(), 0.into());
     }
-    info.insert("rdma_cm_QPs".into(), "OFF".into());
-    info.insert("Data_ex_method".into(), "Ethernet".into());
+    info.insert("rdma_cm_QPs".into(), on_off(s.rdma_cm).into());
+    info.insert(
+        "Data_ex_method".into(),
+        if s.rdma_cm { "rdma_cm" } else { "Ethernet" }.into(),
+    );
     write_doc(path, info, results, &[])
 }
 
@@ -376,6 +388,7 @@ mod tests {
                 .unwrap()
                 .octets(),
             srqn: 0,
+            gid_index: 0,
         };
         assert_eq!(
             address_lines("local", &key, Verb::Write),
