@@ -965,3 +965,59 @@ fn cm_json_agrees_with_tshark() {
         assert_eq!(ours_cm(r), theirs[&index], "frame {index}");
     }
 }
+
+/// The golden CM captures (kernel rxe to kernel rxe, `testdata/cm/README.md`) with their
+/// number of MADs. `crates/ferroce/tests/cm_captures.rs` checks their bytes; here the command.
+const CM_CAPTURES: &[(&str, usize)] = &[
+    ("rping", 5),
+    ("ucmatose", 10),
+    ("udaddy", 2),
+    ("ib_send_bw-rc", 10),
+    ("ib_send_bw-rc-dreqs-crossed", 12),
+    ("rping-rej8", 2),
+    ("ib_send_bw-ud", 7),
+    ("udaddy-unreachable", 2),
+];
+
+#[test]
+fn the_kernels_cm_captures_decode_and_agree_with_tshark() {
+    let have_tshark = Command::new("tshark").arg("--version").output().is_ok();
+    for &(name, count) in CM_CAPTURES {
+        let path = testdata("cm").join(format!("{name}.pcap"));
+        assert!(path.is_file(), "{}: missing", path.display());
+        let (code, records, stderr) = decode_json(&path, &[]);
+        assert_eq!(code, 0, "{name}: {stderr}");
+        assert_eq!(records.len(), count, "{name}");
+        for r in &records {
+            assert_eq!(r["icrc"], "ok", "{name}: {r}");
+            assert!(
+                r.get("error").is_none() && r.get("cm_error").is_none(),
+                "{name}: {r}"
+            );
+            assert!(r["cm"]["message"].is_string(), "{name}: {r}");
+        }
+        if !have_tshark {
+            continue;
+        }
+        // tshark 4.0 names no SIDR field: those frames are compared by the test above only
+        let theirs = tshark_cm_fields(&path);
+        assert_eq!(theirs.len(), count, "{name}: tshark's packet count");
+        for r in &records {
+            if r["cm"]["message"].as_str().unwrap().starts_with("SIDR") {
+                continue;
+            }
+            let index = r["index"].as_u64().unwrap();
+            assert_eq!(ours_cm(r), theirs[&index], "{name} frame {index}");
+        }
+    }
+    if !have_tshark {
+        assert!(
+            std::env::var_os("FERROCE_REQUIRE_TSHARK").is_none(),
+            "FERROCE_REQUIRE_TSHARK is set but tshark is not installed (apt-get install tshark)"
+        );
+        eprintln!(
+            "SKIPPED the tshark half of the_kernels_cm_captures_decode_and_agree_with_tshark: \
+             tshark is not installed (apt-get install tshark)"
+        );
+    }
+}
