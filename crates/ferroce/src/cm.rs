@@ -252,15 +252,15 @@ impl Drop for Agent {
     }
 }
 
-/// A CA GUID that is the same for the same address, non-zero and EUI-64-shaped, as rxe
-/// derives one from the MAC.
+/// The CA GUID a NIC's REQs and REPs carry: the same for the same address, non-zero, and
+/// locally administered (0x02 in its top byte) above the address's last six bytes, as rxe
+/// derives one from its MAC.
 fn ca_guid(ip: IpAddr) -> u64 {
-    let octets = match ip {
+    let o = match ip {
         IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
         IpAddr::V6(v6) => v6.octets(),
     };
-    let low = u64::from_be_bytes(octets[8..].try_into().unwrap_or([0; 8]));
-    0x0200_00ff_fe00_0000 | (low & 0xff_ffff) | ((low >> 24 & 0xffff) << 40) & 0x00ff_0000_0000_0000
+    u64::from_be_bytes([0x02, 0, o[10], o[11], o[12], o[13], o[14], o[15]])
 }
 
 fn post_slot(gsi: &Qp, rx: &Region, slot: u64) {

@@ -1137,8 +1137,8 @@ impl CmEndpoint {
             return;
         }
         let id = self.new_id().0;
-        // Bounded: a peer's request IDs are remembered until this many are, then forgotten
-        // oldest-agnostic (duplicates are a courtesy, not a safety property).
+        // Bounded: request IDs are remembered until 4,096 are, then all forgotten at once;
+        // dropping a duplicate saves the application work, it guards nothing.
         if self.sidr_seen.len() >= 4096 {
             self.sidr_seen.clear();
         }
