@@ -15,8 +15,9 @@ use ferroce::{
     ConnectOptions, Cq, DeviceOptions, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory,
 };
 
-const RECV_WRID: u64 = 1;
-const SEND_WRID: u64 = 2;
+/// The receive and send work request IDs of rdma-core's ping-pong tools.
+pub(crate) const RECV_WRID: u64 = 1;
+pub(crate) const SEND_WRID: u64 = 2;
 const PAGE: usize = 4096;
 
 /// Flags of `ibv_rc_pingpong`, with its defaults.
@@ -212,42 +213,92 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
         }
     }
 
-    let send = || qp.post_send(SendWr::new(SEND_WRID, SendOp::Send, Payload::Sge(send_sge)));
-    let mut pending = RECV_WRID;
-    if args.server.is_some() {
-        if send().is_err() {
-            return fail("Couldn't post send");
-        }
-        pending |= SEND_WRID;
-    }
+    let send = || {
+        qp.post_send(SendWr::new(SEND_WRID, SendOp::Send, Payload::Sge(send_sge)))
+            .map_err(|_| "Couldn't post send".to_owned())
+    };
     let expected = pingpong_buffer(size, true);
     let mut received = vec![0u8; size];
+    let on_recv = |rcnt: u32| {
+        if args.chk && size > 0 {
+            let _ = recv_buf.read(0, &mut received);
+            if let Some(at) = (0..size).find(|&i| received[i] != expected[i]) {
+                return Err(format!("invalid data at byte {at} of message {rcnt}"));
+            }
+        }
+        routs -= 1;
+        if routs <= 1 {
+            routs += post_recv(args.rx_depth - routs);
+        }
+        Ok(())
+    };
+    let start = match exchange_loop(
+        &cq,
+        args.events,
+        args.iters,
+        args.server.is_some(),
+        send,
+        on_recv,
+        "the peer stopped answering",
+    ) {
+        Ok(start) => start,
+        Err(e) => return fail(e),
+    };
+    print_result(start, args.size, args.iters);
+    args.nic.finish(&nic);
+    let _ = args.sl;
+    ExitCode::SUCCESS
+}
+
+/// The loop `ibv_rc_pingpong` and `ibv_ud_pingpong` share: the client sends first; each side
+/// sends again once its last send and receive have both completed, until `iters` of each.
+/// `on_recv` sees each receive (with the count before it) and reposts what it needs;
+/// `stalled` is what to say after 10 s without a completion (the originals wait for ever for
+/// a peer that died, or for a lost datagram). Returns when the loop began, for the result
+/// lines.
+///
+/// # Errors
+///
+/// The tools' messages: a failed status, an unknown work request, a failed post, or
+/// `stalled`.
+pub(crate) fn exchange_loop(
+    cq: &Cq,
+    events: bool,
+    iters: u32,
+    client: bool,
+    send: impl Fn() -> Result<(), String>,
+    mut on_recv: impl FnMut(u32) -> Result<(), String>,
+    stalled: &str,
+) -> Result<Instant, String> {
+    let mut pending = RECV_WRID;
+    if client {
+        send()?;
+        pending |= SEND_WRID;
+    }
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     let start = Instant::now();
     let mut last_progress = Instant::now();
-    while rcnt < args.iters || scnt < args.iters {
-        let completion = if args.events {
+    while rcnt < iters || scnt < iters {
+        let completion = if events {
             cq.wait(Duration::from_millis(100))
         } else {
             cq.poll()
         };
         let Some(wc) = completion else {
-            // ibv_rc_pingpong would wait forever for a receive from a peer that died while
-            // nothing of ours was outstanding (so no retry can notice); say so instead.
             if last_progress.elapsed() > Duration::from_secs(10) {
-                return fail("No completion for 10 s: the peer stopped answering");
+                return Err(format!("No completion for 10 s: {stalled}"));
             }
-            if !args.events {
-                // Busy polling, as ibv_rc_pingpong does, but giving the core away between
-                // polls: on a machine with fewer cores than busy threads, a spinning poller
-                // otherwise holds the core its peer's packets need.
+            if !events {
+                // Busy polling, as the originals do, but giving the core away between polls:
+                // on a machine with fewer cores than busy threads, a spinning poller otherwise
+                // holds the core its peer's packets need.
                 std::thread::yield_now();
             }
             continue;
         };
         last_progress = Instant::now();
         if wc.status != WcStatus::Success {
-            return fail(format!(
+            return Err(format!(
                 "Failed status {} ({}) for wr_id {}",
                 wc.status,
                 wc.status.ibv_value(),
@@ -257,32 +308,18 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
         match wc.wr_id {
             SEND_WRID => scnt += 1,
             RECV_WRID => {
-                if args.chk && size > 0 {
-                    let _ = recv_buf.read(0, &mut received);
-                    if let Some(at) = (0..size).find(|&i| received[i] != expected[i]) {
-                        return fail(format!("invalid data at byte {at} of message {rcnt}"));
-                    }
-                }
-                routs -= 1;
-                if routs <= 1 {
-                    routs += post_recv(args.rx_depth - routs);
-                }
+                on_recv(rcnt)?;
                 rcnt += 1;
             }
-            other => return fail(format!("Completion for unknown wr_id {other}")),
+            other => return Err(format!("Completion for unknown wr_id {other}")),
         }
         pending &= !wc.wr_id;
-        if scnt < args.iters && pending == 0 {
-            if send().is_err() {
-                return fail("Couldn't post send");
-            }
+        if scnt < iters && pending == 0 {
+            send()?;
             pending = RECV_WRID | SEND_WRID;
         }
     }
-    print_result(start, args.size, args.iters);
-    args.nic.finish(&nic);
-    let _ = args.sl;
-    ExitCode::SUCCESS
+    Ok(start)
 }
 
 /// The two result lines all of rdma-core's pingpong tools print.

@@ -4,23 +4,23 @@
 //! Each message is one datagram of at most the port's MTU, with Q_Key 0x11111111, sent to the
 //! peer's GID; each receive buffer holds the 40-byte header before the payload. UD does not
 //! resend: a datagram lost on the way stops the ping-pong, which then says so after 10 s
-//! instead of waiting forever as the original does.
+//! instead of waiting forever as the original does. The loop is `ibv_rc_pingpong`'s
+//! (`pingpong::exchange_loop`).
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 use clap::Args;
-use ferroce::cq::WcStatus;
 use ferroce::exchange::PingpongDest;
 use ferroce::proto::memory::WriteOrder;
 use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
 use ferroce::ud::{AddressHandle, UD_GRH_LEN};
 use ferroce::{Cq, Qp, Region, RegionAccess, RegionMemory};
 
-use crate::pingpong::{client_exchange, fail, print_result, server_exchange, NicFlags};
+use crate::pingpong::{
+    client_exchange, exchange_loop, fail, print_result, server_exchange, NicFlags, RECV_WRID,
+    SEND_WRID,
+};
 
-const RECV_WRID: u64 = 1;
-const SEND_WRID: u64 = 2;
 /// The Q_Key `ibv_ud_pingpong` gives its QP and sends with.
 const QKEY: u32 = 0x1111_1111;
 
@@ -150,60 +150,25 @@ fn ping_pong(args: &UdPingpongArgs) -> Result<(), String> {
         .map_err(|e| format!("Couldn't post send: {e}"))
     };
 
-    let mut pending = RECV_WRID;
-    if args.server.is_some() {
-        send()?;
-        pending |= SEND_WRID;
-    }
-    let (mut scnt, mut rcnt) = (0u32, 0u32);
-    let start = Instant::now();
-    let mut last_progress = Instant::now();
-    while rcnt < args.iters || scnt < args.iters {
-        let completion = if args.events {
-            cq.wait(Duration::from_millis(100))
-        } else {
-            cq.poll()
-        };
-        let Some(wc) = completion else {
-            if last_progress.elapsed() > Duration::from_secs(10) {
-                return Err(format!(
-                    "No completion for 10 s after {rcnt} receives: a datagram was lost, and UD does not resend"
-                ));
+    let on_recv = |_| {
+        routs -= 1;
+        if routs <= 1 {
+            routs += post_recv(args.rx_depth - routs);
+            if routs < args.rx_depth {
+                return Err(format!("Couldn't post receive ({routs})"));
             }
-            if !args.events {
-                std::thread::yield_now();
-            }
-            continue;
-        };
-        last_progress = Instant::now();
-        if wc.status != WcStatus::Success {
-            return Err(format!(
-                "Failed status {} ({}) for wr_id {}",
-                wc.status,
-                wc.status.ibv_value(),
-                wc.wr_id
-            ));
         }
-        match wc.wr_id {
-            SEND_WRID => scnt += 1,
-            RECV_WRID => {
-                routs -= 1;
-                if routs <= 1 {
-                    routs += post_recv(args.rx_depth - routs);
-                    if routs < args.rx_depth {
-                        return Err(format!("Couldn't post receive ({routs})"));
-                    }
-                }
-                rcnt += 1;
-            }
-            other => return Err(format!("Completion for unknown wr_id {other}")),
-        }
-        pending &= !wc.wr_id;
-        if scnt < args.iters && pending == 0 {
-            send()?;
-            pending = RECV_WRID | SEND_WRID;
-        }
-    }
+        Ok(())
+    };
+    let start = exchange_loop(
+        &cq,
+        args.events,
+        args.iters,
+        args.server.is_some(),
+        send,
+        on_recv,
+        "a datagram was lost, and UD does not resend (or the peer stopped answering)",
+    )?;
     print_result(start, args.size, args.iters);
     args.nic.finish(&nic);
     let _ = args.sl;
