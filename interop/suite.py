@@ -321,6 +321,11 @@ def run_pair(lab, name, kind, server, client, server_cmd, client_cmd, limit, out
             if not srv.wait_cm_listen(cm_port, 30):
                 srv.wait(5)
                 raise LabError(f"the server never listened on rdma_cm port {cm_port}:\n{srv.out.strip()[-800:]}")
+        elif " -R" in server_cmd:
+            # perftest's rdma_cm mode: no TCP listener, an rdma_cm one on the same port
+            if not srv.wait_cm_listen(PORT, 30):
+                srv.wait(5)
+                raise LabError(f"the server never listened on rdma_cm port {PORT}:\n{srv.out.strip()[-800:]}")
         elif not srv.wait_listen(PORT, 30):
             srv.wait(5)
             raise LabError(f"the server never listened on TCP {PORT}:\n{srv.out.strip()[-800:]}")
@@ -503,6 +508,23 @@ def interop_plan(lab):
             role = "ferroce-client" if client is host else "ferroce-server"
             plan.append((f"{name}-{role}", kind, server, client, server.perf(tool, sub, flags),
                          client.perf(tool, sub, flags, server.addr), 60, 0, 1024))
+    # perftest's rdma_cm mode (-R): the exchange over an RC connection rdma_cm makes on port
+    # 18515, one SEND per step; the test's QPs connected by the CM on the same port (RC: REQ,
+    # REP, RTU with out_reads as responder resources for READ; UD: SIDR and rdma_cm's Q_Key,
+    # the latency client's first datagram telling the server its QPN); perftest's client
+    # retries while its server is not listening again (REJ 8, SIDR status 1). READ once more
+    # under loss, CM MADs included. No loss run for UD, which does not resend.
+    for name, tool, sub, kind, flags, drop in (
+            ("ib_send_bw-R", "ib_send_bw", "send-bw", "bw", f"-R -s 65536 -n {iters(40)}", 0),
+            ("ib_write_bw-R", "ib_write_bw", "write-bw", "bw", f"-R -s 65536 -n {iters(40)}", 0),
+            ("ib_read_bw-R", "ib_read_bw", "read-bw", "bw", f"-R -s 65536 -n {iters(40)}", 0),
+            ("loss-ib_read_bw-R", "ib_read_bw", "read-bw", "bw", f"-R -s 65536 -n {iters(40)}", loss),
+            ("ib_send_bw-R-ud", "ib_send_bw", "send-bw", "bw", f"-R -c UD -s 1024 -n {iters(100)}", 0),
+            ("ib_send_lat-R-ud", "ib_send_lat", "send-lat", "lat", f"-R -c UD -s 1024 -n {iters(200)}", 0)):
+        for server, client in ((vm, host), (host, vm)):
+            role = "ferroce-client" if client is host else "ferroce-server"
+            plan.append((f"{name}-{role}", kind, server, client, server.perf(tool, sub, flags),
+                         client.perf(tool, sub, flags, server.addr), 90 if drop else 60, drop, 1024))
     # rdma_cm: rping, both roles, at 64 B and 4 KiB, and under loss; the client validates
     # every ping (-V), which the server READs from it and WRITEs back
     for size, drop in ((64, 0), (4096, 0), (64, loss)):
