@@ -25,6 +25,7 @@ pub mod wire;
 
 pub use counters::Counters;
 pub use engine::{
-    Census, CreateQpError, Engine, EngineConfig, InboundWrite, SrqAttr, SrqError, Transmit, WriteFilter,
+    Census, CreateQpError, Engine, EngineConfig, InboundWrite, SrqAttr, SrqError, Transmit,
+    WriteFilter,
 };
 pub use psn::Psn;
