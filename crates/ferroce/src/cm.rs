@@ -278,10 +278,12 @@ impl AgentInner {
             let wait = {
                 let routes = lock(&self.routes);
                 let until = routes.machine.poll_timeout();
+                // While a passive connection waits for its RTU, look for its first data
+                // (COMM_EST) every 10 ms.
                 let tick = if routes.awaiting_rtu.is_empty() {
                     TICK
                 } else {
-                    Duration::from_millis(1)
+                    Duration::from_millis(10)
                 };
                 until.map_or(tick, |t| {
                     t.saturating_duration_since(Instant::now()).min(tick)
