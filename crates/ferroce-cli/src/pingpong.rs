@@ -361,8 +361,11 @@ pub(crate) fn linger(nic: &Nic) {
 }
 
 fn connect(qp: &Qp, remote: &PingpongDest, mtu: Mtu) -> Result<(), String> {
+    // ibv_rc_pingpong's QP grants peers nothing (qp_access_flags 0): a WRITE or READ to it is
+    // an invalid request, as rxe answers it.
     let options = ConnectOptions {
         mtu,
+        access: RegionAccess::Local,
         max_rd_atomic: 1,
         ..ConnectOptions::default()
     };

@@ -20,13 +20,19 @@ use crate::verbs::queue::region_access;
 use crate::verbs::Mr;
 use crate::Nic;
 
-/// What peers may do to a region (seed 004's `access`).
+/// What peers may do to a region (seed 004's `access`: `Local`, `Remote_write`, `Remote`), and
+/// through a queue pair ([`crate::ConnectOptions::access`]). The two single rights beyond the
+/// seed's are what perftest's `ib_read_*` and `ib_atomic_*` grant, and no more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RegionAccess {
     /// Peers neither read nor write (`Local`).
     Local,
     /// Peers write (`Remote_write`).
     RemoteWrite,
+    /// Peers read, and nothing else.
+    RemoteRead,
+    /// Peers run atomics, and nothing else.
+    RemoteAtomic,
     /// Peers read, write and run atomics (`Remote`).
     Remote,
 }
@@ -37,6 +43,8 @@ impl RegionAccess {
         match self {
             Self::Local => Access::LOCAL,
             Self::RemoteWrite => Access::REMOTE_WRITE_ONLY,
+            Self::RemoteRead => Access::LOCAL.with(Access::REMOTE_READ),
+            Self::RemoteAtomic => Access::LOCAL.with(Access::REMOTE_ATOMIC),
             Self::Remote => Access::REMOTE,
         }
     }
@@ -46,6 +54,8 @@ impl RegionAccess {
         match self {
             Self::Local => Access::NONE,
             Self::RemoteWrite => Access::REMOTE_WRITE,
+            Self::RemoteRead => Access::REMOTE_READ,
+            Self::RemoteAtomic => Access::REMOTE_ATOMIC,
             Self::Remote => Access::REMOTE_WRITE
                 .with(Access::REMOTE_READ)
                 .with(Access::REMOTE_ATOMIC),

@@ -183,6 +183,88 @@ fn a_wrong_key_is_a_remote_access_error_and_writes_nothing() {
     assert!(line.contains(" resp_access_err 1 "), "{line}");
 }
 
+/// A queue pair grants exactly what it was connected with, checked before any key, as rxe's
+/// `check_op_valid` does: an operation the QP does not enable is an invalid request (NAK
+/// code 1), whatever the region would allow; one it enables on a region that does not is a
+/// remote access error (NAK code 2). Each failure is fatal to the pair, so each case has its
+/// own.
+#[test]
+fn a_queue_pair_grants_what_it_was_connected_with_and_no_more() {
+    let cases: [(RegionAccess, RegionAccess, &str, WcStatus); 5] = [
+        // ibv_rc_pingpong's QP grants nothing: a WRITE is an invalid request.
+        (
+            RegionAccess::Local,
+            RegionAccess::Remote,
+            "write",
+            WcStatus::RemInvReqErr,
+        ),
+        // ib_write_bw's grants WRITE only: a READ is an invalid request.
+        (
+            RegionAccess::RemoteWrite,
+            RegionAccess::Remote,
+            "read",
+            WcStatus::RemInvReqErr,
+        ),
+        // ib_read_bw's grants READ only: a WRITE and an atomic are invalid requests.
+        (
+            RegionAccess::RemoteRead,
+            RegionAccess::Remote,
+            "write",
+            WcStatus::RemInvReqErr,
+        ),
+        (
+            RegionAccess::RemoteRead,
+            RegionAccess::Remote,
+            "atomic",
+            WcStatus::RemInvReqErr,
+        ),
+        // Granted by the QP, refused by the region: a remote access error.
+        (
+            RegionAccess::RemoteRead,
+            RegionAccess::RemoteWrite,
+            "read",
+            WcStatus::RemAccessErr,
+        ),
+    ];
+    for (i, (qp_grant, region_grant, op, want)) in cases.into_iter().enumerate() {
+        let options = ConnectOptions {
+            access: qp_grant,
+            ..ConnectOptions::default()
+        };
+        let (a, b) = pair(24800 + i as u16, QpType::Rc, &options);
+        let local = region(&a.nic, RegionAccess::Local, vec![9; 64]);
+        let target = region(&b.nic, region_grant, vec![0; 64]);
+        let remote = target.remote(0).unwrap();
+        let op = match op {
+            "write" => SendOp::Write(remote),
+            "read" => SendOp::Read(remote),
+            _ => SendOp::FetchAdd { remote, add: 1 },
+        };
+        let len = if matches!(op, SendOp::FetchAdd { .. }) {
+            8
+        } else {
+            64
+        };
+        a.qp.post_send(SendWr::new(
+            1,
+            op,
+            Payload::Sge(local.local(0, len).unwrap()),
+        ))
+        .unwrap();
+        assert_eq!(wait(&a.cq).status, want, "case {i}");
+        let mut got = [1u8; 64];
+        target.read(0, &mut got).unwrap();
+        assert_eq!(got, [0; 64], "case {i}: nothing written");
+        let counters = b.nic.counters();
+        let (invalid, access) = (counters.resp_invalid_req, counters.resp_access_err);
+        if want == WcStatus::RemInvReqErr {
+            assert_eq!((invalid, access), (1, 0), "case {i}");
+        } else {
+            assert_eq!((invalid, access), (0, 1), "case {i}");
+        }
+    }
+}
+
 #[test]
 fn a_peer_that_disappears_ends_in_retry_exceeded() {
     // 4.096 µs × 2^10 ≈ 4 ms per try, 3 retries.

@@ -627,7 +627,7 @@ impl Rig {
         let len = usize::try_from(len).map_err(|_| " Buffer too large".to_owned())?;
         let region = Region::register(
             &nic,
-            RegionAccess::Remote,
+            grant(s),
             WriteOrder::InOrder,
             RegionMemory::Host(vec![0; len]),
         )
@@ -922,6 +922,21 @@ fn ready_ud(qp: &Qp, peer: &KeyLine) -> Result<UdDest, String> {
     Ok(AddressHandle::new(peer_ip(peer)).dest(Qpn::from_low_bits(peer.qpn), UD_QKEY))
 }
 
+/// What peers may do to this side's buffer and through its queue pairs: what the perftest
+/// twin grants (`ib_write_*` remote write, `ib_read_*` remote read, `ib_atomic_*` atomics,
+/// `ib_send_*` nothing), so a request the test does not make is refused as perftest's peer
+/// refuses it (an invalid request NAK). `--check` on a write test also grants remote read,
+/// for the client's read-back of what it wrote (ferroce's own check; give it on both sides).
+fn grant(s: &Settings) -> RegionAccess {
+    match s.verb {
+        Verb::Send => RegionAccess::Local,
+        Verb::Write if s.check => RegionAccess::Remote,
+        Verb::Write => RegionAccess::RemoteWrite,
+        Verb::Read => RegionAccess::RemoteRead,
+        Verb::Atomic => RegionAccess::RemoteAtomic,
+    }
+}
+
 /// Moves a queue pair to RTR and RTS towards the peer its key line names.
 fn connect(qp: &Qp, peer: &KeyLine, s: &Settings, mtu: Mtu, out_reads: u32) -> Result<(), String> {
     let endpoint = QpEndpoint {
@@ -932,7 +947,7 @@ fn connect(qp: &Qp, peer: &KeyLine, s: &Settings, mtu: Mtu, out_reads: u32) -> R
     let rd_atomic = out_reads.min(peer.out_reads.max(1)).min(255) as u8;
     let options = ConnectOptions {
         mtu,
-        access: RegionAccess::Remote,
+        access: grant(s),
         timeout: s.timeout,
         retry_cnt: 7,
         rnr_retry: 7,
