@@ -11,7 +11,7 @@
 //! protection domain must be the QP's, the requested access bit must be granted, and
 //! `va ≥ base && len ≤ region.len && va − base ≤ region.len − len`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
 /// Access rights of a region (the `IBV_ACCESS_*` flags ferroce implements).
@@ -177,58 +177,116 @@ pub enum AccessFault {
     },
 }
 
-/// A small, fast, seedable generator for keys (SplitMix64). Keys need to be unpredictable to
-/// a peer that has not been told them, not cryptographically strong: a peer that guesses
-/// still only reaches regions of the QP's protection domain that grant remote access.
-#[derive(Clone, Debug)]
-pub(crate) struct KeyRng(u64);
+/// Where the engine's identifiers come from: memory keys and queue pair numbers. A NIC gives
+/// its engine the operating system's CSPRNG ([`Engine::set_entropy`]), so a peer cannot
+/// predict a key or QP number from the ones it was told (ReDMArk). Without one an engine
+/// draws from [`SeededEntropy`], reproducibly, as simulations and tests want.
+///
+/// [`Engine::set_entropy`]: crate::Engine::set_entropy
+pub trait Entropy: Send {
+    /// 64 random bits.
+    fn next_u64(&mut self) -> u64;
+}
 
-impl KeyRng {
-    pub(crate) fn new(seed: u64) -> Self {
+/// A small, fast, seedable generator (SplitMix64): reproducible, and predictable to anyone
+/// who sees one output, so for simulations and tests only.
+#[derive(Clone, Debug)]
+pub struct SeededEntropy(u64);
+
+impl SeededEntropy {
+    /// The generator seeded with `seed`.
+    #[must_use]
+    pub fn new(seed: u64) -> Self {
         Self(seed)
     }
+}
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
+impl Entropy for SeededEntropy {
+    fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
-
-    pub(crate) fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
-    }
 }
 
+/// How many deregistered keys are kept out of use: a key that was just given up is not
+/// handed out again while a peer may still hold it.
+pub const KEY_QUARANTINE: usize = 4096;
+
 /// The region table: keys to regions, with their checks.
-#[derive(Debug)]
 pub struct MemoryTable {
     regions: HashMap<RegionId, RegionInfo>,
     by_lkey: HashMap<u32, RegionId>,
     by_rkey: HashMap<u32, RegionId>,
     next_id: u32,
-    rng: KeyRng,
+    entropy: Box<dyn Entropy>,
+    /// Keys recently deregistered, oldest first, and the same as a set.
+    quarantine: VecDeque<u32>,
+    quarantined: HashSet<u32>,
+}
+
+impl fmt::Debug for MemoryTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryTable")
+            .field("regions", &self.regions.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl MemoryTable {
-    /// An empty table whose keys come from a generator seeded with `seed`.
+    /// An empty table whose keys come from [`SeededEntropy`] seeded with `seed`.
     #[must_use]
     pub fn new(seed: u64) -> Self {
+        Self::with_entropy(Box::new(SeededEntropy::new(seed)))
+    }
+
+    /// An empty table whose keys come from `entropy`.
+    #[must_use]
+    pub fn with_entropy(entropy: Box<dyn Entropy>) -> Self {
         Self {
             regions: HashMap::new(),
             by_lkey: HashMap::new(),
             by_rkey: HashMap::new(),
             next_id: 1,
-            rng: KeyRng::new(seed),
+            entropy,
+            quarantine: VecDeque::new(),
+            quarantined: HashSet::new(),
         }
+    }
+
+    /// Replaces where keys come from (the engine's [`Entropy`]).
+    pub fn set_entropy(&mut self, entropy: Box<dyn Entropy>) {
+        self.entropy = entropy;
+    }
+
+    /// 64 bits from the table's entropy, for the engine's other identifiers.
+    pub(crate) fn random(&mut self) -> u64 {
+        self.entropy.next_u64()
     }
 
     fn fresh_key(&mut self) -> u32 {
         loop {
-            let key = self.rng.next_u32();
-            if key != 0 && !self.by_lkey.contains_key(&key) && !self.by_rkey.contains_key(&key) {
+            let key = (self.entropy.next_u64() >> 32) as u32;
+            if key != 0
+                && !self.by_lkey.contains_key(&key)
+                && !self.by_rkey.contains_key(&key)
+                && !self.quarantined.contains(&key)
+            {
                 return key;
+            }
+        }
+    }
+
+    fn quarantine(&mut self, key: u32) {
+        if key == 0 || !self.quarantined.insert(key) {
+            return;
+        }
+        self.quarantine.push_back(key);
+        if self.quarantine.len() > KEY_QUARANTINE {
+            if let Some(old) = self.quarantine.pop_front() {
+                self.quarantined.remove(&old);
             }
         }
     }
@@ -289,6 +347,8 @@ impl MemoryTable {
         if info.rkey != 0 {
             self.by_rkey.remove(&info.rkey);
         }
+        self.quarantine(info.lkey);
+        self.quarantine(info.rkey);
         Some(info)
     }
 
@@ -590,5 +650,53 @@ mod tests {
             .apply(6),
             6
         );
+    }
+
+    /// Hands out the values it was given, in turn.
+    struct Scripted(Vec<u64>, usize);
+
+    impl Entropy for Scripted {
+        fn next_u64(&mut self) -> u64 {
+            let v = self.0[self.1 % self.0.len()];
+            self.1 += 1;
+            v
+        }
+    }
+
+    #[test]
+    fn a_deregistered_key_is_not_handed_out_again_soon() {
+        let key = |k: u32| u64::from(k) << 32;
+        let script = vec![key(7), key(7), key(9), key(7), key(11)];
+        let mut table = MemoryTable::with_entropy(Box::new(Scripted(script, 0)));
+        let pd = PdId(1);
+        let a = table
+            .register(pd, 0x1000, 64, Access::LOCAL, WriteOrder::InOrder)
+            .unwrap();
+        assert_eq!(a.lkey, 7);
+        table.deregister(a.id).unwrap();
+        // The generator offers 7 again, twice: it is quarantined, so 9 and then 11 are taken.
+        let b = table
+            .register(pd, 0x1000, 64, Access::LOCAL, WriteOrder::InOrder)
+            .unwrap();
+        assert_eq!(b.lkey, 9);
+        let c = table
+            .register(pd, 0x2000, 64, Access::LOCAL, WriteOrder::InOrder)
+            .unwrap();
+        assert_eq!(c.lkey, 11);
+        // After KEY_QUARANTINE later keys have gone through quarantine, 7 may come back.
+        let mut table = MemoryTable::new(3);
+        let first = table
+            .register(pd, 0, 8, Access::LOCAL, WriteOrder::InOrder)
+            .unwrap();
+        table.deregister(first.id);
+        for i in 0..KEY_QUARANTINE as u64 {
+            let r = table
+                .register(pd, i * 8, 8, Access::LOCAL, WriteOrder::InOrder)
+                .unwrap();
+            assert_ne!(r.lkey, first.lkey);
+            table.deregister(r.id);
+        }
+        assert!(!table.quarantined.contains(&first.lkey));
+        assert_eq!(table.quarantine.len(), KEY_QUARANTINE);
     }
 }

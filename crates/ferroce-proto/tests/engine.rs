@@ -1260,3 +1260,35 @@ fn only_bare_positive_acks_are_marked_as_such() {
     assert!(!move_one(&mut f, 0, 1).ack, "the WRITE with a wrong key");
     assert!(!move_one(&mut f, 1, 0).ack, "its NAK");
 }
+
+/// Queue pair numbers are drawn, not counted: 2,000 QPs get 2,000 distinct numbers of 0x11 and
+/// up, and hardly any follows the one before it (a counter would make every one do so).
+#[test]
+fn queue_pair_numbers_are_not_sequential() {
+    let mut f = Fabric::new(1, 5);
+    let node = &mut f.nodes[0];
+    let qpns: Vec<u32> = (0..2000)
+        .map(|_| {
+            node.engine
+                .create_qp(ferroce_proto::qp::QpInit {
+                    qp_type: QpType::Rc,
+                    pd: node.pd,
+                    send_cq: node.cq,
+                    recv_cq: node.cq,
+                    caps: Default::default(),
+                    sq_sig_all: false,
+                    srq: None,
+                })
+                .unwrap()
+                .value()
+        })
+        .collect();
+    let distinct: std::collections::HashSet<_> = qpns.iter().collect();
+    assert_eq!(distinct.len(), 2000);
+    assert!(qpns.iter().all(|&q| (0x11..1 << 24).contains(&q)));
+    let successors = qpns.windows(2).filter(|w| w[1] == w[0] + 1).count();
+    assert!(
+        successors < 5,
+        "{successors} of 1999 follow their predecessor"
+    );
+}

@@ -169,10 +169,11 @@ impl Qp {
         if nic.verbs().is_some() && qp_type == QpType::Ud {
             return Err(NicError::SoftOnly("UD queue pairs"));
         }
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.subsec_nanos())
-            .wrapping_mul(0x9e37_79b9);
+        // The first PSN from the OS's CSPRNG, as the NIC's keys: not guessable by a peer.
+        let seed = crate::nic::os_random().map_err(|source| NicError::Socket {
+            addr: nic.addr(),
+            source,
+        })? as u32;
         if let (Some(device), CqInner::Verbs(scq), CqInner::Verbs(rcq)) =
             (nic.verbs(), &send_cq.inner, &recv_cq.inner)
         {
@@ -199,7 +200,6 @@ impl Qp {
                 srq: srq.map(|s| s.inner.id),
             })
             .map_err(|_| NicError::OtherNic("a shared receive queue"))?;
-        let seed = seed ^ qpn.value();
         // INIT at once, so receives can be posted before connecting (as ibv_rc_pingpong does);
         // the access peers get is set by `connect`, a UD QP's Q_Key by `ready_ud`. RESET →
         // INIT with an access (and for UD a Q_Key) cannot fail.

@@ -199,7 +199,6 @@ impl Ctx {
 pub struct Engine {
     ctx: Ctx,
     qps: BTreeMap<u32, Qp>,
-    next_qpn: u32,
     next_cq: u32,
     next_srq: u32,
     next_pd: u32,
@@ -255,7 +254,6 @@ impl Engine {
                 counters: Counters::default(),
             },
             qps: BTreeMap::new(),
-            next_qpn: 0x11,
             next_cq: 1,
             next_srq: 1,
             next_pd: 1,
@@ -377,19 +375,27 @@ impl Engine {
         self.ctx.cqs.get_mut(&cq)?.entries.pop_front()
     }
 
-    /// A queue pair in state RESET.
+    /// Replaces where the engine's keys and queue pair numbers come from (by default a
+    /// generator seeded from [`EngineConfig::seed`], reproducible and predictable): a NIC
+    /// gives the operating system's CSPRNG, so that no peer can guess one from another.
+    pub fn set_entropy(&mut self, entropy: Box<dyn crate::memory::Entropy>) {
+        self.ctx.table.set_entropy(entropy);
+    }
+
+    /// A queue pair in state RESET, numbered at random (24 bits, 0x11 and up: not in
+    /// sequence, so one QP number tells nothing of the next).
     ///
     /// # Errors
     ///
     /// [`CreateQpError::UnknownSrq`] when `init.srq` names no shared receive queue.
     pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, CreateQpError> {
-        let mut qpn = Qpn::from_low_bits(self.next_qpn);
-        while self.qps.contains_key(&qpn.value()) || qpn.value() < 0x11 {
-            self.next_qpn = self.next_qpn.wrapping_add(1);
-            qpn = Qpn::from_low_bits(self.next_qpn);
-        }
+        let qpn = loop {
+            let qpn = Qpn::from_low_bits(self.ctx.table.random() as u32);
+            if qpn.value() >= 0x11 && !self.qps.contains_key(&qpn.value()) {
+                break qpn;
+            }
+        };
         self.insert_qp(qpn, init)?;
-        self.next_qpn = self.next_qpn.wrapping_add(1);
         Ok(qpn)
     }
 
