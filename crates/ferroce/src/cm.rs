@@ -143,8 +143,11 @@ enum Incoming {
 
 struct Routes {
     machine: CmEndpoint,
-    conns: HashMap<CommId, Sender<CmEvent>>,
-    sidr: HashMap<u32, Sender<CmEvent>>,
+    /// Each connection's events, boxed: a channel allocates its slots in blocks of the
+    /// message's size, and an event holds a whole REQ or REP (a block of unboxed events is
+    /// 9 KB per connection).
+    conns: HashMap<CommId, Sender<Box<CmEvent>>>,
+    sidr: HashMap<u32, Sender<Box<CmEvent>>>,
     listeners: HashMap<ServiceId, Sender<Incoming>>,
     /// Passive connections waiting for their RTU: the QP and the PSN it expects first; the
     /// first data packet establishes them if the RTU was lost.
@@ -373,7 +376,7 @@ impl AgentInner {
             }
             CmEvent::SidrReply { id, .. } | CmEvent::SidrUnreachable { id } => {
                 if let Some(tx) = routes.sidr.remove(&id) {
-                    let _ = tx.send(event);
+                    let _ = tx.send(Box::new(event));
                 }
             }
             CmEvent::Reply { id, .. }
@@ -394,7 +397,7 @@ impl AgentInner {
                     routes.awaiting_rtu.remove(&id);
                 }
                 if let Some(tx) = routes.conns.get(&id) {
-                    let _ = tx.send(event);
+                    let _ = tx.send(Box::new(event));
                 }
             }
         }
@@ -801,7 +804,7 @@ enum ConnState {
 pub struct Connection {
     agent: Arc<Agent>,
     id: CommId,
-    rx: Mutex<Receiver<CmEvent>>,
+    rx: Mutex<Receiver<Box<CmEvent>>>,
     peer: IpAddr,
     private: Vec<u8>,
     state: Mutex<ConnState>,
@@ -905,7 +908,7 @@ impl Connection {
         let left = deadline.saturating_duration_since(Instant::now());
         let next = lock(&self.rx).recv_timeout(left);
         match next {
-            Ok(event) => Ok(event),
+            Ok(event) => Ok(*event),
             Err(RecvTimeoutError::Timeout) => {
                 lock(&self.agent.inner.routes).machine.abandon(self.id);
                 *lock(&self.state) = ConnState::Closed;
@@ -979,7 +982,7 @@ impl Connection {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let next = lock(&self.rx).recv_timeout(left);
+            let next = lock(&self.rx).recv_timeout(left).map(|event| *event);
             match next {
                 Ok(CmEvent::Disconnected { .. } | CmEvent::Rejected { .. }) => {
                     *lock(&self.state) = ConnState::Closed;
@@ -1104,7 +1107,7 @@ pub fn resolve_ud(
         inner.flush(&mut routes);
         id
     };
-    let result = match rx.recv_timeout(timeout) {
+    let result = match rx.recv_timeout(timeout).map(|event| *event) {
         Ok(CmEvent::SidrReply { rep, .. }) if rep.status == SidrStatus::Success => Ok(UdPeer {
             address: AddressHandle::new(to),
             qpn: rep.qpn,
