@@ -8,14 +8,22 @@
 //! printed its "Waiting for client" banner.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
-/// Longest a process may run before the test gives up on it.
-const LIMIT: Duration = Duration::from_secs(60);
+mod common;
+
+use common::{both_ok, finish, result_rows, start_server as start, Side};
+
+/// Starts a server and waits for its banner; returns it and the thread reading its stdout.
+fn start_server(
+    test: &str,
+    addr: &str,
+    port: u16,
+    args: &[&str],
+) -> (Child, std::thread::JoinHandle<String>) {
+    start(perf(test, addr, port, args), test)
+}
 
 fn perf(test: &str, local: &str, port: u16, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferroce"));
@@ -34,87 +42,6 @@ fn perf(test: &str, local: &str, port: u16, args: &[&str]) -> Command {
     cmd
 }
 
-/// What one side did: exit status, stdout, stderr.
-struct Side {
-    ok: bool,
-    out: String,
-    err: String,
-}
-
-/// Waits for a child at most `LIMIT` (killing it past that) and collects what it printed;
-/// `out` is its stdout when a thread has been reading it.
-fn finish(mut child: Child, who: &str, out: Option<std::thread::JoinHandle<String>>) -> Side {
-    let deadline = Instant::now() + LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the {who} ran for more than {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out = match out {
-        Some(reader) => reader.join().unwrap(),
-        None => {
-            let mut text = String::new();
-            child
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_string(&mut text)
-                .unwrap();
-            text
-        }
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    Side {
-        ok: status.success(),
-        out,
-        err,
-    }
-}
-
-/// Starts a server and waits for its banner; returns it and the thread reading its stdout.
-fn start_server(
-    test: &str,
-    addr: &str,
-    port: u16,
-    args: &[&str],
-) -> (Child, std::thread::JoinHandle<String>) {
-    let mut server = perf(test, addr, port, args).spawn().unwrap();
-    let stdout = server.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        let mut lines = BufReader::new(stdout);
-        let mut line = String::new();
-        let mut told = false;
-        while lines.read_line(&mut line).unwrap_or(0) > 0 {
-            if !told && line.contains("Waiting for client to connect") {
-                let _ = tx.send(());
-                told = true;
-            }
-            out.push_str(&line);
-            line.clear();
-        }
-        out
-    });
-    if rx.recv_timeout(LIMIT).is_err() {
-        let _ = server.kill();
-        let side = finish(server, "server", Some(reader));
-        panic!("the {test} server never listened: {}{}", side.out, side.err);
-    }
-    (server, reader)
-}
-
 /// Starts a server, waits for its banner, runs a client against it; returns both sides.
 fn pair(
     test: &str,
@@ -131,37 +58,6 @@ fn pair(
     let client = finish(client, "client", None);
     let server = finish(server, "server", Some(reader));
     (server, client)
-}
-
-/// Both sides succeeded.
-fn both_ok(test: &str, server: &Side, client: &Side) {
-    assert!(
-        server.ok && client.ok,
-        "{test}\n--- client:\n{}{}\n--- server:\n{}{}",
-        client.out,
-        client.err,
-        server.out,
-        server.err
-    );
-}
-
-/// The result lines under the table's column line, split into fields.
-fn result_rows(text: &str) -> Vec<Vec<String>> {
-    let mut rows = Vec::new();
-    let mut in_table = false;
-    for line in text.lines() {
-        if line.starts_with(" #bytes") {
-            in_table = true;
-            continue;
-        }
-        if in_table {
-            if line.starts_with("---") {
-                break;
-            }
-            rows.push(line.split_whitespace().map(str::to_owned).collect());
-        }
-    }
-    rows
 }
 
 /// One result line of `columns` numbers with the right size and iterations, the rates and
