@@ -10,7 +10,7 @@ use clap::Args;
 use ferroce::cq::WcStatus;
 use ferroce::exchange::PingpongDest;
 use ferroce::proto::memory::WriteOrder;
-use ferroce::qp::{Mtu, Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
+use ferroce::qp::{Mtu, Payload, PostError, QpCaps, QpType, RecvWr, SendOp, SendWr, Sge};
 use ferroce::{
     ConnectOptions, Cq, DeviceOptions, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory,
 };
@@ -178,17 +178,7 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
     let Ok(send_sge) = send_buf.local(0, args.size) else {
         return fail("Couldn't register MR");
     };
-    let post_recv = |n: u32| -> u32 {
-        (0..n)
-            .take_while(|_| {
-                qp.post_recv(RecvWr {
-                    wr_id: RECV_WRID,
-                    sges: vec![recv_sge],
-                })
-                .is_ok()
-            })
-            .count() as u32
-    };
+    let post_recv = |n: u32| post_receives(n, recv_sge, |wr| qp.post_recv(wr));
     let mut routs = post_recv(args.rx_depth);
     if routs < args.rx_depth {
         return fail(format!("Couldn't post receive ({routs})"));
@@ -248,6 +238,24 @@ pub(crate) fn run(args: &PingpongArgs) -> ExitCode {
     args.nic.finish(&nic);
     let _ = args.sl;
     ExitCode::SUCCESS
+}
+
+/// Posts up to `n` receives of `sge` through `post` (a QP's or an SRQ's), stopping at the
+/// first refused, as rdma-core's ping-pong tools do; returns how many were posted.
+pub(crate) fn post_receives(
+    n: u32,
+    sge: Sge,
+    post: impl Fn(RecvWr) -> Result<(), PostError>,
+) -> u32 {
+    (0..n)
+        .take_while(|_| {
+            post(RecvWr {
+                wr_id: RECV_WRID,
+                sges: vec![sge],
+            })
+            .is_ok()
+        })
+        .count() as u32
 }
 
 /// The loop `ibv_rc_pingpong` and `ibv_ud_pingpong` share: the client sends first; each side

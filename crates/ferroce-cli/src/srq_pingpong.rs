@@ -12,13 +12,13 @@ use ferroce::exchange::PingpongDest;
 use ferroce::proto::memory::WriteOrder;
 use ferroce::proto::wire::Qpn;
 use ferroce::proto::Psn;
-use ferroce::qp::{Mtu, Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
+use ferroce::qp::{Mtu, Payload, QpCaps, QpType, SendOp, SendWr};
 use ferroce::{ConnectOptions, Cq, Qp, Region, RegionAccess, RegionMemory, Srq};
 
-use crate::pingpong::{client_exchange, fail, print_result, server_exchange, NicFlags};
-
-const RECV_WRID: u64 = 1;
-const SEND_WRID: u64 = 2;
+use crate::pingpong::{
+    client_exchange, fail, post_receives, print_result, server_exchange, NicFlags, RECV_WRID,
+    SEND_WRID,
+};
 /// The lines `ibv_srq_pingpong` exchanges, whatever `-q` says.
 const MAX_QP: usize = 256;
 
@@ -108,17 +108,7 @@ fn ping_pong(args: &SrqPingpongArgs) -> Result<(), String> {
     let sge = buf
         .local(0, args.size)
         .map_err(|_| "Couldn't register MR")?;
-    let post_recv = |n: u32| -> u32 {
-        (0..n)
-            .take_while(|_| {
-                srq.post_recv(RecvWr {
-                    wr_id: RECV_WRID,
-                    sges: vec![sge],
-                })
-                .is_ok()
-            })
-            .count() as u32
-    };
+    let post_recv = |n: u32| post_receives(n, sge, |wr| srq.post_recv(wr));
     let mut routs = post_recv(args.rx_depth);
     if routs < args.rx_depth {
         return Err(format!("Couldn't post receive ({routs})"));

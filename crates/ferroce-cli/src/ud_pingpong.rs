@@ -12,12 +12,12 @@ use std::process::ExitCode;
 use clap::Args;
 use ferroce::exchange::PingpongDest;
 use ferroce::proto::memory::WriteOrder;
-use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
+use ferroce::qp::{Payload, QpCaps, QpType, SendOp, SendWr};
 use ferroce::ud::{AddressHandle, UD_GRH_LEN};
 use ferroce::{Cq, Qp, Region, RegionAccess, RegionMemory};
 
 use crate::pingpong::{
-    client_exchange, exchange_loop, fail, print_result, server_exchange, NicFlags, RECV_WRID,
+    client_exchange, exchange_loop, fail, post_receives, print_result, server_exchange, NicFlags,
     SEND_WRID,
 };
 
@@ -91,17 +91,7 @@ fn ping_pong(args: &UdPingpongArgs) -> Result<(), String> {
         .map_err(|_| "Couldn't register MR")?;
     qp.ready_ud(QKEY)
         .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
-    let post_recv = |n: u32| -> u32 {
-        (0..n)
-            .take_while(|_| {
-                qp.post_recv(RecvWr {
-                    wr_id: RECV_WRID,
-                    sges: vec![recv_sge],
-                })
-                .is_ok()
-            })
-            .count() as u32
-    };
+    let post_recv = |n: u32| post_receives(n, recv_sge, |wr| qp.post_recv(wr));
     let mut routs = post_recv(args.rx_depth);
     if routs < args.rx_depth {
         return Err(format!("Couldn't post receive ({routs})"));
