@@ -348,6 +348,9 @@ fn serve(args: &RpingArgs) -> Result<(), String> {
         };
         let result = serve_one(&nic, args, request);
         if !args.persistent {
+            // The client disconnected: stay to answer its DREQ again should the DREP have
+            // been lost (a persistent server stays anyway).
+            ferroce::cm::linger(&nic, ferroce::cm::LINGER);
             return result;
         }
         if let Err(e) = result {

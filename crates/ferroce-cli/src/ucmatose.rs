@@ -212,7 +212,8 @@ fn client(args: &UcmatoseArgs, server: IpAddr) -> i32 {
         }
         println!("data transfers complete");
     }
-    // The server disconnects: wait for each connection's DREQ.
+    // The server disconnects: wait for each connection's DREQ, then stay to answer it again
+    // should a DREP have been lost.
     for node in &nodes {
         if let Some(conn) = &node.conn {
             if let Err(e) = conn.wait_disconnected(STEP) {
@@ -221,6 +222,7 @@ fn client(args: &UcmatoseArgs, server: IpAddr) -> i32 {
             }
         }
     }
+    ferroce::cm::linger(&nic, ferroce::cm::LINGER);
     status
 }
 

@@ -590,3 +590,80 @@ fn an_unanswered_dreq_closes_the_connection_after_its_few_retries() {
     assert!(w.events_a.contains(&CmEvent::Disconnected { id: active }));
     assert_eq!(w.sent(A, AttributeId::Dreq), 1 + usize::from(DREQ_RETRIES));
 }
+
+#[test]
+fn a_side_that_answered_a_dreq_lingers_until_the_peer_cannot_resend_it() {
+    for closer_is_a in [true, false] {
+        let mut w = Wire::new();
+        w.b.listen(sid()).unwrap();
+        let (active, passive) = handshake(&mut w, 0x20);
+        // The answering side's first two DREPs are lost; the third arrives.
+        let answerer = if closer_is_a { B } else { A };
+        let mut lost = 0;
+        w.rule = Box::new(move |from, attr| {
+            if from == answerer && attr == AttributeId::Drep && lost < 2 {
+                lost += 1;
+                Fate::Drop
+            } else {
+                Fate::Deliver
+            }
+        });
+        // The closer resends at its own interval: the active side's is twice the packet
+        // lifetime and the response time; the passive side's the response time.
+        let closer_interval = if closer_is_a {
+            cm_time(PACKET_LIFETIME) * 2 + cm_time(CM_RESPONSE_TIMEOUT)
+        } else {
+            cm_time(CM_RESPONSE_TIMEOUT)
+        };
+        let start = w.now;
+        if closer_is_a {
+            w.a.disconnect(start, active).unwrap();
+        } else {
+            w.b.disconnect(start, passive).unwrap();
+        }
+        w.run_for(Duration::from_millis(1));
+        let linger = |w: &Wire| {
+            if closer_is_a {
+                w.b.linger_until(w.now)
+            } else {
+                w.a.linger_until(w.now)
+            }
+        };
+        let first = linger(&w).expect("a DREP sent is owed until the peer cannot resend");
+        assert!(first >= start + closer_interval, "{closer_is_a}");
+        // Each resent DREQ is answered and moves the end of the lingering on.
+        w.run_for(closer_interval + Duration::from_millis(1));
+        let second = linger(&w).expect("still owed after the first resend");
+        assert!(second >= first + closer_interval - Duration::from_millis(1));
+        w.run_for(closer_interval * 2);
+        let answered = if closer_is_a { B } else { A };
+        assert_eq!(w.sent(answered, AttributeId::Drep), 3, "{closer_is_a}");
+        let (closer_events, id) = if closer_is_a {
+            (&w.events_a, active)
+        } else {
+            (&w.events_b, passive)
+        };
+        assert_eq!(
+            closer_events
+                .iter()
+                .filter(|e| **e == CmEvent::Disconnected { id })
+                .count(),
+            1
+        );
+        // Once no resend can come, nothing is owed, and timewait is long over.
+        w.run_for(closer_interval * 2);
+        assert_eq!(linger(&w), None);
+        assert_eq!(w.a.connections() + w.b.connections(), 0);
+    }
+}
+
+#[test]
+fn a_side_that_closed_first_owes_nothing() {
+    let mut w = Wire::new();
+    w.b.listen(sid()).unwrap();
+    let (active, _) = handshake(&mut w, 0x20);
+    w.a.disconnect(w.now, active).unwrap();
+    w.run_for(Duration::from_millis(1));
+    assert_eq!(w.a.linger_until(w.now), None);
+    assert!(w.b.linger_until(w.now).is_some());
+}

@@ -1209,6 +1209,37 @@ pub fn counters(nic: &Nic) -> Option<CmCounters> {
     Some(counters)
 }
 
+/// How long the tools [`linger`] at most: the kernel rdma_cm's longest resend interval
+/// (about 6 s, an active side's) and a quarter, rounded up.
+pub const LINGER: Duration = Duration::from_secs(10);
+
+/// Keeps the NIC's connection manager answering, for at most `max`, until no peer can still
+/// need it; call it before closing the NIC (or exiting) after a peer disconnected.
+///
+/// A peer whose DREQ this NIC answered resends it if the DREP was lost, one interval later
+/// (4 to 6 s for the kernel's rdma_cm), and waits through every retry (about a minute) for
+/// its `RDMA_CM_EVENT_DISCONNECTED` if nobody answers. The kernel's CM outlives the process
+/// that used it; this one lives in the process, so the process waits instead. Returns `true`
+/// when nothing is owed any more (at once, if this NIC closed its connections itself, or
+/// none), `false` when `max` ran out first or the NIC is not a soft one.
+pub fn linger(nic: &Nic, max: Duration) -> bool {
+    let Some(agent) = running(nic) else {
+        return false;
+    };
+    let end = Instant::now() + max;
+    loop {
+        let now = Instant::now();
+        let Some(until) = lock(&agent.inner.routes).machine.linger_until(now) else {
+            return true;
+        };
+        if now >= end {
+            return false;
+        }
+        // The agent's thread answers; this one only waits (a resent DREQ moves `until` on).
+        std::thread::sleep(until.min(end).saturating_duration_since(now).min(TICK));
+    }
+}
+
 /// How many connections the NIC's connection manager holds in any state, timewait included
 /// (the soft NIC's; `None` on a verbs device).
 #[must_use]

@@ -64,6 +64,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// The control connection and the test's connections.
 pub(super) struct CmLink {
+    nic: Nic,
     client: bool,
     port: u16,
     /// The peer's address: the server's, or where the control REQ came from.
@@ -216,6 +217,7 @@ impl CmLink {
             .accept(&qp, &control_param(nic))
             .map_err(|e| format!(" Function rdma_accept failed ({e})"))?;
         Ok(Self {
+            nic: nic.clone(),
             client: false,
             port,
             peer,
@@ -243,6 +245,7 @@ impl CmLink {
                 )
             })?;
         Ok(Self {
+            nic: nic.clone(),
             client: true,
             port,
             peer: server,
@@ -472,6 +475,8 @@ impl CmLink {
                 let _ = conn.disconnect(CLOSE_WAIT);
             }
         }
+        // Stay to answer the client's DREQs again should a DREP have been lost.
+        cm::linger(&self.nic, cm::LINGER);
     }
 }
 

@@ -334,6 +334,9 @@ struct Conn {
     interval: Duration,
     /// Whether we have sent an MRA for the peer's REQ (resent on each further duplicate).
     mra_sent: bool,
+    /// How long the peer waits for our answer before it resends (its DREQ, say): the kernel's
+    /// `timeout_ms`, worked out from the REQ as the kernel works it out.
+    peer_interval: Duration,
 }
 
 #[derive(Debug)]
@@ -363,6 +366,8 @@ pub struct CmEndpoint {
     outbox: VecDeque<(IpAddr, [u8; MAD_LEN])>,
     events: VecDeque<CmEvent>,
     counters: CmCounters,
+    /// See [`CmEndpoint::linger_until`].
+    owes_until: Option<Instant>,
 }
 
 impl CmEndpoint {
@@ -385,6 +390,7 @@ impl CmEndpoint {
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             counters: CmCounters::default(),
+            owes_until: None,
         }
     }
 
@@ -527,6 +533,8 @@ impl CmEndpoint {
                 retries_left: MAX_CM_RETRIES,
                 interval,
                 mra_sent: false,
+                // The passive kernel waits the response time our REQ announces.
+                peer_interval: cm_time(CM_RESPONSE_TIMEOUT),
             },
         );
         id
@@ -714,6 +722,27 @@ impl CmEndpoint {
             conn.resend = None;
             conn.due = Some(now + TIMEWAIT);
         }
+    }
+
+    /// After a DREP: the peer resends its DREQ one interval later if the DREP was lost, so
+    /// someone must be here to answer until then, with a quarter of an interval to spare for
+    /// a slow peer (the lab's emulated kernels resent 6 % late). A DREQ is answered in
+    /// timewait and after it alike.
+    fn owe_drep(&mut self, now: Instant, peer_interval: Duration) {
+        let until = now + peer_interval + peer_interval / 4;
+        self.owes_until = self.owes_until.max(Some(until));
+    }
+
+    /// Until when a peer may still need this endpoint: the last moment one of them could
+    /// resend a DREQ whose DREP we sent (and it may have lost). `None` when none can after
+    /// `now`.
+    ///
+    /// The kernel's CM outlives the process that used it; a user-space one does not, and a
+    /// peer whose resent DREQ goes unanswered waits through all its retries (a minute) for
+    /// its `DISCONNECTED` event. A process about to exit keeps answering until then.
+    #[must_use]
+    pub fn linger_until(&self, now: Instant) -> Option<Instant> {
+        self.owes_until.filter(|t| *t > now)
     }
 
     /// Asks `to` which UD QP serves `service_id` (SIDR_REQ, resent until answered); the
@@ -954,6 +983,10 @@ impl CmEndpoint {
         }
         let id = self.new_id();
         let interval = cm_time(req.local_cm_response_timeout);
+        // The active kernel waits twice the packet lifetime (its path's, one step below the
+        // ACK timeout its REQ carries) and the response time it asked of us.
+        let lifetime = req.primary_path.local_ack_timeout.saturating_sub(1);
+        let peer_interval = cm_time(lifetime) * 2 + cm_time(req.remote_cm_response_timeout);
         self.conns.insert(
             id,
             Conn {
@@ -969,6 +1002,7 @@ impl CmEndpoint {
                 retries_left: req.max_cm_retries,
                 interval,
                 mra_sent: false,
+                peer_interval,
             },
         );
         self.by_remote.insert((from, req.local_comm_id), id);
@@ -1078,9 +1112,14 @@ impl CmEndpoint {
             })
         };
         let Some(conn) = self.conns.get_mut(&id) else {
-            // Long gone (timewait over, or never): the kernel answers anyway.
+            // Long gone (timewait over, or never): the kernel answers anyway. Its interval is
+            // unknown now: owe the longer of the two sides'.
             self.counters.unexpected += 1;
             self.send(from, &drep(dreq.remote_comm_id), tid);
+            self.owe_drep(
+                now,
+                cm_time(PACKET_LIFETIME) * 2 + cm_time(CM_RESPONSE_TIMEOUT),
+            );
             return;
         };
         if conn.local_qpn != dreq.remote_qpn {
@@ -1089,16 +1128,18 @@ impl CmEndpoint {
         }
         match conn.state {
             State::Established | State::RepSent | State::RepRcvd | State::DreqSent => {
-                let peer = conn.peer;
+                let (peer, interval) = (conn.peer, conn.peer_interval);
                 self.send(peer, &drep(id.0), tid);
                 self.events.push_back(CmEvent::Disconnected { id });
                 self.enter_timewait(now, id);
+                self.owe_drep(now, interval);
             }
             State::TimeWait => {
-                // Our DREP was lost.
+                // Our DREP was lost: answer again, and be here for a further resend.
                 self.counters.duplicates += 1;
-                let peer = conn.peer;
+                let (peer, interval) = (conn.peer, conn.peer_interval);
                 self.send(peer, &drep(id.0), tid);
+                self.owe_drep(now, interval);
             }
             State::ReqSent | State::ReqRcvd => self.counters.unexpected += 1,
         }
