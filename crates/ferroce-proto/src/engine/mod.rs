@@ -47,8 +47,14 @@
 //! `srq` (shared receive queues and where a responder takes its receives from), with the queue
 //! pair's shared state in `qp` and the work queue entries in `wqe`. This file holds the
 //! [`Engine`] that routes datagrams, timers and commands to them.
+//!
+//! The engine's work grows with the queue pairs that are busy, not with all it holds: a queue
+//! pair that may have something to send waits in a ready queue (entered when a command, a
+//! packet or a timer reaches it, left when it has nothing more), and each one's earliest
+//! timer is filed in an ordered index, so [`Engine::poll_transmit`],
+//! [`Engine::poll_timeout`] and [`Engine::handle_timeout`] never walk the idle ones.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -199,10 +205,13 @@ impl Ctx {
 pub struct Engine {
     ctx: Ctx,
     qps: BTreeMap<u32, Qp>,
+    /// Queue pairs that may have a packet to send, served in turn (see [`Engine::touch`]).
+    ready: VecDeque<u32>,
+    /// Each queue pair's earliest armed timer, as (deadline, QPN).
+    deadlines: BTreeSet<(Instant, u32)>,
     next_cq: u32,
     next_srq: u32,
     next_pd: u32,
-    tx_cursor: u32,
 }
 
 /// How many of each object an engine holds ([`Engine::census`]).
@@ -254,10 +263,40 @@ impl Engine {
                 counters: Counters::default(),
             },
             qps: BTreeMap::new(),
+            ready: VecDeque::new(),
+            deadlines: BTreeSet::new(),
             next_cq: 1,
             next_srq: 1,
             next_pd: 1,
-            tx_cursor: 0,
+        }
+    }
+
+    /// Brings queue pair `qpn`'s place in the schedule up to date after something reached it:
+    /// it may have a packet to send now (it joins the ready queue, once), and its timers may
+    /// have moved (its deadline is filed again). Every input that can give a queue pair
+    /// something to send or change its timers ends here.
+    fn touch(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if !qp.sched.queued {
+            qp.sched.queued = true;
+            self.ready.push_back(qpn);
+        }
+        Self::file_deadline(&mut self.deadlines, qpn, qp);
+    }
+
+    /// Files `qp`'s earliest timer in `deadlines`, replacing what was filed for it.
+    fn file_deadline(deadlines: &mut BTreeSet<(Instant, u32)>, qpn: u32, qp: &mut Qp) {
+        let next = qp.timers.next();
+        if next != qp.sched.filed {
+            if let Some(old) = qp.sched.filed {
+                deadlines.remove(&(old, qpn));
+            }
+            if let Some(new) = next {
+                deadlines.insert((new, qpn));
+            }
+            qp.sched.filed = next;
         }
     }
 
@@ -437,6 +476,10 @@ impl Engine {
         let Some(mut qp) = self.qps.remove(&qpn.value()) else {
             return false;
         };
+        // A stale entry in the ready queue is skipped when its turn comes.
+        if let Some(t) = qp.sched.filed {
+            self.deadlines.remove(&(t, qpn.value()));
+        }
         if let Some(InMsg::Send { wqe, .. }) = qp.resp.in_msg.take() {
             qp.return_recv(&mut self.ctx, wqe);
         }
@@ -487,6 +530,12 @@ impl Engine {
     /// [`ModifyError`] names the unknown QP, the forbidden transition, the missing attribute
     /// or the value out of range; the QP is unchanged.
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
+        let result = self.modify_qp_inner(qpn, attr);
+        self.touch(qpn.value());
+        result
+    }
+
+    fn modify_qp_inner(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
         let qp = self
             .qps
             .get_mut(&qpn.value())
@@ -654,6 +703,12 @@ impl Engine {
     ///
     /// [`PostError`] when the request cannot be queued at all.
     pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
+        let result = self.post_send_inner(qpn, wr);
+        self.touch(qpn.value());
+        result
+    }
+
+    fn post_send_inner(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
         let qp = self
             .qps
             .get_mut(&qpn.value())
@@ -889,12 +944,16 @@ impl Engine {
                 qp.handle_response(now, &packet, &mut self.ctx, mem);
             } else {
                 counters.qp_state_drop += 1;
+                return;
             }
         } else if matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             qp.handle_request(&packet, &mut self.ctx, mem);
         } else {
             counters.qp_state_drop += 1;
+            return;
         }
+        // An ACK may open the window or end a wait; a request may owe a response.
+        self.touch(packet.dest_qp().value());
     }
 
     /// Writes the next packet to send into `buf` (at least [`MAX_PACKET`] bytes), ICRC
@@ -905,37 +964,43 @@ impl Engine {
         mem: &dyn Memory,
         buf: &mut [u8],
     ) -> Option<Transmit> {
-        if buf.len() < MAX_PACKET || self.qps.is_empty() {
+        if buf.len() < MAX_PACKET {
             return None;
         }
-        // Round-robin over the QPs, starting after the one served last.
-        let mut key = self.tx_cursor;
-        for _ in 0..self.qps.len() {
-            key = match self.qps.range(key.wrapping_add(1)..).next() {
-                Some((k, _)) if key != u32::MAX => *k,
-                _ => *self.qps.keys().next().expect("not empty"),
+        // Round-robin over the queue pairs that may have something: one packet each per turn;
+        // one that has nothing more leaves the queue until something reaches it again.
+        while let Some(key) = self.ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(&key) else {
+                continue; // destroyed while queued
             };
-            let qp = self.qps.get_mut(&key).expect("key from the map");
+            if !qp.sched.queued {
+                continue; // served already, from an earlier place in the queue
+            }
             let sent = if qp.is_ud() {
                 qp.next_datagram(&mut self.ctx, mem, buf)
                     .map(|(len, peer)| (len, false, peer))
             } else {
-                let Some(peer) = qp.peer else { continue };
-                let ack = matches!(
-                    qp.resp.responses.front(),
-                    Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
-                );
-                qp.next_response(mem, buf)
-                    .map(|len| (len, ack))
-                    .or_else(|| {
-                        qp.next_request(now, &mut self.ctx, mem, buf)
-                            .map(|len| (len, false))
-                    })
-                    .map(|(len, ack)| (len, ack, peer))
+                qp.peer.and_then(|peer| {
+                    let ack = matches!(
+                        qp.resp.responses.front(),
+                        Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
+                    );
+                    qp.next_response(mem, buf)
+                        .map(|len| (len, ack))
+                        .or_else(|| {
+                            qp.next_request(now, &mut self.ctx, mem, buf)
+                                .map(|len| (len, false))
+                        })
+                        .map(|(len, ack)| (len, ack, peer))
+                })
             };
+            // Sending arms timers; finding nothing may have failed a request.
+            Self::file_deadline(&mut self.deadlines, key, qp);
             let Some((len, ack, peer)) = sent else {
+                qp.sched.queued = false;
                 continue;
             };
+            self.ready.push_back(key);
             let ip = IpHeader::between(self.ctx.local_ip, peer.ip())?;
             // A UDP socket sends from its own port, not the per-QP port rxe picks when it
             // builds the IP header itself; the ICRC must cover the port actually used.
@@ -944,7 +1009,6 @@ impl Engine {
                 dst_port: peer.port(),
             };
             icrc::seal(&ip, &udp, &mut buf[..len]).ok()?;
-            self.tx_cursor = key;
             self.ctx.counters.sent_pkts += 1;
             return Some(Transmit {
                 dst: peer,
@@ -959,13 +1023,22 @@ impl Engine {
     /// When [`Engine::handle_timeout`] should next be called, if any timer is armed.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(|qp| qp.timers.next()).min()
+        self.deadlines.first().map(|&(t, _)| t)
     }
 
     /// Runs the timers that are due at `now`: retransmission (go-back-N, or retry exhaustion)
     /// and the end of RNR waits.
     pub fn handle_timeout(&mut self, now: Instant) {
-        for qp in self.qps.values_mut() {
+        let due: Vec<u32> = self
+            .deadlines
+            .iter()
+            .take_while(|&&(t, _)| t <= now)
+            .map(|&(_, qpn)| qpn)
+            .collect();
+        for qpn in due {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
             Timers::take_due(&mut qp.timers.rnr_wait, now);
             if Timers::take_due(&mut qp.timers.early, now) {
                 let due_anyway = qp.timers.retransmit.is_some_and(|t| t <= now);
@@ -987,6 +1060,7 @@ impl Engine {
                 qp.timed_out = true;
                 qp.retry(&mut self.ctx, from, RetryCause::Timeout);
             }
+            self.touch(qpn);
         }
     }
 }

@@ -64,6 +64,8 @@ pub(super) struct Qp {
 
     /// The requester's three timers.
     pub(super) timers: Timers,
+    /// Where the engine's schedule holds this queue pair.
+    pub(super) sched: Sched,
 
     /// The responder's half.
     pub(super) resp: ResponderState,
@@ -108,6 +110,15 @@ pub(super) struct Timers {
     pub(super) early: Option<Instant>,
     /// The end of an RNR wait the responder asked for: nothing is sent before it.
     pub(super) rnr_wait: Option<Instant>,
+}
+
+/// A queue pair's place in the engine's schedule (`Engine::touch`).
+#[derive(Debug, Default)]
+pub(super) struct Sched {
+    /// Whether it waits in the engine's ready queue.
+    pub(super) queued: bool,
+    /// The deadline under which the engine's timer index holds it.
+    pub(super) filed: Option<Instant>,
 }
 
 impl Timers {
@@ -166,6 +177,7 @@ impl Qp {
             early_read_watch: false,
             backoff: Backoff::default(),
             timers: Timers::default(),
+            sched: Sched::default(),
             resp: ResponderState {
                 rq: VecDeque::new(),
                 epsn: Psn::default(),
@@ -201,7 +213,11 @@ impl Qp {
     }
 
     pub(super) fn reset(&mut self) {
+        // The schedule's bookkeeping outlives the reset: the engine's ready queue and timer
+        // index may still hold this queue pair.
+        let sched = std::mem::take(&mut self.sched);
         *self = Self::new(self.qpn, self.init);
+        self.sched = sched;
     }
 
     // ---------------------------------------------------------------- completions, errors
