@@ -882,6 +882,43 @@ impl Engine {
                 return;
             }
         };
+        // The header checks first, as rxe's `hdr_check` comes before its ICRC check: a
+        // packet for no queue pair here, or not from its peer, costs a lookup, not a CRC.
+        let opcode = packet.opcode();
+        let qpn = packet.dest_qp().value();
+        let is_cnp = opcode.transport() == Transport::Cnp;
+        if !is_cnp {
+            let Some(qp) = self.qps.get(&qpn) else {
+                counters.unknown_qp += 1;
+                return;
+            };
+            if opcode.transport() != qp.transport() {
+                counters.opcode_err += 1;
+                return;
+            }
+            if packet.bth().pkey & 0x7fff != 0x7fff {
+                counters.pkey_err += 1;
+                return;
+            }
+            let ready = if qp.is_ud() {
+                // No connection: any sender with the Q_Key may send.
+                matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            } else {
+                if qp.peer.map(|p| p.ip()) != Some(src.ip()) {
+                    counters.wrong_source += 1;
+                    return;
+                }
+                if opcode.is_response() {
+                    matches!(qp.state, QpState::Rts | QpState::Sqd)
+                } else {
+                    matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                }
+            };
+            if !ready {
+                counters.qp_state_drop += 1;
+                return;
+            }
+        }
         let udp = UdpHeader {
             src_port: src.port(),
             dst_port: self.ctx.local_port,
@@ -908,52 +945,22 @@ impl Engine {
                 }
             }
         }
-        let opcode = packet.opcode();
-        if opcode.transport() == Transport::Cnp {
+        if is_cnp {
             counters.rcvd_cnp += 1;
             return;
         }
-        let Some(qp) = self.qps.get_mut(&packet.dest_qp().value()) else {
-            counters.unknown_qp += 1;
-            return;
-        };
-        if opcode.transport() != qp.transport() {
-            counters.opcode_err += 1;
-            return;
-        }
-        let pkey = packet.bth().pkey;
-        if pkey & 0x7fff != 0x7fff {
-            counters.pkey_err += 1;
-            return;
-        }
+        let qp = self.qps.get_mut(&qpn).expect("checked above");
         if qp.is_ud() {
-            // No connection: any sender with the Q_Key may send.
-            if matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                qp.handle_datagram(&packet, &ip, &mut self.ctx, mem);
-            } else {
-                counters.qp_state_drop += 1;
-            }
-            return;
-        }
-        if qp.peer.map(|p| p.ip()) != Some(src.ip()) {
-            counters.wrong_source += 1;
+            qp.handle_datagram(&packet, &ip, &mut self.ctx, mem);
             return;
         }
         if opcode.is_response() {
-            if matches!(qp.state, QpState::Rts | QpState::Sqd) {
-                qp.handle_response(now, &packet, &mut self.ctx, mem);
-            } else {
-                counters.qp_state_drop += 1;
-                return;
-            }
-        } else if matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            qp.handle_request(&packet, &mut self.ctx, mem);
+            qp.handle_response(now, &packet, &mut self.ctx, mem);
         } else {
-            counters.qp_state_drop += 1;
-            return;
+            qp.handle_request(&packet, &mut self.ctx, mem);
         }
         // An ACK may open the window or end a wait; a request may owe a response.
-        self.touch(packet.dest_qp().value());
+        self.touch(qpn);
     }
 
     /// Writes the next packet to send into `buf` (at least [`MAX_PACKET`] bytes), ICRC
