@@ -31,7 +31,7 @@ use ferroce::{Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
 /// Hosts on the bridge: 120 pairs.
 const HOSTS: usize = 16;
 /// Bytes each host writes to each other host (each connection carries this both ways).
-const BYTES: usize = 512 << 10;
+const BYTES: usize = 1 << 20;
 /// The size of one RDMA WRITE.
 const CHUNK: usize = 64 << 10;
 /// Loss on every host's input, in thousandths.
@@ -394,6 +394,7 @@ fn mesh_node() {
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).expect("read go");
     assert_eq!(go.trim(), "go", "the test's word to start");
+    let started = Instant::now();
 
     let results: Vec<Result<PairReport, (usize, PairError)>> = std::thread::scope(|s| {
         let nic = &nic;
@@ -431,8 +432,10 @@ fn mesh_node() {
         all.extend(accepting.join().expect("the accepting thread"));
         all
     });
+    let transfer_s = started.elapsed().as_secs_f64();
     // Peers whose DREQ we answered may need us again if our DREP was lost.
     let lingered = cm::linger(&nic, cm::LINGER);
+    let linger_s = started.elapsed().as_secs_f64() - transfer_s;
 
     let mut verified = 0;
     let mut peers = Vec::new();
@@ -466,6 +469,8 @@ fn mesh_node() {
         "cm_resends": cm.resends,
         "cm_duplicates": cm.duplicates,
         "lingered": lingered,
+        "transfer_s": (transfer_s * 10.0).round() / 10.0,
+        "linger_s": (linger_s * 10.0).round() / 10.0,
     });
     println!("{RESULT} {summary}");
     assert!(errors.is_empty(), "node {me}: {errors:?}");
