@@ -233,7 +233,7 @@ impl Hasher for QpnHasher {
 /// memory regions. See the module documentation for how to drive it.
 pub struct Engine {
     ctx: Ctx,
-    qps: HashMap<u32, Qp, BuildHasherDefault<QpnHasher>>,
+    qps: HashMap<u32, Box<Qp>, BuildHasherDefault<QpnHasher>>,
     /// Queue pairs that may have a packet to send, served in turn (see [`Engine::touch`]).
     ready: VecDeque<u32>,
     /// Each queue pair's earliest armed timer, as (deadline, QPN).
@@ -494,7 +494,7 @@ impl Engine {
                 .ok_or(CreateQpError::UnknownSrq(id))?
                 .attached += 1;
         }
-        self.qps.insert(qpn.value(), Qp::new(qpn, init));
+        self.qps.insert(qpn.value(), Box::new(Qp::new(qpn, init)));
         Ok(())
     }
 
