@@ -13,9 +13,9 @@ use std::io::{BufReader, Chain, Cursor, Read};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pcap_file::pcap::PcapReader;
+use pcap_file::pcap::{PcapReader, RawPcapPacket};
 use pcap_file::pcapng::{Block, PcapNgReader};
-use pcap_file::DataLink;
+use pcap_file::{DataLink, TsResolution};
 
 /// Why a capture could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -241,13 +241,49 @@ impl<R: Read> CaptureReader<R> {
     }
 
     fn fail(&mut self, e: &pcap_file::PcapError) -> CaptureError {
+        self.fail_because(e.to_string())
+    }
+
+    fn fail_because(&mut self, reason: String) -> CaptureError {
         self.inner = Inner::Done;
         CaptureError::Malformed {
             path: self.path.clone(),
             after_frame: self.frames,
-            reason: e.to_string(),
+            reason,
         }
     }
+}
+
+/// The timestamp of a classic pcap record, or why the record is invalid: a fraction of a
+/// second out of range, or more bytes captured than the snap length or the original length.
+///
+/// `pcap_file`'s own check also refuses an original length over the snap length, which is
+/// what every frame cut by the snap length has (`tcpdump -s 64` writes a snap length of 64
+/// and the frames' whole lengths): such a record is valid here.
+fn pcap_timestamp(
+    raw: &RawPcapPacket<'_>,
+    resolution: TsResolution,
+    snaplen: u32,
+) -> Result<Duration, String> {
+    let nanos = match resolution {
+        TsResolution::MicroSecond => raw.ts_frac.checked_mul(1000),
+        TsResolution::NanoSecond => Some(raw.ts_frac),
+    }
+    .filter(|&n| n < 1_000_000_000)
+    .ok_or_else(|| format!("a timestamp fraction of {} is out of range", raw.ts_frac))?;
+    if raw.incl_len > snaplen {
+        return Err(format!(
+            "a record of {} bytes in a capture with a snap length of {snaplen}",
+            raw.incl_len
+        ));
+    }
+    if raw.incl_len > raw.orig_len {
+        return Err(format!(
+            "a record of {} bytes from a {}-byte frame",
+            raw.incl_len, raw.orig_len
+        ));
+    }
+    Ok(Duration::new(u64::from(raw.ts_sec), nanos))
 }
 
 impl<R: Read> Iterator for CaptureReader<R> {
@@ -259,12 +295,17 @@ impl<R: Read> Iterator for CaptureReader<R> {
                 Inner::Done => return None,
                 Inner::Pcap(reader, link) => {
                     let link = *link;
-                    return match reader.next_packet()? {
-                        Ok(p) => {
-                            let (ts, orig) = (p.timestamp, p.orig_len);
-                            let data = p.data.into_owned();
-                            Some(Ok(self.frame(ts, link, orig, data.into())))
-                        }
+                    let header = reader.header();
+                    // Raw records, checked here: see `pcap_timestamp`.
+                    return match reader.next_raw_packet()? {
+                        Ok(p) => match pcap_timestamp(&p, header.ts_resolution, header.snaplen) {
+                            Ok(ts) => {
+                                let orig = p.orig_len;
+                                let data = p.data.into_owned();
+                                Some(Ok(self.frame(ts, link, orig, data.into())))
+                            }
+                            Err(reason) => Some(Err(self.fail_because(reason))),
+                        },
                         Err(e) => Some(Err(self.fail(&e))),
                     };
                 }
@@ -304,6 +345,87 @@ impl<R: Read> Iterator for CaptureReader<R> {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A little-endian microsecond pcap of Ethernet frames cut at `snaplen`: (original
+    /// length, captured bytes) per frame.
+    fn pcap(snaplen: u32, frames: &[(u32, &[u8])]) -> Vec<u8> {
+        let mut file = Vec::new();
+        file.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+        file.extend_from_slice(&2u16.to_le_bytes());
+        file.extend_from_slice(&4u16.to_le_bytes());
+        file.extend_from_slice(&[0; 8]);
+        file.extend_from_slice(&snaplen.to_le_bytes());
+        file.extend_from_slice(&1u32.to_le_bytes());
+        for (i, (orig, data)) in frames.iter().enumerate() {
+            file.extend_from_slice(&(1_700_000_000 + i as u32).to_le_bytes());
+            file.extend_from_slice(&250_000u32.to_le_bytes());
+            file.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            file.extend_from_slice(&orig.to_le_bytes());
+            file.extend_from_slice(data);
+        }
+        file
+    }
+
+    /// Found by the `capture` fuzz target: a capture cut at its snap length, as
+    /// `tcpdump -s 64` writes it (frames longer on the wire than the snap length), was
+    /// refused as damaged after frame 0 ("PacketHeader orig_len > snap_len").
+    #[test]
+    fn a_capture_cut_at_its_snap_length_reads() {
+        let cut = [0x5au8; 64];
+        let whole = [0xa5u8; 60];
+        let file = pcap(64, &[(1078, &cut), (60, &whole), (9000, &cut)]);
+        let frames: Vec<Frame> = CaptureReader::new(&file[..], "snapped.pcap")
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(frames.len(), 3);
+        assert_eq!((frames[0].original_len, frames[0].data.len()), (1078, 64));
+        assert_eq!(
+            (frames[1].original_len, &frames[1].data[..]),
+            (60, &whole[..])
+        );
+        assert_eq!((frames[2].original_len, frames[2].index), (9000, 3));
+        assert_eq!(
+            frames[1].timestamp,
+            Duration::new(1_700_000_001, 250_000_000)
+        );
+    }
+
+    /// The checks `pcap_file` made that still hold: a fraction of a second out of range, more
+    /// bytes than the snap length, or more bytes than the frame had, end the capture with an
+    /// error after the last good frame.
+    #[test]
+    fn invalid_records_are_still_refused() {
+        let good = [1u8; 16];
+        let mut bad_fraction = pcap(64, &[(16, &good), (16, &good)]);
+        // The second record's fraction: 24 + 16 + 16 bytes in, then 4.
+        bad_fraction[60..64].copy_from_slice(&1_000_000u32.to_le_bytes());
+        for (file, why) in [
+            (bad_fraction, "fraction"),
+            (pcap(8, &[(16, &good[..8]), (16, &good)]), "snap length"),
+            (pcap(64, &[(16, &good), (8, &good)]), "-byte frame"),
+        ] {
+            let mut reader = CaptureReader::new(&file[..], "bad.pcap").unwrap();
+            assert!(reader.next().unwrap().is_ok());
+            match reader.next() {
+                Some(Err(CaptureError::Malformed {
+                    after_frame,
+                    reason,
+                    ..
+                })) => {
+                    assert_eq!(after_frame, 1);
+                    assert!(reason.contains(why), "{reason}");
+                }
+                other => panic!("{why}: {other:?}"),
+            }
+            assert!(reader.next().is_none());
         }
     }
 }
