@@ -99,37 +99,55 @@ pub(super) fn write_line(
     oob::write_line(stream, line).map_err(io_error(what))
 }
 
-/// Says hello and checks the peer's: the same version, the other role. Returns the peer's
-/// path MTU in bytes.
-pub(super) fn hello(stream: &mut TcpStream, role: Role, mtu: u32) -> Result<u32, SessionError> {
-    write_line(
-        stream,
-        &format!(
-            "ferroce-session/{SESSION_VERSION} role={} mtu={mtu}",
-            role.name()
-        ),
-        "the hello",
-    )?;
-    let line = read_line(stream, "the hello")?;
+/// The hello line `role` sends: `ferroce-session/<SESSION_VERSION> role=<role> mtu=<mtu>`,
+/// without its `\n`.
+#[must_use]
+pub fn hello_line(role: Role, mtu: u32) -> String {
+    format!(
+        "ferroce-session/{SESSION_VERSION} role={} mtu={mtu}",
+        role.name()
+    )
+}
+
+/// Reads a peer's hello line (without its `\n`), as [`hello_line`] writes it: returns the
+/// role the peer says it has and its path MTU in bytes. Words other than the version, `role=`
+/// and `mtu=` are ignored.
+///
+/// # Errors
+///
+/// [`SessionError::Version`] when the line starts `ferroce-session/<n>` with another version;
+/// [`SessionError::Protocol`] when it does not start `ferroce-session/<n>`, or names no role
+/// (`controller` or `coprocessor`) or no MTU (a decimal `u32`).
+pub fn parse_hello(line: &str) -> Result<(Role, u32), SessionError> {
     let bad = || SessionError::Protocol(format!("malformed hello {line:?}"));
-    let version = oob::version(&line, "ferroce-session").ok_or_else(bad)?;
+    let version = oob::version(line, "ferroce-session").ok_or_else(bad)?;
     if version != SESSION_VERSION {
         return Err(SessionError::Version {
             ours: SESSION_VERSION,
             theirs: version,
         });
     }
-    let theirs = match field(&line, "role") {
+    let role = match field(line, "role") {
         Some("controller") => Role::Controller,
         Some("coprocessor") => Role::Coprocessor,
         _ => return Err(bad()),
     };
+    let mtu = field(line, "mtu")
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(bad)?;
+    Ok((role, mtu))
+}
+
+/// Says hello and checks the peer's: the same version, the other role. Returns the peer's
+/// path MTU in bytes.
+pub(super) fn hello(stream: &mut TcpStream, role: Role, mtu: u32) -> Result<u32, SessionError> {
+    write_line(stream, &hello_line(role, mtu), "the hello")?;
+    let line = read_line(stream, "the hello")?;
+    let (theirs, mtu) = parse_hello(&line)?;
     if theirs == role {
         return Err(SessionError::RoleMismatch { role });
     }
-    field(&line, "mtu")
-        .and_then(|m| m.parse().ok())
-        .ok_or_else(bad)
+    Ok(mtu)
 }
 
 /// Whether the peer is still there, as the watchdog sees it.
@@ -266,5 +284,45 @@ fn watch(stream: &mut TcpStream, liveness: &Liveness, beat: Duration, peer_timeo
             ));
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ChannelDesc;
+    use super::*;
+
+    #[test]
+    fn hello_and_channel_lines_parse_back() {
+        for role in [Role::Controller, Role::Coprocessor] {
+            let line = hello_line(role, 4096);
+            assert_eq!(line, format!("ferroce-session/1 role={role} mtu=4096"));
+            assert_eq!(parse_hello(&line).unwrap(), (role, 4096));
+        }
+        assert!(matches!(
+            parse_hello("ferroce-session/2 role=controller mtu=1024"),
+            Err(SessionError::Version { ours: 1, theirs: 2 })
+        ));
+        for bad in [
+            "ferroce-session/1 mtu=1024",
+            "ferroce-session/1 role=peer mtu=1024",
+            "ferroce-session/1 role=controller mtu=-1",
+            "ferroce-cache/1 role=controller mtu=1024",
+        ] {
+            assert!(
+                matches!(parse_hello(bad), Err(SessionError::Protocol(_))),
+                "{bad}"
+            );
+        }
+        let desc = ChannelDesc::new(8, 4096, 1 << 30);
+        assert_eq!(
+            desc.to_line(),
+            "channel slots=8 request=4096 reply=1073741824"
+        );
+        assert_eq!(ChannelDesc::parse_line(&desc.to_line()).unwrap(), desc);
+        assert!(matches!(
+            ChannelDesc::parse_line("channel slots=65536 request=1 reply=1"),
+            Err(SessionError::Protocol(_))
+        ));
     }
 }

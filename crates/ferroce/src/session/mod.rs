@@ -109,7 +109,7 @@ use ferroce_proto::qp::{ModifyError, Mtu, PostError, WcStatus};
 use ferroce_proto::wire::ROCE_PORT;
 
 use self::core::{Core, Function};
-pub use self::link::SESSION_VERSION;
+pub use self::link::{hello_line, parse_hello, SESSION_VERSION};
 use crate::device::{DeviceError, DeviceMemory};
 use crate::exchange::ExchangeError;
 use crate::{NicError, Region, RegionError};
@@ -418,14 +418,25 @@ impl ChannelDesc {
         Ok(())
     }
 
-    fn to_line(self) -> String {
+    /// The line that describes this channel to the peer during `establish_channel`:
+    /// `channel slots=<slots> request=<request_bytes> reply=<reply_bytes>`, without its `\n`.
+    #[must_use]
+    pub fn to_line(self) -> String {
         format!(
             "channel slots={} request={} reply={}",
             self.slots, self.request_bytes, self.reply_bytes
         )
     }
 
-    fn parse_line(line: &str) -> Result<Self, SessionError> {
+    /// Reads a peer's channel line (without its `\n`), as [`ChannelDesc::to_line`] writes it:
+    /// returns the description it names, which may still be one `establish_channel` refuses
+    /// (zero slots, say). Words other than `slots=`, `request=` and `reply=` are ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::Protocol`] when a field is missing or not a decimal number that fits
+    /// (`u16` slots, `u32` sizes).
+    pub fn parse_line(line: &str) -> Result<Self, SessionError> {
         let bad = || SessionError::Protocol(format!("malformed channel description {line:?}"));
         let number = |key| link::field(line, key).and_then(|v| v.parse::<u64>().ok());
         let (Some(slots), Some(request), Some(reply)) =
