@@ -14,7 +14,15 @@ big-endian u16) and a UDP payload; src/engine.rs documents the bits. This writes
   answer the RC queue pair's outstanding READ (PSNs 0x200-0x203), FETCH_ADD (0x204),
   COMPARE_SWAP (0x205) and the rest (to 0x209), and the RNR NAK capture's ACKs;
 - one record per file of corpus/packet/: as is, and rewritten to the RC or UC queue pair
-  (PSN, key to the remote region, ICRC).
+  (PSN, key to the remote region, ICRC);
+- paths the captures alone do not reach, from packets built here: a READ request answered,
+  then sent again as a duplicate (the READ replayed; whole and from its middle, after other
+  requests); SENDs and a WRITE with immediate to an RC queue pair reconnected with no receive
+  posted (RNR NAKs sent); a request ahead of the expected PSN (a sequence NAK sent); RNR NAKs
+  to the RC requester until its RNR retries run out; sequence, invalid-request, access and
+  operational-error NAKs to it; and the RC requester's batch answered promptly, then left to
+  stall short of the ACK timeout. (No early resend: the harness's ACK timeout, about 1 ms, is
+  less than twice the engine's MIN_EARLY_RESEND, so the engine arms none.)
 
 Files are named by the SHA-1 of their contents. Usage: python3 fuzz/seed_engine_corpus.py
 """
@@ -56,6 +64,105 @@ def is_response(op):
 
 def qp_bits(op):
     return QP_UC if op >> 5 == 1 else QP_RC
+
+
+# Packets built here: BTH (P_Key 0xffff, AckReq, destination QP and PSN zero unless given: the
+# harness rewrites them), the extension headers, the payload and a zero ICRC (re-sealed).
+RC_SEND_ONLY = 0x04
+RC_WRITE_ONLY = 0x0A
+RC_WRITE_ONLY_IMM = 0x0B
+RC_READ_REQUEST = 0x0C
+RC_ACK = 0x11
+# The PSN the RC and UC responders expect first (RQ_PSN in src/engine.rs).
+RQ_PSN = 0x100
+HOLD = 0x01  # arg bit 0 with KEY clear: no receive posted during the record
+
+
+def bth(op, payload_len=0, psn=0):
+    pad = -payload_len % 4
+    return bytes([op, pad << 4, 0xFF, 0xFF, 0, 0, 0, 0, 0x80]) + psn.to_bytes(3, "big")
+
+
+def built(op, ext=b"", payload=b"", psn=0):
+    return bth(op, len(payload), psn) + ext + payload + bytes(-len(payload) % 4) + bytes(4)
+
+
+def reth(length, va=0, rkey=0):
+    return struct.pack(">QII", va, rkey, length)
+
+
+def ack(syndrome, msn=0):
+    return built(RC_ACK, bytes([syndrome]) + msn.to_bytes(3, "big"))
+
+
+def built_seeds():
+    """Records that reach the paths the captures alone do not."""
+    seeds = []
+    rc = PSN | RESEAL | QP_RC
+    for key in (0, 1):
+        sel = rc | KEY | key << 5
+        # READ replay: a READ of 1 and of 4 PSNs answered, then sent again as a duplicate
+        # (whole, and from a PSN in its middle).
+        for length, span in ((64, 1), (4096, 4)):
+            read = built(RC_READ_REQUEST, reth(length))
+            for back in sorted({span, max(1, span // 2)}):
+                seeds.append(record(sel, read) + record(sel, read, back=back, time=0x01))
+        # After a WRITE and a SEND: the READ is three requests back.
+        read = built(RC_READ_REQUEST, reth(1024))
+        write = built(RC_WRITE_ONLY, reth(32), bytes(range(32)))
+        send = built(RC_SEND_ONLY, payload=b"ping" * 4)
+        seeds.append(
+            record(sel, read)
+            + record(rc | KEY, write)
+            + record(rc, send)
+            + record(sel, read, back=3, time=0x02)
+            + record(sel, read, back=3, time=0x2C)
+        )
+    # RNR NAKs sent: a WRITE with the local region's key (an access NAK; the responder goes to
+    # ERR), the RC queue pair reconnected with no receive posted, then SENDs and a WRITE with
+    # immediate that find none; receives come back on a later record.
+    bad_write = built(RC_WRITE_ONLY, reth(16), bytes(16))
+    send = built(RC_SEND_ONLY, payload=b"rnr!" * 4)
+    write_imm = built(RC_WRITE_ONLY_IMM, reth(16) + struct.pack(">I", 7), bytes(16))
+    reconnect = record(0, b"", arg=HOLD, time=0x80)
+    rnr = [record(rc | KEY | 3 << 5, bad_write), reconnect]
+    seeds.append(b"".join(rnr + [record(rc, send, arg=HOLD)]))
+    seeds.append(
+        b"".join(
+            rnr
+            + [
+                record(rc, send, arg=HOLD, time=0x05),
+                record(rc, send, arg=HOLD, time=0x0A),
+                record(rc | KEY, write_imm, arg=HOLD, time=0x0A),
+                record(rc, send, time=0xC0),
+                record(rc, send),
+            ]
+        )
+    )
+    # A sequence NAK: a SEND five PSNs ahead, then the expected one.
+    ahead = built(RC_SEND_ONLY, payload=b"ahead!!!", psn=RQ_PSN + 5)
+    seeds.append(record(RESEAL | QP_RC, ahead) + record(rc, send))
+    # To the RC requester (its batch holds PSNs 0x200-0x209): RNR NAKs for the READ until the
+    # RNR retries (3) run out, the clock jumping to each retry.
+    rnr_nak = ack(0x20 | 1)
+    seeds.append(b"".join(record(rc, rnr_nak, back=back_for(0x200), time=0x20) for _ in range(6)))
+    # NAKs: sequence (at the atomic, 0x204), invalid request, access, operational error.
+    for syndrome, psn in ((0x60, 0x204), (0x61, 0x200), (0x62, 0x200), (0x63, 0x200)):
+        seeds.append(record(rc, ack(syndrome), back=back_for(psn), time=0x20))
+    # The READ and atomics answered at once, then a stall shorter than the ACK timeout, then
+    # the timeout.
+    read_resp = [
+        built(0x0D, bytes([0x1F, 0, 0, 0]), bytes(1024)),
+        built(0x0E, b"", bytes(1024)),
+        built(0x0E, b"", bytes(1024)),
+        built(0x0F, bytes([0x1F, 0, 0, 0]), bytes(1024)),
+    ]
+    atomic_ack = built(0x12, bytes([0x1F, 0, 0, 0]) + bytes(8))
+    answers = [record(rc, p, back=back_for(0x200 + i), time=0x02) for i, p in enumerate(read_resp)]
+    answers += [record(rc, atomic_ack, back=back_for(0x204 + i), time=0x02) for i in range(2)]
+    for stall in (0x06, 0x08, 0x09):
+        seeds.append(b"".join(answers + [record(0, b"", time=stall)] * 6))
+    return seeds
 
 
 def capture_packets():
@@ -116,6 +223,8 @@ def main():
     rnr_acks = [p for p in captures.get("rc_rnr_nak", []) if p[0] == 0x11]
     for chunk in list(chunks(rnr_acks, 8))[:3]:
         seeds.add(b"".join(record(answer, p, back=8 - i, time=0x20) for i, p in enumerate(chunk)))
+
+    seeds.update(built_seeds())
 
     # Single packets from the packet corpus.
     if PACKETS.is_dir():

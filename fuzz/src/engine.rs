@@ -35,7 +35,10 @@
 //!                         2 = other_pd's rkey, 3 = local's lkey
 //!               bit 7     rewrite the PSN: a request gets the destination QP's expected
 //!                         PSN − back, a response the requester's next PSN − 1 − back
-//! byte 1  arg   the rewritten va is the region's va + 16 × arg
+//! byte 1  arg   with bit 4 of sel: the rewritten va is the region's va + 16 × arg;
+//!               without it, bit 0 set holds receives: none is posted during the record
+//!               (none re-posted for the receives it completes, none when bit 7 of time
+//!               reconnects a QP), so that SENDs can find an empty receive queue (RNR)
 //! byte 2  back  see bit 7
 //! byte 3  time  bits 0-4 e: after the datagram, advance the clock 2^(e−1) µs (0: not);
 //!               bit 5: then jump to poll_timeout(); bit 6: re-post the send batch of a QP
@@ -56,7 +59,7 @@
 //! two live QPs; every successful receive completion's length fits its receive request; and
 //! every completion names a work request that was posted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -68,7 +71,8 @@ use ferroce_proto::qp::{
     SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use ferroce_proto::wire::{
-    icrc, Bth, HeaderSet, IpHeader, Opcode, Packet, Qpn, RnrTimer, Transport, UdpHeader, ROCE_PORT,
+    icrc, Bth, HeaderSet, IpHeader, NakCode, Opcode, Packet, Qpn, RnrTimer, Syndrome, Transport,
+    UdpHeader, ROCE_PORT,
 };
 use ferroce_proto::Psn;
 
@@ -148,6 +152,63 @@ impl Regions {
     }
 }
 
+/// What one run made the engine do, as seen from outside it: the packets it sent and the
+/// completions it delivered. The `engine-paths` example sums these (with the engine's own
+/// [`Counters`](ferroce_proto::counters::Counters)) over a corpus, to show which protocol
+/// paths the corpus reaches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Request packets sent again: a (destination QP, PSN) the run had already sent.
+    pub resent_packets: u64,
+    /// READ response packets sent.
+    pub read_responses: u64,
+    /// Duplicate READ requests answered again: a READ request from the peer that the engine
+    /// counted as a duplicate (`duplicate_request`) and answered with READ responses.
+    pub read_replays: u64,
+    /// ACKs sent.
+    pub acks_sent: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// PSN sequence error NAKs sent.
+    pub seq_naks_sent: u64,
+    /// Invalid request NAKs sent.
+    pub invalid_naks_sent: u64,
+    /// Remote access error NAKs sent.
+    pub access_naks_sent: u64,
+    /// Remote operational error NAKs sent.
+    pub op_naks_sent: u64,
+    /// Completions with `Success`.
+    pub ok_completions: u64,
+    /// Completions with `WrFlushErr` (the queue pair went to ERR first).
+    pub flush_completions: u64,
+    /// Completions with any other error status.
+    pub error_completions: u64,
+    /// Queue pairs reset and reconnected after they went to ERR.
+    pub reconnects: u64,
+}
+
+impl Tally {
+    /// Every count with its name, in a fixed order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("resent_packets", self.resent_packets),
+            ("read_responses", self.read_responses),
+            ("read_replays", self.read_replays),
+            ("acks_sent", self.acks_sent),
+            ("rnr_naks_sent", self.rnr_naks_sent),
+            ("seq_naks_sent", self.seq_naks_sent),
+            ("invalid_naks_sent", self.invalid_naks_sent),
+            ("access_naks_sent", self.access_naks_sent),
+            ("op_naks_sent", self.op_naks_sent),
+            ("ok_completions", self.ok_completions),
+            ("flush_completions", self.flush_completions),
+            ("error_completions", self.error_completions),
+            ("reconnects", self.reconnects),
+        ]
+        .into_iter()
+    }
+}
+
 /// A posted work request, remembered until it completes.
 #[derive(Clone, Copy, Debug)]
 struct Posted {
@@ -171,6 +232,12 @@ pub struct Harness {
     posted: HashMap<u64, Posted>,
     next_wr_id: u64,
     buf: Vec<u8>,
+    /// The (destination QP, PSN) of every request packet sent since the QP last connected.
+    sent_requests: HashSet<(u32, u32)>,
+    /// Whether the record being run holds receives (see the input format).
+    hold_recvs: bool,
+    /// What the run did; see [`Tally`].
+    pub tally: Tally,
 }
 
 /// The lengths of the regions, in the order they are registered.
@@ -247,16 +314,17 @@ impl Harness {
             max_inline: 64,
         };
         let create = |engine: &mut Engine, qp_type, pd| {
-            engine.create_qp(QpInit {
-                qp_type,
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                caps,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .expect("no SRQ to miss")
+            engine
+                .create_qp(QpInit {
+                    qp_type,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    caps,
+                    sq_sig_all: false,
+                    srq: None,
+                })
+                .expect("no SRQ to miss")
         };
         let rc = create(&mut engine, QpType::Rc, pd_a);
         let uc = create(&mut engine, QpType::Uc, pd_a);
@@ -275,6 +343,9 @@ impl Harness {
             posted: HashMap::new(),
             next_wr_id: 1,
             buf: vec![0; MAX_PACKET],
+            sent_requests: HashSet::new(),
+            hold_recvs: false,
+            tally: Tally::default(),
         };
         for qp in [rc, uc, foreign] {
             h.connect(qp);
@@ -433,7 +504,7 @@ impl Harness {
     }
 
     /// Checks one packet the engine sent.
-    fn check_transmit(&self, len: usize, dst: SocketAddr, src_port: u16) {
+    fn check_transmit(&mut self, len: usize, dst: SocketAddr, src_port: u16) {
         assert!(len <= MAX_PACKET, "a {len}-byte packet");
         assert_eq!(
             dst,
@@ -463,6 +534,7 @@ impl Harness {
             p.opcode().name(),
             p.dest_qp().value()
         );
+        count_transmit(&mut self.tally, &mut self.sent_requests, &p);
     }
 
     /// Takes up to [`MAX_DRAIN`] packets from `poll_transmit`, checking each.
@@ -494,6 +566,11 @@ impl Harness {
     }
 
     fn check_completion(&mut self, c: &Completion) {
+        match c.status {
+            WcStatus::Success => self.tally.ok_completions += 1,
+            WcStatus::WrFlushErr => self.tally.flush_completions += 1,
+            _ => self.tally.error_completions += 1,
+        }
         let Some(posted) = self.posted.remove(&c.wr_id) else {
             panic!("a completion for a work request never posted (or completed twice): {c:?}");
         };
@@ -518,7 +595,7 @@ impl Harness {
         let mut repost = Vec::new();
         while let Some(c) = self.engine.poll_completion(self.cq) {
             self.check_completion(&c);
-            if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+            if !self.hold_recvs && matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                 repost.push(c.qpn);
             }
         }
@@ -608,6 +685,7 @@ impl Harness {
     /// Runs one record.
     pub fn step(&mut self, sel: u8, arg: u8, back: u8, time: u8, datagram: &[u8]) {
         let src = if sel & 1 != 0 { STRANGER } else { PEER };
+        self.hold_recvs = sel & 0x10 == 0 && arg & 1 != 0;
         let mut bytes = datagram.to_vec();
         self.rewrite(sel, arg, back, src, &mut bytes);
 
@@ -622,6 +700,9 @@ impl Harness {
             && icrc::verify(&ip, &udp, &bytes)
             && Packet::new_checked(&bytes[..])
                 .is_ok_and(|p| p.dest_qp() == self.rc || p.dest_qp() == self.uc);
+        let read_request = Packet::new_checked(&bytes[..])
+            .is_ok_and(|p| p.opcode() == Opcode::RC_RDMA_READ_REQUEST);
+        let duplicates = self.engine.counters().duplicate_request;
         let before: Option<Vec<Vec<u8>>> = (!may_write).then(|| {
             self.regions
                 .all()
@@ -648,7 +729,14 @@ impl Harness {
             }
         }
         self.check_protected();
+        let read_responses = self.tally.read_responses;
         self.drain();
+        if read_request
+            && self.engine.counters().duplicate_request > duplicates
+            && self.tally.read_responses > read_responses
+        {
+            self.tally.read_replays += 1;
+        }
 
         let e = time & 0x1f;
         if e != 0 {
@@ -677,8 +765,17 @@ impl Harness {
                     .expect("RESET");
                 // RESET drops the queues without completions.
                 self.posted.retain(|_, p| p.qpn != qp);
+                self.tally.reconnects += 1;
+                let dest = if qp == self.rc {
+                    PEER_RC_QPN
+                } else {
+                    PEER_UC_QPN
+                };
+                self.sent_requests.retain(|&(d, _)| d != dest);
                 self.connect(qp);
-                self.post_recvs(qp);
+                if !self.hold_recvs {
+                    self.post_recvs(qp);
+                }
                 self.post_sends(qp);
             } else if time & 0x40 != 0 && state == Some(QpState::Rts) && !self.sends_outstanding(qp)
             {
@@ -687,6 +784,7 @@ impl Harness {
         }
         self.drain();
         self.check_protected();
+        self.hold_recvs = false;
     }
 
     /// Lets the timers run out after the last record.
@@ -704,8 +802,46 @@ impl Harness {
     }
 }
 
+/// Adds a packet the engine sent to the tally; `sent_requests` holds the (destination QP, PSN)
+/// of the request packets sent before.
+fn count_transmit(t: &mut Tally, sent_requests: &mut HashSet<(u32, u32)>, p: &Packet<&[u8]>) {
+    let op = p.opcode();
+    if matches!(
+        op,
+        Opcode::RC_RDMA_READ_RESPONSE_FIRST
+            | Opcode::RC_RDMA_READ_RESPONSE_MIDDLE
+            | Opcode::RC_RDMA_READ_RESPONSE_LAST
+            | Opcode::RC_RDMA_READ_RESPONSE_ONLY
+    ) {
+        t.read_responses += 1;
+    }
+    if op == Opcode::RC_ACKNOWLEDGE {
+        match p.aeth().map(|a| a.syndrome) {
+            Some(Syndrome::Ack { .. }) => t.acks_sent += 1,
+            Some(Syndrome::RnrNak(_)) => t.rnr_naks_sent += 1,
+            Some(Syndrome::Nak(NakCode::PsnSequenceError)) => t.seq_naks_sent += 1,
+            Some(Syndrome::Nak(NakCode::InvalidRequest)) => t.invalid_naks_sent += 1,
+            Some(Syndrome::Nak(NakCode::RemoteAccessError)) => t.access_naks_sent += 1,
+            Some(Syndrome::Nak(NakCode::RemoteOperationalError)) => t.op_naks_sent += 1,
+            _ => {}
+        }
+    }
+    if op.is_request() {
+        let key = (p.dest_qp().value(), p.psn().value());
+        if !sent_requests.insert(key) {
+            t.resent_packets += 1;
+        }
+    }
+}
+
 /// Runs a whole fuzz input (see the module documentation for the format).
 pub fn run(data: &[u8]) {
+    run_harness(data);
+}
+
+/// Runs a whole fuzz input and returns the harness after it, for its engine's counters and
+/// its [`Tally`].
+pub fn run_harness(data: &[u8]) -> Harness {
     let mut h = Harness::new();
     let mut rest = data;
     for _ in 0..MAX_RECORDS {
@@ -719,4 +855,5 @@ pub fn run(data: &[u8]) {
         rest = tail;
     }
     h.finish();
+    h
 }
