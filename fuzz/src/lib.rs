@@ -8,8 +8,15 @@
 //! same for a whole IP packet, after checking that its IP and UDP headers re-emit.
 //! [`check_cm`] holds a 256-byte MAD to the contract of `ferroce_proto::cm`.
 //! [`engine::run`] drives a protocol engine with a sequence of datagrams (the `engine` target).
+//! The parsers of the `ferroce` library have their own modules: [`capture::check_capture`]
+//! (pcap and pcapng files and the records `ferroce decode` makes of them),
+//! [`control::check_control`] (a session's hello and channel lines) and
+//! [`exchange::check_exchange`] (the pingpong and ferroce endpoint exchanges).
 
+pub mod capture;
+pub mod control;
 pub mod engine;
+pub mod exchange;
 
 use std::net::{IpAddr, Ipv4Addr};
 
