@@ -101,12 +101,15 @@ def built_seeds():
     rc = PSN | RESEAL | QP_RC
     for key in (0, 1):
         sel = rc | KEY | key << 5
-        # READ replay: a READ of 1 and of 4 PSNs answered, then sent again as a duplicate
-        # (whole, and from a PSN in its middle).
+        # READ replay: a READ of 1 and of 4 PSNs answered, then sent again as a duplicate:
+        # whole, and from its third PSN as a requester resends the rest of a READ (the va
+        # 2048 bytes on, arg 128, and the length 2048 less).
         for length, span in ((64, 1), (4096, 4)):
             read = built(RC_READ_REQUEST, reth(length))
-            for back in sorted({span, max(1, span // 2)}):
-                seeds.append(record(sel, read) + record(sel, read, back=back, time=0x01))
+            seeds.append(record(sel, read) + record(sel, read, back=span, time=0x01))
+        rest = built(RC_READ_REQUEST, reth(2048))
+        read = built(RC_READ_REQUEST, reth(4096))
+        seeds.append(record(sel, read) + record(sel, rest, arg=128, back=2, time=0x01))
         # After a WRITE and a SEND: the READ is three requests back.
         read = built(RC_READ_REQUEST, reth(1024))
         write = built(RC_WRITE_ONLY, reth(32), bytes(range(32)))
