@@ -9,8 +9,9 @@
 //! removed on drop whatever happens. Only 10.88.0.0/24 inside them is ever addressed.
 //!
 //! A process binds only in the namespace it runs in, so each host is this test binary again,
-//! started with `ip netns exec` to run [`mesh_node`] alone (which does nothing unless
-//! `FERROCE_MESH_NODE` says which host it is). Needs root, iproute2 and nftables; without
+//! started with `ip netns exec` to run [`mesh_node`] alone: an ignored test, so a plain
+//! `cargo test` lists it as ignored rather than passing it, and it refuses to run unless
+//! `FERROCE_MESH_NODE` says which host it is. Needs root, iproute2 and nftables; without
 //! them the test says why it skips, and `scripts/test.sh` sets `FERROCE_REQUIRE_NETNS=1` so
 //! CI fails instead.
 
@@ -380,13 +381,12 @@ fn passive(
 /// pattern both ways, every byte checked. It prints one result line and fails unless every
 /// connection succeeded.
 #[test]
+#[ignore = "one host of the mesh: the mesh test starts it in its namespace"]
 fn mesh_node() {
-    let Some(me) = std::env::var("FERROCE_MESH_NODE")
+    let me = std::env::var("FERROCE_MESH_NODE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-    else {
-        return; // not started as a node: nothing to do
-    };
+        .expect("FERROCE_MESH_NODE names the host this node is (the mesh test sets it)");
     let deadline = Instant::now() + NODE_DEADLINE;
     let nic = Nic::open(&NicConfig::on(host_ip(me).into())).expect("open the NIC");
     let listener = Listener::bind(&nic, PORT).expect("listen");
@@ -587,7 +587,13 @@ impl Mesh {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.hosts[i]])
             .arg(exe)
-            .args(["mesh_node", "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                "mesh_node",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("FERROCE_MESH_NODE", i.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
