@@ -81,8 +81,11 @@ mod recovery;
 mod requester;
 mod responder;
 mod responses;
+mod schedule;
 mod srq;
 mod wqe;
+
+use schedule::Schedule;
 
 use qp::{Qp, Timers};
 use recovery::*;
@@ -209,6 +212,9 @@ impl Ctx {
 #[derive(Default)]
 struct QpnHasher(u64);
 
+/// The engine's queue pair table's hasher.
+type QpnBuild = BuildHasherDefault<QpnHasher>;
+
 impl Hasher for QpnHasher {
     fn finish(&self) -> u64 {
         self.0
@@ -233,11 +239,9 @@ impl Hasher for QpnHasher {
 /// memory regions. See the module documentation for how to drive it.
 pub struct Engine {
     ctx: Ctx,
-    qps: HashMap<u32, Box<Qp>, BuildHasherDefault<QpnHasher>>,
-    /// Queue pairs that may have a packet to send, served in turn (see [`Engine::touch`]).
-    ready: VecDeque<u32>,
-    /// Each queue pair's earliest armed timer, as (deadline, QPN).
-    deadlines: BTreeSet<(Instant, u32)>,
+    qps: HashMap<u32, Box<Qp>, QpnBuild>,
+    /// What may send, and when timers fire.
+    schedule: Schedule,
     next_cq: u32,
     next_srq: u32,
     next_pd: u32,
@@ -292,40 +296,19 @@ impl Engine {
                 counters: Counters::default(),
             },
             qps: HashMap::default(),
-            ready: VecDeque::new(),
-            deadlines: BTreeSet::new(),
+            schedule: Schedule::default(),
             next_cq: 1,
             next_srq: 1,
             next_pd: 1,
         }
     }
 
-    /// Brings queue pair `qpn`'s place in the schedule up to date after something reached it:
-    /// it may have a packet to send now (it joins the ready queue, once), and its timers may
-    /// have moved (its deadline is filed again). Every input that can give a queue pair
-    /// something to send or change its timers ends here.
+    /// Brings queue pair `qpn`'s place in the schedule up to date after something reached it
+    /// ([`Schedule::touch`]). Every input that can give a queue pair something to send, or
+    /// change its timers or what it has in flight, ends here.
     fn touch(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        if !qp.sched.queued {
-            qp.sched.queued = true;
-            self.ready.push_back(qpn);
-        }
-        Self::file_deadline(&mut self.deadlines, qpn, qp);
-    }
-
-    /// Files `qp`'s earliest timer in `deadlines`, replacing what was filed for it.
-    fn file_deadline(deadlines: &mut BTreeSet<(Instant, u32)>, qpn: u32, qp: &mut Qp) {
-        let next = qp.timers.next();
-        if next != qp.sched.filed {
-            if let Some(old) = qp.sched.filed {
-                deadlines.remove(&(old, qpn));
-            }
-            if let Some(new) = next {
-                deadlines.insert((new, qpn));
-            }
-            qp.sched.filed = next;
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            self.schedule.touch(qpn, qp);
         }
     }
 
@@ -505,10 +488,7 @@ impl Engine {
         let Some(mut qp) = self.qps.remove(&qpn.value()) else {
             return false;
         };
-        // A stale entry in the ready queue is skipped when its turn comes.
-        if let Some(t) = qp.sched.filed {
-            self.deadlines.remove(&(t, qpn.value()));
-        }
+        self.schedule.forget(qpn.value(), &qp);
         if let Some(InMsg::Send { wqe, .. }) = qp.resp.in_msg.take() {
             qp.return_recv(&mut self.ctx, wqe);
         }
@@ -1004,14 +984,11 @@ impl Engine {
             return None;
         }
         // Round-robin over the queue pairs that may have something: one packet each per turn;
-        // one that has nothing more leaves the queue until something reaches it again.
-        while let Some(key) = self.ready.pop_front() {
-            let Some(qp) = self.qps.get_mut(&key) else {
-                continue; // destroyed while queued
+        // one that has nothing more leaves the line until something reaches it again.
+        while let Some(key) = self.schedule.pop() {
+            let Some(qp) = self.qps.get_mut(&key).filter(|qp| qp.sched.queued) else {
+                continue;
             };
-            if !qp.sched.queued {
-                continue; // served already, from an earlier place in the queue
-            }
             let sent = if qp.is_ud() {
                 qp.next_datagram(&mut self.ctx, mem, buf)
                     .map(|(len, peer)| (len, false, peer))
@@ -1021,22 +998,20 @@ impl Engine {
                         qp.resp.responses.front(),
                         Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
                     );
-                    qp.next_response(mem, buf)
-                        .map(|len| (len, ack))
-                        .or_else(|| {
-                            qp.next_request(now, &mut self.ctx, mem, buf)
-                                .map(|len| (len, false))
-                        })
-                        .map(|(len, ack)| (len, ack, peer))
+                    if let Some(len) = qp.next_response(mem, buf) {
+                        return Some((len, ack, peer));
+                    }
+                    qp.next_request(now, &mut self.ctx, mem, buf)
+                        .map(|len| (len, false, peer))
                 })
             };
             // Sending arms timers; finding nothing may have failed a request.
-            Self::file_deadline(&mut self.deadlines, key, qp);
+            self.schedule.sync(key, qp);
             let Some((len, ack, peer)) = sent else {
-                qp.sched.queued = false;
+                Schedule::idle(qp);
                 continue;
             };
-            self.ready.push_back(key);
+            self.schedule.again(key);
             let ip = IpHeader::between(self.ctx.local_ip, peer.ip())?;
             // A UDP socket sends from its own port, not the per-QP port rxe picks when it
             // builds the IP header itself; the ICRC must cover the port actually used.
@@ -1059,19 +1034,13 @@ impl Engine {
     /// When [`Engine::handle_timeout`] should next be called, if any timer is armed.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadlines.first().map(|&(t, _)| t)
+        self.schedule.next_deadline()
     }
 
     /// Runs the timers that are due at `now`: retransmission (go-back-N, or retry exhaustion)
     /// and the end of RNR waits.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u32> = self
-            .deadlines
-            .iter()
-            .take_while(|&&(t, _)| t <= now)
-            .map(|&(_, qpn)| qpn)
-            .collect();
-        for qpn in due {
+        for qpn in self.schedule.due(now) {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
             };

@@ -65,7 +65,7 @@ pub(super) struct Qp {
     /// The requester's three timers.
     pub(super) timers: Timers,
     /// Where the engine's schedule holds this queue pair.
-    pub(super) sched: Sched,
+    pub(super) sched: schedule::Sched,
 
     /// The responder's half.
     pub(super) resp: ResponderState,
@@ -110,15 +110,6 @@ pub(super) struct Timers {
     pub(super) early: Option<Instant>,
     /// The end of an RNR wait the responder asked for: nothing is sent before it.
     pub(super) rnr_wait: Option<Instant>,
-}
-
-/// A queue pair's place in the engine's schedule (`Engine::touch`).
-#[derive(Debug, Default)]
-pub(super) struct Sched {
-    /// Whether it waits in the engine's ready queue.
-    pub(super) queued: bool,
-    /// The deadline under which the engine's timer index holds it.
-    pub(super) filed: Option<Instant>,
 }
 
 impl Timers {
@@ -177,7 +168,7 @@ impl Qp {
             early_read_watch: false,
             backoff: Backoff::default(),
             timers: Timers::default(),
-            sched: Sched::default(),
+            sched: schedule::Sched::default(),
             resp: ResponderState {
                 rq: VecDeque::new(),
                 epsn: Psn::default(),

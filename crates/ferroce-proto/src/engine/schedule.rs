@@ -1,0 +1,94 @@
+//! The engine's schedule, so that its work grows with the queue pairs that are busy rather than
+//! with all it holds: which queue pairs may have a packet to send (the ready queue, served in
+//! turn) and when each one's earliest timer fires (an ordered index).
+//!
+//! Every input that reaches a queue pair ends in [`Schedule::touch`] or [`Schedule::sync`],
+//! which bring the queue pair's entries up to date from its state; nothing else writes them.
+//!
+//! Nothing here shares a budget of packets in flight across the queue pairs towards one peer.
+//! One was tried (four windows per peer): a thousand queue pairs then had half a packet each
+//! in flight, drew an ACK per packet and early resends while they queued, and moved 206 MB/s
+//! where without it they move over 1,000 with 4 % of their packets dropped by the receiver's
+//! socket and resent (BENCHMARKS.md).
+
+use super::*;
+
+/// A queue pair's entries in the schedule, kept in the queue pair.
+#[derive(Debug, Default)]
+pub(super) struct Sched {
+    /// In the ready queue.
+    pub(super) queued: bool,
+    /// The deadline under which the timer index holds it.
+    pub(super) filed: Option<Instant>,
+}
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub(super) struct Schedule {
+    ready: VecDeque<u32>,
+    deadlines: BTreeSet<(Instant, u32)>,
+}
+
+impl Schedule {
+    /// Something reached queue pair `qpn`: it may have a packet to send (it joins the ready
+    /// queue, once), and its timers may have moved.
+    pub(super) fn touch(&mut self, qpn: u32, qp: &mut Qp) {
+        if !qp.sched.queued {
+            qp.sched.queued = true;
+            self.ready.push_back(qpn);
+        }
+        self.sync(qpn, qp);
+    }
+
+    /// Files `qp`'s earliest timer again.
+    pub(super) fn sync(&mut self, qpn: u32, qp: &mut Qp) {
+        let next = qp.timers.next();
+        if next != qp.sched.filed {
+            if let Some(old) = qp.sched.filed {
+                self.deadlines.remove(&(old, qpn));
+            }
+            if let Some(new) = next {
+                self.deadlines.insert((new, qpn));
+            }
+            qp.sched.filed = next;
+        }
+    }
+
+    /// The next queue pair in line; the caller skips one that is no longer there or no longer
+    /// [`Sched::queued`] (destroyed while in line, or served from an earlier place in it).
+    pub(super) fn pop(&mut self) -> Option<u32> {
+        self.ready.pop_front()
+    }
+
+    /// `qpn` sent a packet and may have more: back to the end of the line.
+    pub(super) fn again(&mut self, qpn: u32) {
+        self.ready.push_back(qpn);
+    }
+
+    /// `qp` has nothing to send now: out of line until something reaches it.
+    pub(super) fn idle(qp: &mut Qp) {
+        qp.sched.queued = false;
+    }
+
+    /// `qp` is being destroyed: its timer leaves the index (a stale place in line is skipped
+    /// when its turn comes).
+    pub(super) fn forget(&mut self, qpn: u32, qp: &Qp) {
+        if let Some(t) = qp.sched.filed {
+            self.deadlines.remove(&(t, qpn));
+        }
+    }
+
+    /// The earliest deadline of any queue pair.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(t, _)| t)
+    }
+
+    /// The queue pairs whose deadline is at or before `now`.
+    pub(super) fn due(&self, now: Instant) -> Vec<u32> {
+        self.deadlines
+            .iter()
+            .take_while(|&&(t, _)| t <= now)
+            .map(|&(_, qpn)| qpn)
+            .collect()
+    }
+}
