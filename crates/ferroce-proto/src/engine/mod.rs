@@ -44,8 +44,9 @@
 //! One role per file: `requester` (the next request packet), `recovery` (rewinds, timers,
 //! the RTT and the window), `completer` (ACKs and responses in), `responder` (requests in),
 //! `responses` (ACKs, NAKs and READ and atomic responses out), `datagram` (UD, both ways),
-//! `srq` (shared receive queues and where a responder takes its receives from), with the queue
-//! pair's shared state in `qp` and the work queue entries in `wqe`. This file holds the
+//! `srq` (shared receive queues and where a responder takes its receives from), `schedule`
+//! (which queue pairs may send, and when their timers fire), with the queue pair's shared
+//! state in `qp` and the work queue entries in `wqe`. This file holds the
 //! [`Engine`] that routes datagrams, timers and commands to them.
 //!
 //! The engine's work grows with the queue pairs that are busy, not with all it holds: a queue
