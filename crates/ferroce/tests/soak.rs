@@ -20,10 +20,12 @@
 //! ICRC error; that the loss really happened (resends on the verbs NICs, packets lost at the
 //! frame receiver). Flatness: after a warm-up and again at the end, once traffic stops and
 //! the timers have run out, the process's open descriptors and threads are exactly what they
-//! were after the warm-up, its RSS at most `RSS_ALLOWANCE` above it, and each NIC's census
+//! were after the warm-up, its live heap (counted by this binary's allocator) at most
+//! `HEAP_ALLOWANCE_KIB` and its RSS at most `RSS_ALLOWANCE_KIB` above, and each NIC's census
 //! (queue pairs, CQs, regions, armed timers, queued completions) and CM connection count the
-//! same. Printed, not asserted: the report (bytes and operations per kind, every NIC's
-//! non-zero counters, and the first, largest and last resource samples).
+//! same. The test runs itself in a child process with `MALLOC_ARENA_MAX=2` (why: at the
+//! test function). Printed, not asserted: the report (bytes and operations per kind, every
+//! NIC's non-zero counters, and the first, largest and last resource samples).
 
 // The one `unsafe` is the counting allocator's `GlobalAlloc` impl.
 #![deny(unsafe_code)]
