@@ -21,9 +21,9 @@
 //! frame receiver). Flatness: after a warm-up and again at the end, once traffic stops and
 //! the timers have run out, the process's open descriptors and threads are exactly what they
 //! were after the warm-up, its live heap (counted by this binary's allocator) at most
-//! `HEAP_ALLOWANCE_KIB` and its RSS at most `RSS_ALLOWANCE_KIB` above, and each NIC's census
-//! (queue pairs, CQs, regions, armed timers, queued completions) and CM connection count the
-//! same. The test runs itself in a child process with `MALLOC_ARENA_MAX=2` (why: at the
+//! `HEAP_ALLOWANCE_KIB` above, its RSS at most `RSS_ALLOWANCE_KIB` above the most it reached
+//! during the warm-up, and each NIC's census (queue pairs, CQs, regions, armed timers, queued
+//! completions) and CM connection count the same. The test runs itself in a child process with `MALLOC_ARENA_MAX=2` (why: at the
 //! test function). Printed, not asserted: the report (bytes and operations per kind, every
 //! NIC's non-zero counters, and the first, largest and last resource samples).
 
@@ -1096,12 +1096,13 @@ fn soak_mixed_traffic_under_loss_stays_flat() {
     };
 
     // Warm-up: everything once (a session, connections, frames, verbs), then quiet.
+    let warm_samples = Mutex::new(Vec::new());
     let warm = phase(
         &mut world,
         Instant::now() + Duration::from_secs(3),
         started,
-        Duration::from_secs(3600),
-        &samples,
+        Duration::from_millis(250),
+        &warm_samples,
     );
     let nic_list = |w: &World| -> Vec<(String, Nic)> {
         [
@@ -1123,6 +1124,14 @@ fn soak_mixed_traffic_under_loss_stays_flat() {
         "the warm-up did not settle within {SETTLE:?}: {base:?}"
     );
     samples.lock().unwrap().push(base.clone());
+    let warm_rss = warm_samples
+        .into_inner()
+        .unwrap()
+        .iter()
+        .map(|s| s.rss_kib)
+        .chain([base.rss_kib])
+        .max()
+        .unwrap();
 
     let run_start = Instant::now();
     let main = phase(
@@ -1187,7 +1196,8 @@ fn soak_mixed_traffic_under_loss_stays_flat() {
     let max = |f: fn(&Sample) -> u64| all.iter().map(f).max().unwrap();
     report += &format!(
         "  resources ({} samples): RSS {} / {} / {} KiB, heap {} / {} / {} KiB, fds {} / {} / {}, \
-         threads {} / {} / {} (after warm-up / largest / end)\n",
+         threads {} / {} / {} (after warm-up / largest / end); RSS at most {warm_rss} KiB \
+         during the warm-up\n",
         all.len(),
         first.rss_kib,
         max(|s| s.rss_kib),
@@ -1271,10 +1281,12 @@ fn soak_mixed_traffic_under_loss_stays_flat() {
         end.threads, base.threads,
         "threads after the run vs after the warm-up"
     );
+    // RSS against the most it reached during the warm-up: once quiet, glibc may have handed
+    // some back, which the run then takes again (8.6 to 14.8 MB after the same warm-up).
     assert!(
-        end.rss_kib <= base.rss_kib + RSS_ALLOWANCE_KIB,
-        "RSS grew from {} KiB to {} KiB, over the {} KiB allowed",
-        base.rss_kib,
+        end.rss_kib <= warm_rss + RSS_ALLOWANCE_KIB,
+        "RSS grew from {warm_rss} KiB (the most during the warm-up) to {} KiB, over the {} KiB \
+         allowed",
         end.rss_kib,
         RSS_ALLOWANCE_KIB
     );
