@@ -753,7 +753,7 @@ impl Context {
                 "receive_depth must be at least 1".into(),
             ));
         }
-        let nic = Nic::open_for_face(&config.device, config.ib_port, config.nic)?;
+        let nic = Nic::open_for_face(&config.device, config.ib_port, config.nic, None)?;
         let mut stream = open(config)?;
         let ours = config.mtu.unwrap_or_else(|| nic.active_mtu());
         let hello = format!(

@@ -319,6 +319,7 @@ impl Nic {
         device: &str,
         port: u8,
         addr: SocketAddr,
+        faults: Option<Faults>,
     ) -> Result<Self, NicError> {
         let options = DeviceOptions {
             port,
@@ -330,6 +331,7 @@ impl Nic {
             &options,
             &NicConfig {
                 addr,
+                faults,
                 ..NicConfig::default()
             },
         )

@@ -12,8 +12,8 @@
 //!   byte for byte, and every packet-sized piece of an incomplete one equal to the same piece
 //!   of this frame or of an earlier frame sent to that page (nothing else ever lands);
 //! - sessions: controller and coprocessor made, used for 1500 requests of 0–4096 bytes with
-//!   every slot in flight (each reply checked) and stopped, over and over: the session face
-//!   opens its own NICs and takes no fault injection, so this traffic is not lossy;
+//!   every slot in flight (each reply checked) and stopped, over and over, both sides' NICs
+//!   dropping 2 % too (`ConnectInfo::with_faults`);
 //! - CM churn: RC connections made with private data both ways, a SEND over each, and closed.
 //!
 //! Asserted: every byte and every atomic result; no request failing, no retry exhausted, no
@@ -585,6 +585,7 @@ const REQUESTS_PER_SESSION: usize = 1500;
 
 fn session_info(own: u8) -> ConnectInfo {
     ConnectInfo::new(ip(own), SocketAddr::new(ip(191), SESSION_PORT))
+        .with_faults(faults(u64::from(own)))
         .with_timeout(WAIT)
         .with_peer_timeout(Duration::from_secs(10))
 }

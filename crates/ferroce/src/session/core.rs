@@ -246,7 +246,7 @@ impl Core {
                 "the connect and peer timeouts must be above zero".into(),
             ));
         }
-        let nic = Nic::open_for_face(&info.device, info.ib_port, info.nic)?;
+        let nic = Nic::open_for_face(&info.device, info.ib_port, info.nic, info.faults)?;
         let mut stream = link::open(self.role, info.oob, info.timeout)?;
         let ours = info.mtu.unwrap_or_else(|| nic.active_mtu());
         let theirs = link::hello(&mut stream, self.role, ours.bytes())?;

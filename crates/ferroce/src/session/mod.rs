@@ -191,7 +191,7 @@ impl fmt::Display for Step {
 }
 
 /// Where the peer is and how long to wait for it (seed 003's `ConnectInfo`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ConnectInfo {
     /// This side's NIC: a local address and UDP port (4791 for RoCEv2). On a verbs device
@@ -219,6 +219,9 @@ pub struct ConnectInfo {
     /// Retries after ACK timeouts before a request fails with
     /// [`WcStatus::RetryExcErr`] (7).
     pub retry_cnt: u8,
+    /// Faults the soft NIC injects on what it sends (none): for testing a session under
+    /// loss. Ignored on a verbs device.
+    pub faults: Option<crate::Faults>,
 }
 
 impl ConnectInfo {
@@ -235,7 +238,15 @@ impl ConnectInfo {
             mtu: None,
             ack_timeout: 14,
             retry_cnt: 7,
+            faults: None,
         }
+    }
+
+    /// The same with `faults` injected by the soft NIC on what it sends.
+    #[must_use]
+    pub fn with_faults(mut self, faults: crate::Faults) -> Self {
+        self.faults = Some(faults);
+        self
     }
 
     /// The same on the device called `name` (`ferroce0` or a verbs device).
