@@ -7,14 +7,14 @@
 
 #![forbid(unsafe_code)]
 
+mod support;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use ferroce::frames::{
-    FrameInfo, ImmediateLayout, Pattern, Receiver, ReceiverConfig, Sender, Target,
-};
+use ferroce::frames::{FrameInfo, Pattern, Receiver, ReceiverConfig, Sender};
 use ferroce::{Nic, NicConfig};
 
 const STREAMS: usize = 8;
@@ -40,21 +40,6 @@ fn frame_bytes(k: usize, n: u32) -> Vec<u8> {
     let mut data = vec![0; frame_size(k)];
     Pattern::Counter.fill(k as u32 * 1000 + n, &mut data);
     data
-}
-
-fn target(rx: &Receiver) -> Target {
-    Target {
-        dest: rx.local_addr().unwrap(),
-        qp: rx.qp_number().unwrap(),
-        rkey: rx.rkey().unwrap(),
-        address: rx.external_frame_memory().unwrap(),
-        page_size: rx.page_size(),
-        pages: rx.pages(),
-        frame_size: rx.frame_size(),
-        payload: 4096,
-        immediate: ImmediateLayout::Page12,
-        fold_metadata: false,
-    }
 }
 
 /// What the application side of one stream saw.
@@ -118,8 +103,11 @@ fn eight_cameras_stream_into_one_nic_at_once() {
             .map(|k| {
                 let (rx, consumed, start) = (&receivers[k], &consumed[k], &start);
                 s.spawn(move || {
-                    let mut tx = Sender::new(SocketAddr::new(ip(91 + k as u8), 0), target(rx))
-                        .expect("a sender");
+                    let mut tx = Sender::new(
+                        SocketAddr::new(ip(91 + k as u8), 0),
+                        support::target(rx, 4096),
+                    )
+                    .expect("a sender");
                     let taken = rx.clone();
                     tx.set_window(Some((
                         WINDOW,

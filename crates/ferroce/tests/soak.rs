@@ -30,6 +30,8 @@
 // The one `unsafe` is the counting allocator's `GlobalAlloc` impl.
 #![deny(unsafe_code)]
 
+mod support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -40,9 +42,7 @@ use std::time::{Duration, Instant};
 
 use ferroce::cm::{self, ConnParam, Connection, Listener};
 use ferroce::cq::{WcOpcode, WcStatus};
-use ferroce::frames::{
-    FrameInfo, FrameReadError, ImmediateLayout, Pattern, Receiver, ReceiverConfig, Sender, Target,
-};
+use ferroce::frames::{FrameInfo, FrameReadError, Pattern, Receiver, ReceiverConfig, Sender};
 use ferroce::proto::memory::WriteOrder;
 use ferroce::proto::{Census, Counters};
 use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
@@ -438,18 +438,7 @@ impl Frames {
             let rx = rx.clone();
             thread::spawn(move || rx.blocking_monitor())
         };
-        let target = Target {
-            dest: rx.local_addr().unwrap(),
-            qp: rx.qp_number().unwrap(),
-            rkey: rx.rkey().unwrap(),
-            address: rx.external_frame_memory().unwrap(),
-            page_size: rx.page_size(),
-            pages: rx.pages(),
-            frame_size: rx.frame_size(),
-            payload: PAYLOAD,
-            immediate: ImmediateLayout::Page12,
-            fold_metadata: false,
-        };
+        let target = support::target(&rx, PAYLOAD);
         let mut tx = Sender::new(SocketAddr::new(ip(189), 0), target).expect("frame sender");
         tx.set_faults(Some(faults(189)));
         Self {
