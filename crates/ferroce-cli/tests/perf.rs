@@ -3,14 +3,13 @@
 //! and friends are run, and `session-lat`, seed 003's session in the same table. Every NIC holds UDP port 4791 on its address, so each test has
 //! addresses (127.0.0.20 and up) and a TCP port of its own and the tests can run in parallel.
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Longest a process may run before the test gives up on it.
-const LIMIT: Duration = Duration::from_secs(60);
+use common::{both_ok, check_row_from, finish, result_rows, run_pair};
 
 fn perf(test: &str, local: &str, port: u16, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferroce"));
@@ -19,21 +18,6 @@ fn perf(test: &str, local: &str, port: u16, args: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
-}
-
-/// Waits for a child at most `LIMIT`, killing it past that.
-fn wait(child: &mut Child, who: &str) -> ExitStatus {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the {who} ran for more than {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 struct Run {
@@ -50,100 +34,26 @@ fn pair(
     client_args: &[&str],
 ) -> Run {
     let (srv_ip, cli_ip) = addrs;
-    let mut server = perf(test, srv_ip, port, server_args).spawn().unwrap();
-    // The server prints its banner once it listens; read its output on a thread.
-    let stdout = server.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        let mut lines = BufReader::new(stdout);
-        let mut line = String::new();
-        let mut told = false;
-        while lines.read_line(&mut line).unwrap_or(0) > 0 {
-            if !told && line.contains("Waiting for client to connect") {
-                let _ = tx.send(());
-                told = true;
-            }
-            out.push_str(&line);
-            line.clear();
-        }
-        out
-    });
-    let mut server_err = server.stderr.take().unwrap();
-    if rx.recv_timeout(LIMIT).is_err() {
-        let _ = server.kill();
-        let mut err = String::new();
-        let _ = server_err.read_to_string(&mut err);
-        panic!("the {test} server never listened: {err}");
-    }
     let mut client_args = client_args.to_vec();
     client_args.push(srv_ip);
-    let mut client = perf(test, cli_ip, port, &client_args).spawn().unwrap();
-    // Drained while it runs: a thousand queue pairs' lines overflow a pipe.
-    let drain = |mut from: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = from.read_to_string(&mut text);
-            text
-        })
-    };
-    let client_out = drain(Box::new(client.stdout.take().unwrap()));
-    let client_err = drain(Box::new(client.stderr.take().unwrap()));
-    let client_status = wait(&mut client, "client");
-    let server_status = wait(&mut server, "server");
-    let client_out = client_out.join().unwrap();
-    let client_err = client_err.join().unwrap();
-    let server_out = reader.join().unwrap();
-    let mut server_err_text = String::new();
-    server_err.read_to_string(&mut server_err_text).unwrap();
-    assert!(
-        client_status.success() && server_status.success(),
-        "{test}: client {client_status}, server {server_status}\n--- client:\n{client_out}{client_err}\n--- server:\n{server_out}{server_err_text}"
+    let (server, client) = run_pair(
+        perf(test, srv_ip, port, server_args),
+        perf(test, cli_ip, port, &client_args),
+        test,
     );
+    both_ok(test, &server, &client);
     Run {
-        server: server_out,
-        client: client_out,
+        server: server.out,
+        client: client.out,
     }
 }
 
-/// The result lines under the table's column line, split into fields.
-fn result_rows(text: &str) -> Vec<Vec<String>> {
-    let mut rows = Vec::new();
-    let mut in_table = false;
-    for line in text.lines() {
-        if line.starts_with(" #bytes") {
-            in_table = true;
-            continue;
-        }
-        if in_table {
-            if line.starts_with("---") {
-                break;
-            }
-            rows.push(line.split_whitespace().map(str::to_owned).collect());
-        }
-    }
-    rows
-}
-
-/// The one result line: the right size and iterations, and positive numbers.
+/// The one result line: the right size and iterations, and no number negative. A slow run of
+/// 8-byte atomics may well show 0.00 MB/s, but its message rate (the last column of a
+/// bandwidth line) and every latency is above zero.
 fn check_row(text: &str, size: u64, iters: u64, columns: usize) {
-    let rows = result_rows(text);
-    assert_eq!(rows.len(), 1, "one result line expected:\n{text}");
-    let row = &rows[0];
-    assert_eq!(row.len(), columns, "{row:?}\n{text}");
-    assert_eq!(row[0].parse::<u64>().unwrap(), size, "{text}");
-    assert_eq!(row[1].parse::<u64>().unwrap(), iters, "{text}");
-    // Every number parses and none is negative; a slow run of 8-byte atomics may well show
-    // 0.00 MB/s, but its message rate (the last column of a bandwidth line) and every
-    // latency is above zero.
-    let values: Vec<f64> = row[2..].iter().map(|v| v.parse().unwrap()).collect();
-    assert!(values.iter().all(|&v| v >= 0.0), "{row:?}\n{text}");
-    let positive = if columns == 5 {
-        &values[2..]
-    } else {
-        &values[..]
-    };
-    assert!(positive.iter().all(|&v| v > 0.0), "{row:?}\n{text}");
+    let positive_from = if columns == 5 { 2 } else { 0 };
+    check_row_from(text, size, iters, columns, positive_from);
 }
 
 /// perftest's header block and address lines.
@@ -540,7 +450,7 @@ fn session_lat_bad_flags_and_missing_servers_are_named() {
 /// Different sizes on the two sides: both refuse the channel, naming both descriptions.
 #[test]
 fn session_lat_mismatched_sizes_are_refused() {
-    let mut server = perf("session-lat", "127.0.0.70", 19534, &["-s", "64"])
+    let server = perf("session-lat", "127.0.0.70", 19534, &["-s", "64"])
         .spawn()
         .unwrap();
     let client = perf(
@@ -551,8 +461,8 @@ fn session_lat_mismatched_sizes_are_refused() {
     )
     .output()
     .unwrap();
-    let status = wait(&mut server, "server");
-    assert!(!client.status.success() && !status.success());
+    let server = finish(server, "server", None);
+    assert!(!client.status.success() && !server.ok);
     let err = String::from_utf8_lossy(&client.stderr);
     assert!(
         err.contains("the peer established 1 slots of 64-byte requests"),

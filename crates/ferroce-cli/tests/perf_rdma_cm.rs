@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 
 mod common;
 
-use common::{both_ok, finish, result_rows, start_server as start, Side};
+use common::{both_ok, check_row, finish, result_rows, run_pair, start_server as start, Side};
 
 /// Starts a server and waits for its banner; returns it and the thread reading its stdout.
 fn start_server(
@@ -51,27 +51,13 @@ fn pair(
     client_args: &[&str],
 ) -> (Side, Side) {
     let (srv_ip, cli_ip) = addrs;
-    let (server, reader) = start_server(test, srv_ip, port, server_args);
     let mut client_args = client_args.to_vec();
     client_args.push(srv_ip);
-    let client = perf(test, cli_ip, port, &client_args).spawn().unwrap();
-    let client = finish(client, "client", None);
-    let server = finish(server, "server", Some(reader));
-    (server, client)
-}
-
-/// One result line of `columns` numbers with the right size and iterations, the rates and
-/// latencies above zero (a bandwidth line's peak may be 0: the SEND server reports none).
-fn check_row(text: &str, size: u64, iters: u64, columns: usize) {
-    let rows = result_rows(text);
-    assert_eq!(rows.len(), 1, "one result line expected:\n{text}");
-    let row = &rows[0];
-    assert_eq!(row.len(), columns, "{row:?}\n{text}");
-    assert_eq!(row[0].parse::<u64>().unwrap(), size, "{text}");
-    assert_eq!(row[1].parse::<u64>().unwrap(), iters, "{text}");
-    let values: Vec<f64> = row[2..].iter().map(|v| v.parse().unwrap()).collect();
-    let skip = usize::from(columns == 5);
-    assert!(values[skip..].iter().all(|&v| v > 0.0), "{row:?}\n{text}");
+    run_pair(
+        perf(test, srv_ip, port, server_args),
+        perf(test, cli_ip, port, &client_args),
+        test,
+    )
 }
 
 /// perftest's header says rdma_cm, and its server asks for the client's rdma_cm QP.

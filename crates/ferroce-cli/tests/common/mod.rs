@@ -1,6 +1,6 @@
 //! What the perf tests of two processes share: waiting for a side with a time limit and
-//! collecting what it printed, starting a server and waiting for its banner, and reading the
-//! result table.
+//! collecting what it printed, starting a server and waiting for its banner, running a client
+//! against it, and reading and checking the result table.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -19,9 +19,21 @@ pub struct Side {
     pub err: String,
 }
 
+/// A thread reading `from` to its end.
+fn drain(mut from: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = from.read_to_string(&mut text);
+        text
+    })
+}
+
 /// Waits for a child at most `LIMIT` (killing it past that) and collects what it printed;
-/// `out` is its stdout when a thread has been reading it.
+/// `out` is its stdout when a thread has been reading it. Both streams are read while it runs:
+/// a thousand queue pairs' address lines overflow a pipe.
 pub fn finish(mut child: Child, who: &str, out: Option<std::thread::JoinHandle<String>>) -> Side {
+    let out = out.unwrap_or_else(|| drain(child.stdout.take().unwrap()));
+    let err = drain(child.stderr.take().unwrap());
     let deadline = Instant::now() + LIMIT;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -33,30 +45,10 @@ pub fn finish(mut child: Child, who: &str, out: Option<std::thread::JoinHandle<S
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let out = match out {
-        Some(reader) => reader.join().unwrap(),
-        None => {
-            let mut text = String::new();
-            child
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_string(&mut text)
-                .unwrap();
-            text
-        }
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
     Side {
         ok: status.success(),
-        out,
-        err,
+        out: out.join().unwrap(),
+        err: err.join().unwrap(),
     }
 }
 
@@ -89,6 +81,15 @@ pub fn start_server(mut cmd: Command, test: &str) -> (Child, std::thread::JoinHa
     (server, reader)
 }
 
+/// Starts the server `server` runs, waits for its banner, runs `client` against it; returns
+/// both sides, server first.
+pub fn run_pair(server: Command, mut client: Command, test: &str) -> (Side, Side) {
+    let (server, reader) = start_server(server, test);
+    let client = finish(client.spawn().unwrap(), "client", None);
+    let server = finish(server, "server", Some(reader));
+    (server, client)
+}
+
 /// Both sides succeeded.
 pub fn both_ok(test: &str, server: &Side, client: &Side) {
     assert!(
@@ -118,4 +119,27 @@ pub fn result_rows(text: &str) -> Vec<Vec<String>> {
         }
     }
     rows
+}
+
+/// The one result line: `columns` numbers, the size and iterations asked for, none negative,
+/// and those from `positive_from` on (counted after size and iterations) above zero.
+pub fn check_row_from(text: &str, size: u64, iters: u64, columns: usize, positive_from: usize) {
+    let rows = result_rows(text);
+    assert_eq!(rows.len(), 1, "one result line expected:\n{text}");
+    let row = &rows[0];
+    assert_eq!(row.len(), columns, "{row:?}\n{text}");
+    assert_eq!(row[0].parse::<u64>().unwrap(), size, "{text}");
+    assert_eq!(row[1].parse::<u64>().unwrap(), iters, "{text}");
+    let values: Vec<f64> = row[2..].iter().map(|v| v.parse().unwrap()).collect();
+    assert!(values.iter().all(|&v| v >= 0.0), "{row:?}\n{text}");
+    assert!(
+        values[positive_from..].iter().all(|&v| v > 0.0),
+        "{row:?}\n{text}"
+    );
+}
+
+/// [`check_row_from`] with every rate and latency above zero but a bandwidth line's peak,
+/// which may be 0 (the SEND server, as perftest's, reports none).
+pub fn check_row(text: &str, size: u64, iters: u64, columns: usize) {
+    check_row_from(text, size, iters, columns, usize::from(columns == 5));
 }
