@@ -1116,14 +1116,8 @@ impl Engine {
                 va: self.peer.va + u64::from(slot) * u64::from(self.desc.reply_bytes),
                 rkey: self.peer.rkey,
             };
-            posted[usize::from(slot)] = Some(Instant::now());
-            self.qp
-                .post_send(SendWr::new(
-                    u64::from(slot),
-                    SendOp::WriteWithImm(remote, imm(slot, kind)),
-                    Payload::Sges(sges),
-                ))
-                .map_err(|e| format!("cannot post a reply: {e}"))?;
+            // Count the request as served before its reply can reach the controller, so
+            // that a controller holding the reply never sees a count that lacks it.
             let outcome = match kind {
                 ReplyKind::Ok => Ok(reply[..n].to_vec()),
                 _ => Err((kind, String::from_utf8_lossy(&reply[..n]).into_owned())),
@@ -1143,6 +1137,14 @@ impl Engine {
             drop(history);
             seq += 1;
             self.shared.served.fetch_add(1, Ordering::Relaxed);
+            posted[usize::from(slot)] = Some(Instant::now());
+            self.qp
+                .post_send(SendWr::new(
+                    u64::from(slot),
+                    SendOp::WriteWithImm(remote, imm(slot, kind)),
+                    Payload::Sges(sges),
+                ))
+                .map_err(|e| format!("cannot post a reply: {e}"))?;
             if self.shared.waiters.load(Ordering::SeqCst) > 0 {
                 self.shared.changed.notify_all();
             }
