@@ -1,0 +1,1 @@
+//! The C ABI of ferroce: `include/ferroce.h`.
