@@ -219,24 +219,66 @@ impl Nic {
     /// [`NicError::Socket`] carries any other failure.
     pub fn open(config: &NicConfig) -> Result<Self, NicError> {
         let addr = config.addr;
+        let port =
+            udp::Port::open(addr, Self::port_options(config)).map_err(|source| {
+                match source.kind() {
+                    io::ErrorKind::AddrInUse => NicError::AddressInUse {
+                        addr,
+                        port: addr.port(),
+                    },
+                    io::ErrorKind::AddrNotAvailable => NicError::AddressNotAvailable(addr),
+                    _ => NicError::Socket { addr, source },
+                }
+            })?;
+        Self::start_soft(port, config)
+    }
+
+    /// Opens the soft NIC on a UDP socket the caller already bound, as Hololink's
+    /// `LinuxReceiverInterfaceV1::start(data_socket, …)` is handed the socket its data
+    /// channel configured. The NIC owns the socket from now on and closes it when the last
+    /// handle goes; its address is the socket's own, so `config.addr` is not used. The socket
+    /// may be blocking or not.
+    ///
+    /// # Errors
+    ///
+    /// [`NicError::Socket`] when the socket has no local address (it is not bound) or
+    /// refuses an option the NIC needs (don't-fragment, the zero UDP checksum).
+    pub fn from_udp_socket(socket: UdpSocket, config: &NicConfig) -> Result<Self, NicError> {
+        let addr = socket.local_addr().map_err(|source| NicError::Socket {
+            addr: config.addr,
+            source,
+        })?;
+        if addr.port() == 0 {
+            return Err(NicError::Socket {
+                addr,
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the socket is not bound: bind it to an address and port first",
+                ),
+            });
+        }
+        let port = udp::Port::adopt(socket, Self::port_options(config))
+            .map_err(|source| NicError::Socket { addr, source })?;
+        Self::start_soft(port, config)
+    }
+
+    /// How the NIC sets up its UDP port.
+    fn port_options(config: &NicConfig) -> udp::PortOptions {
         // A READ response or a window of WRITEs arrives as a burst of up to hundreds of
         // packets; the default 208 KiB receive buffer drops the tail of it whenever the
         // progress thread is not scheduled at once. Ask for 8 MiB (granted in full to root;
         // capped by net.core.rmem_max otherwise).
-        let options = udp::PortOptions {
+        udp::PortOptions {
             gso: config.gso,
             gro: config.gro,
             buffers: 8 << 20,
-        };
-        let port = udp::Port::open(addr, options).map_err(|source| match source.kind() {
-            io::ErrorKind::AddrInUse => NicError::AddressInUse {
-                addr,
-                port: addr.port(),
-            },
-            io::ErrorKind::AddrNotAvailable => NicError::AddressNotAvailable(addr),
-            _ => NicError::Socket { addr, source },
-        })?;
+        }
+    }
+
+    /// Starts the engine, its progress thread and the connection manager on `port`.
+    fn start_soft(port: udp::Port, config: &NicConfig) -> Result<Self, NicError> {
         let local = port.local();
+        let addr = local;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)

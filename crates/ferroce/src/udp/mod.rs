@@ -146,7 +146,12 @@ impl Port {
     /// What the operating system said when binding or setting up the endpoint's socket
     /// failed. A GSO socket that cannot be had only turns GSO off ([`Port::gso_status`]).
     pub(crate) fn open(addr: SocketAddr, options: PortOptions) -> io::Result<Self> {
-        let socket = UdpSocket::bind(addr)?;
+        Self::adopt(UdpSocket::bind(addr)?, options)
+    }
+
+    /// The same on a socket the caller bound (Hololink's `linux_receiver` binds its own and
+    /// hands it over); the port takes the options above onto it.
+    pub(crate) fn adopt(socket: UdpSocket, options: PortOptions) -> io::Result<Self> {
         let local = socket.local_addr()?;
         match local {
             SocketAddr::V4(_) => {
