@@ -59,7 +59,7 @@ pub use cq::Cq;
 pub use ferroce_proto as proto;
 pub use nic::{Faults, GsoStatus, Nic, NicCaps, NicConfig, NicError};
 pub use qp::{ConnectOptions, Qp, QpEndpoint};
-pub use region::{Region, RegionAccess, RegionError, RegionMemory};
+pub use region::{MappedMemory, Region, RegionAccess, RegionError, RegionMemory};
 pub use srq::Srq;
 pub use ud::AddressHandle;
 pub use verbs::{DeviceOptions, VerbsError};

@@ -4,9 +4,14 @@
 //! The region owns its bytes while registered; they are locked in RAM (`mlock`), so the
 //! process's `RLIMIT_MEMLOCK` is a real limit and a refusal comes back as
 //! [`RegionError::MemlockLimit`]. A dma-buf is mapped (the soft backend reaches device memory
-//! as the CPU does; only a verbs backend can DMA into it directly). Peers may write at any time, so the bytes are never handed
-//! out as `&[u8]`: [`Region::read`] and [`Region::write`] copy, under the same lock the engine
-//! takes. [`Region::deregister`] returns the bytes once nothing can touch them any more.
+//! as the CPU does; only a verbs backend can DMA into it directly). Peers may write at any
+//! time, so the bytes are never handed out as `&[u8]`: [`Region::read`] and [`Region::write`]
+//! copy, under the same lock the engine takes. [`Region::deregister`] returns the bytes once
+//! nothing can touch them any more.
+//!
+//! [`MappedMemory`] is the one kind whose address may leave Rust: a mapping that Rust code
+//! only ever copies in and out of, the way a NIC's DMA memory is used, so that C, Python or a
+//! GPU kernel can read a frame where it landed.
 
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -84,6 +89,108 @@ pub enum RegionMemory {
         /// Length.
         bytes: u64,
     },
+    /// Mapped memory whose address may be handed to code outside Rust (see [`MappedMemory`]):
+    /// the soft backend copies into it without a lock and needs no pinning; a verbs device
+    /// pins it as it pins any host memory. Keep a clone of the handle to reach the bytes.
+    Mapped(MappedMemory),
+}
+
+impl RegionMemory {
+    /// Its length in bytes.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        match self {
+            Self::Host(v) | Self::Pageable(v) => v.len() as u64,
+            Self::Dmabuf { bytes, .. } => *bytes,
+            Self::Mapped(m) => m.len() as u64,
+        }
+    }
+
+    /// Whether it has no bytes (which `Region::register` refuses).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Page-aligned, zero-filled memory for a region ([`RegionMemory::Mapped`]) whose address may
+/// be handed to code outside Rust: a C caller, a NumPy array, a DLPack consumer.
+///
+/// This is the "DMA memory" contract. Rust never holds a reference to these bytes; the NIC
+/// and every method here copy in and out through raw pointers, at any time, as a device's DMA
+/// would. A foreign reader may therefore see a page change under it, or half-written, while
+/// the NIC writes it: that is the reader's race to detect (the frame receiver's page epochs
+/// do), not memory unsafety in Rust. The mapping stays valid, at the same address, while any
+/// clone of this handle lives, even after the region is deregistered.
+#[derive(Clone, Debug)]
+pub struct MappedMemory(Arc<sys::Mapping>);
+
+impl MappedMemory {
+    /// Maps `len` fresh bytes (an anonymous private mapping, not locked in RAM).
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::Empty`] for no bytes; [`RegionError::Map`] when the kernel refuses the
+    /// mapping (address space or overcommit limits).
+    pub fn new(len: usize) -> Result<Self, RegionError> {
+        if len == 0 {
+            return Err(RegionError::Empty);
+        }
+        sys::Mapping::anonymous(len)
+            .map(|map| Self(Arc::new(map)))
+            .map_err(|source| RegionError::Map { bytes: len, source })
+    }
+
+    /// The address of the first byte, stable for the handle's life.
+    #[must_use]
+    pub fn addr(&self) -> u64 {
+        self.0.addr()
+    }
+
+    /// Its length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always false: the memory has at least one byte.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+
+    /// Copies `out.len()` bytes from offset `at`.
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::OutOfRange`] when the range runs past the end (nothing is copied).
+    pub fn read(&self, at: u64, out: &mut [u8]) -> Result<(), RegionError> {
+        let at = self.check(at, out.len())?;
+        self.0.read(at, out);
+        Ok(())
+    }
+
+    /// Copies `data` to offset `at`.
+    ///
+    /// # Errors
+    ///
+    /// As [`MappedMemory::read`].
+    pub fn write(&self, at: u64, data: &[u8]) -> Result<(), RegionError> {
+        let at = self.check(at, data.len())?;
+        self.0.write(at, data);
+        Ok(())
+    }
+
+    fn check(&self, at: u64, len: usize) -> Result<usize, RegionError> {
+        usize::try_from(at)
+            .ok()
+            .filter(|at| at.checked_add(len).is_some_and(|end| end <= self.len()))
+            .ok_or(RegionError::OutOfRange {
+                at,
+                len: len as u64,
+                size: self.len() as u64,
+            })
+    }
 }
 
 /// Why a region could not be registered, used or deregistered.
@@ -93,6 +200,17 @@ pub enum RegionError {
     /// The memory has no bytes (seed 004 refuses it).
     #[error("a region needs at least one byte")]
     Empty,
+    /// The kernel refused to map memory for [`MappedMemory::new`].
+    #[error(
+        "cannot map {bytes} bytes of memory: {source} (the address space or vm.overcommit limits)"
+    )]
+    Map {
+        /// The length asked for.
+        bytes: usize,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
     /// `mlock` refused: the process's locked-memory limit cannot hold the region.
     #[error(
         "cannot lock {bytes} bytes in memory: RLIMIT_MEMLOCK is {limit} ({reason}); raise it with \
@@ -210,7 +328,7 @@ impl Region {
         if nic.verbs().is_some() {
             return Self::register_verbs(nic, access, order, memory);
         }
-        let pinned = !matches!(memory, RegionMemory::Pageable(_));
+        let pinned = !matches!(memory, RegionMemory::Pageable(_) | RegionMemory::Mapped(_));
         let (storage, va, len, dmabuf) = match memory {
             RegionMemory::Host(bytes) | RegionMemory::Pageable(bytes) => {
                 let bytes = bytes.into_boxed_slice();
@@ -251,7 +369,16 @@ impl Region {
                     return Err(memlock_error(map.len(), reason));
                 }
                 let va = map.addr();
-                (Storage::Mapped(map), va, bytes, Some((fd, offset)))
+                (
+                    Storage::Mapped(Arc::new(map)),
+                    va,
+                    bytes,
+                    Some((fd, offset)),
+                )
+            }
+            RegionMemory::Mapped(memory) => {
+                let (va, len) = (memory.addr(), memory.len() as u64);
+                (Storage::Mapped(memory.0), va, len, None)
             }
         };
         let buf = Arc::new(HostBuf::new(storage, pinned));
@@ -298,6 +425,26 @@ impl Region {
                         return Err(memlock_error(len, e));
                     }
                     Err((source, _)) => {
+                        return Err(RegionError::Device {
+                            device: device.name.clone(),
+                            call: "ibv_reg_mr",
+                            bytes: len as u64,
+                            source,
+                        })
+                    }
+                }
+            }
+            RegionMemory::Mapped(memory) => {
+                let len = memory.len();
+                match device.pd.reg_mapped(memory.0, flags) {
+                    Ok(mr) => (mr, None),
+                    Err(e)
+                        if matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::EPERM))
+                            && sys::memlock_limit().is_some() =>
+                    {
+                        return Err(memlock_error(len, e));
+                    }
+                    Err(source) => {
                         return Err(RegionError::Device {
                             device: device.name.clone(),
                             call: "ibv_reg_mr",
@@ -376,6 +523,13 @@ impl Region {
         let dmabuf = self.dmabuf;
         if let Some(mr) = self.mr.take() {
             let pinned = self.pinned;
+            if mr.is_mapped() {
+                return Ok(mr
+                    .into_mapped()
+                    .map_or(RegionMemory::Host(Vec::new()), |map| {
+                        RegionMemory::Mapped(MappedMemory(map))
+                    }));
+            }
             return Ok(match (mr.into_host(), dmabuf) {
                 (Some(bytes), _) if pinned => RegionMemory::Host(bytes.into_vec()),
                 (Some(bytes), _) => RegionMemory::Pageable(bytes.into_vec()),
@@ -390,6 +544,7 @@ impl Region {
         Ok(match (self.release(), dmabuf) {
             (Some(Storage::Heap(bytes)), _) if self.pinned => RegionMemory::Host(bytes.into_vec()),
             (Some(Storage::Heap(bytes)), _) => RegionMemory::Pageable(bytes.into_vec()),
+            (Some(Storage::Mapped(map)), None) => RegionMemory::Mapped(MappedMemory(map)),
             (_, Some((fd, offset))) => RegionMemory::Dmabuf {
                 fd,
                 offset,

@@ -488,10 +488,14 @@ pub(crate) struct Mapping {
     len: usize,
 }
 
-// SAFETY: the mapping is plain shared memory owned by this value; every access goes through
-// `read`/`write`, which the owner serialises behind a lock.
+// SAFETY: the mapping is plain memory owned by this value, reached only through raw copies
+// (`read`/`write`), never through a Rust reference, so moving it between threads moves no
+// borrowed state.
 unsafe impl Send for Mapping {}
-// SAFETY: as above; `&Mapping` offers no access that is not serialised by its owner's lock.
+// SAFETY: `&Mapping` offers only raw copies in and out. Two threads copying at once may see
+// each other's bytes torn, which is the race any DMA buffer has with its device and what the
+// mapping is for (a dma-buf a device writes, a frame ring foreign code reads); no Rust
+// reference to the bytes exists for such a race to invalidate.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
@@ -530,6 +534,36 @@ impl Mapping {
             base,
             map_len,
             skew,
+            len,
+        })
+    }
+
+    /// Maps `len` bytes of fresh, zero-filled, private memory (anonymous), page-aligned.
+    pub(crate) fn anonymous(len: usize) -> io::Result<Self> {
+        if len == 0 {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        // SAFETY: a fresh anonymous mapping chosen by the kernel (no fixed address, no file),
+        // so no existing memory is affected; failure is MAP_FAILED, handled below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = std::ptr::NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))?;
+        Ok(Self {
+            base,
+            map_len: len,
+            skew: 0,
             len,
         })
     }

@@ -50,7 +50,7 @@ pub(crate) enum Storage {
     /// Host memory the region owns.
     Heap(Box<[u8]>),
     /// A shared mapping of a dma-buf (or any mappable descriptor).
-    Mapped(sys::Mapping),
+    Mapped(Arc<sys::Mapping>),
 }
 
 impl Storage {

@@ -210,11 +210,13 @@ impl Drop for HostBytes {
     }
 }
 
-/// A memory region: registered host bytes it owns, or a range of a dma-buf.
+/// A memory region: registered host bytes it owns, a mapping it shares, or a range of a
+/// dma-buf.
 pub(crate) struct Mr {
     pd: Arc<Pd>,
     mr: Option<NonNull<ibv_mr>>,
     host: Option<HostBytes>,
+    mapped: Option<Arc<crate::sys::Mapping>>,
 }
 
 // SAFETY: an MR handle is immutable once registered; see HostBytes for the bytes.
@@ -244,6 +246,7 @@ impl Pd {
                 pd: Arc::clone(self),
                 mr: Some(mr),
                 host: Some(host),
+                mapped: None,
             }),
             None => {
                 let e = errno();
@@ -278,6 +281,36 @@ impl Pd {
             pd: Arc::clone(self),
             mr: Some(NonNull::new(mr).ok_or_else(errno)?),
             host: None,
+            mapped: None,
+        })
+    }
+
+    /// Registers a mapping the MR shares with whoever else holds it (the region's
+    /// `MappedMemory`), which stays mapped at least as long as the MR.
+    ///
+    /// # Errors
+    ///
+    /// What `ibv_reg_mr` set errno to (ENOMEM: the locked-memory limit).
+    pub(crate) fn reg_mapped(
+        self: &Arc<Self>,
+        map: Arc<crate::sys::Mapping>,
+        access: c_int,
+    ) -> io::Result<Mr> {
+        // SAFETY: a live PD and `map.len()` mapped bytes at `map.addr()`, kept mapped by the
+        // Arc the MR holds until after it deregisters (see Drop).
+        let mr = unsafe {
+            (self.ctx.lib.reg_mr)(
+                self.pd.as_ptr(),
+                map.addr() as *mut c_void,
+                map.len(),
+                access,
+            )
+        };
+        Ok(Mr {
+            pd: Arc::clone(self),
+            mr: Some(NonNull::new(mr).ok_or_else(errno)?),
+            host: None,
+            mapped: Some(map),
         })
     }
 
@@ -339,6 +372,9 @@ impl Mr {
 
     /// Copies `out.len()` bytes from `at` of the host bytes; the caller checked the range.
     pub(crate) fn read(&self, at: usize, out: &mut [u8]) {
+        if let Some(map) = &self.mapped {
+            map.read(at, out);
+        }
         if let Some(h) = &self.host {
             if at.checked_add(out.len()).is_some_and(|end| end <= h.len) {
                 // SAFETY: the range is inside the owned allocation; `out` is a distinct
@@ -352,6 +388,9 @@ impl Mr {
 
     /// Copies `data` to `at` of the host bytes; the caller checked the range.
     pub(crate) fn write(&self, at: usize, data: &[u8]) {
+        if let Some(map) = &self.mapped {
+            map.write(at, data);
+        }
         if let Some(h) = &self.host {
             if at.checked_add(data.len()).is_some_and(|end| end <= h.len) {
                 // SAFETY: as for `read`.
@@ -373,6 +412,17 @@ impl Mr {
     pub(crate) fn into_host(mut self) -> Option<Box<[u8]>> {
         self.deregister();
         self.host.take().map(HostBytes::into_box)
+    }
+
+    /// Whether the MR shares a mapping (rather than owning bytes or naming a dma-buf).
+    pub(crate) fn is_mapped(&self) -> bool {
+        self.mapped.is_some()
+    }
+
+    /// Deregisters, then gives the shared mapping back.
+    pub(crate) fn into_mapped(mut self) -> Option<Arc<crate::sys::Mapping>> {
+        self.deregister();
+        self.mapped.take()
     }
 }
 
