@@ -26,6 +26,12 @@ pub trait DeviceMemory: Send + Sync + fmt::Debug {
     /// Where it lives, for messages: "CUDA device 0", say.
     fn describe(&self) -> String;
 
+    /// The CUDA device it is on, when it is CUDA memory: what a frame view tells DLPack and
+    /// `__cuda_array_interface__` consumers. `None` (the default) for anything else.
+    fn cuda_ordinal(&self) -> Option<u32> {
+        None
+    }
+
     /// Copies `src` to `offset`.
     ///
     /// # Errors

@@ -602,3 +602,83 @@ fn frames_land_in_device_memory_and_a_failed_copy_is_fatal_until_restarted() {
     assert!(read(&rx, &frame) == data);
     stop(&rx, monitor);
 }
+
+/// Frames viewed where they landed: the view's bytes are the ring's (no copy), the view
+/// outlives the receiver's close, and once the ring wraps to its page the view says so and
+/// its checked copy refuses. The NIC is built on a socket bound here, as Hololink's
+/// `linux_receiver` hands one over.
+#[test]
+fn frame_views_are_zero_copy_and_tell_when_overtaken() {
+    use ferroce::frames::{FrameReadError, ViewMemory};
+
+    let socket = UdpSocket::bind(SocketAddr::new(ip(118), 4791)).unwrap();
+    let nic = Nic::from_udp_socket(socket, &NicConfig::default()).unwrap();
+    assert_eq!(nic.addr(), SocketAddr::new(ip(118), 4791));
+
+    let config = ReceiverConfig::for_frames(5000, 2, ip(119));
+    assert!(matches!(config.memory, RegionMemory::Mapped(_)));
+    let (rx, monitor) = receiver(&nic, config);
+    let mut tx = sender(119, target(&rx, 1024));
+    tx.send_frame(&frame_bytes(0, 5000), None).unwrap();
+    let first = rx.next_frame(WAIT).unwrap().expect("a frame");
+    let view = rx.frame_view(&first).unwrap();
+    assert_eq!(view.memory(), ViewMemory::Host);
+    assert_eq!(view.len(), 5000);
+    assert_eq!(view.addr(), rx.external_frame_memory().unwrap());
+    assert!(view.is_current());
+    let mut copy = vec![0; view.len()];
+    view.copy_into(&mut copy).unwrap();
+    assert!(copy == frame_bytes(0, 5000));
+    assert!(matches!(
+        view.copy_into(&mut vec![0; rx.page_size() + 1]),
+        Err(FrameReadError::OutOfPage { .. })
+    ));
+
+    // The next frame lands in page 1, the one after in page 0 again: the first view is then
+    // stale, and says so.
+    tx.send_frame(&frame_bytes(1, 5000), None).unwrap();
+    let second = rx.next_frame(WAIT).unwrap().expect("a frame");
+    let second_view = rx.frame_view(&second).unwrap();
+    assert_eq!(second_view.addr(), view.addr() + rx.page_size() as u64);
+    assert!(
+        view.is_current(),
+        "page 0 is untouched by a frame in page 1"
+    );
+    tx.send_frame(&frame_bytes(2, 5000), None).unwrap();
+    let third = rx.next_frame(WAIT).unwrap().expect("a frame");
+    assert_eq!(third.page, 0);
+    assert!(!view.is_current());
+    assert_eq!(
+        view.copy_into(&mut copy),
+        Err(FrameReadError::Overwritten { page: 0 })
+    );
+    assert!(matches!(
+        rx.frame_view(&first),
+        Err(FrameReadError::Overwritten { page: 0 })
+    ));
+
+    // The view keeps the ring mapped after the receiver closes and is dropped.
+    let third_view = rx.frame_view(&third).unwrap();
+    stop(&rx, monitor);
+    drop(rx);
+    third_view.copy_into(&mut copy).unwrap();
+    assert!(copy == frame_bytes(2, 5000));
+
+    // A ring the region owns is never handed out.
+    let mut config = ReceiverConfig::for_frames(5000, 2, ip(119));
+    config.memory = RegionMemory::Pageable(vec![0; 2 * config.page_size]);
+    let (rx, monitor) = receiver(&nic, config);
+    tx = sender(119, target(&rx, 1024));
+    tx.send_frame(&frame_bytes(3, 5000), None).unwrap();
+    let frame = rx.next_frame(WAIT).unwrap().expect("a frame");
+    assert!(matches!(
+        rx.frame_view(&frame),
+        Err(FrameReadError::NoView(_))
+    ));
+    assert!(read(&rx, &frame) == frame_bytes(3, 5000));
+    stop(&rx, monitor);
+
+    // The address of an adopted socket's NIC is taken like any other.
+    let taken = UdpSocket::bind(SocketAddr::new(ip(118), 4791));
+    assert!(taken.is_err(), "the NIC holds its socket");
+}

@@ -21,7 +21,7 @@ mod sender;
 
 pub use metadata::{round_up, ImmediateLayout, Metadata, FLAG_EARLY_END, METADATA_SIZE};
 pub use receiver::{
-    FrameCounters, FrameInfo, FrameReadError, MonitorError, NotStarted, Receiver, ReceiverConfig,
-    StartError, BRIDGE_DATA_PORT, MAX_PAGES,
+    FrameCounters, FrameInfo, FrameReadError, FrameView, MonitorError, NotStarted, Receiver,
+    ReceiverConfig, StartError, ViewMemory, BRIDGE_DATA_PORT, MAX_PAGES,
 };
 pub use sender::{FrameSent, Pattern, SendError, Sender, Taken, Target};

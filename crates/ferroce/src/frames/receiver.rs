@@ -22,7 +22,7 @@ use ferroce_proto::{InboundWrite, Psn, WriteFilter};
 use super::metadata::{round_up, ExtendedCounter, ImmediateLayout, Metadata, METADATA_SIZE};
 use crate::device::DeviceMemory;
 use crate::qp::{ConnectOptions, Mtu, QpEndpoint};
-use crate::{Cq, Nic, Qp, Region, RegionAccess, RegionError, RegionMemory};
+use crate::{Cq, MappedMemory, Nic, Qp, Region, RegionAccess, RegionError, RegionMemory};
 
 /// The UDP source port a sensor bridge sends its data from (`DP_PACKET_UDP_PORT`).
 pub const BRIDGE_DATA_PORT: u16 = 12288;
@@ -41,8 +41,9 @@ const HEALTH_INTERVAL: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub struct ReceiverConfig {
     /// The memory frames land in (seed: `cu_buffer` and `cu_buffer_size`). Its length must
-    /// hold `pages × page_size` bytes. [`RegionMemory::Pageable`] needs no locked-memory
-    /// allowance.
+    /// hold `pages × page_size` bytes. [`RegionMemory::Mapped`] (what
+    /// [`ReceiverConfig::for_frames`] gives) needs no locked-memory allowance on the soft NIC
+    /// and lets [`Receiver::frame_view`] hand frames out without a copy.
     pub memory: RegionMemory,
     /// Bytes of frame data the device sends per frame (`cu_frame_size`).
     pub frame_size: usize,
@@ -74,13 +75,20 @@ pub struct ReceiverConfig {
 impl ReceiverConfig {
     /// A configuration in the bridge's own layout for `pages` frames of `frame_size` bytes:
     /// metadata at the frame's end rounded up to 128 bytes, and pages just large enough
-    /// (what the bridge's host code computes). The memory is pageable host memory.
+    /// (what the bridge's host code computes). The memory is [`MappedMemory`], so frames can
+    /// be viewed where they land; should the kernel refuse the mapping, it is pageable host
+    /// memory, which works the same but offers no views.
     #[must_use]
     pub fn for_frames(frame_size: usize, pages: u32, peer_ip: IpAddr) -> Self {
         let metadata_offset = round_up(frame_size);
         let page_size = metadata_offset + METADATA_SIZE;
+        let ring = page_size * pages as usize;
+        let memory = MappedMemory::new(ring).map_or_else(
+            |_| RegionMemory::Pageable(vec![0; ring]),
+            RegionMemory::Mapped,
+        );
         Self {
-            memory: RegionMemory::Pageable(vec![0; page_size * pages as usize]),
+            memory,
             frame_size,
             page_size,
             pages,
@@ -424,6 +432,8 @@ struct Run {
     queue_size: usize,
     /// Where whole frames are copied, when not left in the region.
     device: Option<Arc<dyn DeviceMemory>>,
+    /// The region's memory, when it may be viewed in place.
+    mapped: Option<MappedMemory>,
     book: Arc<Mutex<TallyBook>>,
     closed: AtomicBool,
     /// Held by the thread in `blocking_monitor`.
@@ -528,10 +538,7 @@ fn validate(nic: &Nic, c: &ReceiverConfig) -> Result<(), StartError> {
             ),
         ));
     }
-    let memory = match &c.memory {
-        RegionMemory::Host(v) | RegionMemory::Pageable(v) => v.len() as u64,
-        RegionMemory::Dmabuf { bytes, .. } => *bytes,
-    };
+    let memory = c.memory.len();
     let ring = (c.page_size as u64).saturating_mul(c.pages.into());
     if memory < ring {
         return Err(invalid(
@@ -649,6 +656,10 @@ impl Receiver {
             immediate,
             device_memory,
         } = config;
+        let mapped = match &memory {
+            RegionMemory::Mapped(m) => Some(m.clone()),
+            _ => None,
+        };
         let region =
             Region::register(nic, RegionAccess::RemoteWrite, WriteOrder::AnyOrder, memory)?;
         // Room for two whole frames in the socket, so a monitor descheduled for a frame time
@@ -723,6 +734,7 @@ impl Receiver {
             layout: immediate,
             queue_size,
             device: device_memory,
+            mapped,
             book,
             closed: AtomicBool::new(false),
             monitor: Mutex::new(()),
@@ -1081,6 +1093,54 @@ impl Receiver {
         Ok(())
     }
 
+    /// A view of a frame where it landed, without a copy: in the ring when it is
+    /// [`RegionMemory::Mapped`], or in the device memory the receiver delivers to. The view
+    /// keeps that memory alive (even after [`Receiver::close`], another `start` or the
+    /// receiver's drop), so its address stays valid as long as the view. What it does not
+    /// hold still is the page: once the ring wraps to it the device writes it again, and
+    /// [`FrameView::is_current`] turns false; [`FrameView::copy_into`] is the checked copy.
+    ///
+    /// # Errors
+    ///
+    /// [`FrameReadError::NotStarted`] before `start`; [`FrameReadError::OutOfPage`] for a page
+    /// the ring does not have; [`FrameReadError::Overwritten`] when the page is being written
+    /// again already; [`FrameReadError::NoView`] when the ring is memory Rust owns
+    /// ([`RegionMemory::Host`] or [`RegionMemory::Pageable`]), which is never handed out.
+    pub fn frame_view(&self, frame: &FrameInfo) -> Result<FrameView, FrameReadError> {
+        let run = self.run().map_err(|_| FrameReadError::NotStarted)?;
+        if frame.page >= run.pages {
+            return Err(FrameReadError::OutOfPage {
+                page: frame.page,
+                len: 0,
+                page_size: run.page_size,
+            });
+        }
+        let memory = match (&run.device, &run.mapped) {
+            (Some(device), _) => ViewSource::Device(Arc::clone(device)),
+            (None, Some(mapped)) => ViewSource::Host(mapped.clone()),
+            (None, None) => {
+                return Err(FrameReadError::NoView(
+                    "the ring is memory the region owns; start the receiver on \
+                     RegionMemory::Mapped (ReceiverConfig::for_frames does) to view frames"
+                        .into(),
+                ))
+            }
+        };
+        let view = FrameView {
+            memory,
+            book: Arc::clone(&run.book),
+            page: frame.page,
+            epoch: frame.page_epoch,
+            offset: u64::from(frame.page) * run.page_size as u64,
+            len: (frame.metadata.bytes_written as usize).min(run.frame_size),
+            page_size: run.page_size,
+        };
+        if !view.is_current() {
+            return Err(FrameReadError::Overwritten { page: frame.page });
+        }
+        Ok(view)
+    }
+
     /// A snapshot of the receiver's counters (kept across `start`s).
     #[must_use]
     pub fn counters(&self) -> FrameCounters {
@@ -1117,6 +1177,133 @@ pub enum FrameReadError {
     /// The device memory refused the copy back.
     #[error("{0}")]
     Device(String),
+    /// The frame cannot be viewed in place; the text says why and what would do.
+    #[error("{0}")]
+    NoView(String),
+}
+
+/// Where a [`FrameView`] points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ViewMemory {
+    /// Host memory: [`FrameView::addr`] is a pointer in this process.
+    Host,
+    /// CUDA device memory: [`FrameView::addr`] is a `CUdeviceptr` on device `ordinal`.
+    Cuda {
+        /// The device's ordinal.
+        ordinal: u32,
+    },
+    /// Memory of another device ([`DeviceMemory::describe`] names it).
+    Device,
+}
+
+#[derive(Clone, Debug)]
+enum ViewSource {
+    Host(MappedMemory),
+    Device(Arc<dyn DeviceMemory>),
+}
+
+/// A frame where it landed ([`Receiver::frame_view`]): an address and a length to hand to
+/// NumPy, CuPy, DLPack or C without copying, plus the check that tells whether the device
+/// has since begun writing the page again.
+///
+/// The address stays valid while the view (or a clone) lives. The bytes at it belong to the
+/// device once the ring wraps: a reader that keeps a view past that reads the next frame, or
+/// a mix of two. [`FrameView::is_current`] after reading says whether what was read was the
+/// frame's; [`FrameView::copy_into`] does that check for a copy. On a verbs device the NIC
+/// writes the ring itself and the receiver sees no packets, so the page epoch cannot change
+/// and only the frame's own check (its CRC) can tell.
+#[derive(Clone, Debug)]
+pub struct FrameView {
+    memory: ViewSource,
+    book: Arc<Mutex<TallyBook>>,
+    page: u32,
+    epoch: u64,
+    offset: u64,
+    len: usize,
+    page_size: usize,
+}
+
+impl FrameView {
+    /// The address of the frame's first byte: host memory or a device pointer, as
+    /// [`FrameView::memory`] says.
+    #[must_use]
+    pub fn addr(&self) -> u64 {
+        match &self.memory {
+            ViewSource::Host(m) => m.addr() + self.offset,
+            ViewSource::Device(d) => d.address() + self.offset,
+        }
+    }
+
+    /// The frame's data bytes: the metadata's `bytes_written`, at most the frame size.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the frame has no data bytes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The frame's page.
+    #[must_use]
+    pub fn page(&self) -> u32 {
+        self.page
+    }
+
+    /// Where the bytes are.
+    #[must_use]
+    pub fn memory(&self) -> ViewMemory {
+        match &self.memory {
+            ViewSource::Host(_) => ViewMemory::Host,
+            ViewSource::Device(d) => d
+                .cuda_ordinal()
+                .map_or(ViewMemory::Device, |ordinal| ViewMemory::Cuda { ordinal }),
+        }
+    }
+
+    /// Whether the device has stayed off the page since the frame ended: true means the bytes
+    /// at [`FrameView::addr`] are still the frame's.
+    #[must_use]
+    pub fn is_current(&self) -> bool {
+        lock(&self.book).epochs.get(self.page as usize).copied() == Some(self.epoch)
+    }
+
+    /// Copies `out.len()` bytes from the start of the frame's page (at most the page size),
+    /// checking before and after that the device stayed off the page.
+    ///
+    /// # Errors
+    ///
+    /// [`FrameReadError::Overwritten`] when the page was rewritten before or during the copy
+    /// (`out` may then hold a mix of frames); [`FrameReadError::OutOfPage`] when `out` runs
+    /// past the page; [`FrameReadError::Device`] when device memory refused the copy.
+    pub fn copy_into(&self, out: &mut [u8]) -> Result<(), FrameReadError> {
+        if out.len() > self.page_size {
+            return Err(FrameReadError::OutOfPage {
+                page: self.page,
+                len: out.len(),
+                page_size: self.page_size,
+            });
+        }
+        let overwritten = FrameReadError::Overwritten { page: self.page };
+        if !self.is_current() {
+            return Err(overwritten);
+        }
+        match &self.memory {
+            ViewSource::Host(m) => m
+                .read(self.offset, out)
+                .map_err(|e| FrameReadError::Region(e.to_string()))?,
+            ViewSource::Device(d) => d
+                .read(self.offset, out)
+                .map_err(|e| FrameReadError::Device(e.to_string()))?,
+        }
+        if !self.is_current() {
+            return Err(overwritten);
+        }
+        Ok(())
+    }
 }
 
 /// Bytes moved from the staging ring to device memory per step.
