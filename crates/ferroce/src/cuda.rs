@@ -76,13 +76,18 @@ fn context(ordinal: u32) -> Result<Arc<CudaContext>, DeviceError> {
     )
 }
 
-/// An allocation on one CUDA device (the seed calls' `cu_buffer`, `MemKind` CUDA, `gpu_id`).
+/// An allocation on one CUDA device (the seed calls' `cu_buffer`, `MemKind` CUDA, `gpu_id`),
+/// owned ([`CudaMemory::alloc`], [`CudaMemory::from_slice`]) or borrowed from the caller
+/// ([`CudaMemory::from_raw`]).
 pub struct CudaMemory {
     ordinal: u32,
     size: u64,
     address: u64,
     stream: Arc<CudaStream>,
-    slice: Mutex<CudaSlice<u8>>,
+    /// `None` only while dropping a borrowed allocation.
+    slice: Mutex<Option<CudaSlice<u8>>>,
+    /// Whether the allocation is the caller's, to be left alone on drop.
+    borrowed: bool,
 }
 
 impl std::fmt::Debug for CudaMemory {
@@ -128,7 +133,49 @@ impl CudaMemory {
                 reason,
             },
         )?;
-        Self::with_slice(ordinal, stream, slice)
+        Self::with_slice(ordinal, stream, slice, false)
+    }
+
+    /// Borrows `size` bytes at `ptr`, a `CUdeviceptr` the caller allocated on device `ordinal`
+    /// in its primary context (what CuPy, PyTorch and `cuMemAlloc` after
+    /// `cuDevicePrimaryCtxRetain` give): seed 000's `start(cu_buffer, cu_buffer_size, …)`.
+    /// Copies go through a stream of ferroce's own; dropping the value frees nothing.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + size` must be device memory of that context, allocated for at least as
+    /// long as this value (and any clone of an `Arc` holding it) lives, and not freed or
+    /// reused meanwhile. ferroce writes it whenever a frame or a cache transfer lands, so
+    /// the caller must not rely on its contents between those writes either.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Unavailable`] without a driver or that device;
+    /// [`DeviceError::Allocation`] for a null pointer or no bytes.
+    #[allow(unsafe_code)]
+    pub unsafe fn from_raw(ordinal: u32, ptr: u64, size: usize) -> Result<Self, DeviceError> {
+        let device = format!("CUDA device {ordinal}");
+        if ptr == 0 || size == 0 {
+            return Err(DeviceError::Allocation {
+                device,
+                size,
+                reason: "borrowed memory needs a non-null pointer and at least one byte".into(),
+            });
+        }
+        let ctx = context(ordinal)?;
+        let stream = fenced(
+            || ctx.new_stream(),
+            |reason| DeviceError::Failed {
+                device: device.clone(),
+                operation: "creating a stream",
+                reason,
+            },
+        )?;
+        // SAFETY: the caller promises `ptr..ptr + size` is live memory of this device's
+        // primary context for as long as this value; `borrowed` makes drop leak the slice
+        // rather than free the caller's memory.
+        let slice = unsafe { stream.upgrade_device_ptr::<u8>(ptr, size) };
+        Self::with_slice(ordinal, stream, slice, true)
     }
 
     /// Takes over memory the application allocated with cudarc, with the stream that
@@ -139,13 +186,14 @@ impl CudaMemory {
     /// [`DeviceError::Failed`] when its address cannot be read.
     pub fn from_slice(stream: Arc<CudaStream>, slice: CudaSlice<u8>) -> Result<Self, DeviceError> {
         let ordinal = stream.context().ordinal() as u32;
-        Self::with_slice(ordinal, stream, slice)
+        Self::with_slice(ordinal, stream, slice, false)
     }
 
     fn with_slice(
         ordinal: u32,
         stream: Arc<CudaStream>,
         slice: CudaSlice<u8>,
+        borrowed: bool,
     ) -> Result<Self, DeviceError> {
         let address = fenced(
             || {
@@ -163,7 +211,8 @@ impl CudaMemory {
             size: slice.len() as u64,
             address,
             stream,
-            slice: Mutex::new(slice),
+            slice: Mutex::new(Some(slice)),
+            borrowed,
         })
     }
 
@@ -178,6 +227,12 @@ impl CudaMemory {
     #[must_use]
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Whether the memory is the caller's ([`CudaMemory::from_raw`]).
+    #[must_use]
+    pub fn is_borrowed(&self) -> bool {
+        self.borrowed
     }
 
     fn failed(&self, operation: &'static str) -> impl FnOnce(String) -> DeviceError {
@@ -203,12 +258,21 @@ impl DeviceMemory for CudaMemory {
         format!("CUDA device {}", self.ordinal)
     }
 
+    fn cuda_ordinal(&self) -> Option<u32> {
+        Some(self.ordinal)
+    }
+
     fn write(&self, offset: u64, src: &[u8]) -> Result<(), DeviceError> {
         check_range(self.size, offset, src.len())?;
         if src.is_empty() {
             return Ok(());
         }
         let mut slice = self.slice.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slice) = slice.as_mut() else {
+            return Err(self.failed("copy to the device")(
+                "the memory is being dropped".into(),
+            ));
+        };
         let start = offset as usize;
         fenced(
             || {
@@ -226,6 +290,11 @@ impl DeviceMemory for CudaMemory {
             return Ok(());
         }
         let slice = self.slice.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slice) = slice.as_ref() else {
+            return Err(self.failed("copy from the device")(
+                "the memory is being dropped".into(),
+            ));
+        };
         let start = offset as usize;
         let len = dst.len();
         fenced(
@@ -236,6 +305,21 @@ impl DeviceMemory for CudaMemory {
             },
             self.failed("copy from the device"),
         )
+    }
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        if self.borrowed {
+            let slice = self
+                .slice
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            // The caller's allocation: let cudarc forget it rather than free it. A driver
+            // that is gone by now is no reason to panic in drop.
+            let _ = catch_unwind(AssertUnwindSafe(|| slice.map(CudaSlice::leak)));
+        }
     }
 }
 
@@ -280,6 +364,49 @@ mod tests {
             }
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// Borrowed memory is read and written like owned memory, and dropping it leaves the
+    /// owner's allocation usable. Without a GPU, the refusal says why.
+    #[test]
+    #[allow(unsafe_code)]
+    fn borrowed_memory_is_used_and_left_alone() {
+        // SAFETY: a null pointer is refused before the driver is asked anything.
+        let null = unsafe { CudaMemory::from_raw(0, 0, 64) };
+        assert!(
+            matches!(null, Err(DeviceError::Allocation { .. })),
+            "{null:?}"
+        );
+        let owner = match CudaMemory::alloc(0, 1 << 16) {
+            Ok(owner) => owner,
+            Err(DeviceError::Unavailable(why)) => {
+                assert!(
+                    std::env::var_os("FERROCE_REQUIRE_GPU").is_none(),
+                    "a GPU was required: {why}"
+                );
+                eprintln!("skipping the borrowed-memory round trip: {why}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13) as u8).collect();
+        {
+            // SAFETY: `owner` holds the allocation and outlives `borrowed`.
+            let borrowed =
+                unsafe { CudaMemory::from_raw(0, owner.address() + 4096, 8192) }.unwrap();
+            assert!(borrowed.is_borrowed());
+            borrowed.write(100, &data).unwrap();
+            assert!(matches!(
+                borrowed.write(8000, &data),
+                Err(DeviceError::OutOfRange { .. })
+            ));
+        }
+        let mut back = vec![0; data.len()];
+        owner.read(4096 + 100, &mut back).unwrap();
+        assert_eq!(
+            back, data,
+            "the owner sees the borrowed writes, and is still allocated"
+        );
     }
 
     #[test]
