@@ -1,9 +1,63 @@
-//! Python bindings for ferroce: the `ferroce._ferroce` extension module.
+//! Python bindings for ferroce: the `ferroce._ferroce` extension module, which the `ferroce`
+//! package (`python/ferroce/`) re-exports by face: `ferroce` (NIC and verbs objects),
+//! `ferroce.frames`, `ferroce.cache` and `ferroce.session`.
+//!
+//! Three rules hold throughout:
+//! - every wait gives up the GIL, in slices of at most 100 ms with a signal check between
+//!   them, so other Python threads run and Ctrl-C ends the wait ([`wait`]);
+//! - Python code called from ferroce's threads (a frame-ready callback, a coprocessor
+//!   function) attaches with `Python::try_attach` and is never called with a ferroce lock
+//!   that a Python thread could be waiting for; its exceptions go to
+//!   `sys.unraisablehook` or become the Rust error the face defines;
+//! - every Rust error becomes an exception of the `FerroceError` family carrying its message
+//!   ([`errors`]); bad input never panics.
+//!
+//! The module is marked `gil_used = true`: it has not been audited for free-threaded Python.
+
+#![deny(unsafe_code)]
+
+mod errors;
+mod frames;
+mod memory;
+mod nic;
+mod util;
+mod verbs;
+mod wait;
 
 use pyo3::prelude::*;
 
 /// The extension module.
 #[pymodule(gil_used = true)]
-fn _ferroce(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _ferroce(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<nic::Nic>()?;
+    m.add_class::<nic::Faults>()?;
+    m.add_class::<verbs::RegionAccess>()?;
+    m.add_class::<verbs::WriteOrder>()?;
+    m.add_class::<verbs::QpType>()?;
+    m.add_class::<verbs::Region>()?;
+    m.add_class::<verbs::Sge>()?;
+    m.add_class::<verbs::RemoteAddr>()?;
+    m.add_class::<verbs::Completion>()?;
+    m.add_class::<verbs::Cq>()?;
+    m.add_class::<verbs::QpEndpoint>()?;
+    m.add_class::<verbs::SendOp>()?;
+    m.add_class::<verbs::SendWr>()?;
+    m.add_class::<verbs::RecvWr>()?;
+    m.add_class::<verbs::Qp>()?;
+    m.add_class::<frames::Metadata>()?;
+    m.add_class::<frames::FrameInfo>()?;
+    m.add_class::<frames::FrameCounters>()?;
+    m.add_class::<frames::ReceiverConfig>()?;
+    m.add_class::<frames::Frame>()?;
+    m.add_class::<frames::Receiver>()?;
+    m.add_class::<frames::Target>()?;
+    m.add_class::<frames::FrameSent>()?;
+    m.add_class::<frames::Pattern>()?;
+    m.add_class::<frames::Sender>()?;
+    m.add_class::<frames::RoceChannel>()?;
+    m.add_class::<frames::DataChannel>()?;
+    m.add_class::<frames::DeviceRegisters>()?;
     Ok(())
 }

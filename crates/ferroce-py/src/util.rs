@@ -1,0 +1,49 @@
+//! Small conversions shared by the classes: addresses and durations.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::errors::Error;
+
+/// An IP address from its text (`"127.0.1.1"`, `"::1"`).
+pub(crate) fn ip(text: &str) -> Result<IpAddr, Error> {
+    text.trim()
+        .parse()
+        .map_err(|_| Error::invalid(format!("{text:?} is not an IPv4 or IPv6 address")))
+}
+
+/// A socket address from `"ip"` (taking `default_port`), `"ip:port"` or `"[v6]:port"`.
+pub(crate) fn socket_addr(text: &str, default_port: u16) -> Result<SocketAddr, Error> {
+    let text = text.trim();
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    match text.parse::<IpAddr>() {
+        Ok(ip) => Ok(SocketAddr::new(ip, default_port)),
+        Err(_) => Err(Error::invalid(format!(
+            "{text:?} is not an address: write \"ip\" or \"ip:port\" (\"[v6]:port\" for IPv6)"
+        ))),
+    }
+}
+
+/// `(host, port)`, as Python's socket module writes addresses.
+pub(crate) fn addr_tuple(addr: SocketAddr) -> (String, u16) {
+    (addr.ip().to_string(), addr.port())
+}
+
+/// Seconds from Python as a duration: finite and not negative.
+pub(crate) fn seconds(what: &str, s: f64) -> Result<Duration, Error> {
+    if s.is_finite() && s >= 0.0 {
+        Ok(Duration::from_secs_f64(s.min(1e9)))
+    } else {
+        Err(Error::invalid(format!(
+            "{what} {s} is not a number of seconds from 0 up"
+        )))
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}

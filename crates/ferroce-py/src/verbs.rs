@@ -1,0 +1,896 @@
+//! The verbs objects: `Region`, `Cq`, `Qp` and the work requests and completions between
+//! them, one to one with `ferroce::{Region, Cq, Qp}`.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use ferroce::proto::memory::WriteOrder as RustWriteOrder;
+use ferroce::proto::wire::Qpn;
+use ferroce::proto::Psn;
+use ferroce::qp::{self as rqp, Mtu};
+use ferroce::{ConnectOptions, RegionMemory};
+
+use crate::errors::Error;
+use crate::memory;
+use crate::nic::Nic;
+use crate::util;
+use crate::wait;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What peers may do to a region, and through a queue pair (seed 004's `access`).
+#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RegionAccess {
+    Local,
+    RemoteWrite,
+    RemoteRead,
+    RemoteAtomic,
+    Remote,
+}
+
+impl From<RegionAccess> for ferroce::RegionAccess {
+    fn from(a: RegionAccess) -> Self {
+        match a {
+            RegionAccess::Local => Self::Local,
+            RegionAccess::RemoteWrite => Self::RemoteWrite,
+            RegionAccess::RemoteRead => Self::RemoteRead,
+            RegionAccess::RemoteAtomic => Self::RemoteAtomic,
+            RegionAccess::Remote => Self::Remote,
+        }
+    }
+}
+
+/// The order in which the NIC's writes land in a region (seed 004's `order`).
+#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteOrder {
+    InOrder,
+    AnyOrder,
+}
+
+impl From<WriteOrder> for RustWriteOrder {
+    fn from(o: WriteOrder) -> Self {
+        match o {
+            WriteOrder::InOrder => Self::InOrder,
+            WriteOrder::AnyOrder => Self::AnyOrder,
+        }
+    }
+}
+
+/// A queue pair's transport service.
+#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QpType {
+    Rc,
+    Uc,
+    Ud,
+}
+
+/// One entry of a gather or scatter list: `len` bytes at `addr` of the region with `lkey`.
+#[pyclass(module = "ferroce", frozen, from_py_object)]
+#[derive(Clone, Copy)]
+pub(crate) struct Sge {
+    pub(crate) inner: rqp::Sge,
+}
+
+#[pymethods]
+impl Sge {
+    #[new]
+    fn new(addr: u64, len: u32, lkey: u32) -> Self {
+        Self {
+            inner: rqp::Sge { addr, len, lkey },
+        }
+    }
+
+    #[getter]
+    fn addr(&self) -> u64 {
+        self.inner.addr
+    }
+
+    #[getter]
+    fn len(&self) -> u32 {
+        self.inner.len
+    }
+
+    #[getter]
+    fn lkey(&self) -> u32 {
+        self.inner.lkey
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Sge(addr={:#x}, len={}, lkey={:#x})",
+            self.inner.addr, self.inner.len, self.inner.lkey
+        )
+    }
+}
+
+/// A peer's buffer: an address in its region and the key that grants it.
+#[pyclass(module = "ferroce", frozen, from_py_object)]
+#[derive(Clone, Copy)]
+pub(crate) struct RemoteAddr {
+    pub(crate) inner: rqp::RemoteAddr,
+}
+
+#[pymethods]
+impl RemoteAddr {
+    #[new]
+    fn new(va: u64, rkey: u32) -> Self {
+        Self {
+            inner: rqp::RemoteAddr { va, rkey },
+        }
+    }
+
+    #[getter]
+    fn va(&self) -> u64 {
+        self.inner.va
+    }
+
+    #[getter]
+    fn rkey(&self) -> u32 {
+        self.inner.rkey
+    }
+
+    /// The address `n` bytes further on.
+    fn offset(&self, n: u64) -> Self {
+        Self {
+            inner: rqp::RemoteAddr {
+                va: self.inner.va.wrapping_add(n),
+                rkey: self.inner.rkey,
+            },
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RemoteAddr(va={:#x}, rkey={:#x})",
+            self.inner.va, self.inner.rkey
+        )
+    }
+}
+
+/// Registered memory (seed 004's `Region`).
+///
+/// The Rust region owns its bytes, so `Region(nic, obj)` cannot register the caller's own
+/// pages: given a size it registers that many fresh zeroed bytes; given a bytes-like object,
+/// an array (`__array_interface__`, DLPack, in host memory) or `(address, length)`, it
+/// registers a region of that size holding a *copy* of those bytes. What peers write later
+/// lands in the region, not in the object: read it back with `read()`. Only
+/// `Region.from_dmabuf` registers memory the caller keeps (a dma-buf or memfd, mapped
+/// shared).
+#[pyclass(module = "ferroce", frozen)]
+pub(crate) struct Region {
+    inner: Mutex<Option<Arc<ferroce::Region>>>,
+}
+
+impl Region {
+    pub(crate) fn get(&self) -> Result<Arc<ferroce::Region>, Error> {
+        lock(&self.inner)
+            .clone()
+            .ok_or_else(|| Error::closed("the region was deregistered"))
+    }
+
+    fn register(
+        py: Python<'_>,
+        nic: &Nic,
+        access: RegionAccess,
+        order: WriteOrder,
+        memory: RegionMemory,
+    ) -> Result<Self, Error> {
+        let nic = nic.get()?;
+        let region =
+            py.detach(|| ferroce::Region::register(&nic, access.into(), order.into(), memory))?;
+        Ok(Self {
+            inner: Mutex::new(Some(Arc::new(region))),
+        })
+    }
+}
+
+#[pymethods]
+impl Region {
+    /// Registers `memory` with `nic`: an `int` (that many zeroed bytes), or a copy of an
+    /// object's bytes (see the class doc). `pinned=False` leaves the bytes pageable (the
+    /// soft NIC needs no locked memory; a verbs device pins them anyway).
+    #[new]
+    #[pyo3(signature = (nic, memory, access=RegionAccess::Remote, order=WriteOrder::InOrder, *, pinned=true))]
+    fn new(
+        py: Python<'_>,
+        nic: PyRef<'_, Nic>,
+        memory: &Bound<'_, PyAny>,
+        access: RegionAccess,
+        order: WriteOrder,
+        pinned: bool,
+    ) -> PyResult<Self> {
+        let bytes = match memory.extract::<i64>() {
+            Ok(n) if n <= 0 => {
+                return Err(
+                    Error::invalid(format!("a region needs at least one byte, not {n}")).into(),
+                )
+            }
+            Ok(n) => {
+                let n = usize::try_from(n).map_err(|_| Error::invalid("size too large"))?;
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).map_err(|_| {
+                    Error::new(
+                        crate::errors::Class::RegionError,
+                        "Allocation",
+                        format!("cannot allocate {n} bytes"),
+                    )
+                })?;
+                v.resize(n, 0);
+                v
+            }
+            Err(_) => memory::bytes_of(memory)?,
+        };
+        let memory = if pinned {
+            RegionMemory::Host(bytes)
+        } else {
+            RegionMemory::Pageable(bytes)
+        };
+        Ok(Self::register(py, &nic, access, order, memory)?)
+    }
+
+    /// Registers `length` bytes at `offset` of the dma-buf (or any shared-mappable
+    /// descriptor, such as a memfd) `fd`: the caller's own memory, not a copy. The
+    /// descriptor may be closed once this returns.
+    #[staticmethod]
+    #[pyo3(signature = (nic, fd, offset, length, access=RegionAccess::Remote, order=WriteOrder::InOrder))]
+    fn from_dmabuf(
+        py: Python<'_>,
+        nic: PyRef<'_, Nic>,
+        fd: i32,
+        offset: u64,
+        length: u64,
+        access: RegionAccess,
+        order: WriteOrder,
+    ) -> Result<Self, Error> {
+        Self::register(
+            py,
+            &nic,
+            access,
+            order,
+            RegionMemory::Dmabuf {
+                fd,
+                offset,
+                bytes: length,
+            },
+        )
+    }
+
+    /// Its length in bytes.
+    fn __len__(&self) -> Result<usize, Error> {
+        Ok(self.get()?.len() as usize)
+    }
+
+    /// Its length in bytes.
+    fn len(&self) -> Result<u64, Error> {
+        Ok(self.get()?.len())
+    }
+
+    /// The key peers use (0 for a Local region).
+    fn rkey(&self) -> Result<u32, Error> {
+        Ok(self.get()?.rkey())
+    }
+
+    /// The address peers and work requests use for the first byte.
+    fn va(&self) -> Result<u64, Error> {
+        Ok(self.get()?.va())
+    }
+
+    /// The `n` bytes at `at`, as this process's work requests name them (seed 004's
+    /// `local`); `n` defaults to the rest of the region.
+    #[pyo3(signature = (at=0, n=None))]
+    fn local(&self, at: u64, n: Option<u32>) -> Result<Sge, Error> {
+        let r = self.get()?;
+        let n = match n {
+            Some(n) => n,
+            None => u32::try_from(r.len().saturating_sub(at)).unwrap_or(u32::MAX),
+        };
+        Ok(Sge {
+            inner: r.local(at, n)?,
+        })
+    }
+
+    /// Offset `at`, as a peer's work requests name it (seed 004's `remote`).
+    #[pyo3(signature = (at=0))]
+    fn remote(&self, at: u64) -> Result<RemoteAddr, Error> {
+        Ok(RemoteAddr {
+            inner: self.get()?.remote(at)?,
+        })
+    }
+
+    /// A copy of `n` bytes from offset `at` (`n` defaults to the rest of the region).
+    #[pyo3(signature = (at=0, n=None))]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        at: u64,
+        n: Option<usize>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let r = self.get()?;
+        let n = n.unwrap_or_else(|| r.len().saturating_sub(at) as usize);
+        if at.checked_add(n as u64).is_none_or(|end| end > r.len()) {
+            return Err(Error::from(ferroce::RegionError::OutOfRange {
+                at,
+                len: n as u64,
+                size: r.len(),
+            })
+            .into());
+        }
+        let mut out = vec![0u8; n];
+        py.detach(|| r.read(at, &mut out)).map_err(Error::from)?;
+        Ok(PyBytes::new(py, &out))
+    }
+
+    /// Copies `data` (any bytes-like object or array in host memory) to offset `at`.
+    #[pyo3(signature = (data, at=0))]
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, at: u64) -> PyResult<()> {
+        let r = self.get()?;
+        let bytes = memory::bytes_of(data)?;
+        py.detach(|| r.write(at, &bytes)).map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Deregisters the region (seed 004's `deregister`): the NIC touches it no more. Returns
+    /// its final bytes for host memory, `None` for a dma-buf. Later calls raise `Closed`.
+    fn deregister<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let Some(region) = lock(&self.inner).take() else {
+            return Err(Error::closed("the region was deregistered").into());
+        };
+        let region = match Arc::try_unwrap(region) {
+            Ok(r) => r,
+            Err(shared) => {
+                *lock(&self.inner) = Some(shared);
+                return Err(Error::invalid(
+                    "the region is still in use by a view or a pending call",
+                )
+                .into());
+            }
+        };
+        let memory = py.detach(|| region.deregister()).map_err(Error::from)?;
+        Ok(match memory {
+            RegionMemory::Host(b) | RegionMemory::Pageable(b) => Some(PyBytes::new(py, &b)),
+            _ => None,
+        })
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
+        if let Some(region) = lock(&self.inner).take() {
+            py.detach(move || drop(region));
+        }
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match self.get() {
+            Ok(r) => format!(
+                "<ferroce.Region {} bytes va={:#x} rkey={:#x}>",
+                r.len(),
+                r.va(),
+                r.rkey()
+            ),
+            Err(_) => "<ferroce.Region deregistered>".to_owned(),
+        }
+    }
+}
+
+/// A work completion (`struct ibv_wc`). `status` and `opcode` are the Rust variants' names
+/// (`"Success"`, `"RdmaWrite"`); `status_code` is `enum ibv_wc_status`'s value and
+/// `status_message` rdma-core's text for it.
+#[pyclass(module = "ferroce", frozen, get_all)]
+pub(crate) struct Completion {
+    wr_id: u64,
+    status: String,
+    status_code: u32,
+    status_message: String,
+    opcode: String,
+    byte_len: u32,
+    imm: Option<u32>,
+    qpn: u32,
+}
+
+impl From<ferroce::cq::Completion> for Completion {
+    fn from(c: ferroce::cq::Completion) -> Self {
+        let status = match c.status {
+            ferroce::cq::WcStatus::Other(_) => "Other".to_owned(),
+            s => format!("{s:?}"),
+        };
+        Self {
+            wr_id: c.wr_id,
+            status,
+            status_code: c.status.ibv_value(),
+            status_message: c.status.to_string(),
+            opcode: format!("{:?}", c.opcode),
+            byte_len: c.byte_len,
+            imm: c.imm,
+            qpn: c.qpn.value(),
+        }
+    }
+}
+
+#[pymethods]
+impl Completion {
+    /// Whether it completed successfully.
+    #[getter]
+    fn ok(&self) -> bool {
+        self.status_code == 0
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Completion(wr_id={}, status={}, opcode={}, byte_len={}, imm={:?}, qpn={:#x})",
+            self.wr_id, self.status, self.opcode, self.byte_len, self.imm, self.qpn
+        )
+    }
+}
+
+/// A completion queue (`ibv_create_cq`).
+#[pyclass(module = "ferroce", frozen)]
+pub(crate) struct Cq {
+    pub(crate) inner: ferroce::Cq,
+}
+
+#[pymethods]
+impl Cq {
+    #[new]
+    #[pyo3(signature = (nic, depth=256))]
+    fn new(py: Python<'_>, nic: PyRef<'_, Nic>, depth: usize) -> Result<Self, Error> {
+        let nic = nic.get()?;
+        let inner = py.detach(|| ferroce::Cq::new(&nic, depth))?;
+        Ok(Self { inner })
+    }
+
+    /// The oldest completion, or `None` (drives the soft engine on this thread first).
+    fn poll(&self, py: Python<'_>) -> Option<Completion> {
+        py.detach(|| self.inner.poll()).map(Completion::from)
+    }
+
+    /// Up to `max` completions at once (`ibv_poll_cq` with an array).
+    #[pyo3(signature = (max=16))]
+    fn poll_into<'py>(&self, py: Python<'py>, max: usize) -> PyResult<Bound<'py, PyList>> {
+        let max = max.min(4096);
+        let got = py.detach(|| {
+            let mut out = vec![empty_completion(); max];
+            let n = self.inner.poll_into(&mut out);
+            out.truncate(n);
+            out
+        });
+        PyList::new(py, got.into_iter().map(Completion::from))
+    }
+
+    /// Waits up to `timeout` seconds (`None`: for ever) for a completion, driving the engine
+    /// on this thread meanwhile.
+    #[pyo3(signature = (timeout=None))]
+    fn drive(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Completion>> {
+        let t = wait::timeout(timeout)?;
+        Ok(wait::sliced(py, t, |slice| self.inner.drive(slice))?.map(Completion::from))
+    }
+
+    /// Waits up to `timeout` seconds (`None`: for ever) for a completion, asleep.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Completion>> {
+        let t = wait::timeout(timeout)?;
+        Ok(wait::sliced(py, t, |slice| self.inner.wait(slice))?.map(Completion::from))
+    }
+
+    /// The completions it holds.
+    fn depth(&self) -> usize {
+        self.inner.depth()
+    }
+
+    /// Why it failed, if a verbs device said so.
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+}
+
+fn empty_completion() -> ferroce::cq::Completion {
+    ferroce::cq::Completion {
+        wr_id: 0,
+        status: ferroce::cq::WcStatus::Success,
+        opcode: ferroce::cq::WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qpn: Qpn::from_low_bits(0),
+        ud: None,
+    }
+}
+
+/// What a peer needs to reach a queue pair: its number, its first PSN and its NIC's address.
+/// `bytes(endpoint)` and `QpEndpoint.from_bytes` carry it over any out-of-band channel.
+#[pyclass(module = "ferroce", frozen, from_py_object)]
+#[derive(Clone, Copy)]
+pub(crate) struct QpEndpoint {
+    pub(crate) inner: rqp::QpEndpoint,
+}
+
+#[pymethods]
+impl QpEndpoint {
+    #[new]
+    fn new(qpn: u32, psn: u32, addr: &str) -> Result<Self, Error> {
+        let qpn = Qpn::new(qpn)
+            .ok_or_else(|| Error::invalid(format!("QPN {qpn:#x} needs more than 24 bits")))?;
+        let psn = Psn::new(psn)
+            .ok_or_else(|| Error::invalid(format!("PSN {psn:#x} needs more than 24 bits")))?;
+        Ok(Self {
+            inner: rqp::QpEndpoint {
+                qpn,
+                psn,
+                addr: crate::nic::roce_addr(addr)?,
+            },
+        })
+    }
+
+    #[getter]
+    fn qpn(&self) -> u32 {
+        self.inner.qpn.value()
+    }
+
+    #[getter]
+    fn psn(&self) -> u32 {
+        self.inner.psn.value()
+    }
+
+    /// The NIC's `(host, port)`.
+    #[getter]
+    fn addr(&self) -> (String, u16) {
+        util::addr_tuple(self.inner.addr)
+    }
+
+    /// `b"qpn psn ip:port"`.
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let text = format!(
+            "{} {} {}",
+            self.inner.qpn.value(),
+            self.inner.psn.value(),
+            self.inner.addr
+        );
+        PyBytes::new(py, text.as_bytes())
+    }
+
+    /// The endpoint `bytes(endpoint)` wrote.
+    #[staticmethod]
+    fn from_bytes(data: &[u8]) -> Result<Self, Error> {
+        let bad = || {
+            Error::invalid(format!(
+                "{:?} is not an endpoint (\"qpn psn ip:port\")",
+                String::from_utf8_lossy(data)
+            ))
+        };
+        let text = std::str::from_utf8(data).map_err(|_| bad())?;
+        let mut words = text.split_whitespace();
+        let (Some(q), Some(p), Some(a), None) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            return Err(bad());
+        };
+        let qpn = q.parse().map_err(|_| bad())?;
+        let psn = p.parse().map_err(|_| bad())?;
+        Self::new(qpn, psn, a)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "QpEndpoint(qpn={:#x}, psn={:#x}, addr={})",
+            self.inner.qpn.value(),
+            self.inner.psn.value(),
+            self.inner.addr
+        )
+    }
+}
+
+/// The operation of a send work request; made by the static methods.
+#[pyclass(module = "ferroce", frozen, from_py_object)]
+#[derive(Clone, Copy)]
+pub(crate) struct SendOp {
+    inner: rqp::SendOp,
+}
+
+#[pymethods]
+impl SendOp {
+    /// SEND: takes a receive at the peer.
+    #[staticmethod]
+    fn send() -> Self {
+        Self {
+            inner: rqp::SendOp::Send,
+        }
+    }
+
+    /// SEND with 4 bytes of immediate data.
+    #[staticmethod]
+    fn send_with_imm(imm: u32) -> Self {
+        Self {
+            inner: rqp::SendOp::SendWithImm(imm),
+        }
+    }
+
+    /// RDMA WRITE into the peer's memory.
+    #[staticmethod]
+    fn write(remote: RemoteAddr) -> Self {
+        Self {
+            inner: rqp::SendOp::Write(remote.inner),
+        }
+    }
+
+    /// RDMA WRITE, then immediate data that takes a receive at the peer.
+    #[staticmethod]
+    fn write_with_imm(remote: RemoteAddr, imm: u32) -> Self {
+        Self {
+            inner: rqp::SendOp::WriteWithImm(remote.inner, imm),
+        }
+    }
+
+    /// RDMA READ from the peer's memory into the local scatter list (RC only).
+    #[staticmethod]
+    fn read(remote: RemoteAddr) -> Self {
+        Self {
+            inner: rqp::SendOp::Read(remote.inner),
+        }
+    }
+
+    /// 8-byte compare-and-swap (RC only).
+    #[staticmethod]
+    fn compare_swap(remote: RemoteAddr, compare: u64, swap: u64) -> Self {
+        Self {
+            inner: rqp::SendOp::CompareSwap {
+                remote: remote.inner,
+                compare,
+                swap,
+            },
+        }
+    }
+
+    /// 8-byte fetch-and-add (RC only).
+    #[staticmethod]
+    fn fetch_add(remote: RemoteAddr, add: u64) -> Self {
+        Self {
+            inner: rqp::SendOp::FetchAdd {
+                remote: remote.inner,
+                add,
+            },
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("SendOp({:?})", self.inner)
+    }
+}
+
+fn payload(local: &Bound<'_, PyAny>) -> PyResult<rqp::Payload> {
+    if let Ok(sge) = local.cast::<Sge>() {
+        return Ok(rqp::Payload::Sge(sge.get().inner));
+    }
+    if let Ok(list) = local.cast::<PyList>() {
+        let sges = list
+            .iter()
+            .map(|item| {
+                item.cast::<Sge>()
+                    .map(|s| s.get().inner)
+                    .map_err(|_| Error::invalid("a gather list holds Sge entries").into())
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(rqp::Payload::Sges(sges));
+    }
+    if local.is_none() {
+        return Ok(rqp::Payload::Sges(Vec::new()));
+    }
+    Ok(rqp::Payload::Inline(memory::bytes_of(local)?))
+}
+
+/// A send work request (`struct ibv_send_wr`): `local` is an `Sge`, a list of them, `None`,
+/// or bytes to send inline (copied at post time).
+#[pyclass(module = "ferroce", frozen)]
+pub(crate) struct SendWr {
+    inner: rqp::SendWr,
+}
+
+#[pymethods]
+impl SendWr {
+    #[new]
+    #[pyo3(signature = (wr_id, op, local=None, *, signaled=true, fence=false, solicited=false))]
+    fn new(
+        wr_id: u64,
+        op: SendOp,
+        local: Option<&Bound<'_, PyAny>>,
+        signaled: bool,
+        fence: bool,
+        solicited: bool,
+    ) -> PyResult<Self> {
+        let local = match local {
+            Some(l) => payload(l)?,
+            None => rqp::Payload::Sges(Vec::new()),
+        };
+        let mut wr = rqp::SendWr::new(wr_id, op.inner, local);
+        wr.signaled = signaled;
+        wr.fence = fence;
+        wr.solicited = solicited;
+        Ok(Self { inner: wr })
+    }
+
+    #[getter]
+    fn wr_id(&self) -> u64 {
+        self.inner.wr_id
+    }
+
+    fn __repr__(&self) -> String {
+        format!("SendWr({:?})", self.inner)
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[pyclass(module = "ferroce", frozen)]
+pub(crate) struct RecvWr {
+    inner: rqp::RecvWr,
+}
+
+#[pymethods]
+impl RecvWr {
+    #[new]
+    #[pyo3(signature = (wr_id, sges=None))]
+    fn new(wr_id: u64, sges: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let sges = match sges {
+            None => Vec::new(),
+            Some(s) => match payload(s)? {
+                rqp::Payload::Sge(s) => vec![s],
+                rqp::Payload::Sges(v) => v,
+                rqp::Payload::Inline(_) => {
+                    return Err(
+                        Error::invalid("a receive scatters into Sge entries, not bytes").into(),
+                    )
+                }
+            },
+        };
+        Ok(Self {
+            inner: rqp::RecvWr { wr_id, sges },
+        })
+    }
+
+    #[getter]
+    fn wr_id(&self) -> u64 {
+        self.inner.wr_id
+    }
+}
+
+/// A queue pair (`ibv_create_qp`), in INIT until `connect`.
+#[pyclass(module = "ferroce", frozen)]
+pub(crate) struct Qp {
+    inner: ferroce::Qp,
+}
+
+#[pymethods]
+impl Qp {
+    #[new]
+    #[pyo3(signature = (nic, qp_type, send_cq, recv_cq, *, sq_depth=128, rq_depth=128, max_inline=400))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        nic: PyRef<'_, Nic>,
+        qp_type: QpType,
+        send_cq: PyRef<'_, Cq>,
+        recv_cq: PyRef<'_, Cq>,
+        sq_depth: u32,
+        rq_depth: u32,
+        max_inline: u32,
+    ) -> Result<Self, Error> {
+        let nic = nic.get()?;
+        let qp_type = match qp_type {
+            QpType::Rc => rqp::QpType::Rc,
+            QpType::Uc => rqp::QpType::Uc,
+            QpType::Ud => rqp::QpType::Ud,
+        };
+        let caps = rqp::QpCaps {
+            sq_depth,
+            rq_depth,
+            max_inline,
+        };
+        let (s, r) = (&send_cq.inner, &recv_cq.inner);
+        let inner = py.detach(|| ferroce::Qp::new(&nic, qp_type, s, r, caps))?;
+        Ok(Self { inner })
+    }
+
+    /// This queue pair's endpoint, for the peer.
+    fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint {
+            inner: self.inner.endpoint(),
+        }
+    }
+
+    /// The queue pair number.
+    fn qpn(&self) -> u32 {
+        self.inner.qpn().value()
+    }
+
+    /// `(sq_depth, rq_depth, max_inline)`.
+    fn caps(&self) -> (u32, u32, u32) {
+        let c = self.inner.caps();
+        (c.sq_depth, c.rq_depth, c.max_inline)
+    }
+
+    /// The state's name (`"Init"`, `"Rts"`, `"Err"`, …), or `None` once destroyed.
+    fn state(&self, py: Python<'_>) -> Option<String> {
+        py.detach(|| self.inner.state()).map(|s| format!("{s:?}"))
+    }
+
+    /// Why the QP failed, if a verbs device said so.
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+
+    /// Connects to `peer`: INIT → RTR → RTS.
+    #[pyo3(signature = (peer, *, mtu=1024, access=RegionAccess::Remote, timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=12, max_rd_atomic=16))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        &self,
+        py: Python<'_>,
+        peer: QpEndpoint,
+        mtu: u32,
+        access: RegionAccess,
+        timeout: u8,
+        retry_cnt: u8,
+        rnr_retry: u8,
+        min_rnr_timer: u8,
+        max_rd_atomic: u8,
+    ) -> Result<(), Error> {
+        let mtu = Mtu::from_bytes(mtu).ok_or_else(|| {
+            Error::invalid(format!("mtu {mtu} is not 256, 512, 1024, 2048 or 4096"))
+        })?;
+        let options = ConnectOptions {
+            mtu,
+            access: access.into(),
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            min_rnr_timer,
+            max_rd_atomic,
+        };
+        py.detach(|| self.inner.connect(&peer.inner, &options))?;
+        Ok(())
+    }
+
+    /// Posts a send work request; its packets leave before this returns.
+    fn post_send(&self, py: Python<'_>, wr: PyRef<'_, SendWr>) -> Result<(), Error> {
+        let wr = wr.inner.clone();
+        py.detach(|| self.inner.post_send(wr))?;
+        Ok(())
+    }
+
+    /// Posts several send work requests at once; on a refusal, raises `PostError` naming the
+    /// index of the first one not posted (those before it are posted).
+    fn post_send_list(&self, py: Python<'_>, wrs: Vec<PyRef<'_, SendWr>>) -> Result<(), Error> {
+        let wrs: Vec<rqp::SendWr> = wrs.iter().map(|w| w.inner.clone()).collect();
+        py.detach(|| self.inner.post_send_list(wrs))
+            .map_err(|(i, e)| {
+                Error::new(
+                    crate::errors::Class::PostError,
+                    "PostError",
+                    format!("work request {i} was not posted: {e}"),
+                )
+            })
+    }
+
+    /// Posts a receive work request.
+    fn post_recv(&self, py: Python<'_>, wr: PyRef<'_, RecvWr>) -> Result<(), Error> {
+        let wr = wr.inner.clone();
+        py.detach(|| self.inner.post_recv(wr))?;
+        Ok(())
+    }
+
+    /// Moves the queue pair to ERR: everything outstanding completes with a flush error.
+    fn shutdown(&self, py: Python<'_>) {
+        py.detach(|| self.inner.shutdown());
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<ferroce.Qp {:#x}>", self.inner.qpn().value())
+    }
+}
