@@ -16,10 +16,12 @@
 
 #![deny(unsafe_code)]
 
+mod cache;
 mod errors;
 mod frames;
 mod memory;
 mod nic;
+mod session;
 mod util;
 mod verbs;
 mod wait;
@@ -59,5 +61,16 @@ fn _ferroce(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<frames::RoceChannel>()?;
     m.add_class::<frames::DataChannel>()?;
     m.add_class::<frames::DeviceRegisters>()?;
+    m.add_class::<cache::ContextConfig>()?;
+    m.add_class::<cache::Buffer>()?;
+    m.add_class::<cache::Context>()?;
+    m.add_function(wrap_pyfunction!(cache::size_class, m)?)?;
+    m.add_class::<session::ConnectInfo>()?;
+    m.add_class::<session::ChannelDesc>()?;
+    m.add_class::<session::MemRegion>()?;
+    m.add_class::<session::PeerRef>()?;
+    m.add_class::<session::Collected>()?;
+    m.add_class::<session::Controller>()?;
+    m.add_class::<session::Coprocessor>()?;
     Ok(())
 }

@@ -160,15 +160,29 @@ impl RemoteAddr {
 /// pages: given a size it registers that many fresh zeroed bytes; given a bytes-like object,
 /// an array (`__array_interface__`, DLPack, in host memory) or `(address, length)`, it
 /// registers a region of that size holding a *copy* of those bytes. What peers write later
-/// lands in the region, not in the object: read it back with `read()`. Only
+/// lands in the region, not in the object: read it back with `read()`, or look at it in
+/// place through `numpy.asarray(region)` / `numpy.from_dlpack(region)` (the region's memory
+/// is mapped memory whose address may leave Rust, unless `pinned=True`). Only
 /// `Region.from_dmabuf` registers memory the caller keeps (a dma-buf or memfd, mapped
 /// shared).
 #[pyclass(module = "ferroce", frozen)]
 pub(crate) struct Region {
     inner: Mutex<Option<Arc<ferroce::Region>>>,
+    /// The region's memory when it may be viewed in place; kept mapped as long as this
+    /// object (and any DLPack export) lives, even after `deregister`.
+    mapped: Option<ferroce::MappedMemory>,
 }
 
 impl Region {
+    fn viewable(&self) -> Result<&ferroce::MappedMemory, Error> {
+        self.mapped.as_ref().ok_or_else(|| {
+            Error::unsupported(
+                "this region's memory is not viewable in place (pinned host memory or a \
+                 dma-buf); register it with pinned=False, or use read()",
+            )
+        })
+    }
+
     pub(crate) fn get(&self) -> Result<Arc<ferroce::Region>, Error> {
         lock(&self.inner)
             .clone()
@@ -183,10 +197,15 @@ impl Region {
         memory: RegionMemory,
     ) -> Result<Self, Error> {
         let nic = nic.get()?;
+        let mapped = match &memory {
+            RegionMemory::Mapped(m) => Some(m.clone()),
+            _ => None,
+        };
         let region =
             py.detach(|| ferroce::Region::register(&nic, access.into(), order.into(), memory))?;
         Ok(Self {
             inner: Mutex::new(Some(Arc::new(region))),
+            mapped,
         })
     }
 }
@@ -194,10 +213,11 @@ impl Region {
 #[pymethods]
 impl Region {
     /// Registers `memory` with `nic`: an `int` (that many zeroed bytes), or a copy of an
-    /// object's bytes (see the class doc). `pinned=False` leaves the bytes pageable (the
-    /// soft NIC needs no locked memory; a verbs device pins them anyway).
+    /// object's bytes (see the class doc). By default the bytes are mapped memory that can be
+    /// viewed in place and needs no locked-memory allowance on the soft NIC; `pinned=True`
+    /// takes host memory locked in RAM instead, which is never handed out (no views).
     #[new]
-    #[pyo3(signature = (nic, memory, access=RegionAccess::Remote, order=WriteOrder::InOrder, *, pinned=true))]
+    #[pyo3(signature = (nic, memory, access=RegionAccess::Remote, order=WriteOrder::InOrder, *, pinned=false))]
     fn new(
         py: Python<'_>,
         nic: PyRef<'_, Nic>,
@@ -206,31 +226,46 @@ impl Region {
         order: WriteOrder,
         pinned: bool,
     ) -> PyResult<Self> {
-        let bytes = match memory.extract::<i64>() {
+        let (size, bytes) = match memory.extract::<i64>() {
             Ok(n) if n <= 0 => {
                 return Err(
                     Error::invalid(format!("a region needs at least one byte, not {n}")).into(),
                 )
             }
-            Ok(n) => {
-                let n = usize::try_from(n).map_err(|_| Error::invalid("size too large"))?;
-                let mut v = Vec::new();
-                v.try_reserve_exact(n).map_err(|_| {
-                    Error::new(
-                        crate::errors::Class::RegionError,
-                        "Allocation",
-                        format!("cannot allocate {n} bytes"),
-                    )
-                })?;
-                v.resize(n, 0);
-                v
+            Ok(n) => (
+                usize::try_from(n).map_err(|_| Error::invalid("size too large"))?,
+                None,
+            ),
+            Err(_) => {
+                let bytes = memory::bytes_of(memory)?;
+                (bytes.len(), Some(bytes))
             }
-            Err(_) => memory::bytes_of(memory)?,
         };
+        if size == 0 {
+            return Err(
+                Error::invalid("a region needs at least one byte; the object has none").into(),
+            );
+        }
         let memory = if pinned {
-            RegionMemory::Host(bytes)
+            let mut v = Vec::new();
+            v.try_reserve_exact(size).map_err(|_| {
+                Error::new(
+                    crate::errors::Class::RegionError,
+                    "Allocation",
+                    format!("cannot allocate {size} bytes"),
+                )
+            })?;
+            match bytes {
+                Some(b) => v.extend_from_slice(&b),
+                None => v.resize(size, 0),
+            }
+            RegionMemory::Host(v)
         } else {
-            RegionMemory::Pageable(bytes)
+            let mapped = ferroce::MappedMemory::new(size).map_err(Error::from)?;
+            if let Some(b) = &bytes {
+                mapped.write(0, b).map_err(Error::from)?;
+            }
+            RegionMemory::Mapped(mapped)
         };
         Ok(Self::register(py, &nic, access, order, memory)?)
     }
@@ -355,8 +390,53 @@ impl Region {
         let memory = py.detach(|| region.deregister()).map_err(Error::from)?;
         Ok(match memory {
             RegionMemory::Host(b) | RegionMemory::Pageable(b) => Some(PyBytes::new(py, &b)),
+            RegionMemory::Mapped(m) => {
+                let mut b = vec![0u8; m.len()];
+                m.read(0, &mut b).map_err(Error::from)?;
+                Some(PyBytes::new(py, &b))
+            }
             _ => None,
         })
+    }
+
+    /// NumPy's array interface: a writable uint8 view of the region's bytes, no copy (for
+    /// mapped memory). Peers' writes show through it as they land, as with any RDMA buffer:
+    /// wait for the completion that says a transfer is done before reading.
+    #[getter]
+    fn __array_interface__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let m = self.viewable()?;
+        memory::array_interface(py, m.addr(), m.len(), false)
+    }
+
+    /// A DLPack capsule of the region's bytes (host memory), keeping them mapped until the
+    /// consumer deletes it.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyCapsule>> {
+        let _ = (stream, max_version);
+        let m = self.viewable()?.clone();
+        if dl_device.is_some_and(|d| d != memory::Place::Host.dlpack_device()) || copy == Some(true)
+        {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "a region is exported in place, in host memory; copy it yourself",
+            ));
+        }
+        memory::dlpack_capsule(py, m.addr(), m.len(), memory::Place::Host, Box::new(m))
+    }
+
+    /// `(1, 0)`: host memory.
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        self.viewable()?;
+        Ok(memory::Place::Host.dlpack_device())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
