@@ -379,14 +379,14 @@ typedef struct ferroce_qp_caps {
 } ferroce_qp_caps;
 
 // What a peer needs to reach a queue pair; exchange it out of band (a file, a pipe, TCP).
-typedef struct ferroce_qp_endpoint {
+typedef struct ferroce_endpoint {
     // The queue pair number.
     uint32_t qpn;
     // The first PSN its requester sends.
     uint32_t psn;
     // Its NIC's address and port as NUL-terminated text, `"127.0.0.2:4791"`.
     char addr[64];
-} ferroce_qp_endpoint;
+} ferroce_endpoint;
 
 // How to connect a queue pair. Versioned: set `struct_size` to `sizeof`. A NULL options
 // pointer takes `ibv_rc_pingpong`'s defaults.
@@ -1074,8 +1074,7 @@ uint32_t ferroce_qp_qpn(const struct ferroce_qp *qp);
 // # Safety
 //
 // `qp` is NULL or a live queue pair; `out` is NULL or writable.
-enum ferroce_result ferroce_qp_endpoint(const struct ferroce_qp *qp,
-                                        struct ferroce_qp_endpoint *out);
+enum ferroce_result ferroce_qp_endpoint(const struct ferroce_qp *qp, struct ferroce_endpoint *out);
 
 // Connects the queue pair to `peer`: INIT → RTR → RTS (`ibv_modify_qp` three times).
 // `options` may be NULL for the defaults (MTU 1024, peers may read and write).
@@ -1085,7 +1084,7 @@ enum ferroce_result ferroce_qp_endpoint(const struct ferroce_qp *qp,
 // `qp` is NULL or a live queue pair; `peer` is NULL or readable; `options` is NULL or a
 // `ferroce_connect_options` of at least its `struct_size` bytes.
 enum ferroce_result ferroce_qp_connect(const struct ferroce_qp *qp,
-                                       const struct ferroce_qp_endpoint *peer,
+                                       const struct ferroce_endpoint *peer,
                                        const struct ferroce_connect_options *options);
 
 // Posts a send work request (`ibv_post_send`). The local bytes must stay registered until

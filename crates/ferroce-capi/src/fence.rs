@@ -1,10 +1,10 @@
 //! The panic fence, the result codes and the thread's last error.
 //!
-//! Every exported function runs its body through [`fence`] (or [`fence_result`], which also
-//! turns a [`Failure`] into a code and records its text). A panic inside is caught there: it
+//! Every exported function runs its body through `fence` (or `fence_result`, which also
+//! turns a failure into a code and records its text). A panic inside is caught there: it
 //! never unwinds into C, which would abort the process (Rust 1.81 on) or worse. The caller
-//! gets [`ferroce_result::FERROCE_RESULT_PANIC`], a null pointer, 0 or `false`, whichever
-//! the function returns ([`OnPanic`]), and the panic's message as its last error. This needs
+//! gets `FERROCE_RESULT_PANIC` ([`ferroce_result::Panic`]), a null pointer, 0 or `false`,
+//! whichever the function returns, and the panic's message as its last error. This needs
 //! the library built with `panic = "unwind"`, Cargo's default.
 
 use std::any::Any;

@@ -62,7 +62,7 @@ pub const FERROCE_WC_WITH_IMM: u32 = 1;
 /// What a peer needs to reach a queue pair; exchange it out of band (a file, a pipe, TCP).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct ferroce_qp_endpoint {
+pub struct ferroce_endpoint {
     /// The queue pair number.
     pub qpn: u32,
     /// The first PSN its requester sends.
@@ -390,7 +390,7 @@ pub unsafe extern "C" fn ferroce_qp_qpn(qp: *const ferroce_qp) -> u32 {
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_qp_endpoint(
     qp: *const ferroce_qp,
-    out: *mut ferroce_qp_endpoint,
+    out: *mut ferroce_endpoint,
 ) -> ferroce_result {
     fence_result("ferroce_qp_endpoint", || {
         // SAFETY: the caller promises NULL or a live QP.
@@ -401,7 +401,7 @@ pub unsafe extern "C" fn ferroce_qp_endpoint(
         for (slot, byte) in addr.iter_mut().zip(e.addr.to_string().bytes().take(63)) {
             *slot = byte as c_char;
         }
-        let value = ferroce_qp_endpoint {
+        let value = ferroce_endpoint {
             qpn: e.qpn.value(),
             psn: e.psn.value(),
             addr,
@@ -421,7 +421,7 @@ pub unsafe extern "C" fn ferroce_qp_endpoint(
 #[no_mangle]
 pub unsafe extern "C" fn ferroce_qp_connect(
     qp: *const ferroce_qp,
-    peer: *const ferroce_qp_endpoint,
+    peer: *const ferroce_endpoint,
     options: *const ferroce_connect_options,
 ) -> ferroce_result {
     fence_result("ferroce_qp_connect", || {
