@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what ferroce's build and tests need on a fresh Debian 12 machine: a C toolchain
-# (which also builds the verbs tests' stand-in libibverbs), libibverbs itself, iproute2 and
+# Installs what ferroce's build and tests need on a fresh Debian 12 machine: a C and C++
+# toolchain (which also builds the verbs tests' stand-in libibverbs and the C bindings'
+# examples), Python's venv and headers (the Python package), libibverbs itself, iproute2 and
 # nftables (the namespace tests), tshark (the tests compare `ferroce decode` with
 # Wireshark's dissector), and Rust by rustup when cargo is missing. Safe to run again: it
 # installs only what is absent.
@@ -23,6 +24,12 @@ command -v readelf >/dev/null || packages+=(binutils)
 # The verbs backend's tests load the real libibverbs too (no device is needed: on a kernel
 # without RDMA it must say so).
 [ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || packages+=(libibverbs1)
+# The Python package (crates/ferroce-py) builds in a virtual environment, and its Rust crate
+# links libpython when cargo tests it; the C bindings' tests need a C++ compiler too.
+command -v python3 >/dev/null || packages+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
+command -v python3-config >/dev/null || packages+=(python3-dev)
+command -v c++ >/dev/null || packages+=(g++)
 if [ ${#packages[@]} -gt 0 ]; then
     echo "bootstrap: installing ${packages[*]}"
     $sudo apt-get update -qq
