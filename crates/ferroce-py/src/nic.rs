@@ -192,6 +192,49 @@ impl Nic {
         Ok(Self::wrap(nic))
     }
 
+    /// The soft NIC on a UDP socket the caller already bound (a `socket.socket` or its file
+    /// descriptor), as Hololink's Linux receiver takes one: the NIC uses a duplicate of the
+    /// descriptor, so the caller may close its own.
+    #[staticmethod]
+    #[pyo3(signature = (sock, *, faults=None, pcap=None, gso=true, gro=true))]
+    fn from_udp_socket(
+        py: Python<'_>,
+        sock: &Bound<'_, PyAny>,
+        faults: Option<&Bound<'_, PyAny>>,
+        pcap: Option<std::path::PathBuf>,
+        gso: bool,
+        gro: bool,
+    ) -> PyResult<Self> {
+        let fd: i32 = match sock.extract::<i32>() {
+            Ok(fd) => fd,
+            Err(_) => {
+                if let Ok(kind) = sock.getattr("type") {
+                    let dgram = py.import("socket")?.getattr("SOCK_DGRAM")?;
+                    if !kind.eq(dgram)? {
+                        return Err(
+                            Error::invalid("the socket is not a UDP (SOCK_DGRAM) socket").into(),
+                        );
+                    }
+                }
+                sock.call_method0("fileno")?.extract()?
+            }
+        };
+        let dup: i32 = py.import("os")?.call_method1("dup", (fd,))?.extract()?;
+        let socket = adopt(dup);
+        let addr = socket.local_addr().map_err(Error::from)?;
+        let config = NicConfig {
+            addr,
+            faults: faults_arg(faults)?,
+            pcap,
+            gso,
+            gro,
+        };
+        let nic = py
+            .detach(|| ferroce::Nic::from_udp_socket(socket, &config))
+            .map_err(Error::from)?;
+        Ok(Self::wrap(nic))
+    }
+
     /// The device's name: `"ferroce0"` for the soft NIC.
     fn device_name(&self) -> Result<String, Error> {
         Ok(self.get()?.device_name().to_owned())
@@ -325,6 +368,15 @@ impl Nic {
             Err(_) => "<ferroce.Nic closed>".to_owned(),
         }
     }
+}
+
+/// Takes ownership of `fd`, a descriptor `os.dup` just returned.
+#[allow(unsafe_code)]
+fn adopt(fd: i32) -> std::net::UdpSocket {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `os.dup` returned a fresh, open descriptor that nothing else owns or will
+    // close; the socket takes it over and closes it when dropped.
+    unsafe { std::net::UdpSocket::from_raw_fd(fd) }
 }
 
 /// The soft NIC's default address for an IP, for the faces that open their own.
