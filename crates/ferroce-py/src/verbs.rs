@@ -508,8 +508,14 @@ impl Completion {
 
     fn __repr__(&self) -> String {
         format!(
-            "Completion(wr_id={}, status={}, opcode={}, byte_len={}, imm={:?}, qpn={:#x})",
-            self.wr_id, self.status, self.opcode, self.byte_len, self.imm, self.qpn
+            "Completion(wr_id={}, status={}, opcode={}, byte_len={}, imm={}, qpn={:#x})",
+            self.wr_id,
+            self.status,
+            self.opcode,
+            self.byte_len,
+            self.imm
+                .map_or_else(|| "None".to_owned(), |i| i.to_string()),
+            self.qpn
         )
     }
 }
