@@ -221,13 +221,20 @@ typedef struct ferroce_receiver_config {
     uint32_t queue_size;
     // `FERROCE_IMMEDIATE_*`.
     uint32_t immediate_layout;
-    // Caller-owned CUDA memory to deliver into (`cu_buffer`). Not supported yet: must be 0.
+    // Caller-owned CUDA memory to deliver into (`cu_buffer`), a `CUdeviceptr` of
+    // `cuda_device`'s primary context holding `cu_buffer_size` bytes (at least
+    // `pages × page_size`), or 0 for frames to stay in the host ring. Frames land in the host
+    // ring and are copied there whole; the memory must stay allocated until the receiver is
+    // started again or freed. Needs a library built with the `cuda` feature (`UNSUPPORTED`
+    // otherwise).
     uint64_t cu_buffer;
     // Bytes of ring to allocate (`cu_buffer_size`); 0 for `pages × page_size`, and never
     // less than that.
     size_t cu_buffer_size;
     // The device's IPv4 or IPv6 address as text (`peer_ip`): data from any other is dropped.
     const char *peer_ip;
+    // The CUDA device `cu_buffer` is on (its ordinal); unused when `cu_buffer` is 0.
+    uint32_t cuda_device;
 } ferroce_receiver_config;
 
 // One completed frame (seed 000's `RoceReceiverFrameInfoV1`, with Hololink's Linux

@@ -79,13 +79,20 @@ pub struct ferroce_receiver_config {
     pub queue_size: u32,
     /// `FERROCE_IMMEDIATE_*`.
     pub immediate_layout: u32,
-    /// Caller-owned CUDA memory to deliver into (`cu_buffer`). Not supported yet: must be 0.
+    /// Caller-owned CUDA memory to deliver into (`cu_buffer`), a `CUdeviceptr` of
+    /// `cuda_device`'s primary context holding `cu_buffer_size` bytes (at least
+    /// `pages × page_size`), or 0 for frames to stay in the host ring. Frames land in the host
+    /// ring and are copied there whole; the memory must stay allocated until the receiver is
+    /// started again or freed. Needs a library built with the `cuda` feature (`UNSUPPORTED`
+    /// otherwise).
     pub cu_buffer: u64,
     /// Bytes of ring to allocate (`cu_buffer_size`); 0 for `pages × page_size`, and never
     /// less than that.
     pub cu_buffer_size: usize,
     /// The device's IPv4 or IPv6 address as text (`peer_ip`): data from any other is dropped.
     pub peer_ip: *const c_char,
+    /// The CUDA device `cu_buffer` is on (its ordinal); unused when `cu_buffer` is 0.
+    pub cuda_device: u32,
 }
 
 /// One completed frame (seed 000's `RoceReceiverFrameInfoV1`, with Hololink's Linux
@@ -333,13 +340,6 @@ pub unsafe extern "C" fn ferroce_receiver_start(
                 "config.peer_ip {peer:?} is not an IP address (\"192.168.0.2\")"
             ))
         })?;
-        if c.cu_buffer != 0 {
-            return Err(Failure::new(
-                ferroce_result::Unsupported,
-                "config.cu_buffer: delivering into caller-owned CUDA memory is not supported \
-                 yet; pass 0 and read frames from the ring (ferroce_receiver_frame_view)",
-            ));
-        }
         let mut config = ReceiverConfig::for_frames(c.frame_size, c.pages, peer_ip);
         if c.metadata_offset != 0 {
             config.metadata_offset = c.metadata_offset;
@@ -357,7 +357,13 @@ pub unsafe extern "C" fn ferroce_receiver_start(
             .page_size
             .checked_mul(c.pages as usize)
             .ok_or_else(|| Failure::invalid("pages × page_size overflows"))?;
-        let bytes = ring.max(c.cu_buffer_size);
+        let bytes = if c.cu_buffer == 0 {
+            ring.max(c.cu_buffer_size)
+        } else {
+            config.device_memory =
+                Some(borrowed_cuda(c.cuda_device, c.cu_buffer, c.cu_buffer_size)?);
+            ring
+        };
         if bytes == 0 {
             // Let the receiver's own checks name the parameter.
             config.memory = RegionMemory::Pageable(Vec::new());
@@ -367,6 +373,41 @@ pub unsafe extern "C" fn ferroce_receiver_start(
         }
         rx.rx.start(&nic.nic, config).map_err(|e| start_failure(&e))
     })
+}
+
+/// The caller's CUDA memory for a receiver (seed 000's `cu_buffer`).
+#[cfg(feature = "cuda")]
+fn borrowed_cuda(
+    device: u32,
+    ptr: u64,
+    size: usize,
+) -> Result<std::sync::Arc<dyn ferroce::device::DeviceMemory>, Failure> {
+    // SAFETY: `ferroce_receiver_start`'s contract: `cu_buffer` is `cu_buffer_size` bytes of
+    // that device's primary context, allocated until the receiver starts again or is freed
+    // (which drops the run holding this borrow).
+    let memory =
+        unsafe { ferroce::cuda::CudaMemory::from_raw(device, ptr, size) }.map_err(|e| {
+            Failure::new(
+                ferroce_result::Device,
+                format_args!("config.cu_buffer on CUDA device {device}: {e}"),
+            )
+        })?;
+    Ok(std::sync::Arc::new(memory))
+}
+
+/// Without the `cuda` feature, a `cu_buffer` is refused.
+#[cfg(not(feature = "cuda"))]
+fn borrowed_cuda(
+    _device: u32,
+    _ptr: u64,
+    _size: usize,
+) -> Result<std::sync::Arc<dyn ferroce::device::DeviceMemory>, Failure> {
+    Err(Failure::new(
+        ferroce_result::Unsupported,
+        "config.cu_buffer: this library was built without the `cuda` feature; rebuild with \
+         `cargo build --release -p ferroce-capi --features cuda`, or pass 0 and read frames \
+         from the host ring (ferroce_receiver_frame_view)",
+    ))
 }
 
 /// Runs the receive path on this thread until `ferroce_receiver_close` (seed 000's

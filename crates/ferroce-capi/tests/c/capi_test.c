@@ -8,11 +8,13 @@
  * Built and run by tests/c_abi.rs with FERROCE_TEST_HOOKS defined. Exits 0 when every check
  * passes; otherwise prints the first failure and exits 1.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ferroce.h"
 
@@ -153,6 +155,11 @@ static void frames_arrive_byte_exact(void) {
     EXPECT(ferroce_receiver_start(rx, nic, &config), FERROCE_RESULT_INVALID);
     CHECK(last_error_contains("page_size"));
     config.page_size = 0;
+    /* Caller-owned CUDA memory needs the `cuda` feature, which this build lacks. */
+    config.cu_buffer = 0x7f0000000000ull;
+    EXPECT(ferroce_receiver_start(rx, nic, &config), FERROCE_RESULT_UNSUPPORTED);
+    CHECK(last_error_contains("cuda"));
+    config.cu_buffer = 0;
 
     OK(ferroce_receiver_start(rx, nic, &config));
     CHECK(ferroce_receiver_pages(rx) == PAGES);
@@ -216,6 +223,11 @@ static void frames_arrive_byte_exact(void) {
     OK(ferroce_receiver_read_frame(rx, &last, got, FRAME));
     CHECK(memcmp(got, data, FRAME) == 0);
 
+    /* The callback runs on the monitor thread after the frame is queued, so it may trail
+     * next_frame by a moment: wait for it, boundedly. */
+    for (int i = 0; i < 500 && atomic_load(&frames_announced) < FRAMES + 1; i++) {
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+    }
     CHECK(atomic_load(&frames_announced) == FRAMES + 1);
     CHECK(!ferroce_receiver_receive_path_failed(rx));
     ferroce_receiver_close(rx);
