@@ -24,7 +24,14 @@ cargo test --workspace --locked
 # its tests, which on a host without a GPU check the refusals and say they skipped the GPU part
 # (scripts/gpu-check.sh runs them where there is one).
 echo "== cargo clippy and test --features cuda"
-cargo clippy -p ferroce -p ferroce-cli --all-targets --features cuda --locked -- -D warnings
+cargo clippy -p ferroce -p ferroce-cli -p ferroce-capi -p ferroce-py --all-targets --features cuda --locked -- -D warnings
 cargo test -p ferroce --features cuda --locked --lib --test cuda -- --nocapture
+# The bindings as their users build them: the C library in release with the C and C++
+# examples linked against it, and the Python package built by maturin into a virtual
+# environment, with pytest and the Python examples (crates/ferroce-*/README.md).
+echo "== the C ABI: release library and examples (scripts/test-c.sh)"
+scripts/test-c.sh
+echo "== the Python package: maturin develop and pytest (scripts/test-python.sh)"
+scripts/test-python.sh
 echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"
 interop/run.sh
