@@ -184,6 +184,7 @@ impl Buffer {
 
     /// A wrapped user buffer gives the user's bytes back (deregistered, with what was
     /// written into them); the buffer is then gone. Other buffers raise `InvalidArgument`.
+    #[allow(clippy::wrong_self_convention)] // the seed's name; Python objects are shared
     fn into_user_buffer<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let Some(b) = lock(&self.inner).take() else {
             return Err(Error::closed("the buffer was given back").into());

@@ -47,8 +47,17 @@ pub(crate) enum Class {
     CacheError,
 }
 
-/// Name, parent (`None`: `FerroceError` itself), builtin second base, and doc of each class.
-const CLASSES: &[(Class, &str, Option<Class>, Option<&str>, &str)] = &[
+/// A class: what it means, its name, its parent (`None`: `FerroceError` itself), a builtin
+/// second base, and its doc.
+type ClassRow = (
+    Class,
+    &'static str,
+    Option<Class>,
+    Option<&'static str>,
+    &'static str,
+);
+
+const CLASSES: &[ClassRow] = &[
     (Class::Base, "FerroceError", None, None, "Any error of ferroce. `kind` names the Rust error, `errno` the OS error number where there is one."),
     (Class::Timeout, "Timeout", Some(Class::Base), Some("TimeoutError"), "Nothing came in time (also a builtin TimeoutError)."),
     (Class::AddressInUse, "AddressInUse", Some(Class::Base), None, "Another socket holds the address and port."),

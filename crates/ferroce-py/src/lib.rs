@@ -4,13 +4,13 @@
 //!
 //! Three rules hold throughout:
 //! - every wait gives up the GIL, in slices of at most 100 ms with a signal check between
-//!   them, so other Python threads run and Ctrl-C ends the wait ([`wait`]);
+//!   them, so other Python threads run and Ctrl-C ends the wait (module `wait`);
 //! - Python code called from ferroce's threads (a frame-ready callback, a coprocessor
 //!   function) attaches with `Python::try_attach` and is never called with a ferroce lock
 //!   that a Python thread could be waiting for; its exceptions go to
 //!   `sys.unraisablehook` or become the Rust error the face defines;
 //! - every Rust error becomes an exception of the `FerroceError` family carrying its message
-//!   ([`errors`]); bad input never panics.
+//!   (module `errors`); bad input never panics.
 //!
 //! The module is marked `gil_used = true`: it has not been audited for free-threaded Python.
 

@@ -106,7 +106,7 @@ struct DlTensor {
 struct DlManagedTensor {
     dl_tensor: DlTensor,
     manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+    deleter: Option<unsafe extern "C" fn(*mut Self)>,
 }
 
 /// An exported tensor and what keeps its bytes alive; `managed` comes first so that a

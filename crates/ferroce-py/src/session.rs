@@ -387,10 +387,8 @@ impl Drop for Shared {
         // interpreter for a coprocessor call: stop without the GIL.
         let session = Arc::clone(&self.session);
         let stop = move || lock(&session).stop();
-        match Python::try_attach(|py| py.detach(stop)) {
-            Some(()) => {}
-            None => {}
-        }
+        // Finalizing: the engine thread cannot attach either, so it stops without waiting.
+        let _ = Python::try_attach(|py| py.detach(stop));
     }
 }
 
