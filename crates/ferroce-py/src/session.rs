@@ -379,6 +379,16 @@ impl Shared {
         let session = &self.session;
         py.detach(|| lock(session).last_rtt_ns())
     }
+
+    fn served(&self, py: Python<'_>) -> u64 {
+        let session = &self.session;
+        py.detach(|| lock(session).served())
+    }
+
+    fn peer_gone(&self, py: Python<'_>) -> Option<String> {
+        let session = &self.session;
+        py.detach(|| lock(session).peer_gone())
+    }
 }
 
 impl Drop for Shared {
@@ -477,6 +487,12 @@ impl Controller {
     /// Seed 003's `last_rtt_ns`.
     fn last_rtt_ns(&self, py: Python<'_>) -> u64 {
         self.shared.last_rtt_ns(py)
+    }
+
+    /// Why the coprocessor is gone, once the session's watchdog has noticed; `None` while it
+    /// answers (and before `start`).
+    fn peer_gone(&self, py: Python<'_>) -> Option<String> {
+        self.shared.peer_gone(py)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -611,6 +627,17 @@ impl Coprocessor {
     /// Seed 003's `last_rtt_ns`.
     fn last_rtt_ns(&self, py: Python<'_>) -> u64 {
         self.shared.last_rtt_ns(py)
+    }
+
+    /// How many requests the engine has served (0 before `start`).
+    fn served(&self, py: Python<'_>) -> u64 {
+        self.shared.served(py)
+    }
+
+    /// Why the controller is gone, once the session's watchdog has noticed; `None` while it
+    /// is there (and before `start`).
+    fn peer_gone(&self, py: Python<'_>) -> Option<String> {
+        self.shared.peer_gone(py)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -90,6 +90,9 @@ def test_session_round_trip_with_a_python_coprocessor():
             got_id, reply = ctl.collect(timeout=5.0)
             assert (got_id, reply) == (rid, request[::-1])
         assert ctl.last_rtt_ns() > 0
+        # Counted before each reply leaves, so all five are in by now.
+        assert cop.served() == 5
+        assert ctl.peer_gone() is None and cop.peer_gone() is None
         served_id, served = cop.collect(timeout=5.0)
         assert served == b"request 0"[::-1]
 

@@ -878,6 +878,18 @@ impl AnySession {
     ) -> Result<Collected, SessionError> {
         self.core.collect(replies, Some(timeout))
     }
+
+    /// How many requests the engine has served: 0 on a controller, and before `start`.
+    #[must_use]
+    pub fn served(&self) -> u64 {
+        self.core.served()
+    }
+
+    /// Why the peer is gone, once the watchdog has noticed; `None` before `start`.
+    #[must_use]
+    pub fn peer_gone(&self) -> Option<String> {
+        self.core.peer_gone()
+    }
 }
 
 impl Session for AnySession {
