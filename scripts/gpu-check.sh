@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in two halves, because the GPU machine may have no Rust:
 #
-#   scripts/gpu-check.sh build   here: builds the CUDA tests and the `ferroce` binary with the
-#                                `cuda` feature into .gpu-check/ (ignored by git, ~7 MB)
+#   scripts/gpu-check.sh build   here: builds the CUDA tests, the `ferroce` binary and the
+#                                Python wheel with the `cuda` feature into .gpu-check/ (ignored
+#                                by git)
 #   scripts/gpu-check.sh run     on the GPU machine: runs them with FERROCE_REQUIRE_GPU=1, so a
 #                                missing GPU fails instead of skipping, then streams 4K frames
 #                                into CUDA memory with `stream recv --cuda 0` and checks them
@@ -32,7 +33,14 @@ for line in sys.stdin:
     cargo build --release --locked --features cuda -p ferroce-cli
     cp target/release/ferroce "$dir/ferroce"
     strip "$dir"/* 2>/dev/null || true
-    ls -la "$dir"
+    # The Python package with the cuda feature, as a wheel, and its tests (the `gpu` ones run
+    # there). maturin comes from scripts/test-python.sh's environment.
+    local venv=target/pyenv
+    [ -x "$venv/bin/maturin" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet 'maturin>=1.9.4,<2'; }
+    "$venv/bin/maturin" build --release --features cuda -m crates/ferroce-py/Cargo.toml \
+        -o "$dir/wheels" --quiet
+    cp -r crates/ferroce-py/tests "$dir/pytests"
+    ls -la "$dir" "$dir/wheels"
 }
 
 run() {
@@ -75,6 +83,15 @@ assert summary["content_errors"] == 0, summary
 assert summary["frames"] + summary["dropped"] >= want, summary
 print("gpu-check: frames into CUDA memory: ok")
 EOF
+    echo "== the Python package's GPU tests (frames in CUDA memory through CuPy and DLPack)"
+    if python3 -c 'import pytest, numpy' 2>/dev/null; then
+        rm -rf "$dir/py" && python3 -m pip install --quiet --no-deps --no-index --target "$dir/py" "$dir"/wheels/*.whl
+        # CuPy is what the GPU cases read frames with; without it they skip and say so.
+        PYTHONPATH="$dir/py" FERROCE_GPU=1 python3 -m pytest -q -rs -p no:cacheprovider -m gpu \
+            "$dir/pytests" 2>&1 | tee "$logs/python.log" || failed=1
+    else
+        echo "gpu-check: SKIPPED the Python GPU tests: no pytest or numpy on this machine" | tee "$logs/python.log"
+    fi
     if [ "$failed" -ne 0 ]; then
         echo "gpu-check: FAILED (logs in $logs)" >&2
         exit 1
