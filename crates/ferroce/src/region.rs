@@ -113,8 +113,9 @@ impl RegionMemory {
     }
 }
 
-/// Page-aligned, zero-filled memory for a region ([`RegionMemory::Mapped`]) whose address may
-/// be handed to code outside Rust: a C caller, a NumPy array, a DLPack consumer.
+/// Memory for a region ([`RegionMemory::Mapped`]) whose address may be handed to code outside
+/// Rust (a C caller, a NumPy array, a DLPack consumer): fresh page-aligned zeroed memory
+/// ([`MappedMemory::new`]), or memory the caller owns ([`MappedMemory::borrow`]).
 ///
 /// This is the "DMA memory" contract. Rust never holds a reference to these bytes; the NIC
 /// and every method here copy in and out through raw pointers, at any time, as a device's DMA
@@ -139,6 +140,44 @@ impl MappedMemory {
         sys::Mapping::anonymous(len)
             .map(|map| Self(Arc::new(map)))
             .map_err(|source| RegionError::Map { bytes: len, source })
+    }
+
+    /// Borrows `len` bytes at `addr` that the caller owns, as NIXL's and Mooncake's
+    /// `register_memory` take a tensor's or an allocator's memory: a region registered on it
+    /// is that memory, and what peers write lands there. `owner` is whatever keeps the memory
+    /// allocated (a reference to the array, say); it is dropped, from whichever thread lets go
+    /// last, once no handle and no region uses the memory any more.
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` must be readable and writable memory of this process that stays
+    /// allocated, and is neither moved nor unmapped, until `owner` is dropped. Reading or
+    /// writing it meanwhile from outside Rust is the caller's race with the NIC (see the type's
+    /// contract), not undefined behaviour in Rust.
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::Empty`] for no bytes; [`RegionError::Map`] for a null address or a range
+    /// past the end of the address space.
+    #[allow(unsafe_code)]
+    pub unsafe fn borrow(
+        addr: u64,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Self, RegionError> {
+        if len == 0 {
+            return Err(RegionError::Empty);
+        }
+        // SAFETY: the caller's promise above is `Mapping::borrowed`'s precondition.
+        unsafe { sys::Mapping::borrowed(addr, len, owner) }
+            .map(|map| Self(Arc::new(map)))
+            .map_err(|source| RegionError::Map { bytes: len, source })
+    }
+
+    /// Whether the memory is the caller's ([`MappedMemory::borrow`]).
+    #[must_use]
+    pub fn is_borrowed(&self) -> bool {
+        self.0.is_borrowed()
     }
 
     /// The address of the first byte, stable for the handle's life.
@@ -677,5 +716,57 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         drop(self.release());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Owns a buffer for a borrow and says when it is dropped.
+    struct Owner {
+        bytes: Box<[u8]>,
+        dropped: Arc<AtomicBool>,
+    }
+
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn borrowed_memory_is_the_owners_and_the_owner_goes_with_the_last_handle() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let owner = Owner {
+            bytes: vec![7; 4096].into_boxed_slice(),
+            dropped: Arc::clone(&dropped),
+        };
+        let addr = owner.bytes.as_ptr() as u64;
+        // SAFETY: the box is moved into the owner, not reallocated, and lives as long as it.
+        let memory = unsafe { MappedMemory::borrow(addr, 4096, Box::new(owner)) }.unwrap();
+        assert!(memory.is_borrowed());
+        assert_eq!(memory.addr(), addr);
+        memory.write(10, b"abc").unwrap();
+        let mut back = [0; 5];
+        memory.read(9, &mut back).unwrap();
+        assert_eq!(&back, &[7, b'a', b'b', b'c', 7]);
+        assert!(matches!(
+            memory.read(4094, &mut back),
+            Err(RegionError::OutOfRange { .. })
+        ));
+        let clone = memory.clone();
+        drop(memory);
+        assert!(!dropped.load(Ordering::SeqCst), "a handle is left");
+        drop(clone);
+        assert!(dropped.load(Ordering::SeqCst));
+        // SAFETY: refused before anything is touched.
+        let none = unsafe { MappedMemory::borrow(0, 64, Box::new(())) };
+        assert!(matches!(none, Err(RegionError::Map { .. })));
+        // SAFETY: as above.
+        let empty = unsafe { MappedMemory::borrow(addr, 0, Box::new(())) };
+        assert!(matches!(empty, Err(RegionError::Empty)));
     }
 }

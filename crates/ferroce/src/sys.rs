@@ -476,16 +476,28 @@ pub(crate) fn poll_readable<const N: usize>(
     Ok(polled.map(|p| p.revents != 0))
 }
 
-/// A shared mapping of `len` bytes of a file descriptor (a dma-buf, a memfd), unmapped on
-/// drop. Its bytes are only ever copied in and out with raw copies: no Rust reference to them
-/// exists, since the exporting device may change them at any time.
-#[derive(Debug)]
+/// A shared mapping of `len` bytes of a file descriptor (a dma-buf, a memfd), or fresh
+/// anonymous memory, unmapped on drop; or memory the caller owns, borrowed, which drop leaves
+/// alone. Its bytes are only ever copied in and out with raw copies: no Rust reference to them
+/// exists, since the exporting device (or foreign code) may change them at any time.
 pub(crate) struct Mapping {
     base: std::ptr::NonNull<u8>,
     map_len: usize,
     /// Where the caller's offset lands inside the page-aligned mapping.
     skew: usize,
     len: usize,
+    /// For borrowed memory, what keeps it allocated; dropped instead of unmapping.
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("borrowed", &self.owner.is_some())
+            .finish()
+    }
 }
 
 // SAFETY: the mapping is plain memory owned by this value, reached only through raw copies
@@ -535,6 +547,7 @@ impl Mapping {
             map_len,
             skew,
             len,
+            owner: None,
         })
     }
 
@@ -565,12 +578,41 @@ impl Mapping {
             map_len: len,
             skew: 0,
             len,
+            owner: None,
+        })
+    }
+
+    /// Borrows `len` bytes at `addr` that `owner` keeps allocated.
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` must be readable and writable memory of this process that stays
+    /// allocated, unmoved, until `owner` is dropped.
+    pub(crate) unsafe fn borrowed(
+        addr: u64,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> io::Result<Self> {
+        let base = std::ptr::NonNull::new(addr as usize as *mut u8)
+            .filter(|_| len > 0 && addr.checked_add(len as u64).is_some())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        Ok(Self {
+            base,
+            map_len: len,
+            skew: 0,
+            len,
+            owner: Some(owner),
         })
     }
 
     /// The address of the first mapped byte the caller asked for.
     pub(crate) fn addr(&self) -> u64 {
         self.base.as_ptr() as u64 + self.skew as u64
+    }
+
+    /// Whether the memory is borrowed from an owner rather than mapped here.
+    pub(crate) fn is_borrowed(&self) -> bool {
+        self.owner.is_some()
     }
 
     /// The length the caller asked for.
@@ -626,6 +668,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // Borrowed: the owner (dropped with the field) frees it, not we.
+            return;
+        }
         // SAFETY: `base`/`map_len` are exactly what mmap returned; nothing refers to the
         // mapping once its owner drops it.
         unsafe {
