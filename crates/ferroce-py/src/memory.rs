@@ -420,6 +420,49 @@ pub(crate) fn bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     Ok(bytes.cast::<PyBytes>()?.as_bytes().to_vec())
 }
 
+/// The caller's own memory for a region, without a copy, where it can be had soundly:
+///
+/// - an object with a writable, C-contiguous `__array_interface__` in host memory (a NumPy
+///   array): a reference to the object is kept for as long as the region's memory lives, and
+///   NumPy refuses to resize an array something else refers to, so its data stays put;
+/// - `(address, length)`, as Mooncake's `register_memory(addr, capacity)` takes it: both ends
+///   are checked to be mapped now, and the caller answers for the memory staying allocated
+///   while the region lives (freeing it first lets peers write into whatever reuses it).
+///
+/// `None` for everything else (bytes are immutable; a `bytearray` can be resized under the
+/// region, and an abi3 module for 3.10 cannot pin it through the buffer protocol; DLPack
+/// exports are copied), which the caller then copies.
+pub(crate) fn borrow_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<ferroce::MappedMemory>> {
+    let (addr, len, owner): (u64, usize, Box<dyn Any + Send + Sync>) =
+        if let Ok(t) = obj.cast::<PyTuple>() {
+            let (addr, len): (u64, usize) = t
+                .extract()
+                .map_err(|_| Error::invalid("a memory tuple is (address, length), two integers"))?;
+            (addr, len, Box::new(()))
+        } else if let Some(iface) = interface_of(obj, "__array_interface__") {
+            let Some(d) = describe_interface(&iface)? else {
+                return Ok(None);
+            };
+            if d.readonly {
+                return Ok(None);
+            }
+            (d.addr, d.len, Box::new(obj.clone().unbind()))
+        } else {
+            return Ok(None);
+        };
+    if len == 0 {
+        return Err(Error::invalid("a region needs at least one byte; the memory has none").into());
+    }
+    // Both ends mapped in this process now; the rest is the caller's (or the array's) promise.
+    read_address(addr, 1)?;
+    read_address(addr.saturating_add(len as u64 - 1), 1)?;
+    // SAFETY: `addr..addr + len` is mapped (checked just above) and is either an array's data,
+    // kept allocated and unmoved by the reference `owner` holds, or memory the caller passed
+    // by address and promised to keep (the documented contract of `Region`).
+    let memory = unsafe { ferroce::MappedMemory::borrow(addr, len, owner) }.map_err(Error::from)?;
+    Ok(Some(memory))
+}
+
 /// Where a checked copy goes: a `bytearray`, or a writable C-contiguous object with an
 /// `__array_interface__` (a NumPy array). Borrowed for the copy only, with the GIL held, so
 /// nothing can resize or free it meanwhile.

@@ -156,15 +156,18 @@ impl RemoteAddr {
 
 /// Registered memory (seed 004's `Region`).
 ///
-/// The Rust region owns its bytes, so `Region(nic, obj)` cannot register the caller's own
-/// pages: given a size it registers that many fresh zeroed bytes; given a bytes-like object,
-/// an array (`__array_interface__`, DLPack, in host memory) or `(address, length)`, it
-/// registers a region of that size holding a *copy* of those bytes. What peers write later
-/// lands in the region, not in the object: read it back with `read()`, or look at it in
-/// place through `numpy.asarray(region)` / `numpy.from_dlpack(region)` (the region's memory
-/// is mapped memory whose address may leave Rust, unless `pinned=True`). Only
-/// `Region.from_dmabuf` registers memory the caller keeps (a dma-buf or memfd, mapped
-/// shared).
+/// `Region(nic, obj)` registers the caller's own memory where it can, as NIXL's and
+/// Mooncake's `register_memory` do: a writable NumPy array (any object with a writable,
+/// C-contiguous `__array_interface__`) is registered in place, kept alive by the region, and
+/// what peers write lands in the array; `(address, length)` is registered in place too, and the
+/// caller keeps that memory allocated while the region lives (it is checked to be mapped when
+/// registered, never after). Given a size, the region is that many fresh zeroed bytes. Bytes,
+/// `bytearray`s, read-only arrays and DLPack producers are copied into a fresh region instead
+/// (bytes are immutable, a `bytearray` can be resized under the region, and a DLPack export
+/// lends memory only until its deleter runs); so is everything with `copy=True`. Read a
+/// copied region back with `read()`, or look at it in place through `numpy.asarray(region)` /
+/// `numpy.from_dlpack(region)`, unless `pinned=True`. `Region.from_dmabuf` registers a
+/// dma-buf or memfd the caller keeps.
 #[pyclass(module = "ferroce", frozen)]
 pub(crate) struct Region {
     inner: Mutex<Option<Arc<ferroce::Region>>>,
@@ -212,12 +215,13 @@ impl Region {
 
 #[pymethods]
 impl Region {
-    /// Registers `memory` with `nic`: an `int` (that many zeroed bytes), or a copy of an
-    /// object's bytes (see the class doc). By default the bytes are mapped memory that can be
-    /// viewed in place and needs no locked-memory allowance on the soft NIC; `pinned=True`
-    /// takes host memory locked in RAM instead, which is never handed out (no views).
+    /// Registers `memory` with `nic`: an `int` (that many zeroed bytes), the caller's own
+    /// memory in place (a writable array, `(address, length)`), or a copy of an object's bytes
+    /// (see the class doc). Fresh and copied bytes are mapped memory that can be viewed in
+    /// place and needs no locked-memory allowance on the soft NIC; `pinned=True` takes host
+    /// memory locked in RAM instead, which is never handed out (no views), and copies.
     #[new]
-    #[pyo3(signature = (nic, memory, access=RegionAccess::Remote, order=WriteOrder::InOrder, *, pinned=false))]
+    #[pyo3(signature = (nic, memory, access=RegionAccess::Remote, order=WriteOrder::InOrder, *, pinned=false, copy=false))]
     fn new(
         py: Python<'_>,
         nic: PyRef<'_, Nic>,
@@ -225,7 +229,19 @@ impl Region {
         access: RegionAccess,
         order: WriteOrder,
         pinned: bool,
+        copy: bool,
     ) -> PyResult<Self> {
+        if !pinned && !copy && memory.extract::<i64>().is_err() {
+            if let Some(borrowed) = memory::borrow_of(memory)? {
+                return Ok(Self::register(
+                    py,
+                    &nic,
+                    access,
+                    order,
+                    RegionMemory::Mapped(borrowed),
+                )?);
+            }
+        }
         let (size, bytes) = match memory.extract::<i64>() {
             Ok(n) if n <= 0 => {
                 return Err(

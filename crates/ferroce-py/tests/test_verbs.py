@@ -40,11 +40,13 @@ def test_write_read_and_send_between_two_nics():
         view = np.asarray(dst)
         assert np.array_equal(view[100:4196], payload)
 
-        back = ferroce.Region(na, 4096)
+        # READ into the caller's own array, registered in place.
+        landing = np.zeros(4096, dtype=np.uint8)
+        back = ferroce.Region(na, landing)
         qa.post_send(ferroce.SendWr(2, ferroce.SendOp.read(dst.remote(100)), back.local()))
         c = ca.wait(timeout=5.0)
         assert c.ok and c.opcode == "RdmaRead"
-        assert back.read() == payload.tobytes()
+        assert np.array_equal(landing, payload)
 
         inbox = ferroce.Region(nb, 256)
         qb.post_recv(ferroce.RecvWr(9, inbox.local(0, 256)))
@@ -104,10 +106,30 @@ def test_region_accepts_arrays_bytes_dlpack_and_addresses():
 
         assert ferroce.Region(nic, DlpackOnly(arr)).read() == arr.tobytes()
         assert ferroce.Region(nic, (arr.ctypes.data, arr.nbytes)).read() == arr.tobytes()
-        # A copy: the region does not alias the array.
+        # A writable array is registered in place: the region is the array's memory, both
+        # ways, and keeps the array alive after the caller lets go of it.
         r = ferroce.Region(nic, arr)
+        assert r.local(0, 4).addr == arr.ctypes.data
         arr[0] = 7
-        assert r.read(0, 4) == (0).to_bytes(4, "little")
+        assert r.read(0, 4) == (7).to_bytes(4, "little")
+        r.write((9).to_bytes(4, "little"), 4)
+        assert arr[1] == 9
+        assert np.shares_memory(np.asarray(r), arr)
+        with pytest.raises(ValueError):
+            arr.resize(2000)  # NumPy refuses: the region refers to it
+        # So is (address, length), as Mooncake's register_memory takes it.
+        by_address = ferroce.Region(nic, (arr.ctypes.data + 8, 16))
+        by_address.write(b"\xff" * 4)
+        assert arr[2] == 0xFFFF_FFFF
+        with pytest.raises(ferroce.InvalidArgument, match="not mapped"):
+            ferroce.Region(nic, (8, 4096))
+        # copy=True, a read-only array and bytes-likes are copies: they do not alias.
+        copied = ferroce.Region(nic, arr, copy=True)
+        arr[3] = 5
+        assert copied.read(12, 4) == (3).to_bytes(4, "little")
+        frozen = np.arange(4, dtype=np.uint8)
+        frozen.flags.writeable = False
+        assert not np.shares_memory(np.asarray(ferroce.Region(nic, frozen)), frozen)
         # Pinned memory is never handed out.
         pinned = ferroce.Region(nic, 64, pinned=True)
         with pytest.raises(ferroce.NotSupported, match="not viewable"):

@@ -147,11 +147,12 @@ class Region:
     def __init__(
         self,
         nic: Nic,
-        memory: Union[int, Buffer_],
+        memory: Union[int, Buffer_, tuple[int, int]],
         access: RegionAccess = RegionAccess.Remote,
         order: WriteOrder = WriteOrder.InOrder,
         *,
         pinned: bool = False,
+        copy: bool = False,
     ) -> None: ...
     @staticmethod
     def from_dmabuf(
