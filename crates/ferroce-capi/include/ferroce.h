@@ -1141,6 +1141,26 @@ enum ferroce_result ferroce_region_register(const struct ferroce_nic *nic,
                                             uint32_t memory,
                                             struct ferroce_region **out);
 
+// Registers `len` bytes at `addr` that the caller owns (seed 004's `register` of the
+// application's memory, as NIXL's and Mooncake's `register_memory` take it), for `access`,
+// writes landing in order; `*out` receives the region. What peers write lands in the
+// caller's bytes; `ferroce_region_host_pointer` is `addr`.
+//
+// `NULL_PARAMETER` for a NULL `addr`; `INVALID` for 0 bytes or an unknown access value;
+// `DEVICE` when a verbs device cannot pin the memory (the locked-memory limit, say).
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC; `out` is NULL or writable. `addr..addr + len` is readable and
+// writable memory of this process that stays allocated, neither freed nor unmapped, until
+// the region is freed with `ferroce_region_free`. The NIC writes it whenever a peer's
+// WRITE lands: reading it meanwhile is the caller's race, as with any RDMA buffer.
+enum ferroce_result ferroce_region_register_user(const struct ferroce_nic *nic,
+                                                 void *addr,
+                                                 size_t len,
+                                                 uint32_t access,
+                                                 struct ferroce_region **out);
+
 // Copies `len` bytes from `data` to offset `at` of the region.
 //
 // `INVALID` when they run past the region's end (nothing is copied).

@@ -133,6 +133,63 @@ pub unsafe extern "C" fn ferroce_region_register(
     })
 }
 
+/// Registers `len` bytes at `addr` that the caller owns (seed 004's `register` of the
+/// application's memory, as NIXL's and Mooncake's `register_memory` take it), for `access`,
+/// writes landing in order; `*out` receives the region. What peers write lands in the
+/// caller's bytes; `ferroce_region_host_pointer` is `addr`.
+///
+/// `NULL_PARAMETER` for a NULL `addr`; `INVALID` for 0 bytes or an unknown access value;
+/// `DEVICE` when a verbs device cannot pin the memory (the locked-memory limit, say).
+///
+/// # Safety
+///
+/// `nic` is NULL or a live NIC; `out` is NULL or writable. `addr..addr + len` is readable and
+/// writable memory of this process that stays allocated, neither freed nor unmapped, until
+/// the region is freed with `ferroce_region_free`. The NIC writes it whenever a peer's
+/// WRITE lands: reading it meanwhile is the caller's race, as with any RDMA buffer.
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_region_register_user(
+    nic: *const ferroce_nic,
+    addr: *mut c_void,
+    len: usize,
+    access: u32,
+    out: *mut *mut ferroce_region,
+) -> ferroce_result {
+    fence_result("ferroce_region_register_user", || {
+        // SAFETY: the caller promises NULL or a live NIC.
+        let nic = unsafe { handle(nic, "nic") }?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        if addr.is_null() {
+            return Err(Failure::null("addr"));
+        }
+        let access = access_arg(access)?;
+        // SAFETY: the caller promises `len` bytes at `addr` that stay allocated until the
+        // region is freed, which drops the last handle on them.
+        let m = unsafe { MappedMemory::borrow(addr as u64, len, Box::new(())) }
+            .map_err(|e| region_failure(&e))?;
+        let region = Region::register(
+            &nic.nic,
+            access,
+            WriteOrder::InOrder,
+            RegionMemory::Mapped(m.clone()),
+        )
+        .map_err(|e| region_failure(&e))?;
+        // SAFETY: checked not NULL above; the caller promises it is writable.
+        unsafe {
+            write_out(
+                out,
+                into_handle(ferroce_region {
+                    region,
+                    mapped: Some(m),
+                }),
+                "out",
+            )
+        }
+    })
+}
+
 /// # Safety
 ///
 /// `region` is NULL or a live region; `bytes` is NULL or valid for `len` bytes.

@@ -327,6 +327,28 @@ static void rc_write_read_and_send(void) {
     OK(ferroce_region_read(rb, 2048, seen, 4));
     CHECK(memcmp(seen, "sent", 4) == 0);
 
+    /* WRITE into the caller's own buffer, registered in place. */
+    static uint8_t mine[512];
+    ferroce_region *rm = NULL;
+    EXPECT(ferroce_region_register_user(b, NULL, 512, FERROCE_ACCESS_REMOTE, &rm),
+           FERROCE_RESULT_NULL_PARAMETER);
+    EXPECT(ferroce_region_register_user(b, mine, 0, FERROCE_ACCESS_REMOTE, &rm),
+           FERROCE_RESULT_INVALID);
+    OK(ferroce_region_register_user(b, mine, sizeof mine, FERROCE_ACCESS_REMOTE, &rm));
+    CHECK(ferroce_region_host_pointer(rm) == mine);
+    memcpy(pa + 3100, "into my buffer", 14);
+    wr.opcode = FERROCE_WR_WRITE;
+    wr.wr_id = 4;
+    wr.local_addr = ferroce_region_addr(ra) + 3100;
+    wr.length = 14;
+    wr.remote_addr = ferroce_region_addr(rm) + 300;
+    wr.rkey = ferroce_region_rkey(rm);
+    OK(ferroce_qp_post_send(qa, &wr));
+    wc = wait_one(ca);
+    CHECK(wc.wr_id == 4 && wc.status == 0);
+    CHECK(memcmp(mine + 300, "into my buffer", 14) == 0);
+    ferroce_region_free(rm);
+
     wr.opcode = 77;
     EXPECT(ferroce_qp_post_send(qa, &wr), FERROCE_RESULT_INVALID);
     wr.struct_size = 8;
