@@ -76,6 +76,19 @@ fn context(ordinal: u32) -> Result<Arc<CudaContext>, DeviceError> {
     )
 }
 
+/// A stream of ferroce's own on device `ordinal`'s primary context.
+fn new_stream(ordinal: u32) -> Result<Arc<CudaStream>, DeviceError> {
+    let ctx = context(ordinal)?;
+    fenced(
+        || ctx.new_stream(),
+        |reason| DeviceError::Failed {
+            device: format!("CUDA device {ordinal}"),
+            operation: "creating a stream",
+            reason,
+        },
+    )
+}
+
 /// An allocation on one CUDA device (the seed calls' `cu_buffer`, `MemKind` CUDA, `gpu_id`),
 /// owned ([`CudaMemory::alloc`], [`CudaMemory::from_slice`]) or borrowed from the caller
 /// ([`CudaMemory::from_raw`]).
@@ -116,15 +129,7 @@ impl CudaMemory {
                 reason: "an allocation needs at least one byte".into(),
             });
         }
-        let ctx = context(ordinal)?;
-        let stream = fenced(
-            || ctx.new_stream(),
-            |reason| DeviceError::Failed {
-                device: device.clone(),
-                operation: "creating a stream",
-                reason,
-            },
-        )?;
+        let stream = new_stream(ordinal)?;
         let slice = fenced(
             || stream.alloc_zeros::<u8>(size),
             |reason| DeviceError::Allocation {
@@ -162,15 +167,7 @@ impl CudaMemory {
                 reason: "borrowed memory needs a non-null pointer and at least one byte".into(),
             });
         }
-        let ctx = context(ordinal)?;
-        let stream = fenced(
-            || ctx.new_stream(),
-            |reason| DeviceError::Failed {
-                device: device.clone(),
-                operation: "creating a stream",
-                reason,
-            },
-        )?;
+        let stream = new_stream(ordinal)?;
         // SAFETY: the caller promises `ptr..ptr + size` is live memory of this device's
         // primary context for as long as this value; `borrowed` makes drop leak the slice
         // rather than free the caller's memory.
