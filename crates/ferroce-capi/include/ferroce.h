@@ -297,6 +297,37 @@ typedef struct ferroce_frame_info {
     bool packets_counted;
 } ferroce_frame_info;
 
+// The receiver's counters, kept across starts (what Hololink's receivers report as
+// `frames`, `dropped`, `packets_dropped`, `rx_write_requests`, and ferroce's refusals by
+// name). Versioned: set `struct_size` to `sizeof` before passing it. Packets the NIC
+// refused before the receiver saw them (a bad ICRC, another source) are the NIC's counters.
+typedef struct ferroce_frame_counters {
+    // `sizeof(ferroce_frame_counters)`.
+    uint32_t struct_size;
+    // Frames completed.
+    uint64_t frames;
+    // Completed frames dropped because `queue_size` frames were already waiting.
+    uint64_t frames_dropped;
+    // Frames that lost packets or bytes, or whose metadata PSN did not match.
+    uint64_t incomplete_frames;
+    // Packets missing from frames' PSN ranges.
+    uint64_t packets_lost;
+    // Data packets landed (`rx_write_requests`).
+    uint64_t packets;
+    // Packets that arrived after the packet ending their frame.
+    uint64_t late_packets;
+    // WRITEs to a page past `pages`, or an immediate naming one: refused.
+    uint64_t page_out_of_range;
+    // WRITEs that would cross from one page into the next: refused.
+    uint64_t write_crosses_page;
+    // Frame-ending WRITEs whose immediate names another page than their address: refused.
+    uint64_t page_mismatch;
+    // Frame-ending WRITEs whose last 128 bytes miss the metadata offset: refused.
+    uint64_t metadata_misplaced;
+    // Frames whose metadata PSN differs from the immediate's.
+    uint64_t metadata_psn_mismatch;
+} ferroce_frame_counters;
+
 // A frame-ready callback (seed 000's `set_frame_ready` callback), called with the user data
 // it was registered with, on the monitor's thread; NULL for none.
 typedef void (*ferroce_frame_ready_fn)(void *user);
@@ -686,6 +717,18 @@ void ferroce_receiver_close(const struct ferroce_receiver *rx);
 enum ferroce_result ferroce_receiver_next_frame(const struct ferroce_receiver *rx,
                                                 uint32_t timeout_ms,
                                                 struct ferroce_frame_info *out);
+
+// Fills `*out` with the receiver's counters (see `ferroce_frame_counters`).
+//
+// `NULL_PARAMETER` for a NULL `rx` or `out`; `INVALID` for an older, smaller
+// `struct_size`.
+//
+// # Safety
+//
+// `rx` is NULL or a live receiver; `out` is NULL or a readable and writable
+// `ferroce_frame_counters` whose `struct_size` is set.
+enum ferroce_result ferroce_receiver_counters(const struct ferroce_receiver *rx,
+                                              struct ferroce_frame_counters *out);
 
 // Whether `ferroce_receiver_next_frame` would return at once (seed 000's `frames_ready`):
 // a frame is waiting, or the receive path has failed. False for a NULL `rx`.

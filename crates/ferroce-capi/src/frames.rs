@@ -521,6 +521,83 @@ pub unsafe extern "C" fn ferroce_receiver_next_frame(
     })
 }
 
+/// The receiver's counters, kept across starts (what Hololink's receivers report as
+/// `frames`, `dropped`, `packets_dropped`, `rx_write_requests`, and ferroce's refusals by
+/// name). Versioned: set `struct_size` to `sizeof` before passing it. Packets the NIC
+/// refused before the receiver saw them (a bad ICRC, another source) are the NIC's counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ferroce_frame_counters {
+    /// `sizeof(ferroce_frame_counters)`.
+    pub struct_size: u32,
+    /// Frames completed.
+    pub frames: u64,
+    /// Completed frames dropped because `queue_size` frames were already waiting.
+    pub frames_dropped: u64,
+    /// Frames that lost packets or bytes, or whose metadata PSN did not match.
+    pub incomplete_frames: u64,
+    /// Packets missing from frames' PSN ranges.
+    pub packets_lost: u64,
+    /// Data packets landed (`rx_write_requests`).
+    pub packets: u64,
+    /// Packets that arrived after the packet ending their frame.
+    pub late_packets: u64,
+    /// WRITEs to a page past `pages`, or an immediate naming one: refused.
+    pub page_out_of_range: u64,
+    /// WRITEs that would cross from one page into the next: refused.
+    pub write_crosses_page: u64,
+    /// Frame-ending WRITEs whose immediate names another page than their address: refused.
+    pub page_mismatch: u64,
+    /// Frame-ending WRITEs whose last 128 bytes miss the metadata offset: refused.
+    pub metadata_misplaced: u64,
+    /// Frames whose metadata PSN differs from the immediate's.
+    pub metadata_psn_mismatch: u64,
+}
+
+/// Fills `*out` with the receiver's counters (see `ferroce_frame_counters`).
+///
+/// `NULL_PARAMETER` for a NULL `rx` or `out`; `INVALID` for an older, smaller
+/// `struct_size`.
+///
+/// # Safety
+///
+/// `rx` is NULL or a live receiver; `out` is NULL or a readable and writable
+/// `ferroce_frame_counters` whose `struct_size` is set.
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_receiver_counters(
+    rx: *const ferroce_receiver,
+    out: *mut ferroce_frame_counters,
+) -> ferroce_result {
+    fence_result("ferroce_receiver_counters", || {
+        // SAFETY: the caller promises NULL or a live receiver.
+        let rx = unsafe { handle(rx, "rx") }?;
+        // SAFETY: the caller promises NULL or a readable (and writable) struct.
+        let given = unsafe { handle(out.cast_const(), "out") }?.struct_size;
+        check_struct_size(
+            "ferroce_frame_counters",
+            given,
+            size_of::<ferroce_frame_counters>(),
+        )?;
+        let c = rx.rx.counters();
+        let counters = ferroce_frame_counters {
+            struct_size: size_of::<ferroce_frame_counters>() as u32,
+            frames: c.frames,
+            frames_dropped: c.frames_dropped,
+            incomplete_frames: c.incomplete_frames,
+            packets_lost: c.packets_lost,
+            packets: c.packets,
+            late_packets: c.late_packets,
+            page_out_of_range: c.page_out_of_range,
+            write_crosses_page: c.write_crosses_page,
+            page_mismatch: c.page_mismatch,
+            metadata_misplaced: c.metadata_misplaced,
+            metadata_psn_mismatch: c.metadata_psn_mismatch,
+        };
+        // SAFETY: checked readable above; the caller promises it is writable.
+        unsafe { write_out(out, counters, "out") }
+    })
+}
+
 /// Whether `ferroce_receiver_next_frame` would return at once (seed 000's `frames_ready`):
 /// a frame is waiting, or the receive path has failed. False for a NULL `rx`.
 ///

@@ -209,6 +209,14 @@ static void frames_arrive_byte_exact(void) {
         ferroce_frame_free(frame);
     }
     CHECK(!ferroce_receiver_frames_ready(rx));
+    ferroce_frame_counters counters;
+    counters.struct_size = 4;
+    EXPECT(ferroce_receiver_counters(rx, &counters), FERROCE_RESULT_INVALID);
+    counters.struct_size = sizeof counters;
+    OK(ferroce_receiver_counters(rx, &counters));
+    CHECK(counters.frames == FRAMES && counters.frames_dropped == 0);
+    CHECK(counters.packets_lost == 0 && counters.incomplete_frames == 0);
+    CHECK(counters.packets >= FRAMES);
     ferroce_frame_info none;
     none.struct_size = sizeof none;
     EXPECT(ferroce_receiver_next_frame(rx, 10, &none), FERROCE_RESULT_TIMEOUT);
