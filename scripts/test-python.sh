@@ -5,10 +5,10 @@
 #   scripts/test-python.sh [pytest arguments]
 #
 # Needs python3 (3.10 or later) with the venv module and pip, a Rust toolchain, and PyPI
-# (maturin, pytest, pytest-timeout and numpy are installed into the environment). On a fresh
-# Debian 12: apt-get install python3-venv (python3-dev is not needed: the module is built
-# against the stable ABI). The build is cargo's dev profile, so it reuses `cargo test`'s
-# artifacts. pytest's exit status 5 (no tests collected) counts as a failure.
+# (pytest, pytest-timeout and numpy are installed into the environment, and pip fetches maturin
+# to build the package). On a fresh Debian 12: apt-get install python3-venv (python3-dev is not
+# needed by the module, which is built against the stable ABI). pytest's exit status 5 (no
+# tests collected) counts as a failure.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,12 +19,13 @@ if [[ ! -x "$venv/bin/python" ]]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet 'maturin>=1.9.4,<2' 'pytest>=8' 'pytest-timeout>=2' numpy
+"$venv/bin/python" -m pip install --quiet 'pytest>=8' 'pytest-timeout>=2' numpy
 
-# maturin develop installs into the active environment.
+# The package as README.md installs it: pip builds a release wheel with maturin (PEP 517) in
+# cargo's target directory, so after scripts/test-c.sh's release build it compiles little.
+"$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps ./crates/ferroce-py
 export VIRTUAL_ENV="$venv"
 export PATH="$venv/bin:$PATH"
-maturin develop --manifest-path crates/ferroce-py/Cargo.toml
 
 set +e
 python -m pytest -q -p no:cacheprovider crates/ferroce-py/tests "$@"

@@ -31,7 +31,7 @@ cargo test -p ferroce --features cuda --locked --lib --test cuda -- --nocapture
 # environment, with pytest and the Python examples (crates/ferroce-*/README.md).
 echo "== the C ABI: release library and examples (scripts/test-c.sh)"
 scripts/test-c.sh
-echo "== the Python package: maturin develop and pytest (scripts/test-python.sh)"
+echo "== the Python package: pip install and pytest (scripts/test-python.sh)"
 scripts/test-python.sh
 echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"
 interop/run.sh
