@@ -317,8 +317,10 @@ impl DeviceMemory for PyDeviceMemory {
 /// mapped memory, so frames can be viewed where they land.
 ///
 /// `device`: `"cpu"` (the ring), `"cuda:N"` (CUDA memory on device N, the `cuda` feature), or
-/// leave it and pass `device_memory`, an object implementing the device-memory methods in
-/// Python.
+/// leave it and pass `device_memory`: a CUDA array of the caller's (CuPy, PyTorch: anything
+/// with a writable `__cuda_array_interface__`; seed 000's `cu_buffer`, the `cuda` feature),
+/// which frames land in and which the receiver keeps alive, or an object implementing the
+/// device-memory methods in Python.
 #[pyclass(module = "ferroce.frames", get_all, set_all)]
 pub(crate) struct ReceiverConfig {
     frame_size: usize,
@@ -401,7 +403,13 @@ impl ReceiverConfig {
         };
         let device_memory: Option<Arc<dyn DeviceMemory>> =
             match (&self.device_memory, self.device.as_str()) {
-                (Some(object), _) => Some(Arc::new(PyDeviceMemory::new(object.bind(py))?)),
+                (Some(object), device) => match memory::cuda_array_of(object.bind(py))? {
+                    Some((addr, len)) => {
+                        let ordinal = device_of(object.bind(py), device)?;
+                        Some(memory::borrowed_cuda(object.bind(py), ordinal, addr, len)?)
+                    }
+                    None => Some(Arc::new(PyDeviceMemory::new(object.bind(py))?)),
+                },
                 (None, "cpu" | "host") => None,
                 (None, other) => Some(cuda_memory(other, ring)?),
             };
@@ -417,6 +425,22 @@ impl ReceiverConfig {
             device_memory,
         })
     }
+}
+
+/// The CUDA device an array is on: CuPy's `array.device.id`, PyTorch's `tensor.device.index`,
+/// else the config's `"cuda:N"`, else device 0.
+fn device_of(object: &Bound<'_, PyAny>, device: &str) -> Result<u32, Error> {
+    if let Ok(d) = object.getattr("device") {
+        for attr in ["id", "index"] {
+            if let Ok(n) = d.getattr(attr).and_then(|n| n.extract::<u32>()) {
+                return Ok(n);
+            }
+        }
+    }
+    if device.starts_with("cuda") {
+        return cuda_ordinal(device);
+    }
+    Ok(0)
 }
 
 /// The ordinal in `"cuda:N"` (or `"cuda"`, device 0).

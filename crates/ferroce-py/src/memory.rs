@@ -5,7 +5,9 @@
 //! Out of ferroce: [`array_interface`], [`cuda_array_interface`] and [`dlpack_capsule`]
 //! describe bytes ferroce keeps alive (a frame's page, say) without copying them.
 //!
-//! Into ferroce: [`bytes_of`] takes a copy of any object's bytes. Raw addresses from Python
+//! Into ferroce: [`borrow_of`] registers an array's or an address's memory in place,
+//! [`borrowed_cuda`] a CUDA array as a receiver's device memory (both keep the object alive),
+//! and [`bytes_of`] takes a copy of any object's bytes. Raw addresses from Python
 //! (`(address, length)`, an interface's data pointer) are read through `/proc/self/mem`,
 //! so a wrong address is an error, not a crash. [`Writable`] is where a checked copy goes:
 //! a `bytearray`, or a writable, C-contiguous object with `__array_interface__`.
@@ -21,6 +23,8 @@ use std::ptr::NonNull;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyCapsule, PyDict, PyTuple};
+
+use ferroce::device::DeviceMemory;
 
 use crate::errors::Error;
 
@@ -298,6 +302,22 @@ fn interface_of<'py>(obj: &Bound<'py, PyAny>, name: &str) -> Option<Bound<'py, P
     obj.getattr(name).ok().filter(|i| !i.is_none())
 }
 
+/// The device pointer and byte length of an object's C-contiguous
+/// `__cuda_array_interface__` (a CuPy array, a PyTorch CUDA tensor); `None` when it has none.
+pub(crate) fn cuda_array_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<(u64, usize)>> {
+    let Some(iface) = interface_of(obj, "__cuda_array_interface__") else {
+        return Ok(None);
+    };
+    match describe_interface(&iface)? {
+        Some(d) if d.readonly => Err(Error::invalid(
+            "the CUDA array is read-only; frames need memory they may write",
+        )
+        .into()),
+        Some(d) if d.addr != 0 && d.len > 0 => Ok(Some((d.addr, d.len))),
+        _ => Err(Error::invalid("the CUDA array has no data (a null pointer or no bytes)").into()),
+    }
+}
+
 /// Whether `obj` lives in GPU memory (it has a `__cuda_array_interface__`, or its DLPack
 /// device is not the CPU).
 pub(crate) fn is_device_object(obj: &Bound<'_, PyAny>) -> bool {
@@ -499,4 +519,71 @@ pub(crate) fn with_writable<R>(
     // the slice lives, so it can be neither freed nor resized.
     let slice = unsafe { std::slice::from_raw_parts_mut(d.addr as usize as *mut u8, d.len) };
     Ok(f(slice))
+}
+
+/// A caller's CUDA array as the receiver's device memory (seed 000's `cu_buffer`): frames
+/// land there without ferroce allocating anything, and the array is kept alive meanwhile.
+#[cfg(feature = "cuda")]
+pub(crate) fn borrowed_cuda(
+    object: &Bound<'_, PyAny>,
+    ordinal: u32,
+    addr: u64,
+    len: usize,
+) -> Result<std::sync::Arc<dyn DeviceMemory>, Error> {
+    // SAFETY: the array's `__cuda_array_interface__` promises `len` bytes at `addr` on its
+    // device for as long as the array lives, and `BorrowedCuda` holds a reference to it for
+    // as long as the memory is used.
+    let memory = unsafe { ferroce::cuda::CudaMemory::from_raw(ordinal, addr, len) }?;
+    Ok(std::sync::Arc::new(BorrowedCuda {
+        memory,
+        _owner: object.clone().unbind(),
+    }))
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn borrowed_cuda(
+    _object: &Bound<'_, PyAny>,
+    _ordinal: u32,
+    _addr: u64,
+    _len: usize,
+) -> Result<std::sync::Arc<dyn DeviceMemory>, Error> {
+    Err(Error::unsupported(
+        "device_memory is a CUDA array: that needs ferroce built with the cuda feature (pip \
+         install with MATURIN_PEP517_ARGS=\"--features cuda\")",
+    ))
+}
+
+/// CUDA memory a Python object owns, borrowed with a reference to the object.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+struct BorrowedCuda {
+    memory: ferroce::cuda::CudaMemory,
+    _owner: Py<PyAny>,
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceMemory for BorrowedCuda {
+    fn size(&self) -> u64 {
+        self.memory.size()
+    }
+
+    fn address(&self) -> u64 {
+        self.memory.address()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (a caller's CUDA array)", self.memory.describe())
+    }
+
+    fn cuda_ordinal(&self) -> Option<u32> {
+        self.memory.cuda_ordinal()
+    }
+
+    fn write(&self, offset: u64, src: &[u8]) -> Result<(), ferroce::device::DeviceError> {
+        self.memory.write(offset, src)
+    }
+
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), ferroce::device::DeviceError> {
+        self.memory.read(offset, dst)
+    }
 }

@@ -264,3 +264,49 @@ def test_cuda_frames_export_cuda_interfaces():
         assert arr.data.ptr == frame.addr
         assert cp.asnumpy(arr).tobytes() == data
         assert cp.asnumpy(cp.from_dlpack(frame)).tobytes() == data
+
+
+class FakeCudaArray:
+    """Looks like a CuPy array to the receiver: a writable `__cuda_array_interface__`."""
+
+    def __init__(self, nbytes):
+        self.__cuda_array_interface__ = {
+            "version": 3,
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (0x7F00_0000_0000, False),
+            "strides": None,
+        }
+
+
+def test_a_cuda_array_as_device_memory_needs_the_cuda_feature_or_a_gpu():
+    nic = ferroce.Nic(ip(27))
+    rx = frames.Receiver()
+    with nic, rx:
+        config = frames.ReceiverConfig(4096, 2, ip(28), device_memory=FakeCudaArray(1 << 16))
+        # Without the feature the refusal says how to get it; with it, on a host without a
+        # GPU, the driver's absence is named. Either way nothing is started.
+        with pytest.raises((ferroce.NotSupported, ferroce.DeviceError), match="cuda|CUDA"):
+            rx.start(nic, config)
+        with pytest.raises(ferroce.NotStarted):
+            rx.qp_number()
+
+
+@pytest.mark.gpu
+def test_frames_land_in_a_callers_cupy_array():
+    cp = pytest.importorskip("cupy")
+    nic = ferroce.Nic(ip(29))
+    rx = frames.Receiver()
+    with nic, rx:
+        config = frames.ReceiverConfig(8192, 2, ip(30))
+        ring = cp.zeros(config.page_size * 2, dtype=cp.uint8)
+        config.device_memory = ring
+        rx.start(nic, config)
+        rx.run_monitor()
+        tx = frames.Sender(ip(30), frames.Target.for_receiver(rx))
+        data = frames.Pattern.Counter.fill(0, 8192)
+        tx.send_frame(data)
+        frame = rx.next_frame(5.0)
+        assert frame is not None and frame.device == "cuda:0"
+        assert frame.addr == ring.data.ptr
+        assert cp.asnumpy(ring[:8192]).tobytes() == data
