@@ -348,6 +348,11 @@ class DeviceMemory(Protocol):
     def write(self, offset: int, data: bytes) -> None: ...
     def read(self, offset: int, length: int) -> bytes: ...
 
+class CudaArray(Protocol):
+    """A caller's CUDA array (CuPy, PyTorch), for ``ReceiverConfig(device_memory=...)``."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+
 class ReceiverConfig:
     frame_size: int
     page_size: int
@@ -357,7 +362,7 @@ class ReceiverConfig:
     queue_size: int
     immediate: str
     device: str
-    device_memory: Optional[DeviceMemory]
+    device_memory: Optional[Union[DeviceMemory, CudaArray]]
     def __init__(
         self,
         frame_size: int,
@@ -369,7 +374,7 @@ class ReceiverConfig:
         queue_size: Optional[int] = None,
         immediate: str = "page12",
         device: str = "cpu",
-        device_memory: Optional[DeviceMemory] = None,
+        device_memory: Optional[Union[DeviceMemory, CudaArray]] = None,
     ) -> None: ...
     @staticmethod
     def for_frames(frame_size: int, pages: int, peer_ip: str) -> ReceiverConfig: ...
