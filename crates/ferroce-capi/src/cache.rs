@@ -20,8 +20,8 @@ use std::time::Duration;
 use ferroce::cache::{Buffer, CacheError, Context, ContextConfig, Device};
 
 use crate::fence::{
-    check_struct_size, fence, fence_result, free_handle, handle, into_handle, text_arg, write_out,
-    Failure, Outcome,
+    fence, fence_result, free_handle, handle, into_handle, text_arg, versioned, write_out, Failure,
+    Outcome,
 };
 use crate::ferroce_result;
 use crate::nic::{nic_failure, parse_addr};
@@ -91,12 +91,7 @@ pub unsafe extern "C" fn ferroce_context_connect(
 ) -> ferroce_result {
     fence_result("ferroce_context_connect", || {
         // SAFETY: the caller promises NULL or readable.
-        let c = unsafe { handle(config, "config") }?;
-        check_struct_size(
-            "ferroce_context_config",
-            c.struct_size,
-            size_of::<ferroce_context_config>(),
-        )?;
+        let c = unsafe { versioned(config, "config", "ferroce_context_config") }?;
         if out.is_null() {
             return Err(Failure::null("out"));
         }

@@ -11,6 +11,7 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::ffi::{c_char, CStr};
 use std::fmt;
+use std::mem::size_of;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// What a call returns (rustls-ffi's `rustls_result`, libgit2's error codes). `OK` is 0, so
@@ -209,6 +210,44 @@ pub(crate) fn check_struct_size(name: &str, given: u32, known: usize) -> Outcome
         )));
     }
     Ok(())
+}
+
+/// A versioned out-struct's `struct_size`, read alone: the caller sets only that field of a
+/// struct the call fills, so the rest may be uninitialised (a `bool` field holding any byte),
+/// and no reference to the whole struct is made.
+///
+/// # Safety
+///
+/// `ptr` is NULL or points to a `T` whose first field is a `u32` `struct_size` that is
+/// initialised.
+pub(crate) unsafe fn struct_size_of<T>(ptr: *const T, name: &str) -> Result<u32, Failure> {
+    if ptr.is_null() {
+        return Err(Failure::null(name));
+    }
+    // SAFETY: not NULL; the caller promises the first field is an initialised u32, and every
+    // versioned struct here is #[repr(C)] with `struct_size: u32` first.
+    Ok(unsafe { ptr.cast::<u32>().read_unaligned() })
+}
+
+/// The caller's versioned struct behind `ptr`, once its `struct_size` (read alone) says it is
+/// at least this version's `T`: an older, smaller struct is refused before any byte past its
+/// `struct_size` is read. `what` names the struct in the message.
+///
+/// # Safety
+///
+/// `ptr` is NULL or points to a struct whose first field is an initialised `u32`
+/// `struct_size`, and whose first `struct_size` bytes are readable and initialised for `'a`.
+pub(crate) unsafe fn versioned<'a, T>(
+    ptr: *const T,
+    name: &str,
+    what: &str,
+) -> Result<&'a T, Failure> {
+    // SAFETY: the caller's promise covers the first field.
+    let given = unsafe { struct_size_of(ptr, name) }?;
+    check_struct_size(what, given, size_of::<T>())?;
+    // SAFETY: not NULL (checked by struct_size_of), and the caller says `given` bytes, at
+    // least a whole `T`, are readable and initialised.
+    unsafe { handle(ptr, name) }
 }
 
 /// The caller's `&T` behind a handle pointer.

@@ -19,8 +19,8 @@ use ferroce::frames::{
 use ferroce::{MappedMemory, RegionMemory};
 
 use crate::fence::{
-    check_struct_size, copy_text, fence, fence_result, free_handle, handle, into_handle, text_arg,
-    write_out, Failure, Outcome,
+    check_struct_size, copy_text, fence, fence_result, free_handle, handle, into_handle,
+    struct_size_of, text_arg, versioned, write_out, Failure, Outcome,
 };
 use crate::ferroce_result;
 use crate::nic::{ferroce_nic, parse_addr};
@@ -252,11 +252,6 @@ fn send_failure(e: &SendError) -> Failure {
 
 /// The caller's frame info, checked, back into the Rust frame it describes.
 fn frame_info(info: &ferroce_frame_info) -> Result<FrameInfo, Failure> {
-    check_struct_size(
-        "ferroce_frame_info",
-        info.struct_size,
-        size_of::<ferroce_frame_info>(),
-    )?;
     Ok(FrameInfo {
         page: info.page,
         received_frame_number: info.received_frame_number,
@@ -325,14 +320,9 @@ pub unsafe extern "C" fn ferroce_receiver_start(
             (
                 handle(rx, "rx")?,
                 handle(nic, "nic")?,
-                handle(config, "config")?,
+                versioned(config, "config", "ferroce_receiver_config")?,
             )
         };
-        check_struct_size(
-            "ferroce_receiver_config",
-            c.struct_size,
-            size_of::<ferroce_receiver_config>(),
-        )?;
         // SAFETY: the caller promises NULL or a NUL-terminated string.
         let peer = unsafe { text_arg(c.peer_ip, "config.peer_ip") }?;
         let peer_ip: IpAddr = peer.trim().parse().map_err(|_| {
@@ -469,8 +459,8 @@ pub unsafe extern "C" fn ferroce_receiver_next_frame(
     fence_result("ferroce_receiver_next_frame", || {
         // SAFETY: the caller promises NULL or a live receiver.
         let rx = unsafe { handle(rx, "rx") }?;
-        // SAFETY: the caller promises NULL or a readable (and writable) frame info.
-        let given = unsafe { handle(out.cast_const(), "out") }?.struct_size;
+        // SAFETY: the caller promises NULL or a frame info whose `struct_size` is set.
+        let given = unsafe { struct_size_of(out.cast_const(), "out") }?;
         check_struct_size("ferroce_frame_info", given, size_of::<ferroce_frame_info>())?;
         let timeout = Duration::from_millis(timeout_ms.into());
         let frame = rx.rx.next_frame(timeout).map_err(|_| not_started())?;
@@ -571,8 +561,8 @@ pub unsafe extern "C" fn ferroce_receiver_counters(
     fence_result("ferroce_receiver_counters", || {
         // SAFETY: the caller promises NULL or a live receiver.
         let rx = unsafe { handle(rx, "rx") }?;
-        // SAFETY: the caller promises NULL or a readable (and writable) struct.
-        let given = unsafe { handle(out.cast_const(), "out") }?.struct_size;
+        // SAFETY: the caller promises NULL or counters whose `struct_size` is set.
+        let given = unsafe { struct_size_of(out.cast_const(), "out") }?;
         check_struct_size(
             "ferroce_frame_counters",
             given,
@@ -853,7 +843,12 @@ pub unsafe extern "C" fn ferroce_receiver_read_frame(
 ) -> ferroce_result {
     fence_result("ferroce_receiver_read_frame", || -> Outcome {
         // SAFETY: the caller promises NULL or live / readable.
-        let (rx, info) = unsafe { (handle(rx, "rx")?, handle(info, "info")?) };
+        let (rx, info) = unsafe {
+            (
+                handle(rx, "rx")?,
+                versioned(info, "info", "ferroce_frame_info")?,
+            )
+        };
         let frame = frame_info(info)?;
         if out.is_null() {
             return Err(Failure::null("out"));
@@ -882,7 +877,12 @@ pub unsafe extern "C" fn ferroce_receiver_frame_view(
 ) -> ferroce_result {
     fence_result("ferroce_receiver_frame_view", || {
         // SAFETY: the caller promises NULL or live / readable.
-        let (rx, info) = unsafe { (handle(rx, "rx")?, handle(info, "info")?) };
+        let (rx, info) = unsafe {
+            (
+                handle(rx, "rx")?,
+                versioned(info, "info", "ferroce_frame_info")?,
+            )
+        };
         if out.is_null() {
             return Err(Failure::null("out"));
         }
@@ -1084,12 +1084,7 @@ pub unsafe extern "C" fn ferroce_sender_new(
 ) -> ferroce_result {
     fence_result("ferroce_sender_new", || {
         // SAFETY: the caller promises NULL or readable.
-        let t = unsafe { handle(target, "target") }?;
-        check_struct_size(
-            "ferroce_sender_target",
-            t.struct_size,
-            size_of::<ferroce_sender_target>(),
-        )?;
+        let t = unsafe { versioned(target, "target", "ferroce_sender_target") }?;
         if out.is_null() {
             return Err(Failure::null("out"));
         }

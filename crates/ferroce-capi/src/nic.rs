@@ -79,15 +79,11 @@ unsafe fn nic_config(
 ) -> Result<NicConfig, Failure> {
     let mut out = NicConfig::on(addr.ip());
     out.addr = addr;
-    // SAFETY: the caller's promise about `config`.
-    let Some(config) = (unsafe { config.as_ref() }) else {
+    if config.is_null() {
         return Ok(out);
-    };
-    crate::fence::check_struct_size(
-        "ferroce_nic_config",
-        config.struct_size,
-        size_of::<ferroce_nic_config>(),
-    )?;
+    }
+    // SAFETY: the caller's promise about `config`.
+    let config = unsafe { crate::fence::versioned(config, "config", "ferroce_nic_config") }?;
     if config.flags & !(FERROCE_NIC_NO_GSO | FERROCE_NIC_NO_GRO) != 0 {
         return Err(Failure::invalid(format_args!(
             "ferroce_nic_config.flags {:#x} has unknown bits",

@@ -17,7 +17,7 @@ use ferroce::qp::{
 use ferroce::{ConnectOptions, Cq, Qp, QpEndpoint};
 
 use crate::fence::{
-    check_struct_size, fence, fence_result, free_handle, handle, into_handle, write_out, Failure,
+    fence, fence_result, free_handle, handle, into_handle, versioned, write_out, Failure,
 };
 use crate::ferroce_result;
 use crate::nic::{ferroce_nic, nic_failure, parse_addr};
@@ -337,14 +337,11 @@ pub unsafe extern "C" fn ferroce_qp_new(
             }
         };
         // SAFETY: the caller promises NULL or a struct of at least its struct_size.
-        let caps = match unsafe { caps.as_ref() } {
+        let caps = match (!caps.is_null()).then_some(caps) {
             None => QpCaps::default(),
             Some(c) => {
-                check_struct_size(
-                    "ferroce_qp_caps",
-                    c.struct_size,
-                    size_of::<ferroce_qp_caps>(),
-                )?;
+                // SAFETY: as above.
+                let c = unsafe { versioned(c, "caps", "ferroce_qp_caps") }?;
                 if c.sq_depth == 0 || c.rq_depth == 0 {
                     return Err(Failure::invalid(
                         "ferroce_qp_caps: sq_depth and rq_depth must be at least 1",
@@ -442,12 +439,9 @@ pub unsafe extern "C" fn ferroce_qp_connect(
         };
         let mut opts = ConnectOptions::default();
         // SAFETY: the caller promises NULL or a struct of at least its struct_size.
-        if let Some(o) = unsafe { options.as_ref() } {
-            check_struct_size(
-                "ferroce_connect_options",
-                o.struct_size,
-                size_of::<ferroce_connect_options>(),
-            )?;
+        if !options.is_null() {
+            // SAFETY: as above.
+            let o = unsafe { versioned(options, "options", "ferroce_connect_options") }?;
             opts.access = access_arg(o.access)?;
             opts.mtu = match o.mtu {
                 256 => Mtu::M256,
@@ -487,12 +481,7 @@ pub unsafe extern "C" fn ferroce_qp_post_send(
 ) -> ferroce_result {
     fence_result("ferroce_qp_post_send", || {
         // SAFETY: the caller promises NULL or live / readable.
-        let (qp, wr) = unsafe { (handle(qp, "qp")?, handle(wr, "wr")?) };
-        check_struct_size(
-            "ferroce_send_wr",
-            wr.struct_size,
-            size_of::<ferroce_send_wr>(),
-        )?;
+        let (qp, wr) = unsafe { (handle(qp, "qp")?, versioned(wr, "wr", "ferroce_send_wr")?) };
         let known = FERROCE_SEND_SIGNALED | FERROCE_SEND_FENCE | FERROCE_SEND_SOLICITED;
         if wr.flags & !known != 0 {
             return Err(Failure::invalid(format_args!(

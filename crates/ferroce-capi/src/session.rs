@@ -17,8 +17,7 @@ use ferroce::session::{
 };
 
 use crate::fence::{
-    check_struct_size, fence, fence_result, free_handle, handle, into_handle, text_arg, write_out,
-    Failure,
+    fence, fence_result, free_handle, handle, into_handle, text_arg, versioned, write_out, Failure,
 };
 use crate::ferroce_result;
 use crate::nic::{nic_failure, parse_addr};
@@ -187,12 +186,12 @@ pub unsafe extern "C" fn ferroce_session_connect(
 ) -> ferroce_result {
     fence_result("ferroce_session_connect", || {
         // SAFETY: the caller promises NULL or live / readable.
-        let (s, c) = unsafe { (handle(session, "session")?, handle(config, "config")?) };
-        check_struct_size(
-            "ferroce_session_config",
-            c.struct_size,
-            size_of::<ferroce_session_config>(),
-        )?;
+        let (s, c) = unsafe {
+            (
+                handle(session, "session")?,
+                versioned(config, "config", "ferroce_session_config")?,
+            )
+        };
         // SAFETY: the caller promises NULL or NUL-terminated strings.
         let (nic, oob) = unsafe {
             (

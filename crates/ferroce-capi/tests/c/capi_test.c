@@ -146,10 +146,18 @@ static void frames_arrive_byte_exact(void) {
     config.queue_size = PAGES;
     config.peer_ip = "127.0.2.2";
 
-    /* A config from an older, smaller layout is refused by name. */
+    /* A config from an older, smaller layout is refused by name, reading nothing past its
+     * struct_size (here, an allocation of just 8 bytes). */
     config.struct_size = 8;
     EXPECT(ferroce_receiver_start(rx, nic, &config), FERROCE_RESULT_INVALID);
     CHECK(last_error_contains("ferroce_receiver_config.struct_size"));
+    uint32_t *old_layout = malloc(8);
+    CHECK(old_layout != NULL);
+    old_layout[0] = 8;
+    old_layout[1] = PAGES;
+    EXPECT(ferroce_receiver_start(rx, nic, (const ferroce_receiver_config *)(void *)old_layout),
+           FERROCE_RESULT_INVALID);
+    free(old_layout);
     config.struct_size = sizeof config;
     config.page_size = 1000; /* not a multiple of 128 */
     EXPECT(ferroce_receiver_start(rx, nic, &config), FERROCE_RESULT_INVALID);
