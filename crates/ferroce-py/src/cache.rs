@@ -1,6 +1,6 @@
 //! The cache face (seed 002, neuray's `IRDMA_context`): `Context`, `ContextConfig`, `Buffer`.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
@@ -83,13 +83,14 @@ impl ContextConfig {
 /// of a `with` block, or garbage collection) gives it back to the cache, still registered.
 #[pyclass(module = "ferroce.cache", frozen)]
 pub(crate) struct Buffer {
-    inner: Mutex<Option<rc::Buffer>>,
+    /// Shared with a `flush` that runs on a helper thread, so Ctrl-C can leave it running.
+    inner: Arc<Mutex<Option<rc::Buffer>>>,
 }
 
 impl Buffer {
     fn wrap(b: rc::Buffer) -> Self {
         Self {
-            inner: Mutex::new(Some(b)),
+            inner: Arc::new(Mutex::new(Some(b))),
         }
     }
 
@@ -282,16 +283,20 @@ impl Context {
 
     /// The seed's `flush`: sends the buffer's `len()` bytes to the remote host and waits
     /// (without the GIL, at most the config's timeout) until its NIC acknowledged them.
-    fn flush(&self, py: Python<'_>, buffer: PyRef<'_, Buffer>) -> Result<(), Error> {
-        let ctx = &self.inner;
-        let slot = &buffer.inner;
-        py.detach(|| {
-            let guard = lock(slot);
+    fn flush(&self, py: Python<'_>, buffer: PyRef<'_, Buffer>) -> PyResult<()> {
+        let ctx = self.inner.clone();
+        let slot = Arc::clone(&buffer.inner);
+        // On a helper thread, so that Ctrl-C is seen while the remote host takes its time;
+        // an interrupted flush goes on there (bounded by the context's timeout), holding the
+        // buffer until it ends.
+        wait::off_thread(py, "cache-flush", move || {
+            let guard = lock(&slot);
             let b = guard
                 .as_ref()
                 .ok_or_else(|| Error::closed("the buffer was given back"))?;
             ctx.flush(b).map_err(Error::from)
-        })
+        })?
+        .map_err(PyErr::from)
     }
 
     /// Waits up to `timeout` seconds (`None`: for ever) for the next buffer the remote host
