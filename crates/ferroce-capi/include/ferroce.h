@@ -245,8 +245,9 @@ typedef struct ferroce_frame_info {
     uint32_t struct_size;
     // The page the frame is in.
     uint32_t page;
-    // Where the frame's first byte is, in the receiver's ring (`frame_memory`): a host
-    // address in this process, valid until the receiver is started again or freed. Its
+    // Where the frame's first byte is (`frame_memory`): in the caller's `cu_buffer` when the
+    // receiver delivers there (a CUDA address), else in the receiver's host ring (an
+    // address in this process), valid until the receiver is started again or freed. Its
     // bytes are the device's again once the ring wraps; prefer a `ferroce_frame`.
     uint64_t frame_memory;
     // Where its metadata block is (`metadata_memory`).

@@ -105,8 +105,9 @@ pub struct ferroce_frame_info {
     pub struct_size: u32,
     /// The page the frame is in.
     pub page: u32,
-    /// Where the frame's first byte is, in the receiver's ring (`frame_memory`): a host
-    /// address in this process, valid until the receiver is started again or freed. Its
+    /// Where the frame's first byte is (`frame_memory`): in the caller's `cu_buffer` when the
+    /// receiver delivers there (a CUDA address), else in the receiver's host ring (an
+    /// address in this process), valid until the receiver is started again or freed. Its
     /// bytes are the device's again once the ring wraps; prefer a `ferroce_frame`.
     pub frame_memory: u64,
     /// Where its metadata block is (`metadata_memory`).
@@ -475,7 +476,11 @@ pub unsafe extern "C" fn ferroce_receiver_next_frame(
                 format_args!("no frame within {timeout_ms} ms"),
             ));
         };
-        let base = rx.rx.external_frame_memory().unwrap_or(0);
+        // Frames delivered into device memory are read there, not in the staging ring.
+        let base = match rx.rx.device_memory() {
+            Some(device) => device.address(),
+            None => rx.rx.external_frame_memory().unwrap_or(0),
+        };
         let frame_memory = base + u64::from(f.page) * rx.rx.page_size() as u64;
         let received = f.received.duration_since(UNIX_EPOCH).unwrap_or_default();
         let info = ferroce_frame_info {
