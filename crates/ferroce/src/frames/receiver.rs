@@ -1071,26 +1071,18 @@ impl Receiver {
                 page_size: run.page_size,
             });
         }
-        let epoch = |run: &Run| lock(&run.book).epochs.get(frame.page as usize).copied();
-        let overwritten = FrameReadError::Overwritten { page: frame.page };
-        if epoch(&run) != Some(frame.page_epoch) {
-            return Err(overwritten);
-        }
         let at = u64::from(frame.page) * run.page_size as u64;
-        match &run.device {
-            Some(device) => device
-                .read(at, out)
-                .map_err(|e| FrameReadError::Device(e.to_string()))?,
-            None => run
-                .region
-                .read(at, out)
-                .map_err(|e| FrameReadError::Region(e.to_string()))?,
-        }
-        // Copied while the device stayed off the page? Otherwise the copy may mix frames.
-        if epoch(&run) != Some(frame.page_epoch) {
-            return Err(overwritten);
-        }
-        Ok(())
+        epoch_checked(&run.book, frame.page, frame.page_epoch, || {
+            match &run.device {
+                Some(device) => device
+                    .read(at, out)
+                    .map_err(|e| FrameReadError::Device(e.to_string())),
+                None => run
+                    .region
+                    .read(at, out)
+                    .map_err(|e| FrameReadError::Region(e.to_string())),
+            }
+        })
     }
 
     /// A view of a frame where it landed, without a copy: in the ring when it is
@@ -1268,7 +1260,7 @@ impl FrameView {
     /// at [`FrameView::addr`] are still the frame's.
     #[must_use]
     pub fn is_current(&self) -> bool {
-        lock(&self.book).epochs.get(self.page as usize).copied() == Some(self.epoch)
+        page_at_epoch(&self.book, self.page, self.epoch)
     }
 
     /// Copies `out.len()` bytes from the start of the frame's page (at most the page size),
@@ -1287,23 +1279,38 @@ impl FrameView {
                 page_size: self.page_size,
             });
         }
-        let overwritten = FrameReadError::Overwritten { page: self.page };
-        if !self.is_current() {
-            return Err(overwritten);
-        }
-        match &self.memory {
+        epoch_checked(&self.book, self.page, self.epoch, || match &self.memory {
             ViewSource::Host(m) => m
                 .read(self.offset, out)
-                .map_err(|e| FrameReadError::Region(e.to_string()))?,
+                .map_err(|e| FrameReadError::Region(e.to_string())),
             ViewSource::Device(d) => d
                 .read(self.offset, out)
-                .map_err(|e| FrameReadError::Device(e.to_string()))?,
-        }
-        if !self.is_current() {
-            return Err(overwritten);
-        }
-        Ok(())
+                .map_err(|e| FrameReadError::Device(e.to_string())),
+        })
     }
+}
+
+/// Whether `page` is still at `epoch`: the device has not begun writing it again.
+fn page_at_epoch(book: &Mutex<TallyBook>, page: u32, epoch: u64) -> bool {
+    lock(book).epochs.get(page as usize).copied() == Some(epoch)
+}
+
+/// Runs `copy` of a frame's page between two looks at the page's epoch: a copy the device
+/// may have written into meanwhile could mix two frames, so it is refused as `Overwritten`.
+fn epoch_checked(
+    book: &Mutex<TallyBook>,
+    page: u32,
+    epoch: u64,
+    copy: impl FnOnce() -> Result<(), FrameReadError>,
+) -> Result<(), FrameReadError> {
+    if !page_at_epoch(book, page, epoch) {
+        return Err(FrameReadError::Overwritten { page });
+    }
+    copy()?;
+    if !page_at_epoch(book, page, epoch) {
+        return Err(FrameReadError::Overwritten { page });
+    }
+    Ok(())
 }
 
 /// Bytes moved from the staging ring to device memory per step.
