@@ -29,10 +29,12 @@ pub use ferroce_proto::cm::machine::{CmCounters, CmEvent, CommId, QpParams};
 use ferroce_proto::cm::{CmaHeader, FixedBytes, Req, TransportType, MAD_LEN};
 pub use ferroce_proto::cm::{PortSpace, RejectReason, ServiceId, SidrStatus};
 use ferroce_proto::memory::{Access, WriteOrder};
-use ferroce_proto::qp::{ModifyError, QpAttr, QpState};
-use ferroce_proto::wire::{Qpn, RnrTimer, ROCE_PORT};
+use ferroce_proto::qp::ModifyError;
+use ferroce_proto::wire::{Qpn, ROCE_PORT};
 
-use crate::qp::{BringUp, Mtu, Payload, QpCaps, RecvWr, SendOp, SendWr};
+use crate::attr::{rnr_timer, ConnectAttrs};
+use crate::backend::soft;
+use crate::qp::{Mtu, Payload, QpCaps, RecvWr, SendOp, SendWr};
 use crate::ud::{AddressHandle, GSI_QKEY, UD_GRH_LEN};
 use crate::{Cq, Nic, NicError, Qp, Region, RegionAccess, RegionMemory};
 
@@ -157,7 +159,9 @@ struct Routes {
 }
 
 struct AgentInner {
-    nic: Nic,
+    /// The soft NIC it is attached to (an internal handle), for what the CM does to QPs it
+    /// knows by number: move one to ERR, see a passive one's first data.
+    soft: soft::Nic,
     local: IpAddr,
     gsi: Qp,
     cq: Cq,
@@ -178,16 +182,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Agent {
+    /// The CM attached to `nic`: [`CmError::NotSoft`] on a verbs device, whose kernel runs
+    /// its own; [`CmError::Closed`] once the NIC closed.
     fn of(nic: &Nic) -> Result<Arc<Self>, CmError> {
-        if nic.soft().is_none() {
-            return Err(CmError::NotSoft(nic.device_name().to_owned()));
-        }
-        nic.cm_agent().ok_or(CmError::Closed)
+        let soft = nic
+            .backend
+            .as_soft()
+            .ok_or_else(|| CmError::NotSoft(nic.device_name().to_owned()))?;
+        soft.client::<Self>().ok_or(CmError::Closed)
     }
 
     /// QP 1 with its receives, and the thread; `nic` is an internal handle.
     pub(crate) fn start(nic: &Nic) -> std::io::Result<Self> {
         let nic_error = |e: NicError| std::io::Error::other(e.to_string());
+        let soft = nic.backend.as_soft().cloned().ok_or_else(|| {
+            nic_error(NicError::SoftOnly(
+                "connection management's own GSI endpoints",
+            ))
+        })?;
         let cq = Cq::new(nic, GSI_RECEIVES as usize + 16).map_err(nic_error)?;
         let caps = QpCaps {
             sq_depth: 4096,
@@ -215,7 +227,7 @@ impl Agent {
             ^ std::process::id().rotate_left(8);
         let guid = ca_guid(local);
         let inner = Arc::new(AgentInner {
-            nic: nic.clone(),
+            soft,
             local,
             gsi,
             cq,
@@ -244,11 +256,8 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::SeqCst);
-        if let Some(soft) = self.inner.nic.soft() {
-            // The thread sleeps on QP 1's CQ: wake it to see the flag.
-            let _state = soft.shared.lock();
-            soft.shared.wake_waiters();
-        }
+        // The thread sleeps on QP 1's CQ: wake it to see the flag.
+        self.inner.cq.wake_waiters();
         if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
         }
@@ -301,7 +310,7 @@ impl AgentInner {
             }
             routes.machine.handle_timeout(now);
             self.notice_data(&mut routes);
-            self.flush(&mut routes);
+            self.send_and_dispatch(&mut routes);
         }
     }
 
@@ -329,7 +338,7 @@ impl AgentInner {
     }
 
     /// Sends what the machine has queued and hands its events to their owners.
-    fn flush(&self, routes: &mut Routes) {
+    fn send_and_dispatch(&self, routes: &mut Routes) {
         while let Some((to, mad)) = routes.machine.poll_transmit() {
             let dest = AddressHandle::new(to).dest(Qpn::from_low_bits(1), GSI_QKEY);
             let wr = SendWr {
@@ -408,21 +417,16 @@ impl AgentInner {
         if routes.awaiting_rtu.is_empty() {
             return;
         }
-        let Some(soft) = self.nic.soft() else { return };
-        let moved: Vec<CommId> = {
-            let state = soft.shared.lock();
-            routes
-                .awaiting_rtu
-                .iter()
-                .filter(|(_, (qpn, psn))| {
-                    state
-                        .engine
-                        .qp_psns(*qpn)
-                        .is_some_and(|(_, expected)| expected != *psn)
-                })
-                .map(|(id, _)| *id)
-                .collect()
-        };
+        let moved: Vec<CommId> = routes
+            .awaiting_rtu
+            .iter()
+            .filter(|(_, (qpn, psn))| {
+                self.soft
+                    .qp_psns(*qpn)
+                    .is_some_and(|(_, expected)| expected != *psn)
+            })
+            .map(|(id, _)| *id)
+            .collect();
         for id in moved {
             routes.awaiting_rtu.remove(&id);
             routes.machine.data_arrived(id);
@@ -430,17 +434,7 @@ impl AgentInner {
     }
 
     fn qp_to_err(&self, qpn: Qpn) {
-        if let Some(soft) = self.nic.soft() {
-            let mut state = soft.shared.lock();
-            let _ = state.engine.modify_qp(
-                qpn,
-                &QpAttr {
-                    state: Some(QpState::Err),
-                    ..QpAttr::default()
-                },
-            );
-            soft.shared.after_command(state);
-        }
+        self.soft.qp_to_error(qpn);
     }
 }
 
@@ -691,7 +685,7 @@ impl ConnectRequest {
         if let Err(e) = bring_up(qp, peer, &settled, param) {
             let _ = routes.machine.reject(self.id, FixedBytes::ZERO);
             self.answered = true;
-            inner.flush(&mut routes);
+            inner.send_and_dispatch(&mut routes);
             return Err(e);
         }
         routes
@@ -704,7 +698,7 @@ impl ConnectRequest {
         routes
             .awaiting_rtu
             .insert(self.id, (qp.qpn(), settled.rq_psn));
-        inner.flush(&mut routes);
+        inner.send_and_dispatch(&mut routes);
         drop(routes);
         Ok(Connection {
             agent: Arc::clone(&self.agent),
@@ -731,7 +725,7 @@ impl ConnectRequest {
             .machine
             .reject(self.id, fixed(private_data))
             .map_err(|_| CmError::Closed);
-        inner.flush(&mut routes);
+        inner.send_and_dispatch(&mut routes);
         result
     }
 }
@@ -742,7 +736,7 @@ impl Drop for ConnectRequest {
             let inner = &self.agent.inner;
             let mut routes = lock(&inner.routes);
             let _ = routes.machine.reject(self.id, FixedBytes::ZERO);
-            inner.flush(&mut routes);
+            inner.send_and_dispatch(&mut routes);
         }
     }
 }
@@ -760,11 +754,7 @@ fn peer_of(req: &Req, from: IpAddr) -> SocketAddr {
 }
 
 fn bring_up(qp: &Qp, peer: SocketAddr, p: &QpParams, param: &ConnParam) -> Result<(), CmError> {
-    let min_rnr_timer = RnrTimer::new(param.min_rnr_timer).ok_or(ModifyError::InvalidValue {
-        attr: "min_rnr_timer",
-        value: param.min_rnr_timer.into(),
-        expected: "0 to 31",
-    })?;
+    let min_rnr_timer = rnr_timer(param.min_rnr_timer)?;
     // rdma_cm's rights: remote WRITE always; READ and atomics only with responder resources.
     let access = if p.max_dest_rd_atomic == 0 {
         Access::REMOTE_WRITE
@@ -773,7 +763,7 @@ fn bring_up(qp: &Qp, peer: SocketAddr, p: &QpParams, param: &ConnParam) -> Resul
             .with(Access::REMOTE_READ)
             .with(Access::REMOTE_ATOMIC)
     };
-    qp.bring_up(&BringUp {
+    qp.connect_with(&ConnectAttrs {
         peer,
         dest_qpn: p.dest_qpn,
         sq_psn: p.sq_psn,
@@ -869,7 +859,7 @@ impl Connection {
             let mut routes = lock(&inner.routes);
             let id = routes.machine.connect(Instant::now(), &asked);
             routes.conns.insert(id, tx);
-            inner.flush(&mut routes);
+            inner.send_and_dispatch(&mut routes);
             id
         };
         let mut conn = Self {
@@ -890,14 +880,14 @@ impl Connection {
         let mut routes = lock(&inner.routes);
         if let Err(e) = bring_up(qp, SocketAddr::new(to, ROCE_PORT), &settled, param) {
             let _ = routes.machine.reject(id, FixedBytes::ZERO);
-            inner.flush(&mut routes);
+            inner.send_and_dispatch(&mut routes);
             drop(routes);
             *lock(&conn.state) = ConnState::Closed;
             return Err(e);
         }
         routes.machine.establish(id).map_err(|_| CmError::Closed)?;
         routes.qps.insert(id, qp.qpn());
-        inner.flush(&mut routes);
+        inner.send_and_dispatch(&mut routes);
         drop(routes);
         *lock(&conn.state) = ConnState::Established;
         conn.private = rep.private_data.0.to_vec();
@@ -1027,7 +1017,7 @@ impl Connection {
                 *state = ConnState::Closed;
                 return Ok(());
             }
-            inner.flush(&mut routes);
+            inner.send_and_dispatch(&mut routes);
         }
         self.wait_disconnected(timeout)
     }
@@ -1045,7 +1035,7 @@ impl Drop for Connection {
             if routes.machine.disconnect(Instant::now(), self.id).is_err() {
                 routes.machine.abandon(self.id);
             }
-            inner.flush(&mut routes);
+            inner.send_and_dispatch(&mut routes);
         }
         let mut routes = lock(&inner.routes);
         routes.conns.remove(&self.id);
@@ -1104,7 +1094,7 @@ pub fn resolve_ud(
             private,
         );
         routes.sidr.insert(id, tx);
-        inner.flush(&mut routes);
+        inner.send_and_dispatch(&mut routes);
         id
     };
     let result = match rx.recv_timeout(timeout).map(|event| *event) {
@@ -1180,7 +1170,7 @@ impl SidrRequest {
             .machine
             .sidr_reply(self.id, status, qpn, qkey, FixedBytes::ZERO)
             .map_err(|_| CmError::Closed);
-        inner.flush(&mut routes);
+        inner.send_and_dispatch(&mut routes);
         result
     }
 }
@@ -1198,7 +1188,7 @@ impl Drop for SidrRequest {
 pub const RDMA_UDP_QKEY_DEFAULT: u32 = crate::ud::RDMA_UDP_QKEY;
 
 fn running(nic: &Nic) -> Option<Arc<Agent>> {
-    nic.cm_agent()
+    Agent::of(nic).ok()
 }
 
 /// The counters of the NIC's connection manager (the soft NIC's; `None` on a verbs device).

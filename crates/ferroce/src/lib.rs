@@ -24,6 +24,13 @@
 
 #![deny(unsafe_code)]
 
+// The layers, each importing only those above it in this list's reverse (tests/layers.rs
+// checks it): the machine (`sys`, `udp`); the data the API and the backends share (`attr`,
+// `error`, `memory`); the backends and their contract (`backend`); the public objects (`nic`,
+// `cq`, `qp`, `srq`, `region`, `ud`, `verbs`); the services on them and the composition root
+// (`cm`, `oob`, `exchange`, `open`); the faces and the tools' helpers.
+mod attr;
+mod backend;
 pub mod cache;
 pub mod capture;
 pub mod cm;
@@ -32,28 +39,23 @@ pub mod cq;
 pub mod cuda;
 pub mod decode;
 pub mod device;
+mod error;
 pub mod exchange;
 pub mod frames;
+mod memory;
 pub mod nic;
 mod oob;
+mod open;
 pub mod qp;
 pub mod region;
 pub mod session;
-mod soft;
 pub mod srq;
 mod sys;
 pub mod ud;
 mod udp;
 pub mod verbs;
 
-/// The message a caught panic carried (`panic!` with a literal or a formatted string), if
-/// any: how the faces report a callback, function or binding that panicked.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-}
+pub(crate) use error::panic_message;
 
 pub use cq::Cq;
 pub use ferroce_proto as proto;

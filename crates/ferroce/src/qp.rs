@@ -3,104 +3,29 @@
 //! A queue pair is usable from several threads. On the soft NIC every call takes the NIC's
 //! lock for as long as the engine needs, and packets a post produces are sent on the caller's
 //! thread; on a verbs device a post is one call into the provider through libibverbs' ops
-//! table, as C's inline `ibv_post_send` makes it.
+//! table, as C's inline `ibv_post_send` makes it. This file documents, checks arguments and
+//! delegates to the backend (`crate::backend::Qp`).
 
-use std::net::SocketAddr;
-
-use ferroce_proto::memory::Access;
+use ferroce_proto::qp::ModifyError;
 pub use ferroce_proto::qp::{
     AsyncEvent, Mtu, Payload, PostError, QpCaps, QpState, QpType, RecvWr, RemoteAddr, SendOp,
     SendWr, Sge,
 };
-use ferroce_proto::qp::{ModifyError, QpAttr, QpInit};
-use ferroce_proto::wire::{Qpn, RnrTimer};
-use ferroce_proto::Psn;
+use ferroce_proto::wire::Qpn;
+use ferroce_proto::{Psn, WriteFilter};
 
-use crate::cq::CqInner;
-use crate::nic::NicError;
-use crate::region::RegionAccess;
+use crate::attr::ConnectAttrs;
+pub use crate::attr::{ConnectOptions, QpEndpoint};
+use crate::backend;
+use crate::cq::Cq;
+use crate::error::{NicError, Unsupported};
+use crate::nic::Nic;
 use crate::srq::Srq;
-use crate::verbs::queue::VerbsQp;
-use crate::{Cq, Nic};
-
-/// What a peer needs to reach a queue pair: its number, its first PSN and its NIC's address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpEndpoint {
-    /// The queue pair number.
-    pub qpn: Qpn,
-    /// The first PSN its requester sends.
-    pub psn: Psn,
-    /// Its NIC's address and UDP port.
-    pub addr: SocketAddr,
-}
-
-/// How to connect a queue pair; the defaults are those of `ibv_rc_pingpong` and perftest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnectOptions {
-    /// Path MTU (1024, as rxe on a 1500-byte link).
-    pub mtu: Mtu,
-    /// What the peer may do through this queue pair.
-    pub access: RegionAccess,
-    /// ACK timeout exponent: 4.096 µs × 2^timeout (14: 67 ms).
-    pub timeout: u8,
-    /// Retries after timeouts and sequence NAKs (7).
-    pub retry_cnt: u8,
-    /// Retries after RNR NAKs (7: forever).
-    pub rnr_retry: u8,
-    /// The RNR timer asked of the peer (12: 0.64 ms).
-    pub min_rnr_timer: u8,
-    /// READs and atomics outstanding each way (16).
-    pub max_rd_atomic: u8,
-}
-
-impl Default for ConnectOptions {
-    fn default() -> Self {
-        Self {
-            mtu: Mtu::M1024,
-            access: RegionAccess::Remote,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 12,
-            max_rd_atomic: 16,
-        }
-    }
-}
-
-/// Everything INIT → RTR → RTS sets on the soft NIC.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BringUp {
-    pub(crate) peer: SocketAddr,
-    pub(crate) dest_qpn: Qpn,
-    pub(crate) sq_psn: Psn,
-    pub(crate) rq_psn: Psn,
-    pub(crate) mtu: Mtu,
-    pub(crate) access: Access,
-    pub(crate) timeout: u8,
-    pub(crate) retry_cnt: u8,
-    pub(crate) rnr_retry: u8,
-    pub(crate) min_rnr_timer: RnrTimer,
-    pub(crate) max_rd_atomic: u8,
-    pub(crate) max_dest_rd_atomic: u8,
-}
 
 /// A queue pair of a [`Nic`].
 pub struct Qp {
     nic: Nic,
-    inner: QpInner,
-}
-
-enum QpInner {
-    Soft {
-        qpn: Qpn,
-        psn: Psn,
-        caps: QpCaps,
-        /// Keeps the shared receive queue alive while the QP takes from it.
-        _srq: Option<Srq>,
-        /// Keeps its completion queues alive while it reports to them.
-        _cqs: Option<(Cq, Cq)>,
-    },
-    Verbs(VerbsQp),
+    backend: backend::Qp,
 }
 
 impl std::fmt::Debug for Qp {
@@ -163,84 +88,34 @@ impl Qp {
         if !nic.same(&send_cq.nic) || !nic.same(&recv_cq.nic) {
             return Err(NicError::OtherNic("a completion queue"));
         }
-        if srq.is_some_and(|s| !nic.same(&s.inner.nic)) {
+        if srq.is_some_and(|s| !nic.same(&s.nic)) {
             return Err(NicError::OtherNic("a shared receive queue"));
         }
-        if nic.verbs().is_some() && qp_type == QpType::Ud {
-            return Err(NicError::SoftOnly("UD queue pairs"));
-        }
         // The first PSN from the OS's CSPRNG, as the NIC's keys: not guessable by a peer.
-        let seed = crate::nic::os_random().map_err(|source| NicError::Socket {
+        let seed = crate::sys::random_u64().map_err(|source| NicError::Socket {
             addr: nic.addr(),
             source,
         })? as u32;
-        if let (Some(device), CqInner::Verbs(scq), CqInner::Verbs(rcq)) =
-            (nic.verbs(), &send_cq.inner, &recv_cq.inner)
-        {
-            let qp = VerbsQp::new(device, qp_type, scq, rcq, caps, Psn::from_low_bits(seed))?;
-            return Ok(Self {
-                nic: nic.clone(),
-                inner: QpInner::Verbs(qp),
-            });
-        }
-        let (Some(soft), Some(scq), Some(rcq)) = (nic.soft(), send_cq.soft_id(), recv_cq.soft_id())
-        else {
-            return Err(NicError::OtherNic("a completion queue"));
-        };
-        let mut state = soft.shared.lock();
-        let qpn = state
-            .engine
-            .create_qp(QpInit {
-                qp_type,
-                pd: soft.pd,
-                send_cq: scq,
-                recv_cq: rcq,
-                caps,
-                sq_sig_all: false,
-                srq: srq.map(|s| s.inner.id),
-            })
-            .map_err(|_| NicError::OtherNic("a shared receive queue"))?;
-        // INIT at once, so receives can be posted before connecting (as ibv_rc_pingpong does);
-        // the access peers get is set by `connect`, a UD QP's Q_Key by `ready_ud`. RESET →
-        // INIT with an access (and for UD a Q_Key) cannot fail.
-        let init = QpAttr {
-            state: Some(QpState::Init),
-            access: Some(Access::NONE),
-            qkey: (qp_type == QpType::Ud).then_some(0),
-            ..QpAttr::default()
-        };
-        let _ = state.engine.modify_qp(qpn, &init);
-        drop(state);
+        let backend = nic.backend.create_qp(
+            qp_type,
+            &send_cq.backend,
+            &recv_cq.backend,
+            srq.map(|s| &*s.backend),
+            caps,
+            Psn::from_low_bits(seed),
+        )?;
         Ok(Self {
             nic: nic.clone(),
-            inner: QpInner::Soft {
-                qpn,
-                psn: Psn::from_low_bits(seed),
-                caps,
-                _srq: srq.cloned(),
-                _cqs: Some((send_cq.clone(), recv_cq.clone())),
-            },
+            backend,
         })
-    }
-
-    /// The soft NIC's internals and this QP's number, or `None` on a verbs device.
-    fn soft(&self) -> Option<(&crate::nic::SoftNic, Qpn)> {
-        match (&self.inner, self.nic.soft()) {
-            (QpInner::Soft { qpn, .. }, Some(s)) => Some((s, *qpn)),
-            _ => None,
-        }
     }
 
     /// This queue pair's endpoint, for the peer.
     #[must_use]
     pub fn endpoint(&self) -> QpEndpoint {
-        let psn = match &self.inner {
-            QpInner::Soft { psn, .. } => *psn,
-            QpInner::Verbs(qp) => qp.psn(),
-        };
         QpEndpoint {
             qpn: self.qpn(),
-            psn,
+            psn: self.backend.psn(),
             addr: self.nic.addr(),
         }
     }
@@ -248,30 +123,21 @@ impl Qp {
     /// The queue pair number.
     #[must_use]
     pub fn qpn(&self) -> Qpn {
-        match &self.inner {
-            QpInner::Soft { qpn, .. } => *qpn,
-            QpInner::Verbs(qp) => qp.qpn(),
-        }
+        self.backend.qpn()
     }
 
     /// The capacities: as asked on the soft NIC; as the device granted them on a verbs
     /// device (`max_inline` in particular, which no query reports otherwise).
     #[must_use]
     pub fn caps(&self) -> QpCaps {
-        match &self.inner {
-            QpInner::Soft { caps, .. } => *caps,
-            QpInner::Verbs(qp) => qp.caps(),
-        }
+        self.backend.caps()
     }
 
     /// The current state. On a verbs device, the last state ferroce set, or ERR once an
     /// async event reported the QP failed.
     #[must_use]
     pub fn state(&self) -> Option<QpState> {
-        match &self.inner {
-            QpInner::Verbs(qp) => qp.state(),
-            QpInner::Soft { qpn, .. } => self.nic.soft()?.shared.lock().engine.qp_state(*qpn),
-        }
+        self.backend.state()
     }
 
     /// Why the QP failed, if a verbs device's async event said so (QP fatal, a request or
@@ -279,10 +145,7 @@ impl Qp {
     /// NIC, whose errors arrive as completions.
     #[must_use]
     pub fn failure(&self) -> Option<String> {
-        match &self.inner {
-            QpInner::Verbs(qp) => qp.failure(),
-            QpInner::Soft { .. } => None,
-        }
+        self.backend.failure()
     }
 
     /// Connects to `peer`: INIT → RTR → RTS with `options` (`ibv_modify_qp` three times, with
@@ -295,73 +158,14 @@ impl Qp {
     /// a verbs device, [`ModifyError::Device`] with what it returned (ETIMEDOUT at RTR: the
     /// peer's address could not be resolved).
     pub fn connect(&self, peer: &QpEndpoint, options: &ConnectOptions) -> Result<(), ModifyError> {
-        if let QpInner::Verbs(qp) = &self.inner {
-            return qp.connect(peer, options);
-        }
-        let rnr = RnrTimer::new(options.min_rnr_timer).ok_or(ModifyError::InvalidValue {
-            attr: "min_rnr_timer",
-            value: options.min_rnr_timer.into(),
-            expected: "0 to 31",
-        })?;
-        self.bring_up(&BringUp {
-            peer: peer.addr,
-            dest_qpn: peer.qpn,
-            sq_psn: self.endpoint().psn,
-            rq_psn: peer.psn,
-            mtu: options.mtu,
-            access: options.access.qp_rights(),
-            timeout: options.timeout,
-            retry_cnt: options.retry_cnt,
-            rnr_retry: options.rnr_retry,
-            min_rnr_timer: rnr,
-            max_rd_atomic: options.max_rd_atomic,
-            max_dest_rd_atomic: options.max_rd_atomic,
-        })
+        self.backend
+            .connect(&ConnectAttrs::new(peer, self.backend.psn(), options)?)
     }
 
-    /// INIT → RTR → RTS on the soft NIC with every attribute given (connection management
-    /// settles each side's separately).
-    pub(crate) fn bring_up(&self, b: &BringUp) -> Result<(), ModifyError> {
-        let Some((soft, qpn)) = self.soft() else {
-            return Err(ModifyError::Device(
-                "a verbs device's QPs are connected by Qp::connect".into(),
-            ));
-        };
-        let mut state = soft.shared.lock();
-        let engine = &mut state.engine;
-        engine.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Init),
-                access: Some(b.access),
-                ..QpAttr::default()
-            },
-        )?;
-        engine.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Rtr),
-                path_mtu: Some(b.mtu),
-                dest_qpn: Some(b.dest_qpn),
-                peer: Some(b.peer),
-                rq_psn: Some(b.rq_psn),
-                max_dest_rd_atomic: Some(b.max_dest_rd_atomic),
-                min_rnr_timer: Some(b.min_rnr_timer),
-                ..QpAttr::default()
-            },
-        )?;
-        engine.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(b.sq_psn),
-                timeout: Some(b.timeout),
-                retry_cnt: Some(b.retry_cnt),
-                rnr_retry: Some(b.rnr_retry),
-                max_rd_atomic: Some(b.max_rd_atomic),
-                ..QpAttr::default()
-            },
-        )
+    /// INIT → RTR → RTS with every attribute given (connection management settles each
+    /// side's separately).
+    pub(crate) fn connect_with(&self, attrs: &ConnectAttrs) -> Result<(), ModifyError> {
+        self.backend.connect(attrs)
     }
 
     /// Brings a UD queue pair up to send and receive datagrams with `qkey`: INIT → RTR → RTS
@@ -372,34 +176,7 @@ impl Qp {
     ///
     /// [`ModifyError`] when the queue pair is not a UD one in INIT.
     pub fn ready_ud(&self, qkey: u32) -> Result<(), ModifyError> {
-        let Some((soft, qpn)) = self.soft() else {
-            return Err(ModifyError::Device(
-                "UD queue pairs run on the soft NIC only".into(),
-            ));
-        };
-        let mut state = soft.shared.lock();
-        let engine = &mut state.engine;
-        let psn = self.endpoint().psn;
-        for attr in [
-            QpAttr {
-                state: Some(QpState::Init),
-                access: Some(Access::NONE),
-                qkey: Some(qkey),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(psn),
-                ..QpAttr::default()
-            },
-        ] {
-            engine.modify_qp(qpn, &attr)?;
-        }
-        Ok(())
+        self.backend.ready_ud(qkey)
     }
 
     /// Posts a send work request (`ibv_post_send`); its packets leave before this returns.
@@ -408,16 +185,7 @@ impl Qp {
     ///
     /// [`PostError`] when it cannot be queued.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        if let QpInner::Verbs(qp) = &self.inner {
-            return qp.post_send(wr);
-        }
-        let Some((soft, qpn)) = self.soft() else {
-            return Err(PostError::InvalidState(QpState::Err));
-        };
-        let mut state = soft.shared.lock();
-        state.engine.post_send(qpn, wr)?;
-        soft.shared.after_command(state);
-        Ok(())
+        self.backend.post_send(wr)
     }
 
     /// Posts several send work requests at once, as `ibv_post_send` takes a chain of them
@@ -432,22 +200,7 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, PostError)> {
-        if let QpInner::Verbs(qp) = &self.inner {
-            return qp.post_send_list(wrs);
-        }
-        let Some((soft, qpn)) = self.soft() else {
-            return Err((0, PostError::InvalidState(QpState::Err)));
-        };
-        let mut state = soft.shared.lock();
-        let mut result = Ok(());
-        for (i, wr) in wrs.into_iter().enumerate() {
-            if let Err(e) = state.engine.post_send(qpn, wr) {
-                result = Err((i, e));
-                break;
-            }
-        }
-        soft.shared.after_command(state);
-        result
+        self.backend.post_send_list(wrs)
     }
 
     /// Posts a receive work request (`ibv_post_recv`).
@@ -456,83 +209,27 @@ impl Qp {
     ///
     /// [`PostError`] when it cannot be queued.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        if let QpInner::Verbs(qp) = &self.inner {
-            return qp.post_recv(wr);
-        }
-        let Some((soft, qpn)) = self.soft() else {
-            return Err(PostError::InvalidState(QpState::Err));
-        };
-        let mut state = soft.shared.lock();
-        state.engine.post_recv(qpn, wr)?;
-        soft.shared.after_command(state);
-        Ok(())
+        self.backend.post_recv(wr)
     }
 
     /// Moves the queue pair to ERR: everything outstanding completes with a flush error.
     pub fn shutdown(&self) {
-        let (soft, qpn) = match (&self.inner, self.soft()) {
-            (QpInner::Verbs(qp), _) => return qp.shutdown(),
-            (_, Some(s)) => s,
-            (_, None) => return,
-        };
-        let mut state = soft.shared.lock();
-        let _ = state.engine.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Err),
-                ..QpAttr::default()
-            },
-        );
-        soft.shared.after_command(state);
+        self.backend.shutdown();
     }
 
     /// QP 1 of a soft NIC, the GSI, in RTS with its fixed Q_Key: connection management's
     /// MADs travel on it. One per NIC at a time.
     pub(crate) fn gsi(nic: &Nic, cq: &Cq, caps: QpCaps) -> Result<Self, NicError> {
-        let (Some(soft), Some(cq_id)) = (nic.soft(), cq.soft_id()) else {
-            return Err(NicError::SoftOnly(
-                "connection management's own GSI endpoints",
-            ));
-        };
-        let mut state = soft.shared.lock();
-        let qpn = state
-            .engine
-            .create_gsi_qp(QpInit {
-                qp_type: QpType::Ud,
-                pd: soft.pd,
-                send_cq: cq_id,
-                recv_cq: cq_id,
-                caps,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .map_err(|_| NicError::SoftOnly("a second GSI on one NIC"))?;
-        drop(state);
-        let qp = Self {
+        Ok(Self {
             nic: nic.clone(),
-            inner: QpInner::Soft {
-                qpn,
-                psn: Psn::default(),
-                caps,
-                _srq: None,
-                _cqs: Some((cq.clone(), cq.clone())),
-            },
-        };
-        qp.ready_ud(ferroce_proto::qp::GSI_QKEY)
-            .map_err(|_| NicError::SoftOnly("a GSI that cannot be brought up"))?;
-        Ok(qp)
+            backend: nic.backend.create_gsi(&cq.backend, caps)?,
+        })
     }
 
-    /// The soft engine's number for this QP, for the faces that attach to the engine.
-    pub(crate) fn soft_qpn(&self) -> Option<Qpn> {
-        self.soft().map(|(_, qpn)| qpn)
-    }
-}
-
-impl Drop for Qp {
-    fn drop(&mut self) {
-        if let Some((soft, qpn)) = self.soft() {
-            soft.shared.lock().engine.destroy_qp(qpn);
-        }
+    /// Shows `filter` every WRITE this QP's responder places, before it lands (the frame
+    /// receiver's page checks). [`Unsupported`] on a verbs device, which places WRITEs in
+    /// hardware.
+    pub(crate) fn set_write_filter(&self, filter: Box<dyn WriteFilter>) -> Result<(), Unsupported> {
+        self.backend.set_write_filter(filter)
     }
 }

@@ -712,6 +712,23 @@ pub(crate) fn grow_buffers(socket: &UdpSocket, bytes: usize) -> io::Result<usize
     }
 }
 
+/// 64 bits from the operating system's CSPRNG (`getrandom(2)`): memory keys, QP numbers and
+/// first PSNs, which a peer must not be able to guess.
+pub(crate) fn random_u64() -> io::Result<u64> {
+    getrandom::u64().map_err(|e| io::Error::other(format!("getrandom: {e}")))
+}
+
+/// The MTU of the interface that holds `ip`, from sysfs; `None` when there is no such
+/// interface or its MTU cannot be read.
+pub(crate) fn interface_mtu(ip: std::net::IpAddr) -> Option<u32> {
+    let name = interface_of(ip)?;
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// The name of the network interface that holds `ip` (`getifaddrs(3)`): the one with that
 /// very address, else one whose subnet contains it (127.0.0.2 is loopback's, through
 /// 127.0.0.1/8). `None` when there is none, or the list cannot be had.

@@ -10,10 +10,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use ferroce_proto::qp::Completion;
 pub use ferroce_proto::qp::{UdDest, UdSource, GSI_QKEY, UD_GRH_LEN};
 use ferroce_proto::wire::{Qpn, ROCE_PORT};
-
-use crate::cq::Completion;
 
 /// The Q_Key rdma_cm gives UD queue pairs (`RDMA_UDP_QKEY`).
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;

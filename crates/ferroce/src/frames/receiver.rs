@@ -714,13 +714,9 @@ impl Receiver {
             book: Arc::clone(&book),
             counters: Arc::clone(&self.inner.counters),
         };
-        // The soft engine shows the receiver every WRITE; a verbs device shows it none.
-        if let (Some(soft), Some(qpn)) = (nic.soft(), qp.soft_qpn()) {
-            soft.shared
-                .lock()
-                .engine
-                .set_write_filter(qpn, Some(Box::new(filter)));
-        }
+        // The soft engine shows the receiver every WRITE; a verbs device places them in
+        // hardware and shows it none (`Unsupported`): its frames are checked as they complete.
+        let _ = qp.set_write_filter(Box::new(filter));
         *lock(&self.inner.ready) = Ready::default();
         *slot = Some(Arc::new(Run {
             nic: nic.clone(),

@@ -1,5 +1,5 @@
-//! The soft backend: the `ferroce-proto` engine driven over the datagram layer
-//! ([`crate::udp`]).
+//! The soft NIC's driver: the `ferroce-proto` engine, its regions' bytes and the datagram
+//! link behind one lock ([`Locked`]), and the progress thread that drives them ([`Driver`]).
 //!
 //! One progress thread per NIC receives datagrams, runs timers and sends what the engine has
 //! ready; application threads post work and send the packets it produces themselves, so a post
@@ -9,7 +9,6 @@
 //! datagram to the NIC's own address: a firewall that drops RoCE traffic would drop that too,
 //! and a lost wake-up would leave the thread asleep for good. An idle NIC costs no CPU.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
@@ -17,9 +16,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// The most bytes a region copy moves under one take of the region's lock.
-const COPY_PIECE: usize = 64 * 1024;
 
 /// How long after its last poll an application is taken to be still polling.
 const POLLER_GRACE: Duration = Duration::from_millis(2);
@@ -38,141 +34,15 @@ const ACK_WITHIN: Duration = Duration::from_micros(100);
 /// tools' default of 14 is 67 ms, and 1 ms is already a short one).
 const ACK_HOLD: Duration = Duration::from_micros(20);
 
-use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
 use ferroce_proto::Engine;
 
+use super::memory::HostMemory;
 use crate::sys;
 use crate::udp::{self, tap};
 
-/// Where a region's bytes live.
-#[derive(Debug)]
-pub(crate) enum Storage {
-    /// Host memory the region owns.
-    Heap(Box<[u8]>),
-    /// A shared mapping of a dma-buf (or any mappable descriptor).
-    Mapped(Arc<sys::Mapping>),
-}
-
-impl Storage {
-    fn read(&self, at: usize, out: &mut [u8]) {
-        match self {
-            Self::Heap(bytes) => {
-                if let Some(src) = at.checked_add(out.len()).and_then(|end| bytes.get(at..end)) {
-                    out.copy_from_slice(src);
-                }
-            }
-            Self::Mapped(map) => map.read(at, out),
-        }
-    }
-
-    fn write(&mut self, at: usize, data: &[u8]) {
-        match self {
-            Self::Heap(bytes) => {
-                if let Some(dst) = at
-                    .checked_add(data.len())
-                    .and_then(|end| bytes.get_mut(at..end))
-                {
-                    dst.copy_from_slice(data);
-                }
-            }
-            Self::Mapped(map) => map.write(at, data),
-        }
-    }
-}
-
-/// The bytes of one region, shared by the application's handle and the engine. They are only
-/// ever reached through this lock, by copying: never as a `&[u8]` a peer could change.
-#[derive(Debug)]
-pub(crate) struct HostBuf {
-    storage: Mutex<Storage>,
-    locked: bool,
-}
-
-impl HostBuf {
-    pub(crate) fn new(storage: Storage, locked: bool) -> Self {
-        Self {
-            storage: Mutex::new(storage),
-            locked,
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Storage> {
-        self.storage.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Copies `out.len()` bytes from offset `at`; the caller has checked the range. A long
-    /// copy takes the lock a piece at a time, so the engine's writes of arriving packets
-    /// wait microseconds, not the milliseconds a whole frame takes; each piece (and so each
-    /// packet's placement) is still seen whole.
-    pub(crate) fn read(&self, at: u64, out: &mut [u8]) {
-        let at = usize::try_from(at).unwrap_or(usize::MAX);
-        for (i, piece) in out.chunks_mut(COPY_PIECE).enumerate() {
-            self.lock().read(at.saturating_add(i * COPY_PIECE), piece);
-        }
-    }
-
-    /// Copies `data` to offset `at`; the caller has checked the range. Long copies go a
-    /// piece at a time, as reads do.
-    pub(crate) fn write(&self, at: u64, data: &[u8]) {
-        let at = usize::try_from(at).unwrap_or(usize::MAX);
-        for (i, piece) in data.chunks(COPY_PIECE).enumerate() {
-            self.lock().write(at.saturating_add(i * COPY_PIECE), piece);
-        }
-    }
-
-    /// Applies an atomic operation to the 8 bytes at `at`, under the lock.
-    fn atomic(&self, at: u64, op: AtomicOp) -> u64 {
-        let at = usize::try_from(at).unwrap_or(usize::MAX);
-        let mut storage = self.lock();
-        let mut word = [0; 8];
-        storage.read(at, &mut word);
-        let old = u64::from_ne_bytes(word);
-        storage.write(at, &op.apply(old).to_ne_bytes());
-        old
-    }
-
-    /// Gives the storage back, unlocked from RAM (a mapping is unmapped when dropped).
-    pub(crate) fn into_storage(self) -> Storage {
-        let storage = self
-            .storage
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let (true, Storage::Heap(bytes)) = (self.locked, &storage) {
-            sys::munlock(bytes);
-        }
-        storage
-    }
-}
-
-/// The engine's view of the NIC's regions.
-#[derive(Debug, Default)]
-pub(crate) struct HostMemory {
-    pub(crate) regions: HashMap<RegionId, Arc<HostBuf>>,
-}
-
-impl Memory for HostMemory {
-    fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
-        if let Some(buf) = self.regions.get(&region) {
-            buf.read(offset, out);
-        }
-    }
-
-    fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
-        if let Some(buf) = self.regions.get(&region) {
-            buf.write(offset, data);
-        }
-    }
-
-    fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64 {
-        self.regions
-            .get(&region)
-            .map_or(0, |buf| buf.atomic(offset, op))
-    }
-}
-
 /// The engine and its memory, behind the NIC's lock, with the datagram link (batches and
 /// taps) it sends and receives through.
-pub(crate) struct State {
+pub(crate) struct Locked {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
     link: udp::Link,
@@ -180,7 +50,7 @@ pub(crate) struct State {
     acks_due: Option<Instant>,
 }
 
-impl State {
+impl Locked {
     /// When something is next due: an engine timer or a delayed packet.
     fn next_due(&self) -> Option<Instant> {
         [
@@ -194,8 +64,10 @@ impl State {
     }
 }
 
-pub(crate) struct Shared {
-    state: Mutex<State>,
+/// The engine behind its lock, the socket, the doorbell and the progress thread of one soft
+/// NIC; every soft object holds an `Arc` of it.
+pub(crate) struct Driver {
+    state: Mutex<Locked>,
     pub(crate) completions: Condvar,
     /// The time base of `poller_until`.
     epoch: Instant,
@@ -221,7 +93,7 @@ pub(crate) struct Shared {
     pub(crate) failure: Mutex<Option<io::Error>>,
 }
 
-impl Shared {
+impl Driver {
     pub(crate) fn new(
         port: udp::Port,
         engine: Engine,
@@ -232,7 +104,7 @@ impl Shared {
         bell.set_nonblocking(true)?;
         bell_rx.set_nonblocking(true)?;
         Ok(Arc::new(Self {
-            state: Mutex::new(State {
+            state: Mutex::new(Locked {
                 engine,
                 mem: HostMemory::default(),
                 link: udp::Link::new(faults, pcap),
@@ -261,24 +133,19 @@ impl Shared {
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Locked> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sends everything the engine has ready (and held packets now due), a batch at a time,
-    /// through the taps.
-    pub(crate) fn flush(&self, state: &mut State, now: Instant) {
-        self.transmit_ready(state, now, false);
-    }
-
-    /// As [`Shared::flush`]; with `hold_acks`, a batch of nothing but bare positive ACKs
+    /// through the taps. With `hold_acks`, a batch of nothing but bare positive ACKs
     /// (`Transmit::ack`) stays in the link
     /// for up to [`ACK_HOLD`], so that it leaves in one system call with the packet the
     /// polling application posts next (its reply, in a latency test or a session). The data
     /// those ACKs acknowledge is already in memory and its completion already queued: the
     /// application sees it first, and its reply is not behind an ACK's system call.
-    fn transmit_ready(&self, state: &mut State, now: Instant, hold_acks: bool) {
-        let State {
+    fn transmit_ready(&self, state: &mut Locked, now: Instant, hold_acks: bool) {
+        let Locked {
             engine,
             mem,
             link,
@@ -306,9 +173,9 @@ impl Shared {
 
     /// After the application changed the engine: send what it produced, wake waiters, and
     /// ring the doorbell if a timer now fires before the progress thread would wake.
-    pub(crate) fn after_command(&self, mut state: MutexGuard<'_, State>) {
+    pub(crate) fn after_command(&self, mut state: MutexGuard<'_, Locked>) {
         let now = Instant::now();
-        self.flush(&mut state, now);
+        self.transmit_ready(&mut state, now, false);
         let next = state.next_due();
         drop(state);
         self.wake_waiters();
@@ -394,14 +261,14 @@ impl Shared {
     /// GRO one batch can hold thousands of packets: every [`ACK_EVERY`] packets handled, or
     /// [`ACK_WITHIN`], what the engine has to send (ACKs, READ responses) goes out, so that a
     /// peer's window keeps moving while the rest is handled; `hold_acks` as for
-    /// [`Shared::transmit_ready`].
-    fn drain(&self, state: &mut State, now: Instant, hold_acks: bool) -> usize {
+    /// [`Driver::transmit_ready`].
+    fn drain(&self, state: &mut Locked, now: Instant, hold_acks: bool) -> usize {
         let dst = self.local.ip();
         let (mut handled, mut since_sent, mut sent_at) = (0, 0, now);
         for _ in 0..2 {
             let n = state.link.receive_batch(&self.port);
             for i in 0..n {
-                let State {
+                let Locked {
                     engine, mem, link, ..
                 } = &mut *state;
                 let got = link.handle_buffer(&self.port, i, |from, bytes, index| {
@@ -425,7 +292,7 @@ impl Shared {
     /// Drives the engine on the caller's thread: takes what has arrived, runs due timers and
     /// sends what is ready. Polling a CQ calls this, so an application that polls needs no
     /// other thread to make progress (the lowest latency on few cores).
-    pub(crate) fn progress_here(&self, state: &mut State) {
+    pub(crate) fn progress_here(&self, state: &mut Locked) {
         let now = Instant::now();
         // While the application polls, the progress thread keeps off the socket (see
         // `progress`): one thread woken per packet instead of two.
@@ -443,7 +310,7 @@ impl Shared {
             let next = {
                 let mut state = self.lock();
                 state.engine.handle_timeout(now);
-                self.flush(&mut state, now);
+                self.transmit_ready(&mut state, now, false);
                 state.next_due()
             };
             self.wake_waiters();
@@ -474,7 +341,7 @@ impl Shared {
                     let now = Instant::now();
                     let mut state = self.lock();
                     self.drain(&mut state, now, false);
-                    self.flush(&mut state, now);
+                    self.transmit_ready(&mut state, now, false);
                     drop(state);
                     self.wake_waiters();
                 }
@@ -484,52 +351,6 @@ impl Shared {
                     break;
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::mpsc;
-
-    use crate::{Nic, NicConfig};
-
-    /// Rings from several threads while the progress thread answers, then a close, which must
-    /// return: a ring lost to the doorbell's `rung` flag would leave the progress thread asleep
-    /// for good. (Clearing the flag before emptying the doorbell hung here.)
-    #[test]
-    fn rings_are_never_lost_and_the_nic_closes() {
-        for _ in 0..100 {
-            let nic = Nic::open(&NicConfig {
-                addr: "127.0.0.1:0".parse().unwrap(),
-                ..NicConfig::default()
-            })
-            .unwrap();
-            let ringers: Vec<_> = (0..2)
-                .map(|_| {
-                    let shared = std::sync::Arc::clone(&nic.soft().unwrap().shared);
-                    std::thread::spawn(move || {
-                        for _ in 0..300 {
-                            shared.ring();
-                            std::hint::spin_loop();
-                        }
-                    })
-                })
-                .collect();
-            for r in ringers {
-                r.join().unwrap();
-            }
-            let (done, closed) = mpsc::channel();
-            std::thread::spawn(move || {
-                nic.close();
-                let _ = done.send(());
-            });
-            assert!(
-                closed
-                    .recv_timeout(std::time::Duration::from_secs(5))
-                    .is_ok(),
-                "close hung: a ring was lost"
-            );
         }
     }
 }

@@ -1,161 +1,27 @@
-//! Completion queues, queue pairs and regions on a verbs device: ferroce's work requests,
-//! completions, attributes and errors in libibverbs' terms and back.
-//!
-//! A CQ has its own completion channel, so [`VerbsCq::wait`] sleeps in `poll(2)` as
-//! rdma-core's `-e` mode does (arm, poll, wait, read the event, re-arm, drain). A CQ is grown
-//! with `ibv_resize_cq` whenever the queues feeding it could hold more completions than it
-//! has room for, so it never overruns (rxe errors the QP when one does).
+//! A queue pair on a verbs device: created with the capacities the device grants, brought up
+//! INIT → RTR → RTS with `ibv_modify_qp`, and posted to through libibverbs' ops table, with
+//! what the provider would refuse checked first.
 
 use std::io;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ferroce_proto::memory::WriteOrder;
 use ferroce_proto::qp::{
-    Completion, ModifyError, PostError, QpCaps, QpState, QpType, RecvWr, SendOp, SendWr, WcOpcode,
-    WcStatus,
+    ModifyError, Payload, PostError, QpCaps, QpState, QpType, RecvWr, SendOp, SendWr,
 };
 use ferroce_proto::wire::Qpn;
 use ferroce_proto::Psn;
 
 use super::abi::*;
-use super::{Device, VerbsError};
-use crate::qp::{ConnectOptions, QpEndpoint};
-use crate::region::RegionAccess;
+use super::cq::Cq;
+use super::ffi::RawQp;
+use super::nic::Device;
+use crate::attr::ConnectAttrs;
+use crate::error::VerbsError;
 
 /// The gather and scatter entries a QP is created with (or the device's maximum if lower).
 const MAX_SGE: u32 = 16;
-
-/// A completion queue on a verbs device.
-pub(crate) struct VerbsCq {
-    pub(crate) raw: Arc<super::RawCq>,
-    device: Arc<Device>,
-    /// Completions the queues on this CQ may hold at once.
-    committed: Mutex<u32>,
-    /// Set by a `CQ_ERR` event.
-    overrun: Arc<Mutex<Option<String>>>,
-}
-
-impl VerbsCq {
-    pub(crate) fn new(device: &Arc<Device>, depth: usize) -> Result<Self, VerbsError> {
-        let depth = u32::try_from(depth.max(1)).unwrap_or(u32::MAX);
-        let raw = device
-            .ctx
-            .create_cq(depth.min(device.attr.max_cqe.max(1) as u32))
-            .map_err(|e| device.error("ibv_create_cq", e, None))?;
-        let overrun = device.health.watch(raw.key());
-        Ok(Self {
-            raw: Arc::new(raw),
-            device: Arc::clone(device),
-            committed: Mutex::new(0),
-            overrun,
-        })
-    }
-
-    /// Makes room for `more` completions, growing the CQ if it must.
-    fn commit(&self, more: u32) -> Result<(), VerbsError> {
-        let mut committed = self
-            .committed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let want = committed.saturating_add(more);
-        if want > self.raw.cqe() {
-            self.raw.resize(want).map_err(|e| {
-                self.device.error(
-                    "ibv_resize_cq",
-                    e,
-                    Some("the queue pairs on this CQ could overrun it; give it more entries"),
-                )
-            })?;
-        }
-        *committed = want;
-        Ok(())
-    }
-
-    fn release(&self, less: u32) {
-        let mut committed = self
-            .committed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *committed = committed.saturating_sub(less);
-    }
-
-    /// The oldest completion, if any.
-    pub(crate) fn poll(&self) -> Option<Completion> {
-        let mut wc = [ibv_wc::default()];
-        match self.raw.poll(&mut wc) {
-            Ok(1) => Some(completion(&wc[0])),
-            _ => None,
-        }
-    }
-
-    /// Up to `out.len()` completions in one `poll_cq`; returns how many.
-    pub(crate) fn poll_into(&self, out: &mut [Completion]) -> usize {
-        let mut wcs = [ibv_wc::default(); 32];
-        let n = out.len().min(wcs.len());
-        let got = self.raw.poll(&mut wcs[..n]).unwrap_or(0);
-        for (o, wc) in out.iter_mut().zip(&wcs[..got]) {
-            *o = completion(wc);
-        }
-        got
-    }
-
-    /// Waits up to `timeout` on the completion channel.
-    pub(crate) fn wait(&self, timeout: Duration) -> Option<Completion> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(c) = self.poll() {
-                return Some(c);
-            }
-            // Arm, then look again: a completion that arrived before the arm raised no event.
-            if self.raw.arm().is_err() {
-                return None;
-            }
-            if let Some(c) = self.poll() {
-                return Some(c);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            let _ = crate::sys::poll_readable([self.raw.fd()], Some(deadline - now));
-            self.raw.take_events();
-        }
-    }
-
-    /// Why the CQ failed, if an event said so.
-    pub(crate) fn failure(&self) -> Option<String> {
-        self.overrun
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
-
-/// A libibverbs completion in ferroce's terms. An error completion's opcode is undefined
-/// (only `wr_id`, `status` and `qp_num` are), so it reads as whatever the provider left.
-pub(crate) fn completion(wc: &ibv_wc) -> Completion {
-    let opcode = match wc.opcode {
-        IBV_WC_SEND => WcOpcode::Send,
-        IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
-        IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
-        IBV_WC_COMP_SWAP => WcOpcode::CompSwap,
-        IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
-        IBV_WC_RECV => WcOpcode::Recv,
-        IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
-        _ => WcOpcode::Send,
-    };
-    Completion {
-        wr_id: wc.wr_id,
-        status: WcStatus::from_ibv_value(wc.status),
-        opcode,
-        byte_len: wc.byte_len,
-        imm: (wc.wc_flags & IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
-        qpn: Qpn::from_low_bits(wc.qp_num),
-        ud: None,
-    }
-}
 
 const STATE_INIT: u8 = 1;
 const STATE_RTR: u8 = 2;
@@ -163,14 +29,14 @@ const STATE_RTS: u8 = 3;
 const STATE_ERR: u8 = 6;
 
 /// A queue pair on a verbs device.
-pub(crate) struct VerbsQp {
-    raw: super::RawQp,
+pub(crate) struct Qp {
+    raw: RawQp,
     device: Arc<Device>,
     qp_type: QpType,
     /// What the device granted.
     caps: ibv_qp_cap,
-    send_cq: Arc<VerbsCq>,
-    recv_cq: Arc<VerbsCq>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
     state: AtomicU8,
     /// Set by a QP error event.
     fatal: Arc<Mutex<Option<String>>>,
@@ -186,12 +52,12 @@ fn post_error(e: &io::Error, depth: u32, what: &str) -> PostError {
     }
 }
 
-impl VerbsQp {
-    pub(crate) fn new(
+impl Qp {
+    pub(super) fn new(
         device: &Arc<Device>,
         qp_type: QpType,
-        send_cq: &Arc<VerbsCq>,
-        recv_cq: &Arc<VerbsCq>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
         caps: QpCaps,
         psn: Psn,
     ) -> Result<Self, VerbsError> {
@@ -317,11 +183,7 @@ impl VerbsQp {
     }
 
     /// INIT → RTR → RTS, with `ibv_rc_pingpong`'s attributes (UC: only the PSNs).
-    pub(crate) fn connect(
-        &self,
-        peer: &QpEndpoint,
-        options: &ConnectOptions,
-    ) -> Result<(), ModifyError> {
+    pub(crate) fn connect(&self, a: &ConnectAttrs) -> Result<(), ModifyError> {
         let refused = |step: &str, e: io::Error| {
             let hint = match (step, e.raw_os_error()) {
                 ("RTR", Some(libc::ENODATA)) => format!(
@@ -334,7 +196,7 @@ impl VerbsQp {
                     format!(
                         " — the kernel could not resolve {} from {} ({}): no route to it, no ARP \
                          reply, or the wrong GID index (ours is {}, {})",
-                        peer.addr.ip(),
+                        a.peer.ip(),
                         self.device.name,
                         self.device.gid.ip(),
                         self.device.gid_index(),
@@ -352,20 +214,20 @@ impl VerbsQp {
             ))
         };
         // UC has no READ or atomics: asking for them is refused by some providers.
-        let mut access = i32::from(options.access.qp_rights().ibv_bits());
+        let mut access = i32::from(a.access.ibv_bits());
         if self.qp_type == QpType::Uc {
             access &= IBV_ACCESS_REMOTE_WRITE;
         }
         self.to_init(access).map_err(|e| refused("INIT", e))?;
-        let dgid = match peer.addr.ip() {
+        let dgid = match a.peer.ip() {
             std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
             std::net::IpAddr::V6(v6) => v6.octets(),
         };
         let mut rtr = ibv_qp_attr {
             qp_state: IBV_QPS_RTR,
-            path_mtu: u32::from(options.mtu.ibv_value()),
-            dest_qp_num: peer.qpn.value(),
-            rq_psn: peer.psn.value(),
+            path_mtu: u32::from(a.mtu.ibv_value()),
+            dest_qp_num: a.dest_qpn.value(),
+            rq_psn: a.rq_psn.value(),
             ah_attr: ibv_ah_attr {
                 grh: ibv_global_route {
                     dgid: ibv_gid { raw: dgid },
@@ -382,8 +244,8 @@ impl VerbsQp {
         };
         let mut mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
         if self.qp_type == QpType::Rc {
-            rtr.max_dest_rd_atomic = options.max_rd_atomic;
-            rtr.min_rnr_timer = options.min_rnr_timer;
+            rtr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+            rtr.min_rnr_timer = a.min_rnr_timer.code();
             mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
         }
         // RTR resolves the peer's address. Right after the table changed (an address added
@@ -406,15 +268,15 @@ impl VerbsQp {
         self.state.store(STATE_RTR, Ordering::Relaxed);
         let mut rts_attr = ibv_qp_attr {
             qp_state: IBV_QPS_RTS,
-            sq_psn: self.psn.value(),
+            sq_psn: a.sq_psn.value(),
             ..ibv_qp_attr::default()
         };
         let mut mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
         if self.qp_type == QpType::Rc {
-            rts_attr.timeout = options.timeout;
-            rts_attr.retry_cnt = options.retry_cnt;
-            rts_attr.rnr_retry = options.rnr_retry;
-            rts_attr.max_rd_atomic = options.max_rd_atomic;
+            rts_attr.timeout = a.timeout;
+            rts_attr.retry_cnt = a.retry_cnt;
+            rts_attr.rnr_retry = a.rnr_retry;
+            rts_attr.max_rd_atomic = a.max_rd_atomic;
             mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
         }
         self.raw
@@ -431,17 +293,13 @@ impl VerbsQp {
             return Err(PostError::Unsupported(wr.op));
         }
         match &wr.local {
-            ferroce_proto::qp::Payload::Inline(bytes)
-                if bytes.len() > self.caps.max_inline_data as usize =>
-            {
+            Payload::Inline(bytes) if bytes.len() > self.caps.max_inline_data as usize => {
                 Err(PostError::InlineTooLong {
                     len: bytes.len(),
                     max: self.caps.max_inline_data,
                 })
             }
-            ferroce_proto::qp::Payload::Sges(list)
-                if list.len() > self.caps.max_send_sge as usize =>
-            {
+            Payload::Sges(list) if list.len() > self.caps.max_send_sge as usize => {
                 Err(PostError::Length(list.len() as u64))
             }
             _ if matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
@@ -513,93 +371,15 @@ impl VerbsQp {
 
 fn local_len(wr: &SendWr) -> u64 {
     match &wr.local {
-        ferroce_proto::qp::Payload::Sge(s) => s.len.into(),
-        ferroce_proto::qp::Payload::Sges(l) => l.iter().map(|s| u64::from(s.len)).sum(),
-        ferroce_proto::qp::Payload::Inline(b) => b.len() as u64,
+        Payload::Sge(s) => s.len.into(),
+        Payload::Sges(l) => l.iter().map(|s| u64::from(s.len)).sum(),
+        Payload::Inline(b) => b.len() as u64,
     }
 }
 
-impl Drop for VerbsQp {
+impl Drop for Qp {
     fn drop(&mut self) {
         self.send_cq.release(self.caps.max_send_wr);
         self.recv_cq.release(self.caps.max_recv_wr);
-    }
-}
-
-/// The access flags of a region: the local write every region gets, what peers may do, and
-/// relaxed ordering (optional: ignored by a device without it) for [`WriteOrder::AnyOrder`].
-pub(crate) fn region_access(access: RegionAccess, order: WriteOrder) -> i32 {
-    let relaxed = match order {
-        WriteOrder::AnyOrder => IBV_ACCESS_RELAXED_ORDERING,
-        WriteOrder::InOrder => 0,
-    };
-    i32::from(access.rights().ibv_bits()) | relaxed
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_write_with_immediate_completion_maps_its_fields() {
-        let wc = ibv_wc {
-            wr_id: 0x1005,
-            status: 0,
-            opcode: IBV_WC_RECV_RDMA_WITH_IMM,
-            byte_len: 4096,
-            imm_data: 0x0102_0304u32.to_be(),
-            qp_num: 0x11,
-            wc_flags: IBV_WC_WITH_IMM,
-            ..ibv_wc::default()
-        };
-        let c = completion(&wc);
-        assert_eq!(c.wr_id, 0x1005);
-        assert_eq!(c.status, WcStatus::Success);
-        assert_eq!(c.opcode, WcOpcode::RecvRdmaWithImm);
-        assert_eq!(c.imm, Some(0x0102_0304));
-        assert_eq!(c.qpn.value(), 0x11);
-    }
-
-    #[test]
-    fn error_statuses_keep_rdma_cores_numbers() {
-        for s in 0..=21 {
-            let wc = ibv_wc {
-                status: s,
-                ..ibv_wc::default()
-            };
-            let c = completion(&wc);
-            assert_eq!(c.status.ibv_value(), s, "status {s}");
-            assert_eq!(c.imm, None);
-        }
-        let wc = ibv_wc {
-            status: 12,
-            ..ibv_wc::default()
-        };
-        assert_eq!(completion(&wc).status, WcStatus::RetryExcErr);
-    }
-
-    #[test]
-    fn access_follows_the_region_and_its_order() {
-        assert_eq!(
-            region_access(RegionAccess::Local, WriteOrder::InOrder),
-            IBV_ACCESS_LOCAL_WRITE
-        );
-        assert_eq!(
-            region_access(RegionAccess::RemoteWrite, WriteOrder::AnyOrder),
-            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_RELAXED_ORDERING
-        );
-        assert_eq!(
-            region_access(RegionAccess::Remote, WriteOrder::InOrder),
-            IBV_ACCESS_LOCAL_WRITE
-                | IBV_ACCESS_REMOTE_WRITE
-                | IBV_ACCESS_REMOTE_READ
-                | IBV_ACCESS_REMOTE_ATOMIC
-        );
-        // A QP's rights carry no local write.
-        assert_eq!(
-            i32::from(RegionAccess::Remote.qp_rights().ibv_bits()),
-            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
-        );
-        assert_eq!(RegionAccess::Local.qp_rights().ibv_bits(), 0);
     }
 }

@@ -1,0 +1,138 @@
+//! The bytes of the soft NIC's regions: host memory or a mapping ([`Storage`]), reached only by
+//! copying under a lock ([`HostBuf`]), and the engine's view of them all ([`HostMemory`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
+
+use crate::sys;
+
+/// The most bytes a region copy moves under one take of the region's lock.
+const COPY_CHUNK: usize = 64 * 1024;
+
+/// Where a region's bytes live.
+#[derive(Debug)]
+pub(crate) enum Storage {
+    /// Host memory the region owns.
+    Heap(Box<[u8]>),
+    /// A shared mapping of a dma-buf (or any mappable descriptor).
+    Mapped(Arc<sys::Mapping>),
+}
+
+impl Storage {
+    fn read(&self, at: usize, out: &mut [u8]) {
+        match self {
+            Self::Heap(bytes) => {
+                if let Some(src) = at.checked_add(out.len()).and_then(|end| bytes.get(at..end)) {
+                    out.copy_from_slice(src);
+                }
+            }
+            Self::Mapped(map) => map.read(at, out),
+        }
+    }
+
+    fn write(&mut self, at: usize, data: &[u8]) {
+        match self {
+            Self::Heap(bytes) => {
+                if let Some(dst) = at
+                    .checked_add(data.len())
+                    .and_then(|end| bytes.get_mut(at..end))
+                {
+                    dst.copy_from_slice(data);
+                }
+            }
+            Self::Mapped(map) => map.write(at, data),
+        }
+    }
+}
+
+/// The bytes of one region, shared by the application's handle and the engine. They are only
+/// ever reached through this lock, by copying: never as a `&[u8]` a peer could change.
+#[derive(Debug)]
+pub(crate) struct HostBuf {
+    storage: Mutex<Storage>,
+    locked: bool,
+}
+
+impl HostBuf {
+    pub(crate) fn new(storage: Storage, locked: bool) -> Self {
+        Self {
+            storage: Mutex::new(storage),
+            locked,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Storage> {
+        self.storage.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Copies `out.len()` bytes from offset `at`; the caller has checked the range. A long
+    /// copy takes the lock a piece at a time, so the engine's writes of arriving packets
+    /// wait microseconds, not the milliseconds a whole frame takes; each piece (and so each
+    /// packet's placement) is still seen whole.
+    pub(crate) fn read(&self, at: u64, out: &mut [u8]) {
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        for (i, piece) in out.chunks_mut(COPY_CHUNK).enumerate() {
+            self.lock().read(at.saturating_add(i * COPY_CHUNK), piece);
+        }
+    }
+
+    /// Copies `data` to offset `at`; the caller has checked the range. Long copies go a
+    /// piece at a time, as reads do.
+    pub(crate) fn write(&self, at: u64, data: &[u8]) {
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        for (i, piece) in data.chunks(COPY_CHUNK).enumerate() {
+            self.lock().write(at.saturating_add(i * COPY_CHUNK), piece);
+        }
+    }
+
+    /// Applies an atomic operation to the 8 bytes at `at`, under the lock.
+    fn atomic(&self, at: u64, op: AtomicOp) -> u64 {
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        let mut storage = self.lock();
+        let mut word = [0; 8];
+        storage.read(at, &mut word);
+        let old = u64::from_ne_bytes(word);
+        storage.write(at, &op.apply(old).to_ne_bytes());
+        old
+    }
+
+    /// Gives the storage back, unlocked from RAM (a mapping is unmapped when dropped).
+    pub(crate) fn into_storage(self) -> Storage {
+        let storage = self
+            .storage
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let (true, Storage::Heap(bytes)) = (self.locked, &storage) {
+            sys::munlock(bytes);
+        }
+        storage
+    }
+}
+
+/// The engine's view of the NIC's regions.
+#[derive(Debug, Default)]
+pub(crate) struct HostMemory {
+    pub(crate) regions: HashMap<RegionId, Arc<HostBuf>>,
+}
+
+impl Memory for HostMemory {
+    fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
+        if let Some(buf) = self.regions.get(&region) {
+            buf.read(offset, out);
+        }
+    }
+
+    fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
+        if let Some(buf) = self.regions.get(&region) {
+            buf.write(offset, data);
+        }
+    }
+
+    fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64 {
+        self.regions
+            .get(&region)
+            .map_or(0, |buf| buf.atomic(offset, op))
+    }
+}
