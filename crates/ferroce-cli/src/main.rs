@@ -15,6 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod common;
 mod devinfo;
 mod perf;
 mod pingpong;

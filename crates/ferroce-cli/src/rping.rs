@@ -6,7 +6,7 @@
 //! WRITEs the ping back there and SENDs a go-ahead; the client compares (`-V`). Then the
 //! client disconnects.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -16,6 +16,8 @@ use ferroce::cq::{Completion, WcOpcode, WcStatus};
 use ferroce::proto::memory::WriteOrder;
 use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr};
 use ferroce::{Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
+
+use crate::common::cm::route_source;
 
 /// The largest ping (`RPING_BUFSIZE` − 1).
 const MAX_SIZE: u32 = 64 * 1024 - 1;
@@ -102,18 +104,6 @@ pub(crate) fn run(args: &RpingArgs) -> ExitCode {
 
 fn open(addr: IpAddr) -> Result<Nic, String> {
     Nic::open(&NicConfig::on(addr)).map_err(|e| format!("rdma_bind_addr: {e}"))
-}
-
-/// The source address the kernel would pick to reach `to` (no packet is sent).
-pub(crate) fn route_source(to: IpAddr) -> Option<IpAddr> {
-    let any: IpAddr = if to.is_ipv4() {
-        Ipv4Addr::UNSPECIFIED.into()
-    } else {
-        std::net::Ipv6Addr::UNSPECIFIED.into()
-    };
-    let socket = UdpSocket::bind(SocketAddr::new(any, 0)).ok()?;
-    socket.connect(SocketAddr::new(to, 4791)).ok()?;
-    socket.local_addr().ok().map(|a| a.ip())
 }
 
 /// The buffers and queues of one connection, as rping sets them up.

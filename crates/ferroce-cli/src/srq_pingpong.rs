@@ -15,7 +15,7 @@ use ferroce::proto::Psn;
 use ferroce::qp::{Mtu, Payload, QpCaps, QpType, SendOp, SendWr};
 use ferroce::{ConnectOptions, Cq, Qp, Region, RegionAccess, RegionMemory, Srq};
 
-use crate::pingpong::{
+use crate::common::pingpong::{
     client_exchange, fail, post_receives, print_result, server_exchange, NicFlags, RECV_WRID,
     SEND_WRID,
 };

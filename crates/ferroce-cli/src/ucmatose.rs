@@ -13,7 +13,7 @@ use ferroce::proto::memory::WriteOrder;
 use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
 use ferroce::{Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
 
-use crate::rping::route_source;
+use crate::common::cm::{event_of, route_source};
 
 /// How long any one step may take.
 const STEP: Duration = Duration::from_secs(60);
@@ -139,16 +139,6 @@ pub(crate) fn run(args: &UcmatoseArgs) -> ExitCode {
 
 fn open(addr: IpAddr) -> Result<Nic, String> {
     Nic::open(&NicConfig::on(addr)).map_err(|e| format!("cmatose: bind address failed: {e}"))
-}
-
-/// rdma_cm's event name and status for a failed connect, as cmatose prints them.
-pub(crate) fn event_of(e: &CmError) -> (&'static str, i32) {
-    match e {
-        CmError::Rejected { reason, .. } => ("RDMA_CM_EVENT_REJECTED", i32::from(reason.code())),
-        CmError::Sidr(status) => ("RDMA_CM_EVENT_UNREACHABLE", i32::from(status.code())),
-        CmError::Unreachable | CmError::Timeout { .. } => ("RDMA_CM_EVENT_UNREACHABLE", -110),
-        _ => ("RDMA_CM_EVENT_CONNECT_ERROR", -22),
-    }
 }
 
 fn client(args: &UcmatoseArgs, server: IpAddr) -> i32 {

@@ -5,7 +5,7 @@
 //! peer's GID; each receive buffer holds the 40-byte header before the payload. UD does not
 //! resend: a datagram lost on the way stops the ping-pong, which then says so after 10 s
 //! instead of waiting forever as the original does. The loop is `ibv_rc_pingpong`'s
-//! (`pingpong::exchange_loop`).
+//! (`common::pingpong::exchange_loop`).
 
 use std::process::ExitCode;
 
@@ -16,7 +16,7 @@ use ferroce::qp::{Payload, QpCaps, QpType, SendOp, SendWr};
 use ferroce::ud::{AddressHandle, UD_GRH_LEN};
 use ferroce::{Cq, Qp, Region, RegionAccess, RegionMemory};
 
-use crate::pingpong::{
+use crate::common::pingpong::{
     client_exchange, exchange_loop, fail, post_receives, print_result, server_exchange, NicFlags,
     SEND_WRID,
 };

@@ -16,8 +16,7 @@ use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
 use ferroce::ud::{AddressHandle, UD_GRH_LEN};
 use ferroce::{Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
 
-use crate::rping::route_source;
-use crate::ucmatose::event_of;
+use crate::common::cm::{event_of, route_source};
 
 /// udaddy's port: fixed; its `-p` chooses the port space.
 const PORT: u16 = 7174;

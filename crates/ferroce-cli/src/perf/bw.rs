@@ -10,7 +10,7 @@ use ferroce::qp::{Payload, RecvWr, RemoteAddr, SendOp, SendWr};
 use ferroce::ud::UD_GRH_LEN;
 
 use super::oob::{BwReport, Comm, KeyLine};
-use super::{mismatch, peer_ip, AtomicType, Connection, Rig, Settings, Verb};
+use super::{mismatch, peer_ip, AtomicType, Connection, Settings, TestResources, Verb};
 
 /// How long a loop waits without any progress before it gives up on the peer.
 pub(super) const STALL: Duration = Duration::from_secs(30);
@@ -74,16 +74,16 @@ fn operation(s: &Settings, peer: &KeyLine) -> SendOp {
 /// A request of queue pair `i`: its local area as the gather (or scatter) list; on UD, to
 /// the peer's queue pair.
 pub(super) fn request(
-    rig: &Rig,
+    res: &TestResources,
     i: usize,
     op: SendOp,
     len: u64,
     wr_id: u64,
     signaled: bool,
 ) -> Result<SendWr, String> {
-    let sge = rig
+    let sge = res
         .region
-        .local(rig.local_off(i), len as u32)
+        .local(res.local_off(i), len as u32)
         .map_err(|e| e.to_string())?;
     Ok(SendWr {
         wr_id,
@@ -92,20 +92,20 @@ pub(super) fn request(
         signaled,
         fence: false,
         solicited: false,
-        dest: rig.dest(i),
+        dest: res.dest(i),
     })
 }
 
 /// Posts one signaled request on queue pair `i` and waits for its completion; the traffic
 /// of that queue pair must have completed.
-fn post_and_wait(rig: &Rig, i: usize, wr: SendWr) -> Result<(), String> {
+fn post_and_wait(res: &TestResources, i: usize, wr: SendWr) -> Result<(), String> {
     let wr_id = wr.wr_id;
-    rig.qps[i]
+    res.qps[i]
         .post_send(wr)
         .map_err(|e| format!(" Couldn't post send: {e}"))?;
     let since = Instant::now();
     loop {
-        match rig.send_cq.poll() {
+        match res.send_cq.poll() {
             Some(wc) if wc.status != WcStatus::Success => return Err(send_error(&wc, 1, 0)),
             Some(wc) if wc.wr_id == wr_id => return Ok(()),
             Some(_) => {}
@@ -116,28 +116,28 @@ fn post_and_wait(rig: &Rig, i: usize, wr: SendWr) -> Result<(), String> {
 }
 
 /// The 8-byte counter at the peer's target, read with a fetch-and-add of 0.
-fn remote_counter(rig: &Rig, i: usize, peer: &KeyLine) -> Result<u64, String> {
+fn remote_counter(res: &TestResources, i: usize, peer: &KeyLine) -> Result<u64, String> {
     let remote = RemoteAddr {
         va: peer.vaddr,
         rkey: peer.rkey,
     };
     let op = SendOp::FetchAdd { remote, add: 0 };
-    post_and_wait(rig, i, request(rig, i, op, 8, CHECK_WRID, true)?)?;
-    let bytes = rig.read(rig.local_off(i), 8)?;
+    post_and_wait(res, i, request(res, i, op, 8, CHECK_WRID, true)?)?;
+    let bytes = res.read(res.local_off(i), 8)?;
     Ok(u64::from_ne_bytes(bytes.try_into().expect("8 bytes")))
 }
 
 /// Reads the peer's target area back, a chunk at a time (a READ of megabytes would arrive as
 /// one burst of thousands of packets), into our own target area, and compares it with the
 /// pattern.
-fn read_back(rig: &Rig, i: usize, peer: &KeyLine, len: u64) -> Result<(), String> {
+fn read_back(res: &TestResources, i: usize, peer: &KeyLine, len: u64) -> Result<(), String> {
     const CHUNK: u64 = 32 * 1024;
-    let scratch = rig.target_off(i);
+    let scratch = res.target_off(i);
     let mut at = 0;
     while at < len {
         let n = CHUNK.min(len - at);
-        rig.fill(scratch, &vec![0; n as usize])?;
-        let sge = rig
+        res.fill(scratch, &vec![0; n as usize])?;
+        let sge = res
             .region
             .local(scratch, n as u32)
             .map_err(|e| e.to_string())?;
@@ -154,8 +154,8 @@ fn read_back(rig: &Rig, i: usize, peer: &KeyLine, len: u64) -> Result<(), String
             solicited: false,
             dest: None,
         };
-        post_and_wait(rig, i, wr)?;
-        let back = rig.read(scratch, n)?;
+        post_and_wait(res, i, wr)?;
+        let back = res.read(scratch, n)?;
         if let Some(k) = mismatch(&back, at) {
             return Err(check_failed(
                 "remote target",
@@ -180,19 +180,19 @@ fn check_failed(what: &str, i: usize, at: usize, got: u8, start: u64) -> String 
 /// The client's bandwidth run of one message size.
 pub(super) fn client(
     s: &Settings,
-    rig: &Rig,
+    res: &TestResources,
     peers: &[KeyLine],
     size: u64,
 ) -> Result<BwReport, String> {
-    let q = rig.qps.len();
+    let q = res.qps.len();
     let len = if s.verb == Verb::Atomic { 8 } else { size };
     let fetch_add = s.verb == Verb::Atomic && s.atomic == AtomicType::FetchAdd;
     let mut counters_before = Vec::new();
     if s.check {
         for (i, peer) in peers.iter().enumerate() {
             match s.verb {
-                Verb::Read => rig.fill(rig.local_off(i), &vec![0; len as usize])?,
-                Verb::Atomic if fetch_add => counters_before.push(remote_counter(rig, i, peer)?),
+                Verb::Read => res.fill(res.local_off(i), &vec![0; len as usize])?,
+                Verb::Atomic if fetch_add => counters_before.push(remote_counter(res, i, peer)?),
                 _ => {}
             }
         }
@@ -229,7 +229,7 @@ pub(super) fn client(
                     let seq = posted[i] + list.len() as u64;
                     let signaled = (seq + 1) % moderation == 0 || seq + 1 == iters;
                     let wr_id = (i as u64) << 32 | (seq & 0xffff_ffff);
-                    list.push(request(rig, i, ops[i], len, wr_id, signaled)?);
+                    list.push(request(res, i, ops[i], len, wr_id, signaled)?);
                 }
                 let n = list.len();
                 if n == 0 {
@@ -238,7 +238,7 @@ pub(super) fn client(
                 // Stamped before the post, which sends them: a request's time runs from when
                 // the tool handed it over, as perftest stamps each ibv_post_send.
                 let at = Instant::now();
-                rig.qps[i]
+                res.qps[i]
                     .post_send_list(list.drain(..))
                     .map_err(|(k, e)| {
                         format!(" Couldn't post send: qp {i} scnt={} ({e})", scnt + k as u64)
@@ -257,7 +257,7 @@ pub(super) fn client(
             }
         }
         let mut progressed = false;
-        while let Some(wc) = rig.send_cq.poll() {
+        while let Some(wc) = res.send_cq.poll() {
             if wc.status != WcStatus::Success {
                 return Err(send_error(&wc, scnt, ccnt));
             }
@@ -297,16 +297,16 @@ pub(super) fn client(
     if s.check {
         for (i, peer) in peers.iter().enumerate() {
             match s.verb {
-                Verb::Write if s.connection == Connection::Rc => read_back(rig, i, peer, len)?,
+                Verb::Write if s.connection == Connection::Rc => read_back(res, i, peer, len)?,
                 Verb::Read => {
-                    let got = rig.read(rig.local_off(i), len)?;
+                    let got = res.read(res.local_off(i), len)?;
                     if let Some(at) = mismatch(&got, 0) {
                         return Err(check_failed("READ destination", i, at, got[at], 0));
                     }
                 }
                 Verb::Atomic if fetch_add => {
                     // The probe completes after every request before it, signaled or not.
-                    let after = remote_counter(rig, i, peer)?;
+                    let after = remote_counter(res, i, peer)?;
                     let added = after.wrapping_sub(counters_before[i]);
                     if added != posted[i] {
                         return Err(format!(
@@ -317,7 +317,7 @@ pub(super) fn client(
                     }
                 }
                 Verb::Atomic => {
-                    let fetched = rig.read(rig.local_off(i), 8)?;
+                    let fetched = res.read(res.local_off(i), 8)?;
                     let value = u64::from_ne_bytes(fetched.try_into().expect("8 bytes"));
                     if value != 0 {
                         return Err(format!(
@@ -398,15 +398,15 @@ fn peak_rate(tposted: &[Instant], tcompleted: &[Instant]) -> f64 {
 
 /// What the server of write-bw and atomic-bw can check once the client is done: its target
 /// areas hold the pattern, or the counter the client's fetch-and-adds built.
-pub(super) fn check_target(s: &Settings, rig: &Rig) -> Result<(), String> {
-    for i in 0..rig.qps.len() {
+pub(super) fn check_target(s: &Settings, res: &TestResources) -> Result<(), String> {
+    for i in 0..res.qps.len() {
         match s.verb {
             Verb::Write => {
                 // On UC the last packets may still be on their way: give them a moment.
                 let since = Instant::now();
                 let len = s.sizes.iter().copied().max().unwrap_or(1);
                 loop {
-                    let got = rig.read(rig.target_off(i), len)?;
+                    let got = res.read(res.target_off(i), len)?;
                     match mismatch(&got, 0) {
                         None => break,
                         Some(_)
@@ -419,7 +419,7 @@ pub(super) fn check_target(s: &Settings, rig: &Rig) -> Result<(), String> {
                 }
             }
             Verb::Atomic if s.duration.is_none() => {
-                let got = rig.read(rig.target_off(i), 8)?;
+                let got = res.read(res.target_off(i), 8)?;
                 let value = u64::from_ne_bytes(got.try_into().expect("8 bytes"));
                 let expected = match s.atomic {
                     AtomicType::FetchAdd => s.iters,
@@ -455,9 +455,9 @@ pub(super) fn first_receives(s: &Settings, qps: usize) -> u64 {
 
 /// Posts one receive into queue pair `i`'s receive buffer, on that queue pair or on the
 /// shared receive queue; its `wr_id` names the buffer.
-pub(super) fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
-    let (at, len) = rig.recv_buffer(i);
-    let sge = rig
+pub(super) fn post_recv(res: &TestResources, i: usize) -> Result<(), String> {
+    let (at, len) = res.recv_buffer(i);
+    let sge = res
         .region
         .local(at, len as u32)
         .map_err(|e| e.to_string())?;
@@ -465,11 +465,11 @@ pub(super) fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
         wr_id: i as u64,
         sges: vec![sge],
     };
-    match &rig.srq {
+    match &res.srq {
         Some(srq) => srq
             .post_recv(wr)
             .map_err(|e| format!("Couldn't post recv SRQ = {i}: {e}")),
-        None => rig.qps[i]
+        None => res.qps[i]
             .post_recv(wr)
             .map_err(|e| format!(" Couldn't post receive: {e}")),
     }
@@ -479,7 +479,7 @@ pub(super) fn post_recv(rig: &Rig, i: usize) -> Result<(), String> {
 /// and, on UD, who sent it (`peer`, the queue pair of the key line exchanged for `qp`) and
 /// the GRH before it.
 pub(super) fn check_message(
-    rig: &Rig,
+    res: &TestResources,
     wc: &Completion,
     qp: usize,
     size: u64,
@@ -487,18 +487,18 @@ pub(super) fn check_message(
     n: u64,
 ) -> Result<(), String> {
     let buffer = wc.wr_id as usize;
-    let expected = rig.received_len(size);
+    let expected = res.received_len(size);
     if u64::from(wc.byte_len) != expected {
         return Err(format!(
             " Data check failed: message {n} on queue pair {qp} has {} bytes, expected {expected}",
             wc.byte_len
         ));
     }
-    let got = rig.read(rig.payload_off(buffer), size)?;
+    let got = res.read(res.payload_off(buffer), size)?;
     if let Some(at) = mismatch(&got, 0) {
         return Err(check_failed("receive buffer", buffer, at, got[at], 0));
     }
-    if !rig.ud {
+    if !res.ud {
         return Ok(());
     }
     let ip = peer_ip(peer);
@@ -512,7 +512,7 @@ pub(super) fn check_message(
         }
     }
     let len = UD_GRH_LEN as u64;
-    let grh = rig.read(rig.payload_off(buffer) - len, len)?;
+    let grh = res.read(res.payload_off(buffer) - len, len)?;
     // rxe's GRH of an IPv4 packet: 20 zero bytes, then the IPv4 header; of IPv6, the header.
     let names_sender = match ip {
         std::net::IpAddr::V4(v4) => {
@@ -539,12 +539,12 @@ pub(super) struct Receiver {
 
 impl Receiver {
     /// Posts the first receives into every queue pair's buffer (`ctx_set_recv_wqes`).
-    pub(super) fn post(s: &Settings, rig: &Rig) -> Result<Self, String> {
-        let q = rig.qps.len();
+    pub(super) fn post(s: &Settings, res: &TestResources) -> Result<Self, String> {
+        let q = res.qps.len();
         let first = first_receives(s, q);
         for i in 0..q {
             for _ in 0..first {
-                post_recv(rig, i)?;
+                post_recv(res, i)?;
             }
         }
         Ok(Self {
@@ -557,13 +557,13 @@ impl Receiver {
     pub(super) fn run(
         &mut self,
         s: &Settings,
-        rig: &Rig,
+        res: &TestResources,
         size: u64,
         peers: &[KeyLine],
         comm: &Comm,
     ) -> Result<BwReport, String> {
-        let q = rig.qps.len();
-        let qp_of = |qpn: u32| rig.qps.iter().position(|qp| qp.qpn().value() == qpn);
+        let q = res.qps.len();
+        let qp_of = |qpn: u32| res.qps.iter().position(|qp| qp.qpn().value() == qpn);
         let mut received = vec![0u64; q];
         let mut rcnt = 0u64;
         let record = s.duration.is_none();
@@ -577,7 +577,7 @@ impl Receiver {
         let mut ending: Option<Instant> = None;
         loop {
             let mut progressed = false;
-            while let Some(wc) = rig.recv_cq.poll() {
+            while let Some(wc) = res.recv_cq.poll() {
                 if wc.status != WcStatus::Success {
                     return Err(recv_error(&wc, rcnt));
                 }
@@ -589,14 +589,14 @@ impl Receiver {
                     continue;
                 }
                 if s.check {
-                    check_message(rig, &wc, i, size, &peers[i], rcnt)?;
+                    check_message(res, &wc, i, size, &peers[i], rcnt)?;
                 }
                 received[i] += 1;
                 rcnt += 1;
                 last = Instant::now();
                 first.get_or_insert(last);
                 if !record || self.posted[buffer] < s.iters {
-                    post_recv(rig, buffer)?;
+                    post_recv(res, buffer)?;
                     self.posted[buffer] += 1;
                 }
                 progressed = true;

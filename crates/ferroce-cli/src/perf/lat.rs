@@ -13,7 +13,7 @@ use ferroce::qp::{RemoteAddr, SendOp};
 use super::bw::{check_message, recv_error, request, send_error, STALL};
 use super::oob::{Comm, KeyLine};
 use super::report::{lat_report, LatReport};
-use super::{mismatch, pattern, pattern_byte, AtomicType, Rig, Settings, Verb};
+use super::{mismatch, pattern, pattern_byte, AtomicType, Settings, TestResources, Verb};
 
 const PEEK_EVERY: Duration = Duration::from_millis(2);
 
@@ -94,19 +94,19 @@ impl Sends {
     /// outstanding, noting when; `prepare` runs just before (the buffer is free by then).
     fn post_next(
         &mut self,
-        rig: &Rig,
+        res: &TestResources,
         op: SendOp,
         size: u64,
         depth: u64,
         prepare: impl FnOnce() -> Result<(), String>,
     ) -> Result<(), String> {
-        self.make_room(rig, depth)?;
+        self.make_room(res, depth)?;
         if self.record {
             self.tposted.push(Instant::now());
         }
         prepare()?;
-        let wr = request(rig, 0, op, size, self.posted, true)?;
-        rig.qps[0]
+        let wr = request(res, 0, op, size, self.posted, true)?;
+        res.qps[0]
             .post_send(wr)
             .map_err(|e| format!(" Couldn't post send: scnt={} ({e})", self.posted))?;
         self.posted += 1;
@@ -118,13 +118,13 @@ impl Sends {
     /// after [`STALL`]. Returns whether the peer has ended it.
     fn idle(
         &mut self,
-        rig: &Rig,
+        res: &TestResources,
         comm: &Comm,
         since: Instant,
         last_peek: &mut Instant,
         waiting_for: impl FnOnce() -> String,
     ) -> Result<bool, String> {
-        if self.reap(rig)? {
+        if self.reap(res)? {
             return Ok(false);
         }
         if !self.record && last_peek.elapsed() >= PEEK_EVERY {
@@ -143,12 +143,12 @@ impl Sends {
     /// Waits for the last send and reports the ping-pong.
     fn finish(
         mut self,
-        rig: &Rig,
+        res: &TestResources,
         size: u64,
         iters: u64,
         start: Instant,
     ) -> Result<LatReport, String> {
-        self.make_room(rig, 1)?;
+        self.make_room(res, 1)?;
         Ok(finish(
             self.record,
             size,
@@ -161,9 +161,9 @@ impl Sends {
     }
 
     /// Reaps what has completed; drives the engine when nothing has.
-    fn reap(&mut self, rig: &Rig) -> Result<bool, String> {
+    fn reap(&mut self, res: &TestResources) -> Result<bool, String> {
         let mut any = false;
-        while let Some(wc) = rig.send_cq.poll() {
+        while let Some(wc) = res.send_cq.poll() {
             if wc.status != WcStatus::Success {
                 return Err(send_error(&wc, self.posted, self.completed));
             }
@@ -174,10 +174,10 @@ impl Sends {
     }
 
     /// Waits until fewer than `depth` sends are outstanding.
-    fn make_room(&mut self, rig: &Rig, depth: u64) -> Result<(), String> {
+    fn make_room(&mut self, res: &TestResources, depth: u64) -> Result<(), String> {
         let since = Instant::now();
         while self.posted - self.completed >= depth {
-            if !self.reap(rig)? {
+            if !self.reap(res)? {
                 if since.elapsed() > STALL {
                     return Err(stalled("waiting for a send to complete"));
                 }
@@ -191,14 +191,14 @@ impl Sends {
 /// write-lat for one message size. The server writes first (perftest's order).
 pub(super) fn write_pingpong(
     s: &Settings,
-    rig: &Rig,
+    res: &TestResources,
     peer: &KeyLine,
     size: u64,
     comm: &Comm,
 ) -> Result<LatReport, String> {
-    let (local, target, last) = (rig.local_off(0), rig.target_off(0), size - 1);
+    let (local, target, last) = (res.local_off(0), res.target_off(0), size - 1);
     // Earlier sizes left counters in the local area: lay the pattern down again.
-    rig.fill(local, &pattern(size))?;
+    res.fill(local, &pattern(size))?;
     let op = SendOp::Write(RemoteAddr {
         va: peer.vaddr,
         rkey: peer.rkey,
@@ -221,13 +221,13 @@ pub(super) fn write_pingpong(
             let mut last_peek = since;
             let mut byte = [0u8; 1];
             loop {
-                rig.region
+                res.region
                     .read(target + last, &mut byte)
                     .map_err(|e| e.to_string())?;
                 if byte[0] == want {
                     break;
                 }
-                if sends.idle(rig, comm, since, &mut last_peek, || {
+                if sends.idle(res, comm, since, &mut last_peek, || {
                     format!("waiting for the peer's write {}", rcnt + 1)
                 })? {
                     break 'run;
@@ -235,7 +235,7 @@ pub(super) fn write_pingpong(
             }
             rcnt += 1;
             if s.check && last > 0 {
-                let got = rig.read(target, last)?;
+                let got = res.read(target, last)?;
                 if let Some(at) = mismatch(&got, 0) {
                     return Err(format!(
                         " Data check failed: byte {at} of write {rcnt} is {:#04x}, expected {:#04x}",
@@ -250,18 +250,18 @@ pub(super) fn write_pingpong(
         }
         if sends.posted < iters {
             let counter = (sends.posted + 1) as u8;
-            sends.post_next(rig, op, size, depth, || rig.fill(local + last, &[counter]))?;
+            sends.post_next(res, op, size, depth, || res.fill(local + last, &[counter]))?;
         }
-        sends.reap(rig)?;
+        sends.reap(res)?;
     }
-    sends.finish(rig, size, s.iters, start)
+    sends.finish(res, size, s.iters, start)
 }
 
 /// read-lat and atomic-lat for one message size: one request at a time, the next posted as
 /// soon as the last completed.
 pub(super) fn one_at_a_time(
     s: &Settings,
-    rig: &Rig,
+    res: &TestResources,
     peer: &KeyLine,
     size: u64,
 ) -> Result<LatReport, String> {
@@ -283,7 +283,7 @@ pub(super) fn one_at_a_time(
     };
     let record = s.duration.is_none();
     let mut tposted = Vec::with_capacity(if record { s.iters as usize } else { 0 });
-    let local = rig.local_off(0);
+    let local = res.local_off(0);
     let zeros = vec![0u8; len as usize];
     let start = Instant::now();
     let deadline = s.duration.map(|d| start + d);
@@ -295,18 +295,18 @@ pub(super) fn one_at_a_time(
         deadline.is_some_and(|d| Instant::now() < d)
     } {
         if s.check {
-            rig.fill(local, &zeros)?;
+            res.fill(local, &zeros)?;
         }
         if record {
             tposted.push(Instant::now());
         }
-        let wr = request(rig, 0, op, len, count, true)?;
-        rig.qps[0]
+        let wr = request(res, 0, op, len, count, true)?;
+        res.qps[0]
             .post_send(wr)
             .map_err(|e| format!(" Couldn't post send: scnt={count} ({e})"))?;
         let since = Instant::now();
         loop {
-            match rig.send_cq.poll() {
+            match res.send_cq.poll() {
                 Some(wc) if wc.status != WcStatus::Success => {
                     return Err(send_error(&wc, count + 1, count))
                 }
@@ -316,7 +316,7 @@ pub(super) fn one_at_a_time(
             }
         }
         if s.check {
-            let got = rig.read(local, len)?;
+            let got = res.read(local, len)?;
             if s.verb == Verb::Read {
                 if let Some(at) = mismatch(&got, 0) {
                     return Err(format!(
@@ -359,10 +359,10 @@ pub(super) struct SendPingpong {
 
 impl SendPingpong {
     /// Posts the first receives (`ctx_set_recv_wqes`).
-    pub(super) fn post(s: &Settings, rig: &Rig) -> Result<Self, String> {
+    pub(super) fn post(s: &Settings, res: &TestResources) -> Result<Self, String> {
         let first = super::bw::first_receives(s, 1);
         for _ in 0..first {
-            super::bw::post_recv(rig, 0)?;
+            super::bw::post_recv(res, 0)?;
         }
         Ok(Self { posted: first })
     }
@@ -371,7 +371,7 @@ impl SendPingpong {
     pub(super) fn run(
         &mut self,
         s: &Settings,
-        rig: &Rig,
+        res: &TestResources,
         size: u64,
         peer: &KeyLine,
         comm: &Comm,
@@ -392,10 +392,10 @@ impl SendPingpong {
                 let since = Instant::now();
                 let mut last_peek = since;
                 let wc = loop {
-                    if let Some(wc) = rig.recv_cq.poll() {
+                    if let Some(wc) = res.recv_cq.poll() {
                         break wc;
                     }
-                    if sends.idle(rig, comm, since, &mut last_peek, || {
+                    if sends.idle(res, comm, since, &mut last_peek, || {
                         format!("waiting for message {}", rcnt + 1)
                     })? {
                         break 'run;
@@ -405,11 +405,11 @@ impl SendPingpong {
                     return Err(recv_error(&wc, rcnt));
                 }
                 if s.check {
-                    check_message(rig, &wc, 0, size, peer, rcnt)?;
+                    check_message(res, &wc, 0, size, peer, rcnt)?;
                 }
                 rcnt += 1;
                 if !sends.record || self.posted < s.iters {
-                    super::bw::post_recv(rig, 0)?;
+                    super::bw::post_recv(res, 0)?;
                     self.posted += 1;
                 }
             }
@@ -417,10 +417,10 @@ impl SendPingpong {
                 break;
             }
             if sends.posted < iters {
-                sends.post_next(rig, SendOp::Send, size, depth, || Ok(()))?;
+                sends.post_next(res, SendOp::Send, size, depth, || Ok(()))?;
             }
-            sends.reap(rig)?;
+            sends.reap(res)?;
         }
-        sends.finish(rig, size, s.iters, start)
+        sends.finish(res, size, s.iters, start)
     }
 }

@@ -66,7 +66,7 @@ use ferroce::{
 };
 
 use oob::{BwReport, Comm, KeyLine};
-use rdma_cm::CmLink;
+use rdma_cm::CmChannel;
 use report::{Outcome, RESULT_LINE};
 
 /// perftest's bandwidth and latency tests.
@@ -556,7 +556,7 @@ fn pattern(len: u64) -> Vec<u8> {
 /// queue pair, a local area (what is sent, or where READs and atomic results land) and a
 /// target area (what the peer addresses, or where its SENDs land), as perftest lays out its
 /// buffer.
-struct Rig {
+struct TestResources {
     nic: Nic,
     send_cq: Cq,
     recv_cq: Cq,
@@ -571,7 +571,7 @@ struct Rig {
     ud: bool,
 }
 
-impl Rig {
+impl TestResources {
     fn new(s: &Settings) -> Result<Self, String> {
         let config = NicConfig {
             faults: s.fault,
@@ -634,7 +634,7 @@ impl Rig {
         .map_err(|e| format!(" Couldn't allocate MR: {e}"))?;
         // Atomic targets must be 8-aligned; start the areas on a cache line.
         let base = (64 - region.va() % 64) % 64;
-        let rig = Self {
+        let res = Self {
             nic,
             send_cq,
             recv_cq,
@@ -649,12 +649,12 @@ impl Rig {
         let pat = pattern(area);
         for i in 0..q {
             match s.verb {
-                Verb::Write | Verb::Send => rig.fill(rig.local_off(i), &pat)?,
-                Verb::Read => rig.fill(rig.target_off(i), &pat)?,
+                Verb::Write | Verb::Send => res.fill(res.local_off(i), &pat)?,
+                Verb::Read => res.fill(res.target_off(i), &pat)?,
                 Verb::Atomic => {}
             }
         }
-        Ok(rig)
+        Ok(res)
     }
 
     /// Offset of queue pair `i`'s local area.
@@ -749,46 +749,47 @@ pub(crate) fn run(command: &PerfCommand) -> ExitCode {
     }
 }
 
-/// What the exchange and the connection leave for the traffic.
-struct Session {
+/// What the out-of-band exchange leaves for the traffic: its channel (for the closing key line
+/// and the reports) and the key lines each side sent, one per queue pair.
+struct KeyExchange {
     comm: Comm,
     local: Vec<KeyLine>,
     remote: Vec<KeyLine>,
 }
 
 fn execute(s: &Settings) -> Result<(), String> {
-    let mut rig = Rig::new(s)?;
+    let mut res = TestResources::new(s)?;
     // The report names the GID index: the one asked for (which a verbs device then uses, and
     // which the soft NIC, whose one GID is its address, echoes), else the one the NIC chose.
     let s = &Settings {
-        gid_index: Some(s.gid_index.unwrap_or_else(|| rig.nic.gid_index())),
-        out_reads: Some(s.out_reads.unwrap_or(rig.nic.caps().max_rd_atomic).max(1)),
+        gid_index: Some(s.gid_index.unwrap_or_else(|| res.nic.gid_index())),
+        out_reads: Some(s.out_reads.unwrap_or(res.nic.caps().max_rd_atomic).max(1)),
         ..s.clone()
     };
     let mut comm = match (&s.server, s.rdma_cm) {
         (Some(server), false) => Comm::connect(server, s.port),
         (None, false) => Comm::accept(s.port),
         (Some(server), true) => resolve(server, s.port)
-            .and_then(|ip| CmLink::connect(&rig.nic, ip, s.port))
+            .and_then(|ip| CmChannel::connect(&res.nic, ip, s.port))
             .map(Comm::over_rdma_cm),
-        (None, true) => CmLink::accept(&rig.nic, s.port).map(Comm::over_rdma_cm),
+        (None, true) => CmChannel::accept(&res.nic, s.port).map(Comm::over_rdma_cm),
     }
     .map_err(|e| format!("{e}\n Unable to init the socket connection"))?;
     comm.exchange_versions()?;
     comm.check_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
-    let mtu = comm.check_mtu(s.mtu.unwrap_or_else(|| rig.nic.active_mtu()))?;
+    let mtu = comm.check_mtu(s.mtu.unwrap_or_else(|| res.nic.active_mtu()))?;
     let s = &s.fit_datagrams(mtu)?;
     // -R: an empty key line each way, the queue pairs' connections, another empty key line
     // (`create_rdma_cm_connection`).
     if s.rdma_cm {
         comm.hand_shake(&KeyLine::default())?;
         let cm = comm.rdma_cm().ok_or(" No rdma_cm connection")?;
-        rig.dests = cm.connect_queue_pairs(s, &rig, mtu)?;
+        res.dests = cm.connect_queue_pairs(s, &res, mtu)?;
         comm.hand_shake(&KeyLine::default())?;
     }
     report::print_header(s, mtu.bytes());
 
-    let gid = match rig.nic.addr().ip() {
+    let gid = match res.nic.addr().ip() {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,
     }
@@ -798,7 +799,7 @@ fn execute(s: &Settings) -> Result<(), String> {
     } else {
         1
     };
-    let local: Vec<KeyLine> = rig
+    let local: Vec<KeyLine> = res
         .qps
         .iter()
         .enumerate()
@@ -809,8 +810,8 @@ fn execute(s: &Settings) -> Result<(), String> {
                 out_reads,
                 qpn: endpoint.qpn.value(),
                 psn: endpoint.psn.value(),
-                rkey: rig.region.rkey(),
-                vaddr: rig.region.va() + rig.target_off(i),
+                rkey: res.region.rkey(),
+                vaddr: res.region.va() + res.target_off(i),
                 gid,
                 srqn: 0,
                 gid_index: s.gid_index.unwrap_or(0),
@@ -839,18 +840,18 @@ fn execute(s: &Settings) -> Result<(), String> {
     if s.rdma_cm {
         // Connected by the connection manager already.
     } else if s.connection == Connection::Ud {
-        rig.dests = rig
+        res.dests = res
             .qps
             .iter()
             .zip(&remote)
             .map(|(qp, peer)| ready_ud(qp, peer))
             .collect::<Result<_, _>>()?;
     } else {
-        for (qp, peer) in rig.qps.iter().zip(&remote) {
+        for (qp, peer) in res.qps.iter().zip(&remote) {
             connect(qp, peer, s, mtu, out_reads)?;
         }
     }
-    let rig = rig;
+    let res = res;
     // One more key line once the queue pairs are connected ("after RTR"): send-bw and
     // send-lat shake hands right away, the other tests after the remote address lines. With
     // more than one queue pair the order tells which key line is which.
@@ -868,23 +869,23 @@ fn execute(s: &Settings) -> Result<(), String> {
         comm.hand_shake(&local[0])?;
     }
 
-    let session = Session {
+    let exchange = KeyExchange {
         comm,
         local,
         remote,
     };
     let results = match (s.kind, s.verb) {
-        (Kind::Bw, Verb::Send) => send_bw(s, &rig, session),
-        (Kind::Bw, _) => one_sided_bw(s, &rig, session),
-        (Kind::Lat, Verb::Write) => write_lat(s, &rig, session),
-        (Kind::Lat, Verb::Send) => send_lat(s, &rig, session),
-        (Kind::Lat, _) => one_sided_lat(s, &rig, session),
+        (Kind::Bw, Verb::Send) => send_bw(s, &res, exchange),
+        (Kind::Bw, _) => one_sided_bw(s, &res, exchange),
+        (Kind::Lat, Verb::Write) => write_lat(s, &res, exchange),
+        (Kind::Lat, Verb::Send) => send_lat(s, &res, exchange),
+        (Kind::Lat, _) => one_sided_lat(s, &res, exchange),
     }?;
     if let Some(path) = &s.json {
         report::write_json(path, s, mtu.bytes(), &results)?;
     }
     if s.stats {
-        println!("{}", rig.nic.statistics_line(&s.device));
+        println!("{}", res.nic.statistics_line(&s.device));
     }
     Ok(())
 }
@@ -968,19 +969,23 @@ fn print_bw(s: &Settings, r: &BwReport) {
 
 /// write-bw, read-bw, atomic-bw: the client runs, the server waits in a key line; then the
 /// client's report goes over and the connection closes.
-fn one_sided_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
-    let Session {
+fn one_sided_bw(
+    s: &Settings,
+    res: &TestResources,
+    exchange: KeyExchange,
+) -> Result<Vec<Outcome>, String> {
+    let KeyExchange {
         mut comm,
         local,
         remote,
         ..
-    } = session;
+    } = exchange;
     println!("{RESULT_LINE}");
     println!("{}", report::bw_columns(s.gbits));
     if !s.is_client() {
         comm.hand_shake(&local[0])?;
         if s.check {
-            bw::check_target(s, rig)?;
+            bw::check_target(s, res)?;
         }
         let theirs = comm.xchg_bw_reports(&BwReport::default())?;
         print_bw(s, &theirs);
@@ -991,7 +996,7 @@ fn one_sided_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome
     let mut results = Vec::new();
     let mut last = BwReport::default();
     for &size in &s.sizes {
-        last = bw::client(s, rig, &remote, size)?;
+        last = bw::client(s, res, &remote, size)?;
         print_bw(s, &last);
         results.push(Outcome::Bw(last));
     }
@@ -1004,13 +1009,17 @@ fn one_sided_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome
 
 /// send-bw: per size, the server posts its receives, a key line syncs both sides, the
 /// client sends and the server counts; both report.
-fn send_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
-    let Session {
+fn send_bw(
+    s: &Settings,
+    res: &TestResources,
+    exchange: KeyExchange,
+) -> Result<Vec<Outcome>, String> {
+    let KeyExchange {
         mut comm,
         local,
         remote,
         ..
-    } = session;
+    } = exchange;
     println!("{RESULT_LINE}");
     println!("{}", report::bw_columns(s.gbits));
     let mut results = Vec::new();
@@ -1019,12 +1028,12 @@ fn send_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, St
         let mut receiver = if s.is_client() {
             None
         } else {
-            Some(bw::Receiver::post(s, rig)?)
+            Some(bw::Receiver::post(s, res)?)
         };
         comm.hand_shake(&local[0])?;
         let r = match receiver.as_mut() {
-            None => bw::client(s, rig, &remote, size)?,
-            Some(receiver) => receiver.run(s, rig, size, &remote, &comm)?,
+            None => bw::client(s, res, &remote, size)?,
+            Some(receiver) => receiver.run(s, res, size, &remote, &comm)?,
         };
         print_bw(s, &r);
         results.push(Outcome::Bw(r));
@@ -1039,13 +1048,17 @@ fn send_bw(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, St
 
 /// write-lat: both sides ping-pong by writing into each other's buffer; no closing
 /// handshake.
-fn write_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
-    let Session { comm, remote, .. } = session;
+fn write_lat(
+    s: &Settings,
+    res: &TestResources,
+    exchange: KeyExchange,
+) -> Result<Vec<Outcome>, String> {
+    let KeyExchange { comm, remote, .. } = exchange;
     println!("{RESULT_LINE}");
     println!("{}", report::lat_columns(s.duration.is_some()));
     let mut results = Vec::new();
     for &size in &s.sizes {
-        let r = lat::write_pingpong(s, rig, &remote[0], size, &comm)?;
+        let r = lat::write_pingpong(s, res, &remote[0], size, &comm)?;
         println!("{}", report::lat_line(&r));
         results.push(Outcome::Lat(r));
     }
@@ -1056,19 +1069,23 @@ fn write_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, 
 
 /// send-lat: per size, receives are posted and a key line syncs both sides; then SEND
 /// ping-pong.
-fn send_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
-    let Session {
+fn send_lat(
+    s: &Settings,
+    res: &TestResources,
+    exchange: KeyExchange,
+) -> Result<Vec<Outcome>, String> {
+    let KeyExchange {
         mut comm,
         local,
         remote,
-    } = session;
+    } = exchange;
     println!("{RESULT_LINE}");
     println!("{}", report::lat_columns(s.duration.is_some()));
     let mut results = Vec::new();
     for &size in &s.sizes {
-        let mut pingpong = lat::SendPingpong::post(s, rig)?;
+        let mut pingpong = lat::SendPingpong::post(s, res)?;
         comm.hand_shake(&local[0])?;
-        let r = pingpong.run(s, rig, size, &remote[0], &comm)?;
+        let r = pingpong.run(s, res, size, &remote[0], &comm)?;
         println!("{}", report::lat_line(&r));
         results.push(Outcome::Lat(r));
     }
@@ -1079,13 +1096,17 @@ fn send_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, S
 
 /// read-lat, atomic-lat: the client issues one request at a time; the server waits in the
 /// closing handshake.
-fn one_sided_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcome>, String> {
-    let Session {
+fn one_sided_lat(
+    s: &Settings,
+    res: &TestResources,
+    exchange: KeyExchange,
+) -> Result<Vec<Outcome>, String> {
+    let KeyExchange {
         comm,
         local,
         remote,
         ..
-    } = session;
+    } = exchange;
     if !s.is_client() {
         comm.close_connection(&local[0])?;
         println!("{RESULT_LINE}");
@@ -1095,7 +1116,7 @@ fn one_sided_lat(s: &Settings, rig: &Rig, session: Session) -> Result<Vec<Outcom
     println!("{}", report::lat_columns(s.duration.is_some()));
     let mut results = Vec::new();
     for &size in &s.sizes {
-        let r = lat::one_at_a_time(s, rig, &remote[0], size)?;
+        let r = lat::one_at_a_time(s, res, &remote[0], size)?;
         println!("{}", report::lat_line(&r));
         results.push(Outcome::Lat(r));
     }

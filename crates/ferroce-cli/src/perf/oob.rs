@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ferroce::qp::Mtu;
 
-use super::rdma_cm::CmLink;
+use super::rdma_cm::CmChannel;
 
 /// The version we advertise: Debian 12's perftest, older than 6.28, so that peers skip
 /// `negotiate_params`.
@@ -161,18 +161,19 @@ pub(super) struct BwReport {
 /// The connection of the exchange and what it learnt about the peer.
 #[derive(Debug)]
 pub(super) struct Comm {
-    link: Link,
+    channel: OobChannel,
     client: bool,
     remote_version: String,
 }
 
-/// What the exchange runs over.
+/// The out-of-band channel the exchange runs over: perftest's TCP connection, or with `-R`
+/// the control connection rdma_cm made.
 #[derive(Debug)]
-enum Link {
+enum OobChannel {
     /// perftest's default: a TCP connection.
     Tcp(TcpStream),
     /// `-R`: SENDs over an RC connection made by rdma_cm.
-    Cm(Box<CmLink>),
+    Cm(Box<CmChannel>),
 }
 
 const XCHG_FAILED: &str = "Failed to exchange data between server and clients";
@@ -184,26 +185,26 @@ impl Comm {
             .map_err(|e| format!("Couldn't connect to {server}:{port} ({e})"))?;
         let _ = stream.set_nodelay(true);
         Ok(Self {
-            link: Link::Tcp(stream),
+            channel: OobChannel::Tcp(stream),
             client: true,
             remote_version: String::new(),
         })
     }
 
-    /// `-R`: the exchange over `link`'s control connection.
-    pub(super) fn over_rdma_cm(link: CmLink) -> Self {
+    /// `-R`: the exchange over `cm`'s control connection.
+    pub(super) fn over_rdma_cm(cm: CmChannel) -> Self {
         Self {
-            client: link.is_client(),
-            link: Link::Cm(Box::new(link)),
+            client: cm.is_client(),
+            channel: OobChannel::Cm(Box::new(cm)),
             remote_version: String::new(),
         }
     }
 
     /// The rdma_cm side of the exchange, with `-R`.
-    pub(super) fn rdma_cm(&mut self) -> Option<&mut CmLink> {
-        match &mut self.link {
-            Link::Cm(cm) => Some(cm),
-            Link::Tcp(_) => None,
+    pub(super) fn rdma_cm(&mut self) -> Option<&mut CmChannel> {
+        match &mut self.channel {
+            OobChannel::Cm(cm) => Some(cm),
+            OobChannel::Tcp(_) => None,
         }
     }
 
@@ -219,7 +220,7 @@ impl Comm {
             .map_err(|e| format!("accept() failed ({e})"))?;
         let _ = stream.set_nodelay(true);
         Ok(Self {
-            link: Link::Tcp(stream),
+            channel: OobChannel::Tcp(stream),
             client: false,
             remote_version: String::new(),
         })
@@ -232,20 +233,20 @@ impl Comm {
     /// `ctx_xchg_data`: the client writes then reads, the server reads then writes; over
     /// rdma_cm each write is one SEND and each read one receive.
     fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> io::Result<()> {
-        match (&mut self.link, self.client) {
-            (Link::Tcp(stream), true) => {
+        match (&mut self.channel, self.client) {
+            (OobChannel::Tcp(stream), true) => {
                 stream.write_all(mine)?;
                 stream.read_exact(theirs)
             }
-            (Link::Tcp(stream), false) => {
+            (OobChannel::Tcp(stream), false) => {
                 stream.read_exact(theirs)?;
                 stream.write_all(mine)
             }
-            (Link::Cm(cm), true) => {
+            (OobChannel::Cm(cm), true) => {
                 cm.send(mine)?;
                 cm.recv(theirs)
             }
-            (Link::Cm(cm), false) => {
+            (OobChannel::Cm(cm), false) => {
                 cm.recv(theirs)?;
                 cm.send(mine)
             }
@@ -305,7 +306,7 @@ impl Comm {
 
     /// `ctx_hand_shake`: one key line each way, as text over TCP, as the struct over rdma_cm.
     pub(super) fn hand_shake(&mut self, mine: &KeyLine) -> Result<KeyLine, String> {
-        let cm = matches!(self.link, Link::Cm(_));
+        let cm = matches!(self.channel, OobChannel::Cm(_));
         let (ours, len) = if cm {
             (mine.to_struct().to_vec(), KEY_STRUCT_LEN)
         } else {
@@ -365,11 +366,11 @@ impl Comm {
 
     /// `ctx_close_connection`: a last key line each way, then over TCP `"done\0"` and close.
     /// perftest never reads the peer's `"done"`; we drain it (briefly) so that closing sends no
-    /// reset. Over rdma_cm the connections close instead ([`CmLink::close`]).
+    /// reset. Over rdma_cm the connections close instead ([`CmChannel::close`]).
     pub(super) fn close_connection(mut self, mine: &KeyLine) -> Result<(), String> {
         self.hand_shake(mine)
             .map_err(|e| format!("{e}\nFailed to close connection between server and client"))?;
-        if let Link::Tcp(stream) = &mut self.link {
+        if let OobChannel::Tcp(stream) = &mut self.channel {
             stream
                 .write_all(DONE)
                 .map_err(|e| format!("Couldn't write to socket ({e})"))?;
@@ -381,11 +382,11 @@ impl Comm {
     /// Ends the connection without a closing handshake (the latency tests that have none):
     /// says we are done (FIN) and waits, a while at most, for the peer to say so too, so that
     /// neither side's NIC goes away while the other still needs its acknowledgements. Over
-    /// rdma_cm the connections close as perftest closes them ([`CmLink::close`]).
+    /// rdma_cm the connections close as perftest closes them ([`CmChannel::close`]).
     pub(super) fn finish(self) {
-        let stream = match self.link {
-            Link::Tcp(stream) => stream,
-            Link::Cm(cm) => return cm.close(),
+        let stream = match self.channel {
+            OobChannel::Tcp(stream) => stream,
+            OobChannel::Cm(cm) => return cm.close(),
         };
         let _ = stream.shutdown(std::net::Shutdown::Write);
         let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
@@ -410,9 +411,9 @@ impl Comm {
     /// cannot know the iteration count (duration mode, an echoing server) learns that the
     /// other side has stopped.
     pub(super) fn peer_spoke(&self) -> bool {
-        let stream = match &self.link {
-            Link::Tcp(stream) => stream,
-            Link::Cm(cm) => return cm.peer_spoke(),
+        let stream = match &self.channel {
+            OobChannel::Tcp(stream) => stream,
+            OobChannel::Cm(cm) => return cm.peer_spoke(),
         };
         if stream.set_nonblocking(true).is_err() {
             return true;

@@ -41,7 +41,7 @@ use ferroce::qp::{Mtu, Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
 use ferroce::ud::{AddressHandle, UdDest};
 use ferroce::{Cq, Nic, Qp, Region, RegionAccess, RegionMemory};
 
-use super::{Connection as Transport, Kind, Rig, Settings, Verb};
+use super::{Connection as Transport, Kind, Settings, TestResources, Verb};
 
 /// The bytes of one control message slot; perftest's messages are at most 56 (a key line),
 /// and its receives take 56.
@@ -62,8 +62,9 @@ const CM_STEP: Duration = Duration::from_secs(60);
 /// How long the server waits for the client to close a connection, and anyone for a DREP.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
-/// The control connection and the test's connections.
-pub(super) struct CmLink {
+/// `-R`'s out-of-band channel: the control connection rdma_cm made, which carries the
+/// exchange as SENDs, and the test's queue pairs' connections, which it makes.
+pub(super) struct CmChannel {
     nic: Nic,
     client: bool,
     port: u16,
@@ -79,13 +80,13 @@ pub(super) struct CmLink {
     listener: Option<Listener>,
     /// The RC queue pairs' connections.
     data: Vec<Connection>,
-    /// A receive completion [`CmLink::peer_spoke`] took early.
+    /// A receive completion [`CmChannel::peer_spoke`] took early.
     pending: RefCell<Option<Completion>>,
 }
 
-impl std::fmt::Debug for CmLink {
+impl std::fmt::Debug for CmChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmLink")
+        f.debug_struct("CmChannel")
             .field("client", &self.client)
             .field("peer", &self.peer)
             .field("control", &self.control)
@@ -168,7 +169,7 @@ fn completion(cq: &Cq, timeout: Duration) -> Option<Completion> {
     cq.wait(timeout)
 }
 
-impl CmLink {
+impl CmChannel {
     /// The control queue pair, its CQs and its buffer: one SEND slot, then the receive
     /// slots, each posted.
     fn control_qp(nic: &Nic) -> Result<(Cq, Cq, Qp, Region), String> {
@@ -327,7 +328,7 @@ impl CmLink {
         Ok(())
     }
 
-    /// Whether the peer's next message (or its disconnect) is here; the next [`CmLink::recv`]
+    /// Whether the peer's next message (or its disconnect) is here; the next [`CmChannel::recv`]
     /// takes it.
     pub(super) fn peer_spoke(&self) -> bool {
         if self.pending.borrow().is_some() {
@@ -350,14 +351,14 @@ impl CmLink {
     pub(super) fn connect_queue_pairs(
         &mut self,
         s: &Settings,
-        rig: &Rig,
+        res: &TestResources,
         mtu: Mtu,
     ) -> Result<Vec<UdDest>, String> {
         let result = match (s.connection, self.client) {
-            (Transport::Ud, true) => self.resolve_ud(s, rig).map(Some),
-            (Transport::Ud, false) => self.answer_ud(s, rig),
-            (_, true) => self.connect_rc(rig, &data_param(s, mtu)).map(|()| None),
-            (_, false) => self.accept_rc(rig, &data_param(s, mtu)).map(|()| None),
+            (Transport::Ud, true) => self.resolve_ud(s, res).map(Some),
+            (Transport::Ud, false) => self.answer_ud(s, res),
+            (_, true) => self.connect_rc(res, &data_param(s, mtu)).map(|()| None),
+            (_, false) => self.accept_rc(res, &data_param(s, mtu)).map(|()| None),
         };
         // perftest's server stops listening once its queue pairs are connected.
         self.listener = None;
@@ -366,12 +367,12 @@ impl CmLink {
             .map_err(|e| format!("{e}\nFailed to create RDMA CM connection."))
     }
 
-    fn connect_rc(&mut self, rig: &Rig, param: &ConnParam) -> Result<(), String> {
-        for qp in &rig.qps {
+    fn connect_rc(&mut self, res: &TestResources, param: &ConnParam) -> Result<(), String> {
+        for qp in &res.qps {
             let mut tries = 0;
             let conn = loop {
                 tries += 1;
-                match Connection::connect(&rig.nic, qp, self.peer, self.port, param) {
+                match Connection::connect(&res.nic, qp, self.peer, self.port, param) {
                     Ok(conn) => break conn,
                     Err(e) if nobody_listens(&e) && tries < CONNECT_TRIES => {
                         std::thread::sleep(CONNECT_PAUSE);
@@ -390,12 +391,12 @@ impl CmLink {
         Ok(())
     }
 
-    fn accept_rc(&mut self, rig: &Rig, param: &ConnParam) -> Result<(), String> {
+    fn accept_rc(&mut self, res: &TestResources, param: &ConnParam) -> Result<(), String> {
         let listener = self
             .listener
             .take()
             .ok_or("Failed to listen on RDMA CM server listen ID.")?;
-        for qp in &rig.qps {
+        for qp in &res.qps {
             let request = listener
                 .get_request(CM_STEP)
                 .map_err(|e| format!("Failed to get RDMA CM event. ({e})"))?;
@@ -409,14 +410,14 @@ impl CmLink {
 
     /// The UD client: each queue pair resolves one of the server's by SIDR; in the latency
     /// test it then sends its QPN (`rdma_cm_send_ud_connection_parameters`).
-    fn resolve_ud(&mut self, s: &Settings, rig: &Rig) -> Result<Vec<UdDest>, String> {
-        let mut dests = Vec::with_capacity(rig.qps.len());
-        for qp in &rig.qps {
+    fn resolve_ud(&mut self, s: &Settings, res: &TestResources) -> Result<Vec<UdDest>, String> {
+        let mut dests = Vec::with_capacity(res.qps.len());
+        for qp in &res.qps {
             ready_ud(qp)?;
             let mut tries = 0;
             let peer = loop {
                 tries += 1;
-                match cm::resolve_ud(&rig.nic, self.peer, self.port, &[], CM_STEP) {
+                match cm::resolve_ud(&res.nic, self.peer, self.port, &[], CM_STEP) {
                     Ok(peer) => break peer,
                     Err(e) if nobody_listens(&e) && tries < CONNECT_TRIES => {
                         std::thread::sleep(CONNECT_PAUSE);
@@ -426,7 +427,7 @@ impl CmLink {
             };
             let dest = peer.address.dest(peer.qpn, peer.qkey);
             if s.kind == Kind::Lat {
-                send_qpn(rig, qp, dest)?;
+                send_qpn(res, qp, dest)?;
             }
             dests.push(dest);
         }
@@ -436,24 +437,28 @@ impl CmLink {
     /// The UD server: answers one SIDR request per queue pair, in the UDP port space of the
     /// same port; in the latency test with a receive posted first for the client's QPN, from
     /// whose completion the answer's address comes (`ibv_create_ah_from_wc`).
-    fn answer_ud(&mut self, s: &Settings, rig: &Rig) -> Result<Option<Vec<UdDest>>, String> {
-        let listener = Listener::bind_udp(&rig.nic, self.port)
+    fn answer_ud(
+        &mut self,
+        s: &Settings,
+        res: &TestResources,
+    ) -> Result<Option<Vec<UdDest>>, String> {
+        let listener = Listener::bind_udp(&res.nic, self.port)
             .map_err(|e| format!("Failed to listen on RDMA CM server listen ID. ({e})"))?;
         let lat = s.kind == Kind::Lat;
         let mut dests = Vec::new();
-        for (i, qp) in rig.qps.iter().enumerate() {
+        for (i, qp) in res.qps.iter().enumerate() {
             ready_ud(qp)?;
             let request = listener
                 .get_sidr_request(CM_STEP)
                 .map_err(|e| format!("Failed to get RDMA CM event. ({e})"))?;
             if lat {
-                post_qpn_receive(rig, i)?;
+                post_qpn_receive(res, i)?;
             }
             request
                 .accept(qp, RDMA_UDP_QKEY_DEFAULT)
                 .map_err(|e| format!("Failed to accept RDMA CM connection. ({e})"))?;
             if lat {
-                dests.push(qpn_arrived(rig)?);
+                dests.push(qpn_arrived(res)?);
             }
         }
         Ok(lat.then_some(dests))
@@ -506,15 +511,15 @@ fn ready_ud(qp: &Qp) -> Result<(), String> {
 
 /// The UD latency client's first datagram: SEND with immediate = its QPN, of the first 4
 /// bytes of its buffer as they are (as perftest sends them), waited for.
-fn send_qpn(rig: &Rig, qp: &Qp, dest: UdDest) -> Result<(), String> {
-    let i = rig
+fn send_qpn(res: &TestResources, qp: &Qp, dest: UdDest) -> Result<(), String> {
+    let i = res
         .qps
         .iter()
         .position(|q| q.qpn() == qp.qpn())
         .unwrap_or(0);
-    let sge = rig
+    let sge = res
         .region
-        .local(rig.local_off(i), 4)
+        .local(res.local_off(i), 4)
         .map_err(|e| e.to_string())?;
     let wr = SendWr {
         wr_id: QPN_WRID,
@@ -529,7 +534,7 @@ fn send_qpn(rig: &Rig, qp: &Qp, dest: UdDest) -> Result<(), String> {
         format!("Failed to send UD connection parameters to the remote node. ({e})")
     };
     qp.post_send(wr).map_err(|e| failed(&e))?;
-    match completion(&rig.send_cq, CM_STEP) {
+    match completion(&res.send_cq, CM_STEP) {
         Some(wc) if wc.status == WcStatus::Success => Ok(()),
         Some(wc) => Err(failed(&wc.status)),
         None => Err(failed(&"no completion")),
@@ -538,9 +543,9 @@ fn send_qpn(rig: &Rig, qp: &Qp, dest: UdDest) -> Result<(), String> {
 
 /// The UD latency server's receive for the client's first datagram, into queue pair `i`'s
 /// receive buffer (on its shared receive queue, with `--use-srq`).
-fn post_qpn_receive(rig: &Rig, i: usize) -> Result<(), String> {
-    let (at, len) = rig.recv_buffer(i);
-    let sge = rig
+fn post_qpn_receive(res: &TestResources, i: usize) -> Result<(), String> {
+    let (at, len) = res.recv_buffer(i);
+    let sge = res
         .region
         .local(at, len as u32)
         .map_err(|e| e.to_string())?;
@@ -548,9 +553,9 @@ fn post_qpn_receive(rig: &Rig, i: usize) -> Result<(), String> {
         wr_id: QPN_WRID,
         sges: vec![sge],
     };
-    let posted = match &rig.srq {
+    let posted = match &res.srq {
         Some(srq) => srq.post_recv(wr),
-        None => rig.qps[i].post_recv(wr),
+        None => res.qps[i].post_recv(wr),
     };
     posted.map_err(|e| {
         format!("Failed to post receive for RDMA CM UD request connection parameters. ({e})")
@@ -559,11 +564,11 @@ fn post_qpn_receive(rig: &Rig, i: usize) -> Result<(), String> {
 
 /// The client's first datagram: where it came from and its QPN, with the server's own Q_Key
 /// (`rdma_cm_initialize_ud_connection_parameters`).
-fn qpn_arrived(rig: &Rig) -> Result<UdDest, String> {
+fn qpn_arrived(res: &TestResources) -> Result<UdDest, String> {
     let bad = |what: String| {
         format!("Failed to poll CQ.\nBad WQE status when trying to create AH for UD connection in RDMA CM: {what}")
     };
-    let wc = completion(&rig.recv_cq, CM_STEP).ok_or_else(|| bad("no datagram came".into()))?;
+    let wc = completion(&res.recv_cq, CM_STEP).ok_or_else(|| bad("no datagram came".into()))?;
     if wc.status != WcStatus::Success || wc.wr_id != QPN_WRID {
         return Err(bad(format!("Status: {} ; ID: {}.", wc.status, wc.wr_id)));
     }

@@ -7,7 +7,7 @@ impl Qp {
     /// Completes the SEND and WRITE requests whose packets up to `psn` are acknowledged, and
     /// moves the completer past `psn`. A READ or atomic in the way whose PSN is covered was
     /// answered by its peer with an ACK instead: an implied NAK, so it is retried.
-    pub(super) fn ack_through(&mut self, ctx: &mut Ctx, psn: Psn) {
+    pub(super) fn ack_through(&mut self, dev: &mut DeviceState, psn: Psn) {
         let start = self.comp_psn;
         let mut progressed = false;
         while let Some(front) = self.sq.front() {
@@ -24,7 +24,7 @@ impl Qp {
                 if progressed {
                     self.comp_psn = front.first_psn;
                 }
-                self.retry(ctx, self.comp_psn, RetryCause::Signal);
+                self.retry(dev, self.comp_psn, RetryCause::Signal);
                 return;
             }
             if psn.precedes(front.last_psn()) {
@@ -37,7 +37,7 @@ impl Qp {
             if self.comp_psn.precedes(after) {
                 self.comp_psn = after;
             }
-            self.complete_send(ctx, &wqe, WcStatus::Success);
+            self.complete_send(dev, &wqe, WcStatus::Success);
             progressed = true;
         }
         if self.comp_psn.precedes(psn.next()) {
@@ -49,10 +49,10 @@ impl Qp {
         }
     }
 
-    pub(super) fn ack_before(&mut self, ctx: &mut Ctx, psn: Psn) {
+    pub(super) fn ack_before(&mut self, dev: &mut DeviceState, psn: Psn) {
         let prev = psn.sub(1);
         if !prev.precedes(self.comp_psn) {
-            self.ack_through(ctx, prev);
+            self.ack_through(dev, prev);
         }
     }
 
@@ -61,7 +61,7 @@ impl Qp {
         &mut self,
         now: Instant,
         packet: &Packet<&[u8]>,
-        ctx: &mut Ctx,
+        dev: &mut DeviceState,
         mem: &mut dyn Memory,
     ) {
         let psn = packet.psn();
@@ -75,7 +75,7 @@ impl Qp {
         };
         let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
         if !sent || self.sq.is_empty() {
-            ctx.counters.stale_response += 1;
+            dev.counters.stale_response += 1;
             if self.early_read_watch
                 && packet.opcode().operation() != Operation::Acknowledge
                 && psn.precedes(self.comp_psn)
@@ -83,7 +83,7 @@ impl Qp {
                 // A second copy of a READ response already taken: the early resend asked
                 // again for responses that were on their way.
                 self.early_read_watch = false;
-                self.early_was_needless(ctx);
+                self.early_was_needless(dev);
             }
             return;
         }
@@ -91,17 +91,17 @@ impl Qp {
             Operation::Acknowledge => {
                 let Some(aeth) = packet.aeth() else { return };
                 match aeth.syndrome {
-                    Syndrome::Ack { .. } => self.ack_through(ctx, psn),
+                    Syndrome::Ack { .. } => self.ack_through(dev, psn),
                     Syndrome::RnrNak(timer) => {
-                        self.ack_before(ctx, psn);
-                        ctx.counters.rcvd_rnr_err += 1;
+                        self.ack_before(dev, psn);
+                        dev.counters.rcvd_rnr_err += 1;
                         if self.state != QpState::Rts && self.state != QpState::Sqd {
                             return;
                         }
                         if self.rnr_retry != 7 {
                             if self.rnr_left == 0 {
-                                ctx.counters.retry_rnr_exceeded_err += 1;
-                                self.fail_front(ctx, WcStatus::RnrRetryExcErr);
+                                dev.counters.retry_rnr_exceeded_err += 1;
+                                self.fail_front(dev, WcStatus::RnrRetryExcErr);
                                 return;
                             }
                             self.rnr_left -= 1;
@@ -110,35 +110,35 @@ impl Qp {
                         self.timers.rnr_wait = Some(now + timer.duration());
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
-                        self.ack_before(ctx, psn);
-                        ctx.counters.rcvd_seq_err += 1;
+                        self.ack_before(dev, psn);
+                        dev.counters.rcvd_seq_err += 1;
                         if self.state == QpState::Rts || self.state == QpState::Sqd {
-                            self.retry(ctx, psn, RetryCause::Signal);
+                            self.retry(dev, psn, RetryCause::Signal);
                         }
                     }
                     Syndrome::Nak(code) => {
-                        self.ack_before(ctx, psn);
+                        self.ack_before(dev, psn);
                         let status = match code {
                             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
                             NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                             _ => WcStatus::RemOpErr,
                         };
                         if self.state != QpState::Err {
-                            self.fail_front(ctx, status);
+                            self.fail_front(dev, status);
                         }
                     }
-                    Syndrome::Reserved(_) => ctx.counters.stale_response += 1,
+                    Syndrome::Reserved(_) => dev.counters.stale_response += 1,
                 }
             }
             Operation::AtomicAcknowledge => {
-                self.ack_before(ctx, psn);
+                self.ack_before(dev, psn);
                 let Some(front) = self.sq.front() else { return };
                 if !front.op.is_read_or_atomic()
                     || matches!(front.op, SendOp::Read(_))
                     || !front.started
                     || front.first_psn != psn
                 {
-                    ctx.counters.stale_response += 1;
+                    dev.counters.stale_response += 1;
                     return;
                 }
                 let Some(ack) = packet.atomic_ack() else {
@@ -150,13 +150,13 @@ impl Qp {
                 let acked = self.comp_psn.steps_to(psn.next());
                 self.comp_psn = psn.next();
                 self.made_progress(acked);
-                self.complete_send(ctx, &wqe, WcStatus::Success);
+                self.complete_send(dev, &wqe, WcStatus::Success);
             }
             op @ (Operation::RdmaReadResponseFirst
             | Operation::RdmaReadResponseMiddle
             | Operation::RdmaReadResponseLast
             | Operation::RdmaReadResponseOnly) => {
-                self.ack_before(ctx, psn);
+                self.ack_before(dev, psn);
                 if self.state == QpState::Err {
                     return;
                 }
@@ -165,16 +165,16 @@ impl Qp {
                     return;
                 };
                 if !matches!(front.op, SendOp::Read(_)) || !front.contains(psn) {
-                    ctx.counters.stale_response += 1;
+                    dev.counters.stale_response += 1;
                     return;
                 }
                 if psn != self.comp_psn {
                     // An earlier response was lost: go back for it.
                     if self.comp_psn.precedes(psn) {
                         let from = self.comp_psn;
-                        self.retry(ctx, from, RetryCause::Signal);
+                        self.retry(dev, from, RetryCause::Signal);
                     } else {
-                        ctx.counters.stale_response += 1;
+                        dev.counters.stale_response += 1;
                     }
                     return;
                 }
@@ -195,7 +195,7 @@ impl Qp {
                 let len_ok =
                     ends == piece_ends && payload.len() as u64 == remaining.min(u64::from(mtu));
                 if !len_ok {
-                    ctx.counters.stale_response += 1;
+                    dev.counters.stale_response += 1;
                     return;
                 }
                 scatter(front.segs(), offset, payload, mem);
@@ -204,10 +204,10 @@ impl Qp {
                 if last {
                     let wqe = self.sq.pop_front().expect("front exists");
                     self.req_index = self.req_index.saturating_sub(1);
-                    self.complete_send(ctx, &wqe, WcStatus::Success);
+                    self.complete_send(dev, &wqe, WcStatus::Success);
                 }
             }
-            _ => ctx.counters.opcode_err += 1,
+            _ => dev.counters.opcode_err += 1,
         }
         if let Some(from) = self.early_probe {
             if self.comp_psn != from || self.state != QpState::Rts {
@@ -217,7 +217,7 @@ impl Qp {
                 // retry by now). Carry on from where sending had got to rather than resend
                 // what is still on its way.
                 if self.req_psn.precedes(self.comp_psn) {
-                    self.early_was_needless(ctx);
+                    self.early_was_needless(dev);
                     self.rewind(self.sent_psn);
                 } else {
                     self.backoff.found_loss();

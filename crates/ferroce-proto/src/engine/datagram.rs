@@ -9,7 +9,7 @@ impl Qp {
     /// Builds the next datagram into `buf` and says where it goes; its request completes now.
     pub(super) fn next_datagram(
         &mut self,
-        ctx: &mut Ctx,
+        dev: &mut DeviceState,
         mem: &dyn Memory,
         buf: &mut [u8],
     ) -> Option<(usize, SocketAddr)> {
@@ -18,7 +18,7 @@ impl Qp {
         }
         let wqe = self.sq.front()?;
         if let Some(status) = wqe.fault {
-            self.fail_front(ctx, status);
+            self.fail_front(dev, status);
             return None;
         }
         // Every UD request has a destination: `post_send` refuses one without.
@@ -63,7 +63,7 @@ impl Qp {
         self.sent_psn = self.req_psn;
         self.comp_psn = self.req_psn;
         let wqe = self.sq.pop_front()?;
-        self.complete_send(ctx, &wqe, WcStatus::Success);
+        self.complete_send(dev, &wqe, WcStatus::Success);
         Some((len, dest.peer))
     }
 
@@ -73,31 +73,31 @@ impl Qp {
         &mut self,
         packet: &Packet<&[u8]>,
         ip: &IpHeader,
-        ctx: &mut Ctx,
+        dev: &mut DeviceState,
         mem: &mut dyn Memory,
     ) {
         let Some(deth) = packet.deth() else {
-            ctx.counters.malformed_pkts += 1;
+            dev.counters.malformed_pkts += 1;
             return;
         };
         if deth.qkey != self.qkey {
-            ctx.counters.qkey_err += 1;
+            dev.counters.qkey_err += 1;
             return;
         }
         let payload = packet.payload();
-        if payload.len() > ctx.port_mtu as usize {
-            ctx.counters.ud_too_long += 1;
+        if payload.len() > dev.port_mtu as usize {
+            dev.counters.ud_too_long += 1;
             return;
         }
-        let Some(wqe) = self.take_recv(ctx) else {
-            ctx.counters.ud_no_recv += 1;
+        let Some(wqe) = self.take_recv(dev) else {
+            dev.counters.ud_no_recv += 1;
             return;
         };
         let total = (UD_GRH_LEN + payload.len()) as u64;
         let status = if let Some(fault) = wqe.fault {
             fault
         } else if total > wqe.len {
-            ctx.counters.ud_len_err += 1;
+            dev.counters.ud_len_err += 1;
             WcStatus::LocLenErr
         } else {
             scatter(
@@ -107,7 +107,7 @@ impl Qp {
                 mem,
             );
             scatter(&wqe.segs, UD_GRH_LEN as u64, payload, mem);
-            ctx.counters.rdma_recvs += 1;
+            dev.counters.rdma_recvs += 1;
             WcStatus::Success
         };
         let success = status == WcStatus::Success;
@@ -123,7 +123,7 @@ impl Qp {
                 ip: ip.src(),
             }),
         };
-        self.push_recv_completion(ctx, completion);
+        self.push_recv_completion(dev, completion);
     }
 }
 

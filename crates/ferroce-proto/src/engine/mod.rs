@@ -166,8 +166,10 @@ struct Cq {
     entries: VecDeque<Completion>,
 }
 
-/// Everything a queue pair's logic needs besides the queue pair itself.
-struct Ctx {
+/// The engine's device-wide state: everything a queue pair's logic needs besides the queue
+/// pair itself (the local address, completion and shared receive queues, asynchronous events,
+/// the port's MTU, the memory table and the counters), as rdma-core hangs them off a device.
+struct DeviceState {
     local_ip: IpAddr,
     /// The UDP port packets arrive on; part of their ICRC.
     local_port: u16,
@@ -180,7 +182,7 @@ struct Ctx {
     counters: Counters,
 }
 
-impl Ctx {
+impl DeviceState {
     /// Queues a completion; `false` when the CQ is full (the caller moves the QP to ERR).
     fn complete(&mut self, cq: CqId, completion: Completion) -> bool {
         match self.cqs.get_mut(&cq) {
@@ -239,7 +241,7 @@ impl Hasher for QpnHasher {
 /// The RoCEv2 protocol engine of one local address: its queue pairs, completion queues and
 /// memory regions. See the module documentation for how to drive it.
 pub struct Engine {
-    ctx: Ctx,
+    dev: DeviceState,
     qps: HashMap<u32, Box<Qp>, QpnBuild>,
     /// What may send, and when timers fire.
     schedule: Schedule,
@@ -286,7 +288,7 @@ impl Engine {
     #[must_use]
     pub fn new(config: EngineConfig) -> Self {
         Self {
-            ctx: Ctx {
+            dev: DeviceState {
                 local_ip: config.local_ip,
                 local_port: ROCE_PORT,
                 cqs: HashMap::new(),
@@ -316,30 +318,30 @@ impl Engine {
     /// The local IP address.
     #[must_use]
     pub fn local_ip(&self) -> IpAddr {
-        self.ctx.local_ip
+        self.dev.local_ip
     }
 
     /// Sets the UDP port this engine receives on (4791 unless changed). The ICRC covers the
     /// destination port, so it must be the port peers send to.
     pub fn set_local_port(&mut self, port: u16) {
-        self.ctx.local_port = port;
+        self.dev.local_port = port;
     }
 
     /// Sets the port's MTU (1024 unless changed): the longest payload a UD datagram carries,
     /// sent or received, as rxe takes its port's active MTU.
     pub fn set_port_mtu(&mut self, mtu: crate::qp::Mtu) {
-        self.ctx.port_mtu = mtu.bytes();
+        self.dev.port_mtu = mtu.bytes();
     }
 
     /// The next asynchronous event (SRQ limit, last WQE reached), oldest first.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
-        self.ctx.events.pop_front()
+        self.dev.events.pop_front()
     }
 
     /// The counters.
     #[must_use]
     pub fn counters(&self) -> &Counters {
-        &self.ctx.counters
+        &self.dev.counters
     }
 
     /// A new protection domain.
@@ -363,26 +365,26 @@ impl Engine {
         access: Access,
         order: WriteOrder,
     ) -> Result<RegionInfo, RegisterError> {
-        self.ctx.table.register(pd, va, len, access, order)
+        self.dev.table.register(pd, va, len, access, order)
     }
 
     /// Deregisters a region: its keys stop working at once and the engine never touches its
     /// bytes again. Returns it, or `None` if unknown.
     pub fn deregister(&mut self, id: RegionId) -> Option<RegionInfo> {
-        self.ctx.table.deregister(id)
+        self.dev.table.deregister(id)
     }
 
     /// The region table.
     #[must_use]
     pub fn regions(&self) -> &MemoryTable {
-        &self.ctx.table
+        &self.dev.table
     }
 
     /// A completion queue holding up to `depth` completions.
     pub fn create_cq(&mut self, depth: usize) -> CqId {
         let id = CqId(self.next_cq);
         self.next_cq += 1;
-        self.ctx.cqs.insert(
+        self.dev.cqs.insert(
             id,
             Cq {
                 depth: depth.max(1),
@@ -399,7 +401,7 @@ impl Engine {
             .qps
             .values()
             .any(|qp| qp.init.send_cq == cq || qp.init.recv_cq == cq);
-        !in_use && self.ctx.cqs.remove(&cq).is_some()
+        !in_use && self.dev.cqs.remove(&cq).is_some()
     }
 
     /// What the engine holds now: for checking that what was set up was torn down.
@@ -407,9 +409,9 @@ impl Engine {
     pub fn census(&self) -> Census {
         Census {
             qps: self.qps.len(),
-            cqs: self.ctx.cqs.len(),
-            srqs: self.ctx.srqs.len(),
-            regions: self.ctx.table.len(),
+            cqs: self.dev.cqs.len(),
+            srqs: self.dev.srqs.len(),
+            regions: self.dev.table.len(),
             armed_timers: self
                 .qps
                 .values()
@@ -418,20 +420,20 @@ impl Engine {
                     [t.retransmit, t.early, t.rnr_wait].iter().flatten().count()
                 })
                 .sum(),
-            queued_completions: self.ctx.cqs.values().map(|cq| cq.entries.len()).sum(),
+            queued_completions: self.dev.cqs.values().map(|cq| cq.entries.len()).sum(),
         }
     }
 
     /// The next completion of `cq`, oldest first.
     pub fn poll_completion(&mut self, cq: CqId) -> Option<Completion> {
-        self.ctx.cqs.get_mut(&cq)?.entries.pop_front()
+        self.dev.cqs.get_mut(&cq)?.entries.pop_front()
     }
 
     /// Replaces where the engine's keys and queue pair numbers come from (by default a
     /// generator seeded from [`EngineConfig::seed`], reproducible and predictable): a NIC
     /// gives the operating system's CSPRNG, so that no peer can guess one from another.
     pub fn set_entropy(&mut self, entropy: Box<dyn crate::memory::Entropy>) {
-        self.ctx.table.set_entropy(entropy);
+        self.dev.table.set_entropy(entropy);
     }
 
     /// A queue pair in state RESET, numbered at random (24 bits, 0x11 and up: not in
@@ -442,7 +444,7 @@ impl Engine {
     /// [`CreateQpError::UnknownSrq`] when `init.srq` names no shared receive queue.
     pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, CreateQpError> {
         let qpn = loop {
-            let qpn = Qpn::from_low_bits(self.ctx.table.random() as u32);
+            let qpn = Qpn::from_low_bits(self.dev.table.random() as u32);
             if qpn.value() >= 0x11 && !self.qps.contains_key(&qpn.value()) {
                 break qpn;
             }
@@ -472,7 +474,7 @@ impl Engine {
 
     fn insert_qp(&mut self, qpn: Qpn, init: QpInit) -> Result<(), CreateQpError> {
         if let Some(id) = init.srq {
-            self.ctx
+            self.dev
                 .srqs
                 .get_mut(&id)
                 .ok_or(CreateQpError::UnknownSrq(id))?
@@ -491,9 +493,9 @@ impl Engine {
         };
         self.schedule.forget(qpn.value(), &qp);
         if let Some(InMsg::Send { wqe, .. }) = qp.resp.in_msg.take() {
-            qp.return_recv(&mut self.ctx, wqe);
+            qp.return_recv(&mut self.dev, wqe);
         }
-        if let Some(srq) = qp.init.srq.and_then(|id| self.ctx.srqs.get_mut(&id)) {
+        if let Some(srq) = qp.init.srq.and_then(|id| self.dev.srqs.get_mut(&id)) {
             srq.attached -= 1;
         }
         true
@@ -624,7 +626,7 @@ impl Engine {
             }
             QpState::Err => {
                 if from != QpState::Err {
-                    qp.enter_err(&mut self.ctx);
+                    qp.enter_err(&mut self.dev);
                 }
                 return Ok(());
             }
@@ -684,14 +686,14 @@ impl Engine {
         pd: PdId,
         sges: &[Sge],
         needed: Access,
-    ) -> (SegList, u64, Option<WcStatus>) {
-        let mut segs = SegList::Many(Vec::new());
+    ) -> (ResolvedSgeList, u64, Option<WcStatus>) {
+        let mut segs = ResolvedSgeList::Many(Vec::new());
         let mut total = 0u64;
         let mut fault = None;
         for sge in sges {
             total += u64::from(sge.len);
             match table.check_local(sge.lkey, pd, sge.addr, sge.len.into(), needed) {
-                Ok((region, offset)) => segs.push(Seg {
+                Ok((region, offset)) => segs.push(ResolvedSge {
                     region,
                     offset,
                     len: sge.len,
@@ -733,7 +735,7 @@ impl Engine {
         }
         match wr.dest {
             Some(dest) if qp.is_ud() => {
-                if IpHeader::between(self.ctx.local_ip, dest.peer.ip()).is_none() {
+                if IpHeader::between(self.dev.local_ip, dest.peer.ip()).is_none() {
                     return Err(PostError::AddressFamily(dest.peer.ip()));
                 }
             }
@@ -760,11 +762,11 @@ impl Engine {
                 (WqeData::Inline(bytes), len, None)
             }
             Payload::Sges(sges) => {
-                let (segs, len, fault) = Self::resolve(&self.ctx.table, qp.init.pd, &sges, needed);
+                let (segs, len, fault) = Self::resolve(&self.dev.table, qp.init.pd, &sges, needed);
                 (WqeData::Segs(segs), len, fault)
             }
             Payload::Sge(sge) => {
-                let (segs, len, fault) = Self::resolve(&self.ctx.table, qp.init.pd, &[sge], needed);
+                let (segs, len, fault) = Self::resolve(&self.dev.table, qp.init.pd, &[sge], needed);
                 (WqeData::Segs(segs), len, fault)
             }
         };
@@ -773,10 +775,10 @@ impl Engine {
         {
             return Err(PostError::Length(len));
         }
-        if qp.is_ud() && len > u64::from(self.ctx.port_mtu) {
+        if qp.is_ud() && len > u64::from(self.dev.port_mtu) {
             return Err(PostError::DatagramTooLong {
                 len,
-                mtu: self.ctx.port_mtu,
+                mtu: self.dev.port_mtu,
             });
         }
         let len = len as u32;
@@ -800,7 +802,7 @@ impl Engine {
             dest: wr.dest,
         };
         if qp.state == QpState::Err {
-            qp.complete_send(&mut self.ctx, &wqe, WcStatus::WrFlushErr);
+            qp.complete_send(&mut self.dev, &wqe, WcStatus::WrFlushErr);
             return Ok(());
         }
         qp.sq.push_back(wqe);
@@ -828,10 +830,10 @@ impl Engine {
             return Err(PostError::QueueFull(qp.init.caps.rq_depth));
         }
         let (segs, len, fault) =
-            Self::resolve(&self.ctx.table, qp.init.pd, &wr.sges, Access::LOCAL_WRITE);
+            Self::resolve(&self.dev.table, qp.init.pd, &wr.sges, Access::LOCAL_WRITE);
         if qp.state == QpState::Err {
             qp.complete_recv(
-                &mut self.ctx,
+                &mut self.dev,
                 wr.wr_id,
                 WcStatus::WrFlushErr,
                 WcOpcode::Recv,
@@ -878,7 +880,7 @@ impl Engine {
         index: u16,
         mem: &mut dyn Memory,
     ) {
-        let counters = &mut self.ctx.counters;
+        let counters = &mut self.dev.counters;
         counters.rcvd_pkts += 1;
         let Ok(packet) = Packet::new_checked(bytes) else {
             counters.malformed_pkts += 1;
@@ -931,7 +933,7 @@ impl Engine {
         }
         let udp = UdpHeader {
             src_port: src.port(),
-            dst_port: self.ctx.local_port,
+            dst_port: self.dev.local_port,
         };
         let mut ip = ip;
         if !icrc::verify(&ip, &udp, bytes) {
@@ -961,13 +963,13 @@ impl Engine {
         }
         let qp = self.qps.get_mut(&qpn).expect("checked above");
         if qp.is_ud() {
-            qp.handle_datagram(&packet, &ip, &mut self.ctx, mem);
+            qp.handle_datagram(&packet, &ip, &mut self.dev, mem);
             return;
         }
         if opcode.is_response() {
-            qp.handle_response(now, &packet, &mut self.ctx, mem);
+            qp.handle_response(now, &packet, &mut self.dev, mem);
         } else {
-            qp.handle_request(&packet, &mut self.ctx, mem);
+            qp.handle_request(&packet, &mut self.dev, mem);
         }
         // An ACK may open the window or end a wait; a request may owe a response.
         self.touch(qpn);
@@ -991,7 +993,7 @@ impl Engine {
                 continue;
             };
             let sent = if qp.is_ud() {
-                qp.next_datagram(&mut self.ctx, mem, buf)
+                qp.next_datagram(&mut self.dev, mem, buf)
                     .map(|(len, peer)| (len, false, peer))
             } else {
                 qp.peer.and_then(|peer| {
@@ -1002,7 +1004,7 @@ impl Engine {
                     if let Some(len) = qp.next_response(mem, buf) {
                         return Some((len, ack, peer));
                     }
-                    qp.next_request(now, &mut self.ctx, mem, buf)
+                    qp.next_request(now, &mut self.dev, mem, buf)
                         .map(|len| (len, false, peer))
                 })
             };
@@ -1013,18 +1015,18 @@ impl Engine {
                 continue;
             };
             self.schedule.again(key);
-            let ip = IpHeader::between(self.ctx.local_ip, peer.ip())?;
+            let ip = IpHeader::between(self.dev.local_ip, peer.ip())?;
             // A UDP socket sends from its own port, not the per-QP port rxe picks when it
             // builds the IP header itself; the ICRC must cover the port actually used.
             let udp = UdpHeader {
-                src_port: self.ctx.local_port,
+                src_port: self.dev.local_port,
                 dst_port: peer.port(),
             };
             icrc::seal(&ip, &udp, &mut buf[..len]).ok()?;
-            self.ctx.counters.sent_pkts += 1;
+            self.dev.counters.sent_pkts += 1;
             return Some(Transmit {
                 dst: peer,
-                src_port: self.ctx.local_port,
+                src_port: self.dev.local_port,
                 len,
                 ack,
             });
@@ -1054,7 +1056,7 @@ impl Engine {
                     && qp.timers.rnr_wait.is_none()
                     && !due_anyway
                 {
-                    qp.resend_early(&mut self.ctx, now);
+                    qp.resend_early(&mut self.dev, now);
                 }
             }
             if Timers::take_due(&mut qp.timers.retransmit, now)
@@ -1064,7 +1066,7 @@ impl Engine {
                 let from = qp.comp_psn;
                 qp.probing = qp.timed_out;
                 qp.timed_out = true;
-                qp.retry(&mut self.ctx, from, RetryCause::Timeout);
+                qp.retry(&mut self.dev, from, RetryCause::Timeout);
             }
             self.touch(qpn);
         }
@@ -1084,7 +1086,7 @@ mod tests {
 
     #[test]
     fn gather_lists_split_across_entries() {
-        let seg = |region, offset, len| Seg {
+        let seg = |region, offset, len| ResolvedSge {
             region: RegionId(region),
             offset,
             len,

@@ -213,16 +213,16 @@ impl Qp {
 
     // ---------------------------------------------------------------- completions, errors
 
-    pub(super) fn complete_send(&mut self, ctx: &mut Ctx, wqe: &SendWqe, status: WcStatus) {
+    pub(super) fn complete_send(&mut self, dev: &mut DeviceState, wqe: &SendWqe, status: WcStatus) {
         if status == WcStatus::Success {
             if matches!(wqe.op, SendOp::Send | SendOp::SendWithImm(_)) {
-                ctx.counters.rdma_sends += 1;
+                dev.counters.rdma_sends += 1;
             }
             if !(wqe.signaled || self.init.sq_sig_all) {
                 return;
             }
         } else if status != WcStatus::WrFlushErr {
-            ctx.counters.send_err += 1;
+            dev.counters.send_err += 1;
         }
         let completion = Completion {
             wr_id: wqe.wr_id,
@@ -233,14 +233,14 @@ impl Qp {
             qpn: self.qpn,
             ud: None,
         };
-        if !ctx.complete(self.init.send_cq, completion) && self.state != QpState::Err {
-            self.enter_err(ctx);
+        if !dev.complete(self.init.send_cq, completion) && self.state != QpState::Err {
+            self.enter_err(dev);
         }
     }
 
     pub(super) fn complete_recv(
         &mut self,
-        ctx: &mut Ctx,
+        dev: &mut DeviceState,
         wr_id: u64,
         status: WcStatus,
         opcode: WcOpcode,
@@ -256,33 +256,33 @@ impl Qp {
             qpn: self.qpn,
             ud: None,
         };
-        self.push_recv_completion(ctx, completion);
+        self.push_recv_completion(dev, completion);
     }
 
     /// Queues a receive completion; a full CQ moves the QP to ERR.
-    pub(super) fn push_recv_completion(&mut self, ctx: &mut Ctx, completion: Completion) {
-        if !ctx.complete(self.init.recv_cq, completion) && self.state != QpState::Err {
-            self.enter_err(ctx);
+    pub(super) fn push_recv_completion(&mut self, dev: &mut DeviceState, completion: Completion) {
+        if !dev.complete(self.init.recv_cq, completion) && self.state != QpState::Err {
+            self.enter_err(dev);
         }
     }
 
     /// Completes the oldest send request with `status` and moves the QP to ERR.
-    pub(super) fn fail_front(&mut self, ctx: &mut Ctx, status: WcStatus) {
+    pub(super) fn fail_front(&mut self, dev: &mut DeviceState, status: WcStatus) {
         if let Some(wqe) = self.sq.pop_front() {
-            self.complete_send(ctx, &wqe, status);
+            self.complete_send(dev, &wqe, status);
         }
-        self.enter_err(ctx);
+        self.enter_err(dev);
     }
 
     /// Enters ERR: every outstanding request completes with a flush error. A NAK already
     /// queued is still sent. A QP on a shared receive queue flushes only the receive it was
     /// in the middle of, leaves the others to the queue's other QPs, and raises
     /// [`AsyncEvent::QpLastWqeReached`].
-    pub(super) fn enter_err(&mut self, ctx: &mut Ctx) {
+    pub(super) fn enter_err(&mut self, dev: &mut DeviceState) {
         self.state = QpState::Err;
         self.timers = Timers::default();
         while let Some(wqe) = self.sq.pop_front() {
-            self.complete_send(ctx, &wqe, WcStatus::WrFlushErr);
+            self.complete_send(dev, &wqe, WcStatus::WrFlushErr);
         }
         self.req_index = 0;
         self.req_pkt = 0;
@@ -290,11 +290,11 @@ impl Qp {
             self.resp.rq.push_front(wqe);
         }
         if self.init.srq.is_some() {
-            ctx.raise(AsyncEvent::QpLastWqeReached(self.qpn));
+            dev.raise(AsyncEvent::QpLastWqeReached(self.qpn));
         }
         while let Some(wqe) = self.resp.rq.pop_front() {
             self.complete_recv(
-                ctx,
+                dev,
                 wqe.wr_id,
                 WcStatus::WrFlushErr,
                 WcOpcode::Recv,

@@ -150,9 +150,9 @@ impl Qp {
     /// signal it anew, and retrying on every one would spend all of `retry_cnt` on one lost
     /// packet (rxe's completer ignores them the same way until the retry makes progress).
     /// A timeout always retries.
-    pub(super) fn retry(&mut self, ctx: &mut Ctx, from: Psn, cause: RetryCause) {
+    pub(super) fn retry(&mut self, dev: &mut DeviceState, from: Psn, cause: RetryCause) {
         if cause == RetryCause::Signal && self.retrying_from == Some(from) {
-            ctx.counters.stale_response += 1;
+            dev.counters.stale_response += 1;
             return;
         }
         self.retrying_from = Some(from);
@@ -161,12 +161,12 @@ impl Qp {
         self.early_probe = None;
         self.early_read_watch = false;
         if self.retries_left == 0 {
-            ctx.counters.retry_exceeded_err += 1;
-            self.fail_front(ctx, WcStatus::RetryExcErr);
+            dev.counters.retry_exceeded_err += 1;
+            self.fail_front(dev, WcStatus::RetryExcErr);
             return;
         }
         self.retries_left -= 1;
-        ctx.counters.completer_retry_err += 1;
+        dev.counters.completer_retry_err += 1;
         self.window.narrow();
         self.rewind(from);
         self.timers.retransmit = None;
@@ -236,9 +236,9 @@ impl Qp {
     ///   its record). If a response then arrives twice, the originals were on their way.
     ///
     /// Either finding of a needless resend doubles this QP's later early-resend delays.
-    pub(super) fn resend_early(&mut self, ctx: &mut Ctx, now: Instant) {
+    pub(super) fn resend_early(&mut self, dev: &mut DeviceState, now: Instant) {
         self.backoff.resent();
-        ctx.counters.early_resends += 1;
+        dev.counters.early_resends += 1;
         let from = self.comp_psn;
         let read = self
             .sq
@@ -253,8 +253,8 @@ impl Qp {
     }
 
     /// An early resend turned out needless: later ones of this QP wait twice as long.
-    pub(super) fn early_was_needless(&mut self, ctx: &mut Ctx) {
-        ctx.counters.early_needless += 1;
+    pub(super) fn early_was_needless(&mut self, dev: &mut DeviceState) {
+        dev.counters.early_needless += 1;
         self.backoff.needless();
     }
 }

@@ -56,7 +56,7 @@ impl Qp {
     pub(super) fn next_request(
         &mut self,
         now: Instant,
-        ctx: &mut Ctx,
+        dev: &mut DeviceState,
         mem: &dyn Memory,
         buf: &mut [u8],
     ) -> Option<usize> {
@@ -74,7 +74,7 @@ impl Qp {
         if let Some(status) = wqe.fault {
             // Local errors surface in order, when the request is the oldest.
             if index == 0 {
-                self.fail_front(ctx, status);
+                self.fail_front(dev, status);
             }
             return None;
         }
@@ -242,7 +242,7 @@ impl Qp {
                 self.req_index += 1;
             } else if let Some(wqe) = self.sq.pop_front() {
                 // UC: nothing will acknowledge it; it is done once sent.
-                self.complete_send(ctx, &wqe, WcStatus::Success);
+                self.complete_send(dev, &wqe, WcStatus::Success);
             }
         }
         if self.is_rc() && self.timers.retransmit.is_none() {

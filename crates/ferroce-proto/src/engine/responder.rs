@@ -106,17 +106,17 @@ impl Qp {
     pub(super) fn handle_request(
         &mut self,
         packet: &Packet<&[u8]>,
-        ctx: &mut Ctx,
+        dev: &mut DeviceState,
         mem: &mut dyn Memory,
     ) {
         let psn = packet.psn();
         if !self.is_rc() {
-            self.handle_uc_request(packet, ctx, mem);
+            self.handle_uc_request(packet, dev, mem);
             return;
         }
         let distance = self.resp.epsn.distance_to(psn);
         if distance > 0 {
-            ctx.counters.out_of_seq_request += 1;
+            dev.counters.out_of_seq_request += 1;
             if !self.resp.nak_sent {
                 self.resp.nak_sent = true;
                 self.push_nak(self.resp.epsn, NakCode::PsnSequenceError);
@@ -124,18 +124,18 @@ impl Qp {
             return;
         }
         if distance < 0 {
-            ctx.counters.duplicate_request += 1;
-            self.handle_duplicate(packet, ctx);
+            dev.counters.duplicate_request += 1;
+            self.handle_duplicate(packet, dev);
             return;
         }
         self.resp.nak_sent = false;
-        if let Err(Nak(code)) = self.execute(packet, ctx, mem) {
+        if let Err(Nak(code)) = self.execute(packet, dev, mem) {
             match code {
-                NakCode::RemoteAccessError => ctx.counters.resp_access_err += 1,
-                _ => ctx.counters.resp_invalid_req += 1,
+                NakCode::RemoteAccessError => dev.counters.resp_access_err += 1,
+                _ => dev.counters.resp_invalid_req += 1,
             }
             self.push_nak(psn, code);
-            self.enter_err(ctx);
+            self.enter_err(dev);
         }
     }
 
@@ -180,7 +180,7 @@ impl Qp {
     pub(super) fn execute(
         &mut self,
         packet: &Packet<&[u8]>,
-        ctx: &mut Ctx,
+        dev: &mut DeviceState,
         mem: &mut dyn Memory,
     ) -> Result<(), Nak> {
         let opcode = packet.opcode();
@@ -204,8 +204,8 @@ impl Qp {
                 }
                 self.check_len(opcode, payload.len())?;
                 if opcode.is_first() {
-                    let Some(wqe) = self.take_recv(ctx) else {
-                        self.push_rnr_nak(ctx, psn);
+                    let Some(wqe) = self.take_recv(dev) else {
+                        self.push_rnr_nak(dev, psn);
                         return Ok(());
                     };
                     self.resp.in_msg = Some(InMsg::Send { wqe, offset: 0 });
@@ -217,7 +217,7 @@ impl Qp {
                 if end > wqe.len || wqe.fault.is_some() {
                     let (wr_id, status) = (wqe.wr_id, wqe.fault.unwrap_or(WcStatus::LocLenErr));
                     self.resp.in_msg = None;
-                    self.complete_recv(ctx, wr_id, status, WcOpcode::Recv, 0, None);
+                    self.complete_recv(dev, wr_id, status, WcOpcode::Recv, 0, None);
                     return Err(invalid());
                 }
                 scatter(&wqe.segs, *offset, payload, mem);
@@ -228,9 +228,9 @@ impl Qp {
                         return Err(invalid());
                     };
                     self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
-                    ctx.counters.rdma_recvs += 1;
+                    dev.counters.rdma_recvs += 1;
                     self.complete_recv(
-                        ctx,
+                        dev,
                         wqe.wr_id,
                         WcStatus::Success,
                         WcOpcode::Recv,
@@ -255,8 +255,8 @@ impl Qp {
                 }
                 self.check_len(opcode, payload.len())?;
                 let with_imm = packet.imm().is_some();
-                if with_imm && !self.has_recv(ctx) {
-                    self.push_rnr_nak(ctx, psn);
+                if with_imm && !self.has_recv(dev) {
+                    self.push_rnr_nak(dev, psn);
                     return Ok(());
                 }
                 if opcode.is_first() {
@@ -270,7 +270,7 @@ impl Qp {
                         None
                     } else {
                         let pd = self.init.pd;
-                        let found = ctx.table.check_remote(
+                        let found = dev.table.check_remote(
                             reth.rkey,
                             pd,
                             reth.va,
@@ -308,7 +308,7 @@ impl Qp {
                         last: opcode.is_last(),
                     };
                     if !filter.admit(&write) {
-                        ctx.counters.write_filtered += 1;
+                        dev.counters.write_filtered += 1;
                         return Err(Nak(NakCode::RemoteAccessError));
                     }
                 }
@@ -324,11 +324,11 @@ impl Qp {
                     self.resp.in_msg = None;
                     self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                     if with_imm {
-                        let Some(wqe) = self.take_recv(ctx) else {
+                        let Some(wqe) = self.take_recv(dev) else {
                             return Err(invalid());
                         };
                         self.complete_recv(
-                            ctx,
+                            dev,
                             wqe.wr_id,
                             WcStatus::Success,
                             WcOpcode::RecvRdmaWithImm,
@@ -350,7 +350,7 @@ impl Qp {
                 if u64::from(reth.len) > MAX_MESSAGE {
                     return Err(invalid());
                 }
-                let target = self.check_read(ctx, reth)?;
+                let target = self.check_read(dev, reth)?;
                 let n = reth.len.div_ceil(self.mtu).max(1);
                 self.push_resource(Resource::Read {
                     first: psn,
@@ -378,7 +378,7 @@ impl Qp {
                 if a.va % 8 != 0 {
                     return Err(invalid());
                 }
-                let (region, offset) = ctx
+                let (region, offset) = dev
                     .table
                     .check_remote(a.rkey, self.init.pd, a.va, 8, Access::REMOTE_ATOMIC)
                     .map_err(|_| Nak(NakCode::RemoteAccessError))?;
@@ -406,11 +406,15 @@ impl Qp {
         }
     }
 
-    pub(super) fn check_read(&self, ctx: &Ctx, reth: Reth) -> Result<Option<(RegionId, u64)>, Nak> {
+    pub(super) fn check_read(
+        &self,
+        dev: &DeviceState,
+        reth: Reth,
+    ) -> Result<Option<(RegionId, u64)>, Nak> {
         if reth.len == 0 {
             return Ok(None);
         }
-        ctx.table
+        dev.table
             .check_remote(
                 reth.rkey,
                 self.init.pd,
@@ -432,7 +436,7 @@ impl Qp {
 
     /// A request with a PSN already executed: re-ACK a SEND or WRITE, replay a READ or an
     /// atomic from the resource ring, drop anything else.
-    pub(super) fn handle_duplicate(&mut self, packet: &Packet<&[u8]>, ctx: &Ctx) {
+    pub(super) fn handle_duplicate(&mut self, packet: &Packet<&[u8]>, dev: &DeviceState) {
         let psn = packet.psn();
         match packet.opcode().operation() {
             Operation::RdmaReadRequest => {
@@ -462,7 +466,7 @@ impl Qp {
                     return;
                 }
                 // The region may have gone since: check again.
-                let Ok(target) = self.check_read(ctx, reth) else {
+                let Ok(target) = self.check_read(dev, reth) else {
                     return;
                 };
                 self.resp.responses.push_back(Response::Read(ReadJob {
@@ -494,14 +498,14 @@ impl Qp {
     pub(super) fn handle_uc_request(
         &mut self,
         packet: &Packet<&[u8]>,
-        ctx: &mut Ctx,
+        dev: &mut DeviceState,
         mem: &mut dyn Memory,
     ) {
         let psn = packet.psn();
         let opcode = packet.opcode();
         if psn != self.resp.epsn {
-            ctx.counters.out_of_seq_request += 1;
-            self.abandon_uc(ctx);
+            dev.counters.out_of_seq_request += 1;
+            self.abandon_uc(dev);
         }
         self.resp.epsn = psn.next();
         if self.resp.in_msg.is_none() && !opcode.is_first() {
@@ -510,36 +514,36 @@ impl Qp {
         }
         let with_imm = packet.imm().is_some();
         let needs_wqe = (opcode.is_first() && opcode.operation_is_send()) || with_imm;
-        if needs_wqe && !self.has_recv(ctx) && !matches!(self.resp.in_msg, Some(InMsg::Send { .. }))
+        if needs_wqe && !self.has_recv(dev) && !matches!(self.resp.in_msg, Some(InMsg::Send { .. }))
         {
-            ctx.counters.uc_dropped_msgs += 1;
+            dev.counters.uc_dropped_msgs += 1;
             self.resp.in_msg = None;
             return;
         }
         // UC reuses the RC execution, minus ACKs; failures drop the message silently.
         let before = self.resp.responses.len();
-        let filtered = ctx.counters.write_filtered;
-        let result = self.execute(packet, ctx, mem);
+        let filtered = dev.counters.write_filtered;
+        let result = self.execute(packet, dev, mem);
         self.resp.responses.truncate(before);
         if let Err(nak) = result {
             // A filter's refusal is counted as `write_filtered` already.
-            if nak.0 == NakCode::RemoteAccessError && ctx.counters.write_filtered == filtered {
-                ctx.counters.uc_access_err += 1;
+            if nak.0 == NakCode::RemoteAccessError && dev.counters.write_filtered == filtered {
+                dev.counters.uc_access_err += 1;
             }
-            ctx.counters.uc_dropped_msgs += 1;
-            self.abandon_uc(ctx);
+            dev.counters.uc_dropped_msgs += 1;
+            self.abandon_uc(dev);
             self.resp.epsn = psn.next();
         }
     }
 
-    pub(super) fn abandon_uc(&mut self, ctx: &mut Ctx) {
+    pub(super) fn abandon_uc(&mut self, dev: &mut DeviceState) {
         match self.resp.in_msg.take() {
             Some(InMsg::Send { wqe, .. }) => {
                 // The receive request is reused for the next message.
-                self.return_recv(ctx, wqe);
-                ctx.counters.uc_dropped_msgs += 1;
+                self.return_recv(dev, wqe);
+                dev.counters.uc_dropped_msgs += 1;
             }
-            Some(InMsg::Write { .. }) => ctx.counters.uc_dropped_msgs += 1,
+            Some(InMsg::Write { .. }) => dev.counters.uc_dropped_msgs += 1,
             None => {}
         }
     }

@@ -44,8 +44,8 @@ impl Qp {
 
     /// No receive request for a SEND or a WRITE with immediate: ask the requester to wait
     /// the QP's RNR timer and retry from `psn`. Not fatal, and the packet is not executed.
-    pub(super) fn push_rnr_nak(&mut self, ctx: &mut Ctx, psn: Psn) {
-        ctx.counters.send_rnr_err += 1;
+    pub(super) fn push_rnr_nak(&mut self, dev: &mut DeviceState, psn: Psn) {
+        dev.counters.send_rnr_err += 1;
         self.resp.responses.push_back(Response::Ack {
             psn,
             syndrome: Syndrome::RnrNak(self.min_rnr_timer),

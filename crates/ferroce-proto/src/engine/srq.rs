@@ -58,7 +58,7 @@ impl Engine {
     pub fn create_srq(&mut self, pd: PdId, max_wr: u32) -> SrqId {
         let id = SrqId(self.next_srq);
         self.next_srq += 1;
-        self.ctx.srqs.insert(
+        self.dev.srqs.insert(
             id,
             Srq {
                 pd,
@@ -78,7 +78,7 @@ impl Engine {
     /// [`PostError::UnknownSrq`], or [`PostError::QueueFull`] when `max_wr` are queued.
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), PostError> {
         let queue = self
-            .ctx
+            .dev
             .srqs
             .get_mut(&srq)
             .ok_or(PostError::UnknownSrq(srq))?;
@@ -86,7 +86,7 @@ impl Engine {
             return Err(PostError::QueueFull(queue.max_wr));
         }
         let (segs, len, fault) =
-            Self::resolve(&self.ctx.table, queue.pd, &wr.sges, Access::LOCAL_WRITE);
+            Self::resolve(&self.dev.table, queue.pd, &wr.sges, Access::LOCAL_WRITE);
         queue.queue.push_back(RecvWqe {
             wr_id: wr.wr_id,
             segs,
@@ -111,7 +111,7 @@ impl Engine {
         max_wr: Option<u32>,
         limit: Option<u32>,
     ) -> Result<(), SrqError> {
-        let queue = self.ctx.srqs.get_mut(&srq).ok_or(SrqError::Unknown(srq))?;
+        let queue = self.dev.srqs.get_mut(&srq).ok_or(SrqError::Unknown(srq))?;
         let queued = queue.queue.len() as u32;
         let size = max_wr.unwrap_or(queue.max_wr);
         if size == 0 || size < queued {
@@ -138,7 +138,7 @@ impl Engine {
     /// A shared receive queue's size, armed limit and queued requests (`ibv_query_srq`).
     #[must_use]
     pub fn query_srq(&self, srq: SrqId) -> Option<SrqAttr> {
-        self.ctx.srqs.get(&srq).map(|q| SrqAttr {
+        self.dev.srqs.get(&srq).map(|q| SrqAttr {
             max_wr: q.max_wr,
             limit: q.limit,
             queued: q.queue.len() as u32,
@@ -152,45 +152,45 @@ impl Engine {
     ///
     /// [`SrqError::Busy`] while queue pairs use it (as verbs refuses), [`SrqError::Unknown`].
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), SrqError> {
-        let queue = self.ctx.srqs.get(&srq).ok_or(SrqError::Unknown(srq))?;
+        let queue = self.dev.srqs.get(&srq).ok_or(SrqError::Unknown(srq))?;
         if queue.attached > 0 {
             return Err(SrqError::Busy(queue.attached));
         }
-        self.ctx.srqs.remove(&srq);
+        self.dev.srqs.remove(&srq);
         Ok(())
     }
 }
 
 impl Qp {
     /// Whether a receive request waits for this QP: in its own queue or in its SRQ.
-    pub(super) fn has_recv(&self, ctx: &Ctx) -> bool {
+    pub(super) fn has_recv(&self, dev: &DeviceState) -> bool {
         match self.init.srq {
-            Some(id) => ctx.srqs.get(&id).is_some_and(|q| !q.queue.is_empty()),
+            Some(id) => dev.srqs.get(&id).is_some_and(|q| !q.queue.is_empty()),
             None => !self.resp.rq.is_empty(),
         }
     }
 
     /// Takes the next receive request for a message beginning now, from the QP's own queue or
     /// its SRQ, raising the SRQ's limit event when that leaves it below its limit.
-    pub(super) fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWqe> {
+    pub(super) fn take_recv(&mut self, dev: &mut DeviceState) -> Option<RecvWqe> {
         let Some(id) = self.init.srq else {
             return self.resp.rq.pop_front();
         };
-        let queue = ctx.srqs.get_mut(&id)?;
+        let queue = dev.srqs.get_mut(&id)?;
         let wqe = queue.queue.pop_front()?;
         if queue.limit != 0 && (queue.queue.len() as u32) < queue.limit {
             queue.limit = 0;
-            ctx.raise(AsyncEvent::SrqLimitReached(id));
+            dev.raise(AsyncEvent::SrqLimitReached(id));
         }
         Some(wqe)
     }
 
     /// Puts back a receive request taken for a message that was abandoned, first in line.
-    pub(super) fn return_recv(&mut self, ctx: &mut Ctx, wqe: RecvWqe) {
+    pub(super) fn return_recv(&mut self, dev: &mut DeviceState, wqe: RecvWqe) {
         match self.init.srq {
             None => self.resp.rq.push_front(wqe),
             Some(id) => {
-                if let Some(queue) = ctx.srqs.get_mut(&id) {
+                if let Some(queue) = dev.srqs.get_mut(&id) {
                     queue.queue.push_front(wqe);
                 }
             }

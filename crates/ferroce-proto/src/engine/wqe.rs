@@ -3,9 +3,10 @@
 
 use super::*;
 
-/// A contiguous piece of a gather/scatter list, resolved against the region table.
+/// A contiguous piece of a gather/scatter list, resolved against the region table: an [`Sge`]
+/// whose lkey and address have become a region and an offset in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Seg {
+pub(super) struct ResolvedSge {
     pub(super) region: RegionId,
     pub(super) offset: u64,
     pub(super) len: u32,
@@ -14,14 +15,14 @@ pub(super) struct Seg {
 /// A resolved gather/scatter list. Most requests have one entry, which is kept inline: a
 /// request then costs the engine no allocation of its own.
 #[derive(Clone, Debug)]
-pub(super) enum SegList {
-    One(Seg),
-    Many(Vec<Seg>),
+pub(super) enum ResolvedSgeList {
+    One(ResolvedSge),
+    Many(Vec<ResolvedSge>),
 }
 
-impl SegList {
+impl ResolvedSgeList {
     /// Appends an entry; only a second one moves the list to the heap.
-    pub(super) fn push(&mut self, seg: Seg) {
+    pub(super) fn push(&mut self, seg: ResolvedSge) {
         match self {
             Self::Many(segs) if segs.is_empty() => *self = Self::One(seg),
             Self::One(first) => *self = Self::Many(vec![*first, seg]),
@@ -30,10 +31,10 @@ impl SegList {
     }
 }
 
-impl std::ops::Deref for SegList {
-    type Target = [Seg];
+impl std::ops::Deref for ResolvedSgeList {
+    type Target = [ResolvedSge];
 
-    fn deref(&self) -> &[Seg] {
+    fn deref(&self) -> &[ResolvedSge] {
         match self {
             Self::One(seg) => std::slice::from_ref(seg),
             Self::Many(segs) => segs,
@@ -44,7 +45,7 @@ impl std::ops::Deref for SegList {
 /// The pieces of `len` bytes starting `at` bytes into a gather/scatter list: for each, the
 /// region, the offset in it, and the range of the caller's buffer it covers.
 pub(super) fn pieces(
-    segs: &[Seg],
+    segs: &[ResolvedSge],
     mut at: u64,
     len: usize,
 ) -> impl Iterator<Item = (RegionId, u64, std::ops::Range<usize>)> + '_ {
@@ -64,14 +65,14 @@ pub(super) fn pieces(
 }
 
 /// Copies `out.len()` bytes starting `at` bytes into the list.
-pub(super) fn gather(segs: &[Seg], at: u64, out: &mut [u8], mem: &dyn Memory) {
+pub(super) fn gather(segs: &[ResolvedSge], at: u64, out: &mut [u8], mem: &dyn Memory) {
     for (region, offset, range) in pieces(segs, at, out.len()) {
         mem.read(region, offset, &mut out[range]);
     }
 }
 
 /// Copies `data` into the list starting `at` bytes in.
-pub(super) fn scatter(segs: &[Seg], at: u64, data: &[u8], mem: &mut dyn Memory) {
+pub(super) fn scatter(segs: &[ResolvedSge], at: u64, data: &[u8], mem: &mut dyn Memory) {
     for (region, offset, range) in pieces(segs, at, data.len()) {
         mem.write(region, offset, &data[range]);
     }
@@ -79,7 +80,7 @@ pub(super) fn scatter(segs: &[Seg], at: u64, data: &[u8], mem: &mut dyn Memory) 
 
 #[derive(Debug)]
 pub(super) enum WqeData {
-    Segs(SegList),
+    Segs(ResolvedSgeList),
     Inline(Vec<u8>),
 }
 
@@ -128,7 +129,7 @@ impl SendWqe {
         }
     }
 
-    pub(super) fn segs(&self) -> &[Seg] {
+    pub(super) fn segs(&self) -> &[ResolvedSge] {
         match &self.data {
             WqeData::Segs(segs) => segs,
             WqeData::Inline(_) => &[],
@@ -139,7 +140,7 @@ impl SendWqe {
 #[derive(Debug)]
 pub(super) struct RecvWqe {
     pub(super) wr_id: u64,
-    pub(super) segs: SegList,
+    pub(super) segs: ResolvedSgeList,
     pub(super) len: u64,
     pub(super) fault: Option<WcStatus>,
 }
