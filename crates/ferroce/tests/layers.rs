@@ -6,7 +6,7 @@
 //! Run alone with `cargo test -p ferroce --test layers`; a failure prints the circle, or the
 //! arrow that points up, with the file and line that draw it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Each top-level module's layer: a file may name its own layer and those below.
@@ -77,7 +77,7 @@ fn read_sources() -> BTreeMap<PathBuf, Source> {
                     rel,
                     Source {
                         module,
-                        code: strip_comments(&text),
+                        code: strip_test_modules(&strip_comments(&text)),
                     },
                 );
             }
@@ -99,62 +99,151 @@ fn strip_comments(text: &str) -> String {
         .join("\n")
 }
 
-/// The paths a file names after `crate::`, with the line of each; `crate::{a, b::c}` gives
-/// each member.
-fn crate_paths(code: &str) -> Vec<(usize, Vec<String>)> {
+/// The code without its `#[cfg(test)] mod … { … }` blocks: a test module is not part of the
+/// structure (and its `super` is the file itself, not the file's parent).
+fn strip_test_modules(code: &str) -> String {
+    let mut out = code.to_owned();
+    while let Some(start) = out.find("#[cfg(test)]") {
+        let after = start + "#[cfg(test)]".len();
+        let rest = out[after..].trim_start();
+        if !rest.starts_with("mod ") {
+            // An item, not a module: keep it, and look past it.
+            out.replace_range(start..after, "");
+            continue;
+        }
+        let Some(open) = out[after..].find('{').map(|i| after + i) else {
+            break;
+        };
+        let mut depth = 0;
+        let mut end = out.len();
+        for (i, c) in out[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Keep the line count, so that lines still point at the file.
+        let blank: String = out[start..end].chars().filter(|&c| c == '\n').collect();
+        out.replace_range(start..end, &blank);
+    }
+    out
+}
+
+/// The paths a file names after `root::` (`crate`, `super` or `self`), with the line of each;
+/// `crate::{a, b::c}` gives each member.
+fn rooted_paths(code: &str, root: &str) -> Vec<(usize, Vec<String>)> {
     let mut out = Vec::new();
     let bytes = code.as_bytes();
+    let needle = format!("{root}::");
     let mut at = 0;
-    while let Some(found) = code[at..].find("crate::") {
+    while let Some(found) = code[at..].find(&needle) {
         let start = at + found;
-        at = start + "crate::".len();
-        // `pub(crate) fn`, `$crate::`: not a path from the crate root.
-        if start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_') {
+        at = start + needle.len();
+        // `pub(crate) fn`, `$crate::`, `super::super::`: not a path from this root.
+        if start > 0
+            && (bytes[start - 1].is_ascii_alphanumeric()
+                || bytes[start - 1] == b'_'
+                || bytes[start - 1] == b'$'
+                || bytes[start - 1] == b':')
+        {
             continue;
         }
         let line = code[..start].matches('\n').count() + 1;
-        if code[at..].starts_with('{') {
-            let mut depth = 0;
-            let mut end = at;
-            for (i, c) in code[at..].char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            end = at + i;
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
+        // `super::super::x`: each `super` climbs one module.
+        let mut ups = vec![root.to_owned()];
+        while root == "super" && code[at..].starts_with("super::") {
+            ups.push("super".to_owned());
+            at += "super::".len();
+        }
+        for path in group_members(&code[at..]) {
+            let full: Vec<String> = ups.iter().cloned().chain(path).collect();
+            if full.len() > 1 {
+                out.push((line, full));
             }
-            let group = &code[at + 1..end];
-            let mut depth = 0;
-            let mut item = String::new();
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        out.push((line, segments(&item)));
-                        item.clear();
-                        continue;
-                    }
-                    _ => {}
-                }
-                item.push(c);
-            }
-            out.push((line, segments(&item)));
-        } else {
-            let tail: String = code[at..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
-                .collect();
-            out.push((line, segments(&tail)));
         }
     }
-    out.retain(|(_, p)| !p.is_empty());
+    out
+}
+
+/// The paths at the start of `text`: one path, or each member of a `{…}` group.
+fn group_members(text: &str) -> Vec<Vec<String>> {
+    if !text.starts_with('{') {
+        let tail: String = text
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        return vec![segments(&tail)];
+    }
+    let mut depth = 0;
+    let mut end = text.len();
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    end = i;
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut members = Vec::new();
+    let (mut depth, mut item) = (0, String::new());
+    for c in text[1..end].chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                members.push(segments(&item));
+                item.clear();
+                continue;
+            }
+            _ => {}
+        }
+        item.push(c);
+    }
+    members.push(segments(&item));
+    members
+}
+
+/// The paths of `use` statements that start at a child module of this file (`use child::X`
+/// in a `mod.rs`), made absolute.
+fn child_paths(code: &str, children: &BTreeSet<String>) -> Vec<(usize, Vec<String>)> {
+    let mut out = Vec::new();
+    for (i, line) in code.lines().enumerate() {
+        let t = line.trim_start();
+        let Some(rest) = ["pub use ", "pub(crate) use ", "pub(super) use ", "use "]
+            .iter()
+            .find_map(|p| t.strip_prefix(p))
+        else {
+            continue;
+        };
+        let first = segments(rest).into_iter().next().unwrap_or_default();
+        if children.contains(&first) {
+            for path in group_members(rest) {
+                out.push((i + 1, path));
+            }
+        }
+    }
+    out
+}
+
+/// Every path a file names that may lead to another file of the crate, each starting with
+/// its root (`crate`, `super`, `self`, or a child module).
+fn crate_paths(code: &str, children: &BTreeSet<String>) -> Vec<(usize, Vec<String>)> {
+    let mut out = rooted_paths(code, "crate");
+    out.extend(rooted_paths(code, "super"));
+    out.extend(rooted_paths(code, "self"));
+    out.extend(child_paths(code, children));
     out
 }
 
@@ -167,18 +256,19 @@ fn segments(path: &str) -> Vec<String> {
                 .unwrap_or("")
                 .to_owned()
         })
-        .take_while(|s| !s.is_empty() && s != "self")
+        .take_while(|s| !s.is_empty() && s != "self" && s != "*")
         .collect()
 }
 
-/// `lib.rs`'s re-exports: a name at the crate root, and the module it comes from.
-fn root_reexports(lib: &Source) -> BTreeMap<String, Vec<String>> {
+/// A file's re-exports (`pub use`, `pub(crate) use`, `pub(super) use`): each name it gives
+/// other modules, and the absolute path it comes from.
+fn reexports(source: &Source, children: &BTreeSet<String>) -> BTreeMap<String, Vec<String>> {
     let mut names = BTreeMap::new();
-    for statement in lib.code.split(';') {
+    for statement in source.code.split(';') {
         let s = statement.trim();
-        let Some(path) = s
-            .strip_prefix("pub use ")
-            .or_else(|| s.strip_prefix("pub(crate) use "))
+        let Some(path) = ["pub use ", "pub(crate) use ", "pub(super) use "]
+            .iter()
+            .find_map(|p| s.strip_prefix(p))
         else {
             continue;
         };
@@ -186,15 +276,46 @@ fn root_reexports(lib: &Source) -> BTreeMap<String, Vec<String>> {
             Some((m, rest)) => (m, rest.trim_end_matches('}')),
             None => path.rsplit_once("::").unwrap_or((path, path)),
         };
-        let module: Vec<String> = module.split("::").map(str::to_owned).collect();
+        let relative: Vec<String> = module.split("::").map(str::to_owned).collect();
+        let Some(module) = absolute(&source.module, &relative, children) else {
+            continue;
+        };
         for member in members.split(',') {
             let name = member.rsplit(" as ").next().unwrap().trim();
-            if !name.is_empty() {
-                names.insert(name.to_owned(), module.clone());
+            let original = member.split(" as ").next().unwrap().trim();
+            if !name.is_empty() && name != "self" {
+                let mut target = module.clone();
+                target.push(original.to_owned());
+                names.insert(name.to_owned(), target);
             }
         }
     }
     names
+}
+
+/// `path` as seen from `module`, from the crate root; `None` for another crate's.
+fn absolute(
+    module: &[String],
+    path: &[String],
+    children: &BTreeSet<String>,
+) -> Option<Vec<String>> {
+    let first = path.first()?;
+    let mut base: Vec<String> = match first.as_str() {
+        "crate" => Vec::new(),
+        "self" => module.to_vec(),
+        "super" => {
+            let ups = path.iter().take_while(|s| *s == "super").count();
+            let mut base = module.to_vec();
+            base.truncate(base.len().checked_sub(ups)?);
+            base.extend(path[ups..].iter().cloned());
+            return Some(base);
+        }
+        child if children.contains(child) => module.to_vec(),
+        _ => return None,
+    };
+    let skip = usize::from(matches!(first.as_str(), "crate" | "self"));
+    base.extend(path[skip..].iter().cloned());
+    Some(base)
 }
 
 /// The graph: for each file, the files it names, with the line that names each.
@@ -205,24 +326,50 @@ fn graph(files: &BTreeMap<PathBuf, Source>) -> Graph {
         .iter()
         .map(|(p, s)| (s.module.as_slice(), p))
         .collect();
-    let lib = &files[Path::new("lib.rs")];
-    let reexports = root_reexports(lib);
+    let children_of = |module: &[String]| -> BTreeSet<String> {
+        files
+            .values()
+            .filter(|s| s.module.len() == module.len() + 1 && s.module.starts_with(module))
+            .map(|s| s.module.last().unwrap().clone())
+            .collect()
+    };
+    let reexported: BTreeMap<&[String], BTreeMap<String, Vec<String>>> = files
+        .values()
+        .map(|s| (s.module.as_slice(), reexports(s, &children_of(&s.module))))
+        .collect();
+    // The file a path names: the deepest module it goes through, following that module's
+    // re-export of the next name (`crate::Nic` is `nic.rs`, `super::Cq` in a backend is its
+    // `cq.rs`).
+    let resolve = |mut segs: Vec<String>| -> Option<&PathBuf> {
+        for _ in 0..8 {
+            let depth = (0..=segs.len())
+                .rev()
+                .find(|&n| by_module.contains_key(&segs[..n]))?;
+            let next = segs.get(depth);
+            match next.and_then(|n| reexported[&segs[..depth]].get(n)) {
+                Some(target) => {
+                    let rest = segs.split_off(depth + 1);
+                    segs = target.iter().cloned().chain(rest).collect();
+                }
+                None => return by_module.get(&segs[..depth]).copied(),
+            }
+        }
+        None
+    };
     let mut graph = Graph::new();
     for (path, source) in files {
         if source.module.is_empty() {
             continue; // lib.rs declares and re-exports; its own arrows are the layers.
         }
+        let children = children_of(&source.module);
         let arrows = graph.entry(path.clone()).or_default();
-        for (line, mut segs) in crate_paths(&source.code) {
-            if let Some(module) = reexports.get(&segs[0]) {
-                let rest = segs.split_off(1);
-                segs = module.iter().cloned().chain(rest).collect();
-            }
-            // The deepest module the path names that is a file of its own.
-            let target = (1..=segs.len())
-                .rev()
-                .find_map(|n| by_module.get(&segs[..n]).copied());
-            if let Some(target) = target.filter(|t| *t != path) {
+        for (line, relative) in crate_paths(&source.code, &children) {
+            let Some(abs) = absolute(&source.module, &relative, &children) else {
+                continue;
+            };
+            // lib.rs only declares and re-exports, which `resolve` follows.
+            let target = resolve(abs).filter(|t| *t != path && t.as_path() != Path::new("lib.rs"));
+            if let Some(target) = target {
                 arrows.entry(target.clone()).or_insert(line);
             }
         }
@@ -320,11 +467,28 @@ fn every_arrow_points_down_the_layers() {
 #[test]
 fn the_check_sees_arrows_and_circles() {
     // The parser finds grouped, nested and inline paths, and skips `pub(crate)`.
-    let code = "use crate::{a::B, c::{D, E}, f};\npub(crate) fn g() { crate::h::i(); }";
-    let paths: Vec<Vec<String>> = crate_paths(code).into_iter().map(|(_, p)| p).collect();
+    let code = "use crate::{a::B, c::{D, E}, f};\npub(crate) fn g() { crate::h::i(); }\n\
+                use super::super::j::K;\nuse child::L;";
+    let children = BTreeSet::from(["child".to_owned()]);
+    let paths: Vec<Vec<String>> = crate_paths(code, &children)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
     assert_eq!(
         paths,
-        [vec!["a", "B"], vec!["c"], vec!["f"], vec!["h", "i"]]
+        [
+            vec!["crate", "a", "B"],
+            vec!["crate", "c"],
+            vec!["crate", "f"],
+            vec!["crate", "h", "i"],
+            vec!["super", "super", "j", "K"],
+            vec!["child", "L"],
+        ]
+    );
+    let module = ["backend".to_owned(), "soft".to_owned(), "qp".to_owned()];
+    assert_eq!(
+        absolute(&module, &paths[4], &children),
+        Some(vec!["backend".to_owned(), "j".to_owned(), "K".to_owned()])
     );
     // A circle of two is found; the real graph has arrows to check at all.
     let mut g = Graph::new();

@@ -419,7 +419,7 @@ impl WriteFilter for PageFilter {
 }
 
 /// Everything one `start` brought up; torn down when the next `start` replaces it.
-struct Run {
+struct ReceivePath {
     nic: Nic,
     region: Region,
     qp: Qp,
@@ -440,7 +440,7 @@ struct Run {
     monitor: Mutex<()>,
 }
 
-impl Drop for Run {
+impl Drop for ReceivePath {
     fn drop(&mut self) {
         self.qp.shutdown();
     }
@@ -458,7 +458,7 @@ type Callback = Arc<dyn Fn() + Send + Sync>;
 
 #[derive(Default)]
 struct Inner {
-    run: Mutex<Option<Arc<Run>>>,
+    run: Mutex<Option<Arc<ReceivePath>>>,
     ready: Mutex<Ready>,
     arrived: Condvar,
     callback: Mutex<Option<Callback>>,
@@ -718,7 +718,7 @@ impl Receiver {
         // hardware and shows it none (`Unsupported`): its frames are checked as they complete.
         let _ = qp.set_write_filter(Box::new(filter));
         *lock(&self.inner.ready) = Ready::default();
-        *slot = Some(Arc::new(Run {
+        *slot = Some(Arc::new(ReceivePath {
             nic: nic.clone(),
             region,
             qp,
@@ -738,7 +738,7 @@ impl Receiver {
         Ok(())
     }
 
-    fn run(&self) -> Result<Arc<Run>, NotStarted> {
+    fn run(&self) -> Result<Arc<ReceivePath>, NotStarted> {
         lock(&self.inner.run).clone().ok_or(NotStarted)
     }
 
@@ -818,7 +818,7 @@ impl Receiver {
     /// Builds the frame a completion ends, queues it and runs the callback.
     fn complete(
         &self,
-        run: &Run,
+        run: &ReceivePath,
         imm: Option<u32>,
         frame_numbers: &mut ExtendedCounter,
         scratch: &mut Vec<u8>,
@@ -1316,7 +1316,7 @@ const DEVICE_COPY_STEP: usize = 1 << 20;
 /// the same offsets of the device memory. Runs on the monitor thread, which is also the one
 /// that lands packets, so the device cannot write the page while it runs.
 fn copy_to_device(
-    run: &Run,
+    run: &ReceivePath,
     device: &dyn DeviceMemory,
     page: u32,
     data: u64,

@@ -10,8 +10,8 @@ use ferroce_proto::qp::{Completion, WcOpcode, WcStatus};
 use ferroce_proto::wire::Qpn;
 
 use super::abi::*;
+use super::device::Device;
 use super::ffi::RawCq;
-use super::nic::Device;
 use crate::error::VerbsError;
 
 /// A completion queue on a verbs device.

@@ -2,15 +2,16 @@
 //! libibverbs, loaded at run time.
 //!
 //! Files as in the soft backend, one per object of the contract (see [`crate::backend`]):
-//! `nic` (the open device: context, PD, port and GID), `cq`, `qp`, `region`; and what only a
-//! kernel device has: `discover` (finding and describing devices, choosing the GID) and
-//! `events` (the async-event thread). The C layouts are in `abi`, and every call across the
+//! `nic`, `cq`, `qp`, `region`; and what only a kernel device has: `device` (the open
+//! context, PD, port and GID every object holds), `discover` (finding and describing devices,
+//! choosing the GID) and `events` (the async-event thread). The C layouts are in `abi`, and every call across the
 //! boundary, with the only `unsafe` of the backend, is in `ffi`. Nothing here names the public
 //! modules above; ferroce's work requests and completions are translated to libibverbs' and
 //! back here.
 
 mod abi;
 mod cq;
+mod device;
 mod discover;
 mod events;
 mod ffi;

@@ -15,8 +15,8 @@ use ferroce_proto::Psn;
 
 use super::abi::*;
 use super::cq::Cq;
+use super::device::Device;
 use super::ffi::RawQp;
-use super::nic::Device;
 use crate::attr::ConnectAttrs;
 use crate::error::VerbsError;
 

@@ -6,8 +6,8 @@ use std::os::fd::RawFd;
 use ferroce_proto::memory::{RegionInfo, WriteOrder};
 
 use super::abi::*;
+use super::device::Device;
 use super::ffi::Mr;
-use super::nic::Device;
 use crate::attr::RegionAccess;
 use crate::error::{memlock_error, RegionError};
 use crate::memory::{MappedMemory, RegionMemory};

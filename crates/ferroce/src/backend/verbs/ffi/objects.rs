@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ferroce_proto::qp::{Payload, RecvWr, SendOp, SendWr};
 
 use super::super::abi::*;
-use super::{errno, returned, Lib};
+use super::library::{errno, returned, Lib};
 
 /// An open device (`struct ibv_context`).
 pub(crate) struct Context {
@@ -857,5 +857,45 @@ impl Drop for RawQp {
     fn drop(&mut self) {
         // SAFETY: a live QP, destroyed once; its CQs and PD outlive it (Arcs held here).
         unsafe { (self.pd.ctx.lib.destroy_qp)(self.qp.as_ptr()) };
+    }
+}
+
+/// What looking for a device by name found.
+pub(crate) enum Opened {
+    /// The device, open.
+    Context(Context),
+    /// No device has the name; these are the names there are.
+    NotFound(Vec<String>),
+    /// The device is there but would not open (`ibv_open_device` set this errno).
+    Refused(io::Error),
+}
+
+impl Lib {
+    /// Opens the device called `name`, from one look at the device list.
+    ///
+    /// # Errors
+    ///
+    /// As for the device list (ENOSYS: no RDMA in the kernel); a device that is there but
+    /// does not open is [`Opened::Refused`].
+    pub(crate) fn open(&'static self, name: &str) -> io::Result<Opened> {
+        let opened = self.with_devices(|devices| {
+            let Some(&(dev, _)) = devices.iter().find(|(_, n)| n == name) else {
+                return Err(devices.iter().map(|(_, n)| n.clone()).collect());
+            };
+            // SAFETY: a device of the live list, opened before the list is freed.
+            let ctx = unsafe { (self.open_device)(dev) };
+            Ok(NonNull::new(ctx).ok_or_else(errno))
+        })?;
+        Ok(match opened {
+            Err(names) => Opened::NotFound(names),
+            Ok(Err(e)) => Opened::Refused(e),
+            Ok(Ok(ctx)) => {
+                let context = Context { lib: self, ctx };
+                match crate::sys::set_nonblocking(context.async_fd()) {
+                    Ok(()) => Opened::Context(context),
+                    Err(e) => Opened::Refused(e),
+                }
+            }
+        })
     }
 }
