@@ -184,41 +184,41 @@ impl Qp {
 
     /// INIT → RTR → RTS, with `ibv_rc_pingpong`'s attributes (UC: only the PSNs).
     pub(crate) fn connect(&self, a: &ConnectAttrs) -> Result<(), ModifyError> {
-        let refused = |step: &str, e: io::Error| {
-            let hint = match (step, e.raw_os_error()) {
-                ("RTR", Some(libc::ENODATA)) => format!(
-                    " — GID index {} of {} holds no address (was {} removed?)",
-                    self.device.gid_index(),
-                    self.device.name,
-                    self.device.gid.ip()
-                ),
-                ("RTR", Some(libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH)) => {
-                    format!(
-                        " — the kernel could not resolve {} from {} ({}): no route to it, no ARP \
-                         reply, or the wrong GID index (ours is {}, {})",
-                        a.peer.ip(),
-                        self.device.name,
-                        self.device.gid.ip(),
-                        self.device.gid_index(),
-                        self.device.gid.gid
-                    )
-                }
-                (_, Some(libc::EINVAL)) => {
-                    " — an attribute is out of the device's range".to_owned()
-                }
-                _ => String::new(),
-            };
-            ModifyError::Device(format!(
-                "{}: ibv_modify_qp to {step} failed: {e}{hint}",
-                self.device.name
-            ))
-        };
         // UC has no READ or atomics: asking for them is refused by some providers.
         let mut access = i32::from(a.access.ibv_bits());
         if self.qp_type == QpType::Uc {
             access &= IBV_ACCESS_REMOTE_WRITE;
         }
-        self.to_init(access).map_err(|e| refused("INIT", e))?;
+        self.to_init(access)
+            .map_err(|e| self.modify_refused("INIT", e, a))?;
+        self.to_rtr(a)
+            .map_err(|e| self.modify_refused("RTR", e, a))?;
+        self.state.store(STATE_RTR, Ordering::Relaxed);
+        let mut rts = ibv_qp_attr {
+            qp_state: IBV_QPS_RTS,
+            sq_psn: a.sq_psn.value(),
+            ..ibv_qp_attr::default()
+        };
+        let mut mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+        if self.qp_type == QpType::Rc {
+            rts.timeout = a.timeout;
+            rts.retry_cnt = a.retry_cnt;
+            rts.rnr_retry = a.rnr_retry;
+            rts.max_rd_atomic = a.max_rd_atomic;
+            mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+        }
+        self.raw
+            .modify(&rts, mask)
+            .map_err(|e| self.modify_refused("RTS", e, a))?;
+        self.state.store(STATE_RTS, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// INIT → RTR toward `a.peer`: the address handle is the peer's IPv4-mapped GID and ours
+    /// of the device's GID index. RTR resolves the peer's address; right after the table
+    /// changed (an address added back) the kernel may still say ENODATA or ETIMEDOUT, so it is
+    /// tried 5 more times 200 ms apart, as Hololink does.
+    fn to_rtr(&self, a: &ConnectAttrs) -> io::Result<()> {
         let dgid = match a.peer.ip() {
             std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
             std::net::IpAddr::V6(v6) => v6.octets(),
@@ -248,13 +248,10 @@ impl Qp {
             rtr.min_rnr_timer = a.min_rnr_timer.code();
             mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
         }
-        // RTR resolves the peer's address. Right after the table changed (an address added
-        // back) the kernel may still say ENODATA or ETIMEDOUT; Hololink retries 5 × 200 ms.
         let mut tries = 0;
         loop {
             rtr.ah_attr.grh.sgid_index = self.device.gid_index() as u8;
             match self.raw.modify(&rtr, mask) {
-                Ok(()) => break,
                 Err(e)
                     if tries < 5
                         && matches!(e.raw_os_error(), Some(libc::ENODATA | libc::ETIMEDOUT)) =>
@@ -262,28 +259,37 @@ impl Qp {
                     tries += 1;
                     std::thread::sleep(Duration::from_millis(200));
                 }
-                Err(e) => return Err(refused("RTR", e)),
+                result => return result,
             }
         }
-        self.state.store(STATE_RTR, Ordering::Relaxed);
-        let mut rts_attr = ibv_qp_attr {
-            qp_state: IBV_QPS_RTS,
-            sq_psn: a.sq_psn.value(),
-            ..ibv_qp_attr::default()
+    }
+
+    /// `ibv_modify_qp` to `step` failed with `e`: the error, with what usually causes it.
+    fn modify_refused(&self, step: &str, e: io::Error, a: &ConnectAttrs) -> ModifyError {
+        let device = &self.device;
+        let hint = match (step, e.raw_os_error()) {
+            ("RTR", Some(libc::ENODATA)) => format!(
+                " — GID index {} of {} holds no address (was {} removed?)",
+                device.gid_index(),
+                device.name,
+                device.gid.ip()
+            ),
+            ("RTR", Some(libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH)) => format!(
+                " — the kernel could not resolve {} from {} ({}): no route to it, no ARP reply, \
+                 or the wrong GID index (ours is {}, {})",
+                a.peer.ip(),
+                device.name,
+                device.gid.ip(),
+                device.gid_index(),
+                device.gid.gid
+            ),
+            (_, Some(libc::EINVAL)) => " — an attribute is out of the device's range".to_owned(),
+            _ => String::new(),
         };
-        let mut mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-        if self.qp_type == QpType::Rc {
-            rts_attr.timeout = a.timeout;
-            rts_attr.retry_cnt = a.retry_cnt;
-            rts_attr.rnr_retry = a.rnr_retry;
-            rts_attr.max_rd_atomic = a.max_rd_atomic;
-            mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-        }
-        self.raw
-            .modify(&rts_attr, mask)
-            .map_err(|e| refused("RTS", e))?;
-        self.state.store(STATE_RTS, Ordering::Relaxed);
-        Ok(())
+        ModifyError::Device(format!(
+            "{}: ibv_modify_qp to {step} failed: {e}{hint}",
+            device.name
+        ))
     }
 
     /// What ferroce refuses before the provider sees it, so no request reaches C that the

@@ -18,8 +18,6 @@ pub(crate) struct Region {
     mr: Mr,
     /// The descriptor and offset of a dma-buf region.
     dmabuf: Option<(RawFd, u64)>,
-    /// Always: a verbs device pins every host region.
-    pinned: bool,
 }
 
 impl std::fmt::Debug for Mr {
@@ -32,6 +30,8 @@ impl std::fmt::Debug for Mr {
 }
 
 impl Region {
+    /// `ibv_reg_mr` (or `ibv_reg_dmabuf_mr`) on `memory` with `access`; the keys and address
+    /// peers use come back as a `RegionInfo`.
     pub(super) fn register(
         device: &Device,
         access: RegionAccess,
@@ -45,99 +45,38 @@ impl Region {
                     return Err(RegionError::Empty);
                 }
                 let len = bytes.len();
-                match device.pd.reg_host(bytes.into_boxed_slice(), flags) {
-                    Ok(mr) => (mr, None),
-                    Err((e, _))
-                        if matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::EPERM))
-                            && sys::memlock_limit().is_some() =>
-                    {
-                        return Err(memlock_error(len, e));
-                    }
-                    Err((source, _)) => {
-                        return Err(RegionError::Device {
-                            device: device.name.clone(),
-                            call: "ibv_reg_mr",
-                            bytes: len as u64,
-                            source,
-                        })
-                    }
-                }
+                let mr = device
+                    .pd
+                    .reg_host(bytes.into_boxed_slice(), flags)
+                    .map_err(|(e, _)| pin_refused(device, len, e))?;
+                (mr, None)
             }
             RegionMemory::Mapped(memory) => {
                 let len = memory.len();
-                match device.pd.reg_mapped(memory.0, flags) {
-                    Ok(mr) => (mr, None),
-                    Err(e)
-                        if matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::EPERM))
-                            && sys::memlock_limit().is_some() =>
-                    {
-                        return Err(memlock_error(len, e));
-                    }
-                    Err(source) => {
-                        return Err(RegionError::Device {
-                            device: device.name.clone(),
-                            call: "ibv_reg_mr",
-                            bytes: len as u64,
-                            source,
-                        })
-                    }
-                }
+                let mr = device
+                    .pd
+                    .reg_mapped(memory.0, flags)
+                    .map_err(|e| pin_refused(device, len, e))?;
+                (mr, None)
             }
-            RegionMemory::Dmabuf { fd, offset, bytes } => {
-                if bytes == 0 {
-                    return Err(RegionError::Empty);
-                }
-                let len = usize::try_from(bytes).map_err(|_| RegionError::Dmabuf {
-                    fd,
-                    offset,
-                    bytes,
-                    reason: "too large for this host".into(),
-                })?;
-                // Peers address it from 0, as Hololink registers its frame memory.
-                match device.pd.reg_dmabuf(fd, offset, len, 0, flags) {
-                    Ok(mr) => (mr, Some((fd, offset))),
-                    Err(e)
-                        if matches!(
-                            e.raw_os_error(),
-                            Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOSYS)
-                        ) =>
-                    {
-                        return Err(RegionError::DmabufUnsupported {
-                            device: device.name.clone(),
-                        })
-                    }
-                    Err(source) => {
-                        return Err(RegionError::Device {
-                            device: device.name.clone(),
-                            call: "ibv_reg_dmabuf_mr",
-                            bytes,
-                            source,
-                        })
-                    }
-                }
-            }
+            RegionMemory::Dmabuf { fd, offset, bytes } => (
+                register_dmabuf(device, fd, offset, bytes, flags)?,
+                Some((fd, offset)),
+            ),
         };
         let remote = !matches!(access, RegionAccess::Local);
-        let len = mr.len() as u64;
         let info = RegionInfo {
             id: ferroce_proto::memory::RegionId(0),
             pd: ferroce_proto::memory::PdId(0),
             // A dma-buf is addressed from the IOVA it was registered at (0).
             va: if dmabuf.is_some() { 0 } else { mr.addr() },
-            len,
+            len: mr.len() as u64,
             access: access.rights(),
             order,
             lkey: mr.lkey(),
             rkey: if remote { mr.rkey() } else { 0 },
         };
-        Ok((
-            Self {
-                mr,
-                dmabuf,
-                pinned: true,
-            },
-            info,
-        ))
+        Ok((Self { mr, dmabuf }, info))
     }
 
     /// Copies out; the caller has checked the range.
@@ -152,7 +91,7 @@ impl Region {
 
     /// `ibv_dereg_mr`, and the memory back as it was registered.
     pub(crate) fn deregister(self, len: u64) -> RegionMemory {
-        let Self { mr, dmabuf, pinned } = self;
+        let Self { mr, dmabuf } = self;
         if mr.is_mapped() {
             return mr
                 .into_mapped()
@@ -161,8 +100,8 @@ impl Region {
                 });
         }
         match (mr.into_host(), dmabuf) {
-            (Some(bytes), _) if pinned => RegionMemory::Host(bytes.into_vec()),
-            (Some(bytes), _) => RegionMemory::Pageable(bytes.into_vec()),
+            // Pinned, whatever it was registered as.
+            (Some(bytes), _) => RegionMemory::Host(bytes.into_vec()),
             (None, Some((fd, offset))) => RegionMemory::Dmabuf {
                 fd,
                 offset,
@@ -170,6 +109,58 @@ impl Region {
             },
             (None, None) => RegionMemory::Host(Vec::new()),
         }
+    }
+}
+
+/// `ibv_reg_dmabuf_mr` on `bytes` bytes at `offset` of `fd`, addressed by peers from 0, as
+/// Hololink registers its frame memory.
+fn register_dmabuf(
+    device: &Device,
+    fd: RawFd,
+    offset: u64,
+    bytes: u64,
+    flags: i32,
+) -> Result<Mr, RegionError> {
+    if bytes == 0 {
+        return Err(RegionError::Empty);
+    }
+    let len = usize::try_from(bytes).map_err(|_| RegionError::Dmabuf {
+        fd,
+        offset,
+        bytes,
+        reason: "too large for this host".into(),
+    })?;
+    device
+        .pd
+        .reg_dmabuf(fd, offset, len, 0, flags)
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOSYS) => {
+                RegionError::DmabufUnsupported {
+                    device: device.name.clone(),
+                }
+            }
+            _ => RegionError::Device {
+                device: device.name.clone(),
+                call: "ibv_reg_dmabuf_mr",
+                bytes,
+                source,
+            },
+        })
+}
+
+/// Why `ibv_reg_mr` refused `len` bytes: the locked-memory limit, when there is one and the
+/// device said ENOMEM or EPERM (it pins what it registers), or what it said.
+fn pin_refused(device: &Device, len: usize, source: std::io::Error) -> RegionError {
+    if matches!(source.raw_os_error(), Some(libc::ENOMEM | libc::EPERM))
+        && sys::memlock_limit().is_some()
+    {
+        return memlock_error(len, source);
+    }
+    RegionError::Device {
+        device: device.name.clone(),
+        call: "ibv_reg_mr",
+        bytes: len as u64,
+        source,
     }
 }
 
