@@ -47,7 +47,7 @@ use ferroce_proto::wire::ROCE_PORT;
 
 use crate::device::{DeviceAllocator, DeviceError, DeviceMemory};
 use crate::exchange::{ExchangeError, PeerInfo};
-use crate::oob::{self, LineError, OpenError};
+use crate::oob::{self, LineError, OpenWords};
 use crate::{
     ConnectOptions, Cq, Nic, NicError, Qp, Region, RegionAccess, RegionError, RegionMemory,
 };
@@ -697,30 +697,29 @@ fn read_line(stream: &mut TcpStream, timeout: Duration) -> Result<String, CacheE
     })
 }
 
+/// How the context words the out-of-band steps' failures.
+impl oob::FaceError for CacheError {
+    const OPEN_WORDS: OpenWords = OpenWords {
+        waiting: "connecting to the remote host",
+        dialling: "connecting to the remote host",
+        listening: "listening",
+        accepting: "accepting",
+        configuring: "configuring the connection",
+    };
+
+    fn timed_out(what: &'static str, after: Duration) -> Self {
+        Self::Timeout { what, after }
+    }
+
+    fn io(what: &'static str, source: io::Error) -> Self {
+        Self::Io { what, source }
+    }
+}
+
 /// Dials `oob` until `timeout`, or listens on it for one peer.
 fn open(config: &ContextConfig) -> Result<TcpStream, CacheError> {
-    oob::open(config.listen, config.oob, config.timeout).map_err(|e| match e {
-        OpenError::TimedOut => CacheError::Timeout {
-            what: "connecting to the remote host",
-            after: config.timeout,
-        },
-        OpenError::Listen(source) => CacheError::Io {
-            what: "listening",
-            source,
-        },
-        OpenError::Accept(source) => CacheError::Io {
-            what: "accepting",
-            source,
-        },
-        OpenError::Connect(source) => CacheError::Io {
-            what: "connecting to the remote host",
-            source,
-        },
-        OpenError::Configure(source) => CacheError::Io {
-            what: "configuring the connection",
-            source,
-        },
-    })
+    oob::open(config.listen, config.oob, config.timeout)
+        .map_err(|e| e.into_face_error(config.listen, config.timeout))
 }
 
 impl Context {

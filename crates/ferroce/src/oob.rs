@@ -1,7 +1,8 @@
 //! The out-of-band TCP connection the session and the cache open before any RDMA: one side
 //! listens, the other dials until a deadline, and they trade one-line hellos of the form
 //! `name/version key=value …`. Errors here say what went wrong at the socket level; each
-//! face turns them into its own typed errors and wording.
+//! face names the steps in its own words ([`OpenWords`]) and its error type says how they
+//! become its errors ([`FaceError`]).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -23,6 +24,46 @@ pub(crate) enum OpenError {
     Connect(io::Error),
     /// The connection could not be configured.
     Configure(io::Error),
+}
+
+/// A face's error type, as the out-of-band steps build it.
+pub(crate) trait FaceError {
+    /// How the face names the steps of [`open`].
+    const OPEN_WORDS: OpenWords;
+    /// Nothing came within `after` while `what` was under way.
+    fn timed_out(what: &'static str, after: Duration) -> Self;
+    /// The socket failed while `what` was under way.
+    fn io(what: &'static str, source: io::Error) -> Self;
+}
+
+/// How a face names the steps of [`open`] in its errors.
+#[derive(Debug)]
+pub(crate) struct OpenWords {
+    /// Listening, when nobody came in time.
+    pub(crate) waiting: &'static str,
+    /// Dialling, when nobody answered in time or the dial failed.
+    pub(crate) dialling: &'static str,
+    /// Binding the listener.
+    pub(crate) listening: &'static str,
+    /// Accepting the peer.
+    pub(crate) accepting: &'static str,
+    /// Configuring the connection.
+    pub(crate) configuring: &'static str,
+}
+
+impl OpenError {
+    /// The face's error for this one, for a side that listened (or dialled) for `timeout`.
+    pub(crate) fn into_face_error<E: FaceError>(self, listen: bool, timeout: Duration) -> E {
+        let words = &E::OPEN_WORDS;
+        match self {
+            Self::TimedOut if listen => E::timed_out(words.waiting, timeout),
+            Self::TimedOut => E::timed_out(words.dialling, timeout),
+            Self::Listen(source) => E::io(words.listening, source),
+            Self::Accept(source) => E::io(words.accepting, source),
+            Self::Connect(source) => E::io(words.dialling, source),
+            Self::Configure(source) => E::io(words.configuring, source),
+        }
+    }
 }
 
 /// Opens the connection: listens on `addr` and takes one peer, or dials it again and again
@@ -147,6 +188,41 @@ pub(crate) fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error that says which word it was given.
+    #[derive(Debug, PartialEq)]
+    struct Said(String);
+
+    impl FaceError for Said {
+        const OPEN_WORDS: OpenWords = OpenWords {
+            waiting: "waiting",
+            dialling: "dialling",
+            listening: "listening",
+            accepting: "accepting",
+            configuring: "configuring",
+        };
+
+        fn timed_out(what: &'static str, after: Duration) -> Self {
+            Self(format!("{what} for {} ms", after.as_millis()))
+        }
+
+        fn io(what: &'static str, source: io::Error) -> Self {
+            Self(format!("{what}: {source}"))
+        }
+    }
+
+    #[test]
+    fn open_errors_take_the_faces_words() {
+        let timeout = Duration::from_millis(7);
+        let said = |e: OpenError, listen| e.into_face_error::<Said>(listen, timeout).0;
+        let os = || io::Error::other("no");
+        assert_eq!(said(OpenError::TimedOut, true), "waiting for 7 ms");
+        assert_eq!(said(OpenError::TimedOut, false), "dialling for 7 ms");
+        assert_eq!(said(OpenError::Listen(os()), true), "listening: no");
+        assert_eq!(said(OpenError::Accept(os()), true), "accepting: no");
+        assert_eq!(said(OpenError::Connect(os()), false), "dialling: no");
+        assert_eq!(said(OpenError::Configure(os()), false), "configuring: no");
+    }
 
     #[test]
     fn hello_lines_parse() {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::{Role, SessionError};
 pub(super) use crate::oob::field;
-use crate::oob::{self, LineError, OpenError, MAX_LINE};
+use crate::oob::{self, LineError, OpenWords, MAX_LINE};
 
 /// The version of the session's hello; a peer with another is refused by name.
 pub const SESSION_VERSION: u32 = 1;
@@ -34,6 +34,25 @@ fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> SessionError {
     move |source| SessionError::Io { what, source }
 }
 
+/// How the session words the out-of-band steps' failures.
+impl oob::FaceError for SessionError {
+    const OPEN_WORDS: OpenWords = OpenWords {
+        waiting: "waiting for the controller to connect",
+        dialling: "connecting to the coprocessor",
+        listening: "listening for the controller",
+        accepting: "accepting the controller",
+        configuring: "configuring the out-of-band connection",
+    };
+
+    fn timed_out(what: &'static str, after: Duration) -> Self {
+        Self::Timeout { what, after }
+    }
+
+    fn io(what: &'static str, source: io::Error) -> Self {
+        Self::Io { what, source }
+    }
+}
+
 /// Opens the out-of-band connection: the controller dials `oob` (again and again until
 /// `timeout`, so the coprocessor may start later), the coprocessor listens on it and takes one
 /// peer.
@@ -43,32 +62,7 @@ pub(super) fn open(
     timeout: Duration,
 ) -> Result<TcpStream, SessionError> {
     let listen = role == Role::Coprocessor;
-    oob::open(listen, oob, timeout).map_err(|e| {
-        let timed_out = |what| SessionError::Timeout {
-            what,
-            after: timeout,
-        };
-        match e {
-            OpenError::TimedOut if listen => timed_out("waiting for the controller to connect"),
-            OpenError::TimedOut => timed_out("connecting to the coprocessor"),
-            OpenError::Listen(source) => SessionError::Io {
-                what: "listening for the controller",
-                source,
-            },
-            OpenError::Accept(source) => SessionError::Io {
-                what: "accepting the controller",
-                source,
-            },
-            OpenError::Connect(source) => SessionError::Io {
-                what: "connecting to the coprocessor",
-                source,
-            },
-            OpenError::Configure(source) => SessionError::Io {
-                what: "configuring the out-of-band connection",
-                source,
-            },
-        }
-    })
+    oob::open(listen, oob, timeout).map_err(|e| e.into_face_error(listen, timeout))
 }
 
 /// Reads one `\n`-terminated line (without it); `what` names the step, for errors.
