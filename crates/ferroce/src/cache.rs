@@ -40,14 +40,13 @@ use std::time::{Duration, Instant};
 
 use ferroce_proto::memory::WriteOrder;
 use ferroce_proto::qp::{
-    ModifyError, Mtu, Payload, PostError, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr,
-    WcStatus,
+    ModifyError, Mtu, Payload, PostError, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, WcStatus,
 };
 use ferroce_proto::wire::ROCE_PORT;
 
 use crate::device::{DeviceAllocator, DeviceError, DeviceMemory};
-use crate::exchange::{ExchangeError, PeerInfo};
-use crate::oob::{self, LineError, OpenWords};
+use crate::exchange::ExchangeError;
+use crate::oob::{self, LineError, OpenWords, RcConnection, RcPlan};
 use crate::{
     ConnectOptions, Cq, Nic, NicError, Qp, Region, RegionAccess, RegionError, RegionMemory,
 };
@@ -716,10 +715,34 @@ impl oob::FaceError for CacheError {
     }
 }
 
-/// Dials `oob` until `timeout`, or listens on it for one peer.
-fn open(config: &ContextConfig) -> Result<TcpStream, CacheError> {
-    oob::open(config.listen, config.oob, config.timeout)
-        .map_err(|e| e.into_face_error(config.listen, config.timeout))
+/// Says the context's hello (its version, read-buffer size and the MTU `ours`) and checks
+/// the remote host's: returns the remote's MTU and read-buffer size.
+fn hello(
+    stream: &mut TcpStream,
+    config: &ContextConfig,
+    ours: Mtu,
+) -> Result<(Mtu, usize), CacheError> {
+    let hello = format!(
+        "ferroce-cache/{CACHE_VERSION} max_message={} mtu={}",
+        config.max_message,
+        ours.bytes()
+    );
+    oob::write_line(stream, &hello).map_err(io_error("sending the hello"))?;
+    let line = read_line(stream, config.timeout)?;
+    let bad = || CacheError::Protocol(format!("malformed hello {line:?}"));
+    let version = oob::version(&line, "ferroce-cache").ok_or_else(bad)?;
+    if version != CACHE_VERSION {
+        return Err(CacheError::Version {
+            ours: CACHE_VERSION,
+            theirs: version,
+        });
+    }
+    let field = |key| oob::field(&line, key).and_then(|v| v.parse::<usize>().ok());
+    let remote_max = field("max_message").ok_or_else(bad)?;
+    let mtu = field("mtu")
+        .and_then(|m| Mtu::from_bytes(m as u32))
+        .ok_or_else(bad)?;
+    Ok((mtu, remote_max))
 }
 
 impl Context {
@@ -752,51 +775,33 @@ impl Context {
                 "receive_depth must be at least 1".into(),
             ));
         }
-        let nic = Nic::open_for_face(&config.device, config.ib_port, config.nic, None)?;
-        let mut stream = open(config)?;
-        let ours = config.mtu.unwrap_or_else(|| nic.active_mtu());
-        let hello = format!(
-            "ferroce-cache/{CACHE_VERSION} max_message={} mtu={}",
-            config.max_message,
-            ours.bytes()
-        );
-        oob::write_line(&mut stream, &hello).map_err(io_error("sending the hello"))?;
-        let line = read_line(&mut stream, config.timeout)?;
-        let bad = || CacheError::Protocol(format!("malformed hello {line:?}"));
-        let version = oob::version(&line, "ferroce-cache").ok_or_else(bad)?;
-        if version != CACHE_VERSION {
-            return Err(CacheError::Version {
-                ours: CACHE_VERSION,
-                theirs: version,
-            });
-        }
-        let field = |key| oob::field(&line, key).and_then(|v| v.parse::<usize>().ok());
-        let remote_max = field("max_message").ok_or_else(bad)?;
-        let mtu = field("mtu")
-            .and_then(|m| Mtu::from_bytes(m as u32))
-            .ok_or_else(bad)?
-            .min(ours);
         let depth = usize::from(config.receive_depth);
-        let send_cq = Cq::new(&nic, 1024)?;
-        let recv_cq = Cq::new(&nic, depth * 2 + 8)?;
-        let caps = QpCaps {
-            sq_depth: 256,
-            rq_depth: u32::from(config.receive_depth) + 1,
-            max_inline: 0,
-        };
-        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps)?;
-        let mine = PeerInfo {
-            endpoint: qp.endpoint(),
-            regions: Vec::new(),
-        };
-        let peer = mine.exchange(&mut stream)?;
-        qp.connect(
-            &peer.endpoint,
-            &ConnectOptions {
-                mtu,
-                ..ConnectOptions::default()
+        let plan = RcPlan {
+            device: &config.device,
+            ib_port: config.ib_port,
+            local: config.nic,
+            faults: None,
+            listen: config.listen,
+            oob: config.oob,
+            timeout: config.timeout,
+            mtu: config.mtu,
+            send_cq: 1024,
+            recv_cq: depth * 2 + 8,
+            caps: QpCaps {
+                sq_depth: 256,
+                rq_depth: u32::from(config.receive_depth) + 1,
+                max_inline: 0,
             },
-        )?;
+            options: ConnectOptions::default(),
+        };
+        let (rc, remote_max) = oob::connect_rc(&plan, |stream, ours| hello(stream, config, ours))?;
+        let RcConnection {
+            nic,
+            mut stream,
+            send_cq,
+            recv_cq,
+            qp,
+        } = rc;
         let pool = Arc::new(Pool {
             nic,
             context: CONTEXTS.fetch_add(1, Ordering::Relaxed),

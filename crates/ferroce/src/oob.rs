@@ -3,10 +3,18 @@
 //! `name/version key=value …`. Errors here say what went wrong at the socket level; each
 //! face names the steps in its own words ([`OpenWords`]) and its error type says how they
 //! become its errors ([`FaceError`]).
+//!
+//! [`connect_rc`] is the bring-up both faces share on top of it: the NIC, the connection, the
+//! face's hello, an RC queue pair and its endpoint exchange, connected at the smaller MTU.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
+
+use ferroce_proto::qp::{ModifyError, Mtu, QpCaps, QpType};
+
+use crate::exchange::{ExchangeError, PeerInfo};
+use crate::{ConnectOptions, Cq, Faults, Nic, NicError, Qp};
 
 /// The longest line accepted.
 pub(crate) const MAX_LINE: usize = 256;
@@ -119,6 +127,89 @@ pub(crate) fn open(
         .map_err(OpenError::Configure)?;
     let _ = stream.set_nodelay(true);
     Ok(stream)
+}
+
+/// What a face asks of [`connect_rc`].
+#[derive(Debug)]
+pub(crate) struct RcPlan<'a> {
+    /// The device (`ferroce0` or a verbs device).
+    pub(crate) device: &'a str,
+    /// Its port.
+    pub(crate) ib_port: u8,
+    /// The local address the queue pair sends from.
+    pub(crate) local: SocketAddr,
+    /// Faults the soft NIC injects on what it sends.
+    pub(crate) faults: Option<Faults>,
+    /// Whether this side listens on `oob` (or dials it).
+    pub(crate) listen: bool,
+    /// The out-of-band address.
+    pub(crate) oob: SocketAddr,
+    /// How long to wait for the peer, and for each of its lines.
+    pub(crate) timeout: Duration,
+    /// The MTU this side offers; the NIC's active MTU when `None`.
+    pub(crate) mtu: Option<Mtu>,
+    /// The send completion queue's depth.
+    pub(crate) send_cq: usize,
+    /// The receive completion queue's depth.
+    pub(crate) recv_cq: usize,
+    /// The queue pair's capacities.
+    pub(crate) caps: QpCaps,
+    /// How to connect; its MTU gives way to the one both sides support.
+    pub(crate) options: ConnectOptions,
+}
+
+/// An RC queue pair connected to one peer, with what it was made from.
+#[derive(Debug)]
+pub(crate) struct RcConnection {
+    /// The NIC.
+    pub(crate) nic: Nic,
+    /// The out-of-band connection, its hello and exchange over.
+    pub(crate) stream: TcpStream,
+    /// The queue pair's send completion queue.
+    pub(crate) send_cq: Cq,
+    /// Its receive completion queue.
+    pub(crate) recv_cq: Cq,
+    /// The queue pair, ready to send.
+    pub(crate) qp: Qp,
+}
+
+/// Brings up an RC queue pair to one peer: opens the NIC and the out-of-band connection, runs
+/// the face's `hello` (given this side's MTU, it trades hellos and returns the peer's MTU and
+/// whatever else the face learnt), makes the CQs and the queue pair, trades endpoints with
+/// [`PeerInfo`], and connects at the smaller of the two MTUs.
+pub(crate) fn connect_rc<E, T>(
+    plan: &RcPlan<'_>,
+    hello: impl FnOnce(&mut TcpStream, Mtu) -> Result<(Mtu, T), E>,
+) -> Result<(RcConnection, T), E>
+where
+    E: FaceError + From<NicError> + From<ExchangeError> + From<ModifyError>,
+{
+    let nic = Nic::open_for_face(plan.device, plan.ib_port, plan.local, plan.faults)?;
+    let mut stream = open(plan.listen, plan.oob, plan.timeout)
+        .map_err(|e| e.into_face_error::<E>(plan.listen, plan.timeout))?;
+    let ours = plan.mtu.unwrap_or_else(|| nic.active_mtu());
+    let (theirs, learnt) = hello(&mut stream, ours)?;
+    let send_cq = Cq::new(&nic, plan.send_cq)?;
+    let recv_cq = Cq::new(&nic, plan.recv_cq)?;
+    let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, plan.caps)?;
+    let mine = PeerInfo {
+        endpoint: qp.endpoint(),
+        regions: Vec::new(),
+    };
+    let peer = mine.exchange(&mut stream)?;
+    let options = ConnectOptions {
+        mtu: theirs.min(ours),
+        ..plan.options
+    };
+    qp.connect(&peer.endpoint, &options)?;
+    let connection = RcConnection {
+        nic,
+        stream,
+        send_cq,
+        recv_cq,
+        qp,
+    };
+    Ok((connection, learnt))
 }
 
 /// Why [`read_line`] returned no line.

@@ -21,9 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ferroce_proto::memory::WriteOrder;
-use ferroce_proto::qp::{
-    Mtu, Payload, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus,
-};
+use ferroce_proto::qp::{Payload, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus};
 
 use super::link::{self, Liveness, Watchdog};
 use super::{
@@ -38,6 +36,7 @@ pub(super) enum Function {
 }
 use crate::device::DeviceMemory;
 use crate::exchange::{PeerInfo, RemoteRegion};
+use crate::oob::{self, RcConnection, RcPlan};
 use crate::{ConnectOptions, Cq, Nic, Qp, Region, RegionAccess, RegionMemory};
 
 /// How long a waiting thread polls (driving the engine itself) before it sleeps on the CQ.
@@ -246,38 +245,41 @@ impl Core {
                 "the connect and peer timeouts must be above zero".into(),
             ));
         }
-        let nic = Nic::open_for_face(&info.device, info.ib_port, info.nic, info.faults)?;
-        let mut stream = link::open(self.role, info.oob, info.timeout)?;
-        let ours = info.mtu.unwrap_or_else(|| nic.active_mtu());
-        let theirs = link::hello(&mut stream, self.role, ours.bytes())?;
-        let mtu = Mtu::from_bytes(theirs)
-            .ok_or_else(|| {
-                SessionError::Protocol(format!("the peer's MTU {theirs} is not one of 256 … 4096"))
-            })?
-            .min(ours);
         // Room for every slot's message each way, plus a little.
         let depth = usize::from(super::MAX_SLOTS) + 8;
-        let send_cq = Cq::new(&nic, depth * 2)?;
-        let recv_cq = Cq::new(&nic, depth * 2)?;
-        let caps = QpCaps {
-            sq_depth: u32::from(super::MAX_SLOTS) + 8,
-            rq_depth: u32::from(super::MAX_SLOTS) + 8,
-            max_inline: 0,
+        let plan = RcPlan {
+            device: &info.device,
+            ib_port: info.ib_port,
+            local: info.nic,
+            faults: info.faults,
+            listen: self.role == Role::Coprocessor,
+            oob: info.oob,
+            timeout: info.timeout,
+            mtu: info.mtu,
+            send_cq: depth * 2,
+            recv_cq: depth * 2,
+            caps: QpCaps {
+                sq_depth: u32::from(super::MAX_SLOTS) + 8,
+                rq_depth: u32::from(super::MAX_SLOTS) + 8,
+                max_inline: 0,
+            },
+            options: ConnectOptions {
+                access: RegionAccess::RemoteWrite,
+                timeout: info.ack_timeout,
+                retry_cnt: info.retry_cnt,
+                ..ConnectOptions::default()
+            },
         };
-        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps)?;
-        let mine = PeerInfo {
-            endpoint: qp.endpoint(),
-            regions: Vec::new(),
-        };
-        let peer = mine.exchange(&mut stream)?;
-        let options = ConnectOptions {
-            mtu,
-            access: RegionAccess::RemoteWrite,
-            timeout: info.ack_timeout,
-            retry_cnt: info.retry_cnt,
-            ..ConnectOptions::default()
-        };
-        qp.connect(&peer.endpoint, &options)?;
+        let role = self.role;
+        let hello = |stream: &mut _, ours| link::hello(stream, role, ours).map(|mtu| (mtu, ()));
+        let (rc, ()) = oob::connect_rc(&plan, hello)?;
+        let RcConnection {
+            nic,
+            stream,
+            send_cq,
+            recv_cq,
+            qp,
+        } = rc;
         self.link = Some(Link {
             nic,
             send_cq,

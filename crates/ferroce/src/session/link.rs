@@ -9,11 +9,13 @@
 //! peer timeout (its host or network went away).
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use ferroce_proto::qp::Mtu;
 
 use super::{Role, SessionError};
 pub(super) use crate::oob::field;
@@ -51,18 +53,6 @@ impl oob::FaceError for SessionError {
     fn io(what: &'static str, source: io::Error) -> Self {
         Self::Io { what, source }
     }
-}
-
-/// Opens the out-of-band connection: the controller dials `oob` (again and again until
-/// `timeout`, so the coprocessor may start later), the coprocessor listens on it and takes one
-/// peer.
-pub(super) fn open(
-    role: Role,
-    oob: SocketAddr,
-    timeout: Duration,
-) -> Result<TcpStream, SessionError> {
-    let listen = role == Role::Coprocessor;
-    oob::open(listen, oob, timeout).map_err(|e| e.into_face_error(listen, timeout))
 }
 
 /// Reads one `\n`-terminated line (without it); `what` names the step, for errors.
@@ -132,16 +122,18 @@ pub fn parse_hello(line: &str) -> Result<(Role, u32), SessionError> {
     Ok((role, mtu))
 }
 
-/// Says hello and checks the peer's: the same version, the other role. Returns the peer's
-/// path MTU in bytes.
-pub(super) fn hello(stream: &mut TcpStream, role: Role, mtu: u32) -> Result<u32, SessionError> {
-    write_line(stream, &hello_line(role, mtu), "the hello")?;
+/// Says hello with the MTU `ours` and checks the peer's: the same version, the other role, an
+/// MTU RoCE knows. Returns the peer's MTU.
+pub(super) fn hello(stream: &mut TcpStream, role: Role, ours: Mtu) -> Result<Mtu, SessionError> {
+    write_line(stream, &hello_line(role, ours.bytes()), "the hello")?;
     let line = read_line(stream, "the hello")?;
     let (theirs, mtu) = parse_hello(&line)?;
     if theirs == role {
         return Err(SessionError::RoleMismatch { role });
     }
-    Ok(mtu)
+    Mtu::from_bytes(mtu).ok_or_else(|| {
+        SessionError::Protocol(format!("the peer's MTU {mtu} is not one of 256 … 4096"))
+    })
 }
 
 /// Whether the peer is still there, as the watchdog sees it.
