@@ -21,7 +21,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ferroce_proto::memory::WriteOrder;
-use ferroce_proto::qp::{Payload, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus};
+use ferroce_proto::qp::{
+    Completion, Payload, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 
 use super::link::{self, Liveness, Watchdog};
 use super::{
@@ -167,6 +169,12 @@ impl EngineShared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+    /// Wakes the threads waiting in `collect`, if there are any.
+    fn wake_collectors(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_all();
+        }
     }
 }
 
@@ -969,19 +977,40 @@ struct Engine {
     function: Function,
 }
 
+/// What one call of the function came to: its return, or the panic it raised.
+type Ran = std::thread::Result<Result<usize, String>>;
+
+/// The serving loop's scratch: host copies of the request and the reply being served, and when
+/// each slot's last reply was posted (for the round-trip time).
+struct Scratch {
+    request: Vec<u8>,
+    reply: Vec<u8>,
+    posted: Vec<Option<Instant>>,
+}
+
+impl Scratch {
+    fn new(desc: &ChannelDesc) -> Self {
+        Self {
+            request: vec![0u8; desc.request_bytes as usize],
+            reply: vec![0u8; desc.reply_bytes as usize],
+            posted: vec![None; usize::from(desc.slots)],
+        }
+    }
+}
+
 impl Engine {
+    /// Serves until the end; an error that ends it is kept for `collect`.
     fn run(mut self) {
         if let Err(why) = self.serve() {
             self.shared.fail(why);
         }
     }
 
+    /// Serves requests as they arrive until stopped, until the controller leaves or the queue
+    /// pair is torn down (`Ok`), or until a step fails (`Err`, which says why).
     fn serve(&mut self) -> Result<(), String> {
-        let mut request = vec![0u8; self.desc.request_bytes as usize];
-        let mut reply = vec![0u8; self.desc.reply_bytes as usize];
-        let mut posted: Vec<Option<Instant>> = vec![None; usize::from(self.desc.slots)];
+        let mut scratch = Scratch::new(&self.desc);
         let mut last_work = Instant::now();
-        let mut seq = 0u64;
         while !self.shared.stop.load(Ordering::SeqCst) {
             let spinning = last_work.elapsed() < SPIN;
             let wc = if spinning {
@@ -989,18 +1018,7 @@ impl Engine {
             } else {
                 self.recv_cq.wait(NAP)
             };
-            while let Some(sent) = self.send_cq.poll() {
-                if sent.status != WcStatus::Success {
-                    return Err(format!(
-                        "a reply WRITE failed: {} (is the controller still there?)",
-                        sent.status
-                    ));
-                }
-                if let Some(Some(at)) = posted.get_mut(sent.wr_id as usize).map(Option::take) {
-                    self.rtt
-                        .store(at.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                }
-            }
+            self.reap_replies(&mut scratch.posted)?;
             let Some(wc) = wc else {
                 if self.liveness.gone().is_some() {
                     // The controller left; nothing more will come.
@@ -1012,154 +1030,247 @@ impl Engine {
                 continue;
             };
             last_work = Instant::now();
-            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::RecvRdmaWithImm {
-                if self.shared.stop.load(Ordering::SeqCst) || wc.status == WcStatus::WrFlushErr {
-                    return Ok(());
-                }
+            let Some((slot, len)) = self.take_request(&wc)? else {
+                return Ok(());
+            };
+            self.answer(slot, len, &mut scratch)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the completions of reply WRITEs: a failed one ends serving, a good one gives the
+    /// round-trip time from its posting.
+    fn reap_replies(&self, posted: &mut [Option<Instant>]) -> Result<(), String> {
+        while let Some(sent) = self.send_cq.poll() {
+            if sent.status != WcStatus::Success {
                 return Err(format!(
-                    "a request arrived with status {} as {:?}",
-                    wc.status, wc.opcode
+                    "a reply WRITE failed: {} (is the controller still there?)",
+                    sent.status
                 ));
             }
-            let slot = (wc.imm.unwrap_or(0) & 0xffff) as u16;
-            if slot >= self.desc.slots {
-                return Err(format!(
-                    "a request in slot {slot}, beyond the channel's {}",
-                    self.desc.slots
-                ));
-            }
-            self.qp
-                .post_recv(RecvWr {
-                    wr_id: u64::from(slot),
-                    sges: Vec::new(),
-                })
-                .map_err(|e| format!("cannot post a receive: {e}"))?;
-            let len = wc.byte_len as usize;
-            let staging = u64::from(self.desc.slots) * u64::from(self.desc.request_bytes)
-                + u64::from(slot) * u64::from(self.desc.reply_bytes);
-            let (kind, n) = if len > request.len() {
-                let message = format!(
-                    "a request of {len} bytes is longer than the slot's {}",
-                    request.len()
-                );
-                (ReplyKind::Failed, self.message(&mut reply, &message))
-            } else {
-                let at = u64::from(slot) * u64::from(self.desc.request_bytes);
-                self.region
-                    .read(at, &mut request[..len])
-                    .map_err(|e| e.to_string())?;
-                if let Some(device) = &self.device {
-                    device
-                        .write(at, &request[..len])
-                        .map_err(|e| format!("request in slot {slot}: {e}"))?;
-                }
-                let capacity = reply.len();
-                let ran = match (&mut self.function, &self.device) {
-                    (Function::Host(function), _) => {
-                        catch_unwind(AssertUnwindSafe(|| function(&request[..len], &mut reply)))
-                    }
-                    (Function::Device(function), Some(device)) => {
-                        let call = DeviceCall {
-                            memory: device.as_ref(),
-                            request_offset: at,
-                            request_len: len,
-                            reply_offset: staging,
-                            reply_capacity: capacity,
-                        };
-                        catch_unwind(AssertUnwindSafe(|| function(call)))
-                    }
-                    (Function::Device(_), None) => {
-                        return Err("a device function on a region without device memory".into())
-                    }
-                };
-                match ran {
-                    Ok(Ok(n)) if n <= capacity => (ReplyKind::Ok, n),
-                    Ok(Ok(n)) => {
-                        let message = format!(
-                            "the coprocessor function returned {n} bytes for a reply slot of {}",
-                            reply.len()
-                        );
-                        (ReplyKind::Failed, self.message(&mut reply, &message))
-                    }
-                    Ok(Err(message)) => (ReplyKind::Failed, self.message(&mut reply, &message)),
-                    Err(panic) => {
-                        let message = crate::panic_message(panic.as_ref())
-                            .unwrap_or_else(|| "a panic without a message".into());
-                        let message = format!("the coprocessor function panicked: {message}");
-                        (ReplyKind::Panicked, self.message(&mut reply, &message))
-                    }
-                }
-            };
-            // A device function's reply is in the device memory already; error replies and a
-            // host function's are in `reply`.
-            let on_device = kind == ReplyKind::Ok && matches!(self.function, Function::Device(_));
-            let mut sges = Vec::new();
-            if n > 0 {
-                if let (true, Some(device)) = (on_device, &self.device) {
-                    device
-                        .read(staging, &mut reply[..n])
-                        .map_err(|e| format!("reply in slot {slot}: {e}"))?;
-                }
-                self.region
-                    .write(staging, &reply[..n])
-                    .map_err(|e| e.to_string())?;
-                if let (false, Some(device)) = (on_device, &self.device) {
-                    device
-                        .write(staging, &reply[..n])
-                        .map_err(|e| format!("reply in slot {slot}: {e}"))?;
-                }
-                sges.push(
-                    self.region
-                        .local(staging, n as u32)
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-            let remote = RemoteAddr {
-                va: self.peer.va + u64::from(slot) * u64::from(self.desc.reply_bytes),
-                rkey: self.peer.rkey,
-            };
-            // Count the request as served before its reply can reach the controller, so
-            // that a controller holding the reply never sees a count that lacks it.
-            let outcome = match kind {
-                ReplyKind::Ok => Ok(reply[..n].to_vec()),
-                _ => Err((kind, String::from_utf8_lossy(&reply[..n]).into_owned())),
-            };
-            let mut history = self
-                .shared
-                .history
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if history.len() == HISTORY {
-                history.pop_front();
-            }
-            history.push_back(Served {
-                request: RequestId(seq),
-                outcome,
-            });
-            drop(history);
-            seq += 1;
-            self.shared.served.fetch_add(1, Ordering::Relaxed);
-            posted[usize::from(slot)] = Some(Instant::now());
-            self.qp
-                .post_send(SendWr::new(
-                    u64::from(slot),
-                    SendOp::WriteWithImm(remote, imm(slot, kind)),
-                    Payload::Sges(sges),
-                ))
-                .map_err(|e| format!("cannot post a reply: {e}"))?;
-            if self.shared.waiters.load(Ordering::SeqCst) > 0 {
-                self.shared.changed.notify_all();
+            if let Some(Some(at)) = posted.get_mut(sent.wr_id as usize).map(Option::take) {
+                self.rtt
+                    .store(at.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
         }
         Ok(())
     }
 
-    /// Writes `message` (cut to the reply slot) into `reply`; returns its length.
-    fn message(&self, reply: &mut [u8], message: &str) -> usize {
-        let n = message.len().min(reply.len());
-        reply[..n].copy_from_slice(&message.as_bytes()[..n]);
-        n
+    /// Takes the request a receive completion announces and re-posts its slot's receive
+    /// (before the reply, so that the next request never finds the queue empty). Returns its
+    /// slot and length, or `None` when the queue pair is being torn down.
+    fn take_request(&self, wc: &Completion) -> Result<Option<(u16, usize)>, String> {
+        if wc.status != WcStatus::Success || wc.opcode != WcOpcode::RecvRdmaWithImm {
+            if self.shared.stop.load(Ordering::SeqCst) || wc.status == WcStatus::WrFlushErr {
+                return Ok(None);
+            }
+            return Err(format!(
+                "a request arrived with status {} as {:?}",
+                wc.status, wc.opcode
+            ));
+        }
+        let slot = (wc.imm.unwrap_or(0) & 0xffff) as u16;
+        if slot >= self.desc.slots {
+            return Err(format!(
+                "a request in slot {slot}, beyond the channel's {}",
+                self.desc.slots
+            ));
+        }
+        self.qp
+            .post_recv(RecvWr {
+                wr_id: u64::from(slot),
+                sges: Vec::new(),
+            })
+            .map_err(|e| format!("cannot post a receive: {e}"))?;
+        Ok(Some((slot, wc.byte_len as usize)))
     }
+
+    /// Answers the request in `slot`, `len` bytes long: runs the function, stages the reply,
+    /// counts the request served, posts the reply and wakes `collect`. The count comes before
+    /// the post, so that a controller holding the reply never sees a count that lacks it.
+    fn answer(&mut self, slot: u16, len: usize, scratch: &mut Scratch) -> Result<(), String> {
+        let (kind, n) = self.run_function(slot, len, scratch)?;
+        let reply = &mut scratch.reply[..n];
+        let sges = self.stage_reply(slot, kind, reply)?;
+        self.record_served(kind, reply);
+        self.post_reply(slot, kind, sges, &mut scratch.posted)?;
+        self.shared.wake_collectors();
+        Ok(())
+    }
+
+    /// Runs the function on the request in `slot`, `len` bytes long; returns what the reply is
+    /// and its length. A request longer than the slot, the function's error or panic and a
+    /// reply longer than the slot become an error reply in `scratch.reply`.
+    fn run_function(
+        &mut self,
+        slot: u16,
+        len: usize,
+        scratch: &mut Scratch,
+    ) -> Result<(ReplyKind, usize), String> {
+        let Scratch { request, reply, .. } = scratch;
+        if len > request.len() {
+            let message = format!(
+                "a request of {len} bytes is longer than the slot's {}",
+                request.len()
+            );
+            return Ok((ReplyKind::Failed, put_message(reply, &message)));
+        }
+        let at = u64::from(slot) * u64::from(self.desc.request_bytes);
+        let request = &mut request[..len];
+        self.region.read(at, request).map_err(|e| e.to_string())?;
+        if let Some(device) = &self.device {
+            device
+                .write(at, request)
+                .map_err(|e| format!("request in slot {slot}: {e}"))?;
+        }
+        let ran = self.call_function(slot, at, request, reply)?;
+        Ok(reply_of(ran, reply))
+    }
+
+    /// Calls the function, catching a panic: on the host copies of the request (read from
+    /// offset `at`) and the reply, or where they lie in the device memory.
+    fn call_function(
+        &mut self,
+        slot: u16,
+        at: u64,
+        request: &[u8],
+        reply: &mut [u8],
+    ) -> Result<Ran, String> {
+        let staging = self.staging(slot);
+        match (&mut self.function, &self.device) {
+            (Function::Host(function), _) => {
+                Ok(catch_unwind(AssertUnwindSafe(|| function(request, reply))))
+            }
+            (Function::Device(function), Some(device)) => {
+                let call = DeviceCall {
+                    memory: device.as_ref(),
+                    request_offset: at,
+                    request_len: request.len(),
+                    reply_offset: staging,
+                    reply_capacity: reply.len(),
+                };
+                Ok(catch_unwind(AssertUnwindSafe(|| function(call))))
+            }
+            (Function::Device(_), None) => {
+                Err("a device function on a region without device memory".into())
+            }
+        }
+    }
+
+    /// Puts the reply in the slot's staging area and returns the gather list that sends it.
+    /// A device function's own reply is in the device memory already and is copied into
+    /// `reply`; error replies and a host function's are in `reply` and are copied to the device
+    /// memory, if there is one, to keep the two in step.
+    fn stage_reply(
+        &self,
+        slot: u16,
+        kind: ReplyKind,
+        reply: &mut [u8],
+    ) -> Result<Vec<Sge>, String> {
+        if reply.is_empty() {
+            return Ok(Vec::new());
+        }
+        let staging = self.staging(slot);
+        let on_device = kind == ReplyKind::Ok && matches!(self.function, Function::Device(_));
+        if let (true, Some(device)) = (on_device, &self.device) {
+            device
+                .read(staging, reply)
+                .map_err(|e| format!("reply in slot {slot}: {e}"))?;
+        }
+        self.region
+            .write(staging, reply)
+            .map_err(|e| e.to_string())?;
+        if let (false, Some(device)) = (on_device, &self.device) {
+            device
+                .write(staging, reply)
+                .map_err(|e| format!("reply in slot {slot}: {e}"))?;
+        }
+        let sge = self
+            .region
+            .local(staging, reply.len() as u32)
+            .map_err(|e| e.to_string())?;
+        Ok(vec![sge])
+    }
+
+    /// Counts the request served and keeps its outcome for the coprocessor's `collect` (the
+    /// last [`HISTORY`]).
+    fn record_served(&self, kind: ReplyKind, reply: &[u8]) {
+        let outcome = match kind {
+            ReplyKind::Ok => Ok(reply.to_vec()),
+            _ => Err((kind, String::from_utf8_lossy(reply).into_owned())),
+        };
+        let mut history = self
+            .shared
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if history.len() == HISTORY {
+            history.pop_front();
+        }
+        // Only this thread counts, so the count so far numbers this request.
+        let request = RequestId(self.shared.served.load(Ordering::Relaxed));
+        history.push_back(Served { request, outcome });
+        drop(history);
+        self.shared.served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// WRITEs the staged reply, with an immediate naming the slot and what the reply is, into
+    /// the controller's same-numbered reply slot, and notes when (for the round-trip time).
+    fn post_reply(
+        &self,
+        slot: u16,
+        kind: ReplyKind,
+        sges: Vec<Sge>,
+        posted: &mut [Option<Instant>],
+    ) -> Result<(), String> {
+        let remote = RemoteAddr {
+            va: self.peer.va + u64::from(slot) * u64::from(self.desc.reply_bytes),
+            rkey: self.peer.rkey,
+        };
+        posted[usize::from(slot)] = Some(Instant::now());
+        self.qp
+            .post_send(SendWr::new(
+                u64::from(slot),
+                SendOp::WriteWithImm(remote, imm(slot, kind)),
+                Payload::Sges(sges),
+            ))
+            .map_err(|e| format!("cannot post a reply: {e}"))
+    }
+
+    /// Offset of slot `slot` of the reply staging area, after the request slots.
+    fn staging(&self, slot: u16) -> u64 {
+        u64::from(self.desc.slots) * u64::from(self.desc.request_bytes)
+            + u64::from(slot) * u64::from(self.desc.reply_bytes)
+    }
+}
+
+/// What the function's return makes of the reply in `reply`: the function's own, of the
+/// length it returned, or an error reply for an error, a panic or a length beyond the slot.
+fn reply_of(ran: Ran, reply: &mut [u8]) -> (ReplyKind, usize) {
+    match ran {
+        Ok(Ok(n)) if n <= reply.len() => (ReplyKind::Ok, n),
+        Ok(Ok(n)) => {
+            let message = format!(
+                "the coprocessor function returned {n} bytes for a reply slot of {}",
+                reply.len()
+            );
+            (ReplyKind::Failed, put_message(reply, &message))
+        }
+        Ok(Err(message)) => (ReplyKind::Failed, put_message(reply, &message)),
+        Err(panic) => {
+            let message = crate::panic_message(panic.as_ref())
+                .unwrap_or_else(|| "a panic without a message".into());
+            let message = format!("the coprocessor function panicked: {message}");
+            (ReplyKind::Panicked, put_message(reply, &message))
+        }
+    }
+}
+
+/// Writes `message` (cut to the reply slot) into `reply`; returns its length.
+fn put_message(reply: &mut [u8], message: &str) -> usize {
+    let n = message.len().min(reply.len());
+    reply[..n].copy_from_slice(&message.as_bytes()[..n]);
+    n
 }
 
 /// CUDA memory for `alloc_memory`.
