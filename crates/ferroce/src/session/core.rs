@@ -1,5 +1,5 @@
 //! The machinery both faces of a session share: every step checked at run time, the
-//! controller's slots and the coprocessor's engine thread.
+//! controller's slots and the coprocessor's serving thread.
 //!
 //! Layout of the channel (one region per side, `slots` slots of each kind):
 //!
@@ -41,7 +41,8 @@ use crate::exchange::{PeerInfo, RemoteRegion};
 use crate::oob::{self, RcConnection, RcPlan};
 use crate::{ConnectOptions, Cq, Nic, Qp, Region, RegionAccess, RegionMemory};
 
-/// How long a waiting thread polls (driving the engine itself) before it sleeps on the CQ.
+/// How long a waiting thread polls (driving the soft NIC's protocol engine itself) before it
+/// sleeps on the CQ.
 const SPIN: Duration = Duration::from_millis(5);
 /// How long one sleep on a CQ lasts before liveness and stop are checked again.
 const NAP: Duration = Duration::from_millis(1);
@@ -145,12 +146,12 @@ struct Served {
     outcome: Result<Vec<u8>, (ReplyKind, String)>,
 }
 
-/// What the coprocessor's engine thread shares with the session.
+/// What the coprocessor's serving thread shares with the session.
 #[derive(Debug, Default)]
-struct EngineShared {
+struct ServerShared {
     stop: AtomicBool,
     history: Mutex<VecDeque<Served>>,
-    /// Why the engine stopped on its own.
+    /// Why the server stopped on its own.
     failure: Mutex<Option<String>>,
     changed: Condvar,
     /// Threads waiting on `changed`: without any, a notification is a system call for nothing.
@@ -158,7 +159,7 @@ struct EngineShared {
     served: AtomicU64,
 }
 
-impl EngineShared {
+impl ServerShared {
     fn fail(&self, why: String) {
         *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
         self.changed.notify_all();
@@ -189,7 +190,7 @@ pub(super) struct Core {
     watchdog: Option<Watchdog>,
     started: bool,
     stopped: bool,
-    engine: Option<(Arc<EngineShared>, JoinHandle<()>)>,
+    server: Option<(Arc<ServerShared>, JoinHandle<()>)>,
     rtt: Arc<AtomicU64>,
 }
 
@@ -217,7 +218,7 @@ impl Core {
             watchdog: None,
             started: false,
             stopped: false,
-            engine: None,
+            server: None,
             rtt: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -564,8 +565,8 @@ impl Core {
                     missing: Step::EstablishChannel,
                 });
             };
-            let shared = Arc::new(EngineShared::default());
-            let engine = Engine {
+            let shared = Arc::new(ServerShared::default());
+            let server = Server {
                 qp: Arc::clone(&link.qp),
                 send_cq: link.send_cq.clone(),
                 recv_cq: link.recv_cq.clone(),
@@ -580,12 +581,12 @@ impl Core {
             };
             let thread = std::thread::Builder::new()
                 .name("ferroce coprocessor".into())
-                .spawn(move || engine.run())
+                .spawn(move || server.run())
                 .map_err(|source| SessionError::Io {
                     what: "starting the coprocessor's engine",
                     source,
                 })?;
-            self.engine = Some((shared, thread));
+            self.server = Some((shared, thread));
         }
         self.started = true;
         Ok(())
@@ -761,7 +762,7 @@ impl Core {
         replies: &mut [&mut [u8]],
         timeout: Option<Duration>,
     ) -> Result<Collected, SessionError> {
-        let Some((shared, _)) = &self.engine else {
+        let Some((shared, _)) = &self.server else {
             return Err(SessionError::OutOfOrder {
                 call: Step::Collect,
                 missing: Step::Start,
@@ -813,7 +814,7 @@ impl Core {
             let nap = deadline.map_or(Duration::from_millis(10), |d| {
                 (d - now).min(Duration::from_millis(10))
             });
-            // Counted under the lock, so the engine, which pushes under it, cannot miss us.
+            // Counted under the lock, so the server, which pushes under it, cannot miss us.
             shared.waiters.fetch_add(1, Ordering::SeqCst);
             history = shared
                 .changed
@@ -826,7 +827,7 @@ impl Core {
 
     /// Requests the coprocessor served so far (0 on a controller).
     pub(super) fn served(&self) -> u64 {
-        self.engine
+        self.server
             .as_ref()
             .map_or(0, |(shared, _)| shared.served.load(Ordering::Relaxed))
     }
@@ -841,7 +842,7 @@ impl Core {
             return;
         }
         self.stopped = true;
-        if let Some((shared, thread)) = self.engine.take() {
+        if let Some((shared, thread)) = self.server.take() {
             shared.stop.store(true, Ordering::SeqCst);
             let _ = thread.join();
         }
@@ -961,9 +962,9 @@ fn reap_sends(link: &Link, channel: &Channel) -> Result<(), SessionError> {
     Ok(())
 }
 
-/// The coprocessor's engine: takes requests from the request slots, runs the function, and
-/// WRITEs the replies back.
-struct Engine {
+/// The coprocessor's serving thread: takes requests from the request slots, runs the
+/// function, and WRITEs the replies back.
+struct Server {
     qp: Arc<Qp>,
     send_cq: Cq,
     recv_cq: Cq,
@@ -972,7 +973,7 @@ struct Engine {
     desc: ChannelDesc,
     peer: PeerRef,
     liveness: Arc<Liveness>,
-    shared: Arc<EngineShared>,
+    shared: Arc<ServerShared>,
     rtt: Arc<AtomicU64>,
     function: Function,
 }
@@ -998,7 +999,7 @@ impl Scratch {
     }
 }
 
-impl Engine {
+impl Server {
     /// Serves until the end; an error that ends it is kept for `collect`.
     fn run(mut self) {
         if let Err(why) = self.serve() {

@@ -16,7 +16,7 @@
 //! 6. `start`, then `submit`/`collect` as often as needed, then `stop`.
 //!
 //! Requests and replies are RDMA WRITEs with immediate: the controller writes a request into a
-//! request slot of the coprocessor's region, the coprocessor's engine thread runs the function
+//! request slot of the coprocessor's region, the coprocessor's serving thread runs the function
 //! on it and writes the reply into the same-numbered reply slot of the controller's region;
 //! the immediate names the slot. Up to [`ChannelDesc::slots`] requests are in flight at once.
 //!
@@ -57,7 +57,7 @@
 //!         Ok(request.len())
 //!     })?
 //!     .start()?;
-//! // The engine serves on its own thread; `collect` here reports what it served, until
+//! // The session serves on a thread of its own; `collect` here reports what it served, until
 //! // the controller stops.
 //! let mut seen = [0u8; 4096];
 //! while s.collect(&mut [&mut seen[..]]).is_ok() {}
@@ -94,7 +94,7 @@
 //! A coprocessor function that returns an error or panics (the panic is caught) answers its
 //! request with an error reply: the controller's `collect` returns
 //! [`SessionError::CoprocessorFailed`] or [`SessionError::CoprocessorPanicked`], and the
-//! engine goes on serving. A peer that goes away — says bye, closes its connection, or falls
+//! serving thread goes on. A peer that goes away — says bye, closes its connection, or falls
 //! silent for [`ConnectInfo::peer_timeout`] — turns waiting calls into
 //! [`SessionError::PeerGone`]; nothing waits forever.
 
@@ -502,8 +502,8 @@ pub type CoprocessorFn = dyn FnMut(&[u8], &mut [u8]) -> Result<usize, String> + 
 /// Where a request and its reply slot lie in the region's device memory, as a coprocessor
 /// function set with `set_device_coprocessor_fn` sees them: the request is already there,
 /// and the function leaves its reply at `reply_offset` (a kernel launched on the addresses,
-/// say, finished before it returns) and returns the reply's length. The engine copies the
-/// reply from the device and WRITEs it to the controller.
+/// say, finished before it returns) and returns the reply's length. The serving thread copies
+/// the reply from the device and WRITEs it to the controller.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceCall<'a> {
     /// The region's device memory.
@@ -665,7 +665,7 @@ pub enum SessionError {
         /// Its message (cut to the reply slot).
         message: String,
     },
-    /// The coprocessor function panicked; the engine caught it and goes on.
+    /// The coprocessor function panicked; the serving thread caught it and goes on.
     #[error("the coprocessor panicked on {request}: {message}")]
     CoprocessorPanicked {
         /// The request.
@@ -695,7 +695,8 @@ pub enum SessionError {
         /// The completion's status.
         status: WcStatus,
     },
-    /// The coprocessor's engine stopped on an error.
+    /// The coprocessor's serving thread (its engine, as the variant and message call it)
+    /// stopped on an error.
     #[error("the coprocessor's engine stopped: {0}")]
     Engine(String),
     /// The NIC could not be opened.
@@ -803,7 +804,8 @@ pub trait Session: Send {
         function: Box<DeviceCoprocessorFn>,
     ) -> Result<(), SessionError>;
 
-    /// Seed 003's `start`: returns at once; the coprocessor's engine serves until `stop`.
+    /// Seed 003's `start`: returns at once; the coprocessor's serving thread serves until
+    /// `stop`.
     ///
     /// # Errors
     ///
@@ -833,7 +835,8 @@ pub trait Session: Send {
     /// [`SessionError::PeerGone`]; [`SessionError::OutOfOrder`] before `start`.
     fn collect(&mut self, replies: &mut [&mut [u8]]) -> Result<Collected, SessionError>;
 
-    /// Seed 003's `stop`: stops the engine, says bye to the peer and joins. Idempotent.
+    /// Seed 003's `stop`: stops the serving thread, says bye to the peer and joins.
+    /// Idempotent.
     fn stop(&mut self);
 
     /// Seed 003's `last_rtt_ns`: on the controller, from posting the last collected request
@@ -879,7 +882,8 @@ impl AnySession {
         self.core.collect(replies, Some(timeout))
     }
 
-    /// How many requests the engine has served: 0 on a controller, and before `start`.
+    /// How many requests the serving thread has served: 0 on a controller, and before
+    /// `start`.
     #[must_use]
     pub fn served(&self) -> u64 {
         self.core.served()
@@ -1118,7 +1122,7 @@ macro_rules! common_steps {
                 self.core.collect(replies, Some(timeout))
             }
 
-            /// Seed 003's `stop`: stops the engine, says bye to the peer and joins.
+            /// Seed 003's `stop`: stops the serving thread, says bye to the peer and joins.
             /// Idempotent; dropping the session stops it too.
             pub fn stop(&mut self) {
                 self.core.stop();
@@ -1162,8 +1166,8 @@ impl Controller<New> {
 }
 
 impl Controller<Established> {
-    /// Seed 003's `start`: returns at once. The controller's engine is the NIC's progress
-    /// thread and the caller's own polling in `collect`.
+    /// Seed 003's `start`: returns at once. The controller needs no thread of its own: the
+    /// NIC's progress thread and the caller's own polling in `collect` move its requests.
     ///
     /// # Errors
     ///
@@ -1234,7 +1238,7 @@ impl Coprocessor<Established> {
 }
 
 impl Coprocessor<Ready> {
-    /// Seed 003's `start`: starts the engine thread, which serves requests until `stop`.
+    /// Seed 003's `start`: starts the serving thread, which serves requests until `stop`.
     ///
     /// # Errors
     ///
@@ -1246,7 +1250,7 @@ impl Coprocessor<Ready> {
 }
 
 impl Coprocessor<Running> {
-    /// How many requests the engine has served.
+    /// How many requests the serving thread has served.
     #[must_use]
     pub fn served(&self) -> u64 {
         self.core.served()
