@@ -77,9 +77,9 @@ fn imm(slot: u16, kind: ReplyKind) -> u32 {
 /// A session's sequence number, so that a region of one session is refused by another.
 static SESSIONS: AtomicU64 = AtomicU64::new(1);
 
-/// The NIC, queue pair and out-of-band connection of a connected session.
+/// What `connect` made: the NIC, completion queues, queue pair and out-of-band connection.
 #[derive(Debug)]
-struct Link {
+struct Connection {
     nic: Nic,
     send_cq: Cq,
     recv_cq: Cq,
@@ -183,7 +183,7 @@ impl ServerShared {
 pub(super) struct Core {
     role: Role,
     id: u64,
-    link: Option<Link>,
+    connection: Option<Connection>,
     peer: Option<PeerRef>,
     channel: Option<Channel>,
     function: Option<Function>,
@@ -198,7 +198,7 @@ impl std::fmt::Debug for Core {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Core")
             .field("role", &self.role)
-            .field("link", &self.link)
+            .field("connection", &self.connection)
             .field("peer", &self.peer)
             .field("started", &self.started)
             .field("stopped", &self.stopped)
@@ -211,7 +211,7 @@ impl Core {
         Self {
             role,
             id: SESSIONS.fetch_add(1, Ordering::Relaxed),
-            link: None,
+            connection: None,
             peer: None,
             channel: None,
             function: None,
@@ -234,9 +234,10 @@ impl Core {
         Ok(())
     }
 
-    fn link(&self, call: Step) -> Result<&Link, SessionError> {
+    /// The connection `call` needs, or why there is none (stopped, or not yet connected).
+    fn connection(&self, call: Step) -> Result<&Connection, SessionError> {
         self.not_stopped(call)?;
-        self.link.as_ref().ok_or(SessionError::OutOfOrder {
+        self.connection.as_ref().ok_or(SessionError::OutOfOrder {
             call,
             missing: Step::Connect,
         })
@@ -244,7 +245,7 @@ impl Core {
 
     pub(super) fn connect(&mut self, info: &ConnectInfo) -> Result<(), SessionError> {
         self.not_stopped(Step::Connect)?;
-        if self.link.is_some() {
+        if self.connection.is_some() {
             return Err(SessionError::AlreadyDone {
                 call: Step::Connect,
             });
@@ -289,7 +290,7 @@ impl Core {
             recv_cq,
             qp,
         } = rc;
-        self.link = Some(Link {
+        self.connection = Some(Connection {
             nic,
             send_cq,
             recv_cq,
@@ -305,7 +306,7 @@ impl Core {
         size: usize,
         kind: MemoryKind,
     ) -> Result<MemRegion, SessionError> {
-        self.link(Step::AllocMemory)?;
+        self.connection(Step::AllocMemory)?;
         if size == 0 {
             return Err(SessionError::InvalidArgument(
                 "alloc_memory needs at least one byte".into(),
@@ -329,7 +330,7 @@ impl Core {
         &mut self,
         memory: Arc<dyn DeviceMemory>,
     ) -> Result<MemRegion, SessionError> {
-        self.link(Step::AllocMemory)?;
+        self.connection(Step::AllocMemory)?;
         let size = usize::try_from(memory.size())
             .map_err(|_| SessionError::Allocation { size: usize::MAX })?;
         self.register(size, MemoryKind::Device, Some(memory))
@@ -342,7 +343,7 @@ impl Core {
         kind: MemoryKind,
         device: Option<Arc<dyn DeviceMemory>>,
     ) -> Result<MemRegion, SessionError> {
-        let link = self.link(Step::AllocMemory)?;
+        let connection = self.connection(Step::AllocMemory)?;
         if size == 0 {
             return Err(SessionError::InvalidArgument(
                 "alloc_memory needs at least one byte".into(),
@@ -354,7 +355,7 @@ impl Core {
             .map_err(|_| SessionError::Allocation { size })?;
         bytes.resize(size, 0);
         let region = Region::register(
-            &link.nic,
+            &connection.nic,
             RegionAccess::RemoteWrite,
             WriteOrder::InOrder,
             RegionMemory::Host(bytes),
@@ -375,7 +376,7 @@ impl Core {
     }
 
     pub(super) fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError> {
-        self.link(Step::ExchangeKeys)?;
+        self.connection(Step::ExchangeKeys)?;
         self.own(local)?;
         if self.channel.is_some() {
             return Err(SessionError::TooLate {
@@ -383,16 +384,16 @@ impl Core {
                 after: Step::EstablishChannel,
             });
         }
-        let link = self.link.as_mut().ok_or(SessionError::OutOfOrder {
+        let connection = self.connection.as_mut().ok_or(SessionError::OutOfOrder {
             call: Step::ExchangeKeys,
             missing: Step::Connect,
         })?;
-        let stream = link.stream.as_mut().ok_or(SessionError::TooLate {
+        let stream = connection.stream.as_mut().ok_or(SessionError::TooLate {
             call: Step::ExchangeKeys,
             after: Step::EstablishChannel,
         })?;
         let mine = PeerInfo {
-            endpoint: link.qp.endpoint(),
+            endpoint: connection.qp.endpoint(),
             regions: vec![RemoteRegion {
                 va: local.region.va(),
                 rkey: local.region.rkey(),
@@ -419,7 +420,7 @@ impl Core {
         local: &MemRegion,
         peer: &PeerRef,
     ) -> Result<(), SessionError> {
-        self.link(Step::EstablishChannel)?;
+        self.connection(Step::EstablishChannel)?;
         if self.peer.is_none() {
             return Err(SessionError::OutOfOrder {
                 call: Step::EstablishChannel,
@@ -441,7 +442,7 @@ impl Core {
                 needed,
             });
         }
-        let link = self.link.as_mut().ok_or(SessionError::OutOfOrder {
+        let connection = self.connection.as_mut().ok_or(SessionError::OutOfOrder {
             call: Step::EstablishChannel,
             missing: Step::Connect,
         })?;
@@ -449,12 +450,12 @@ impl Core {
         // descriptions are compared before the peer's region, so that a mismatch is named as
         // such on both sides.
         for slot in 0..desc.slots {
-            link.qp.post_recv(RecvWr {
+            connection.qp.post_recv(RecvWr {
                 wr_id: u64::from(slot),
                 sges: Vec::new(),
             })?;
         }
-        let mut stream = link.stream.take().ok_or(SessionError::AlreadyDone {
+        let mut stream = connection.stream.take().ok_or(SessionError::AlreadyDone {
             call: Step::EstablishChannel,
         })?;
         link::write_line(&mut stream, &desc.to_line(), "the channel description")?;
@@ -473,7 +474,7 @@ impl Core {
                 needed,
             });
         }
-        self.watchdog = Some(Watchdog::start(stream, link.peer_timeout)?);
+        self.watchdog = Some(Watchdog::start(stream, connection.peer_timeout)?);
         self.channel = Some(Channel {
             desc: *desc,
             region: Arc::clone(&local.region),
@@ -506,7 +507,7 @@ impl Core {
         if self.channel.is_none() {
             return Err(SessionError::OutOfOrder {
                 call: Step::SetCoprocessorFn,
-                missing: if self.link.is_none() {
+                missing: if self.connection.is_none() {
                     Step::Connect
                 } else if self.peer.is_none() {
                     Step::ExchangeKeys
@@ -529,7 +530,7 @@ impl Core {
 
     /// The first step not yet taken before `call`, if any.
     fn missing_before_start(&self, call: Step) -> Result<(), SessionError> {
-        let missing = if self.link.is_none() {
+        let missing = if self.connection.is_none() {
             Some(Step::Connect)
         } else if self.peer.is_none() {
             Some(Step::ExchangeKeys)
@@ -557,8 +558,8 @@ impl Core {
                     missing: Step::SetCoprocessorFn,
                 });
             };
-            let (Some(link), Some(channel), Some(watchdog)) =
-                (&self.link, &self.channel, &self.watchdog)
+            let (Some(connection), Some(channel), Some(watchdog)) =
+                (&self.connection, &self.channel, &self.watchdog)
             else {
                 return Err(SessionError::OutOfOrder {
                     call: Step::Start,
@@ -567,9 +568,9 @@ impl Core {
             };
             let shared = Arc::new(ServerShared::default());
             let server = Server {
-                qp: Arc::clone(&link.qp),
-                send_cq: link.send_cq.clone(),
-                recv_cq: link.recv_cq.clone(),
+                qp: Arc::clone(&connection.qp),
+                send_cq: connection.send_cq.clone(),
+                recv_cq: connection.recv_cq.clone(),
                 region: Arc::clone(&channel.region),
                 device: channel.device.clone(),
                 desc: channel.desc,
@@ -619,7 +620,7 @@ impl Core {
         }
         self.running(Step::Submit)?;
         let role = self.role;
-        let (Some(link), Some(channel)) = (&self.link, &mut self.channel) else {
+        let (Some(connection), Some(channel)) = (&self.connection, &mut self.channel) else {
             return Err(SessionError::OutOfOrder {
                 call: Step::Submit,
                 missing: Step::EstablishChannel,
@@ -635,7 +636,7 @@ impl Core {
                 max,
             });
         }
-        reap_sends(link, channel)?;
+        reap_sends(connection, channel)?;
         let Some(slot) = channel.slots.free.pop() else {
             return Err(SessionError::NoFreeSlot {
                 slots: channel.desc.slots,
@@ -658,7 +659,7 @@ impl Core {
             Payload::Sges(sges),
         );
         channel.slots.in_flight[usize::from(slot)] = Some((id, Instant::now()));
-        if let Err(e) = link.qp.post_send(wr) {
+        if let Err(e) = connection.qp.post_send(wr) {
             channel.slots.in_flight[usize::from(slot)] = None;
             channel.slots.free.push(slot);
             return Err(e.into());
@@ -685,7 +686,7 @@ impl Core {
         timeout: Option<Duration>,
     ) -> Result<Collected, SessionError> {
         let role = self.role;
-        let (Some(link), Some(channel)) = (&self.link, &mut self.channel) else {
+        let (Some(connection), Some(channel)) = (&self.connection, &mut self.channel) else {
             return Err(SessionError::OutOfOrder {
                 call: Step::Collect,
                 missing: Step::EstablishChannel,
@@ -702,14 +703,14 @@ impl Core {
                 return Err(SessionError::NothingInFlight);
             }
             let wc = if spinning {
-                link.recv_cq.poll()
+                connection.recv_cq.poll()
             } else {
-                link.recv_cq.wait(NAP)
+                connection.recv_cq.wait(NAP)
             };
             if let Some(wc) = wc {
                 if wc.status != WcStatus::Success {
                     // The queue pair failed; a request's send error says why and which.
-                    reap_sends(link, channel)?;
+                    reap_sends(connection, channel)?;
                     return Err(SessionError::Transport {
                         request: None,
                         status: wc.status,
@@ -723,7 +724,7 @@ impl Core {
                 };
                 self.rtt
                     .store(posted.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                link.qp.post_recv(RecvWr {
+                connection.qp.post_recv(RecvWr {
                     wr_id: u64::from(slot),
                     sges: Vec::new(),
                 })?;
@@ -734,7 +735,7 @@ impl Core {
                 });
                 continue;
             }
-            reap_sends(link, channel)?;
+            reap_sends(connection, channel)?;
             if let Some(reason) = liveness.as_ref().and_then(|l| l.gone()) {
                 return Err(SessionError::PeerGone { reason });
             }
@@ -849,8 +850,8 @@ impl Core {
         if let Some(mut watchdog) = self.watchdog.take() {
             watchdog.stop();
         }
-        if let Some(link) = &self.link {
-            link.qp.shutdown();
+        if let Some(connection) = &self.connection {
+            connection.qp.shutdown();
         }
     }
 
@@ -943,8 +944,8 @@ fn take_reply(
 
 /// Takes the send completions that have arrived; a failed request WRITE is an error naming
 /// the request.
-fn reap_sends(link: &Link, channel: &Channel) -> Result<(), SessionError> {
-    while let Some(wc) = link.send_cq.poll() {
+fn reap_sends(connection: &Connection, channel: &Channel) -> Result<(), SessionError> {
+    while let Some(wc) = connection.send_cq.poll() {
         if wc.status != WcStatus::Success {
             let request = channel
                 .slots
