@@ -25,7 +25,8 @@ use ferroce_proto::qp::{
     Completion, Payload, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 
-use super::link::{self, Liveness, Watchdog};
+use super::handshake;
+use super::watchdog::{Liveness, Watchdog};
 use super::{
     ChannelDesc, Collected, ConnectInfo, CoprocessorFn, DeviceCall, DeviceCoprocessorFn, MemRegion,
     MemoryKind, PeerRef, RequestId, Role, SessionError, Step,
@@ -281,7 +282,8 @@ impl Core {
             },
         };
         let role = self.role;
-        let hello = |stream: &mut _, ours| link::hello(stream, role, ours).map(|mtu| (mtu, ()));
+        let hello =
+            |stream: &mut _, ours| handshake::hello(stream, role, ours).map(|mtu| (mtu, ()));
         let (rc, ()) = oob::connect_rc(&plan, hello)?;
         let RcConnection {
             nic,
@@ -458,8 +460,8 @@ impl Core {
         let mut stream = connection.stream.take().ok_or(SessionError::AlreadyDone {
             call: Step::EstablishChannel,
         })?;
-        link::write_line(&mut stream, &desc.to_line(), "the channel description")?;
-        let line = link::read_line(&mut stream, "the channel description")?;
+        handshake::write_line(&mut stream, &desc.to_line(), "the channel description")?;
+        let line = handshake::read_line(&mut stream, "the channel description")?;
         let theirs = ChannelDesc::parse_line(&line)?;
         if theirs != *desc {
             return Err(SessionError::ChannelMismatch {

@@ -99,7 +99,8 @@
 //! [`SessionError::PeerGone`]; nothing waits forever.
 
 mod core;
-mod link;
+mod handshake;
+mod watchdog;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -109,7 +110,7 @@ use ferroce_proto::qp::{ModifyError, Mtu, PostError, WcStatus};
 use ferroce_proto::wire::ROCE_PORT;
 
 use self::core::{Core, Function};
-pub use self::link::{hello_line, parse_hello, SESSION_VERSION};
+pub use self::handshake::{hello_line, parse_hello, SESSION_VERSION};
 use crate::device::{DeviceError, DeviceMemory};
 use crate::exchange::ExchangeError;
 use crate::{NicError, Region, RegionError};
@@ -449,7 +450,7 @@ impl ChannelDesc {
     /// (`u16` slots, `u32` sizes).
     pub fn parse_line(line: &str) -> Result<Self, SessionError> {
         let bad = || SessionError::Protocol(format!("malformed channel description {line:?}"));
-        let number = |key| link::field(line, key).and_then(|v| v.parse::<u64>().ok());
+        let number = |key| handshake::field(line, key).and_then(|v| v.parse::<u64>().ok());
         let (Some(slots), Some(request), Some(reply)) =
             (number("slots"), number("request"), number("reply"))
         else {
