@@ -98,7 +98,7 @@
 //! silent for [`ConnectInfo::peer_timeout`] — turns waiting calls into
 //! [`SessionError::PeerGone`]; nothing waits forever.
 
-mod core;
+mod checked;
 mod handshake;
 mod watchdog;
 
@@ -109,7 +109,7 @@ use std::time::Duration;
 use ferroce_proto::qp::{ModifyError, Mtu, PostError, WcStatus};
 use ferroce_proto::wire::ROCE_PORT;
 
-use self::core::{Core, Function};
+use self::checked::{CheckedSession, Function};
 pub use self::handshake::{hello_line, parse_hello, SESSION_VERSION};
 use crate::device::{DeviceError, DeviceMemory};
 use crate::exchange::ExchangeError;
@@ -850,7 +850,7 @@ pub trait Session: Send {
 /// run time.
 #[derive(Debug)]
 pub struct AnySession {
-    core: Core,
+    session: CheckedSession,
 }
 
 impl AnySession {
@@ -858,7 +858,7 @@ impl AnySession {
     #[must_use]
     pub fn controller() -> Self {
         Self {
-            core: Core::new(Role::Controller),
+            session: CheckedSession::new(Role::Controller),
         }
     }
 
@@ -866,7 +866,7 @@ impl AnySession {
     #[must_use]
     pub fn coprocessor() -> Self {
         Self {
-            core: Core::new(Role::Coprocessor),
+            session: CheckedSession::new(Role::Coprocessor),
         }
     }
 
@@ -880,45 +880,45 @@ impl AnySession {
         replies: &mut [&mut [u8]],
         timeout: Duration,
     ) -> Result<Collected, SessionError> {
-        self.core.collect(replies, Some(timeout))
+        self.session.collect(replies, Some(timeout))
     }
 
     /// How many requests the serving thread has served: 0 on a controller, and before
     /// `start`.
     #[must_use]
     pub fn served(&self) -> u64 {
-        self.core.served()
+        self.session.served()
     }
 
     /// Why the peer is gone, once the watchdog has noticed; `None` before `start`.
     #[must_use]
     pub fn peer_gone(&self) -> Option<String> {
-        self.core.peer_gone()
+        self.session.peer_gone()
     }
 }
 
 impl Session for AnySession {
     fn role(&self) -> Role {
-        self.core.role()
+        self.session.role()
     }
 
     fn connect(&mut self, info: &ConnectInfo) -> Result<(), SessionError> {
-        self.core.connect(info)
+        self.session.connect(info)
     }
 
     fn alloc_memory(&mut self, size: usize, kind: MemoryKind) -> Result<MemRegion, SessionError> {
-        self.core.alloc_memory(size, kind)
+        self.session.alloc_memory(size, kind)
     }
 
     fn alloc_device_memory(
         &mut self,
         memory: std::sync::Arc<dyn DeviceMemory>,
     ) -> Result<MemRegion, SessionError> {
-        self.core.alloc_device_memory(memory)
+        self.session.alloc_device_memory(memory)
     }
 
     fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError> {
-        self.core.exchange_keys(local)
+        self.session.exchange_keys(local)
     }
 
     fn establish_channel(
@@ -927,38 +927,38 @@ impl Session for AnySession {
         local: &MemRegion,
         peer: &PeerRef,
     ) -> Result<(), SessionError> {
-        self.core.establish_channel(desc, local, peer)
+        self.session.establish_channel(desc, local, peer)
     }
 
     fn set_coprocessor_fn(&mut self, function: Box<CoprocessorFn>) -> Result<(), SessionError> {
-        self.core.set_coprocessor_fn(Function::Host(function))
+        self.session.set_coprocessor_fn(Function::Host(function))
     }
 
     fn set_device_coprocessor_fn(
         &mut self,
         function: Box<DeviceCoprocessorFn>,
     ) -> Result<(), SessionError> {
-        self.core.set_coprocessor_fn(Function::Device(function))
+        self.session.set_coprocessor_fn(Function::Device(function))
     }
 
     fn start(&mut self) -> Result<(), SessionError> {
-        self.core.start()
+        self.session.start()
     }
 
     fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError> {
-        self.core.submit(request)
+        self.session.submit(request)
     }
 
     fn collect(&mut self, replies: &mut [&mut [u8]]) -> Result<Collected, SessionError> {
-        self.core.collect(replies, None)
+        self.session.collect(replies, None)
     }
 
     fn stop(&mut self) {
-        self.core.stop();
+        self.session.stop();
     }
 
     fn last_rtt_ns(&self) -> u64 {
-        self.core.last_rtt_ns()
+        self.session.last_rtt_ns()
     }
 }
 
@@ -1001,7 +1001,7 @@ macro_rules! common_steps {
             /// [`SessionError::Nic`], [`SessionError::Timeout`] (no peer),
             /// [`SessionError::Version`], [`SessionError::RoleMismatch`] and the I/O errors.
             pub fn connect(mut self, info: &ConnectInfo) -> Result<$ty<Connected>, SessionError> {
-                self.core.connect(info)?;
+                self.session.connect(info)?;
                 Ok(self.next())
             }
         }
@@ -1018,7 +1018,7 @@ macro_rules! common_steps {
                 size: usize,
                 kind: MemoryKind,
             ) -> Result<($ty<Allocated>, MemRegion), SessionError> {
-                let region = self.core.alloc_memory(size, kind)?;
+                let region = self.session.alloc_memory(size, kind)?;
                 Ok((self.next(), region))
             }
 
@@ -1034,7 +1034,7 @@ macro_rules! common_steps {
                 mut self,
                 memory: std::sync::Arc<dyn DeviceMemory>,
             ) -> Result<($ty<Allocated>, MemRegion), SessionError> {
-                let region = self.core.alloc_device_memory(memory)?;
+                let region = self.session.alloc_device_memory(memory)?;
                 Ok((self.next(), region))
             }
         }
@@ -1049,7 +1049,7 @@ macro_rules! common_steps {
                 mut self,
                 local: &MemRegion,
             ) -> Result<($ty<Keyed>, PeerRef), SessionError> {
-                let peer = self.core.exchange_keys(local)?;
+                let peer = self.session.exchange_keys(local)?;
                 Ok((self.next(), peer))
             }
         }
@@ -1068,7 +1068,7 @@ macro_rules! common_steps {
                 local: &MemRegion,
                 peer: &PeerRef,
             ) -> Result<$ty<Established>, SessionError> {
-                self.core.establish_channel(desc, local, peer)?;
+                self.session.establish_channel(desc, local, peer)?;
                 Ok(self.next())
             }
         }
@@ -1076,7 +1076,7 @@ macro_rules! common_steps {
         impl<S> $ty<S> {
             fn next<T>(self) -> $ty<T> {
                 $ty {
-                    core: self.core,
+                    session: self.session,
                     state: std::marker::PhantomData,
                 }
             }
@@ -1084,13 +1084,13 @@ macro_rules! common_steps {
             /// Seed 003's `last_rtt_ns` (see [`Session::last_rtt_ns`]).
             #[must_use]
             pub fn last_rtt_ns(&self) -> u64 {
-                self.core.last_rtt_ns()
+                self.session.last_rtt_ns()
             }
 
             /// Why the peer is gone, once the watchdog has noticed.
             #[must_use]
             pub fn peer_gone(&self) -> Option<String> {
-                self.core.peer_gone()
+                self.session.peer_gone()
             }
         }
 
@@ -1107,7 +1107,7 @@ macro_rules! common_steps {
                 &mut self,
                 replies: &mut [&mut [u8]],
             ) -> Result<Collected, SessionError> {
-                self.core.collect(replies, None)
+                self.session.collect(replies, None)
             }
 
             /// `collect`, giving up after `timeout` with [`SessionError::Timeout`].
@@ -1120,13 +1120,13 @@ macro_rules! common_steps {
                 replies: &mut [&mut [u8]],
                 timeout: Duration,
             ) -> Result<Collected, SessionError> {
-                self.core.collect(replies, Some(timeout))
+                self.session.collect(replies, Some(timeout))
             }
 
             /// Seed 003's `stop`: stops the serving thread, says bye to the peer and joins.
             /// Idempotent; dropping the session stops it too.
             pub fn stop(&mut self) {
-                self.core.stop();
+                self.session.stop();
             }
         }
 
@@ -1141,14 +1141,14 @@ macro_rules! common_steps {
 /// The controller (seed 003's `ControllerSession`), in typestate `S`.
 #[derive(Debug)]
 pub struct Controller<S = New> {
-    core: Core,
+    session: CheckedSession,
     state: std::marker::PhantomData<S>,
 }
 
 /// The coprocessor (seed 003's `CoprocessorSession`), in typestate `S`.
 #[derive(Debug)]
 pub struct Coprocessor<S = New> {
-    core: Core,
+    session: CheckedSession,
     state: std::marker::PhantomData<S>,
 }
 
@@ -1160,7 +1160,7 @@ impl Controller<New> {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            core: Core::new(Role::Controller),
+            session: CheckedSession::new(Role::Controller),
             state: std::marker::PhantomData,
         }
     }
@@ -1174,7 +1174,7 @@ impl Controller<Established> {
     ///
     /// None in practice; the `Result` keeps the seed's shape.
     pub fn start(mut self) -> Result<Controller<Running>, SessionError> {
-        self.core.start()?;
+        self.session.start()?;
         Ok(self.next())
     }
 }
@@ -1188,7 +1188,7 @@ impl Controller<Running> {
     /// [`SessionError::RequestTooLarge`], [`SessionError::NoFreeSlot`],
     /// [`SessionError::PeerGone`], [`SessionError::Transport`] (an earlier request failed).
     pub fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError> {
-        self.core.submit(request)
+        self.session.submit(request)
     }
 }
 
@@ -1197,7 +1197,7 @@ impl Coprocessor<New> {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            core: Core::new(Role::Coprocessor),
+            session: CheckedSession::new(Role::Coprocessor),
             state: std::marker::PhantomData,
         }
     }
@@ -1213,7 +1213,7 @@ impl Coprocessor<Established> {
     where
         F: FnMut(&[u8], &mut [u8]) -> Result<usize, String> + Send + 'static,
     {
-        self.core
+        self.session
             .set_coprocessor_fn(Function::Host(Box::new(function)))?;
         Ok(self.next())
     }
@@ -1232,7 +1232,7 @@ impl Coprocessor<Established> {
     where
         F: for<'a> FnMut(DeviceCall<'a>) -> Result<usize, String> + Send + 'static,
     {
-        self.core
+        self.session
             .set_coprocessor_fn(Function::Device(Box::new(function)))?;
         Ok(self.next())
     }
@@ -1245,7 +1245,7 @@ impl Coprocessor<Ready> {
     ///
     /// [`SessionError::Io`] when the thread cannot be started.
     pub fn start(mut self) -> Result<Coprocessor<Running>, SessionError> {
-        self.core.start()?;
+        self.session.start()?;
         Ok(self.next())
     }
 }
@@ -1254,6 +1254,6 @@ impl Coprocessor<Running> {
     /// How many requests the serving thread has served.
     #[must_use]
     pub fn served(&self) -> u64 {
-        self.core.served()
+        self.session.served()
     }
 }

@@ -1,5 +1,5 @@
-//! The machinery both faces of a session share: every step checked at run time, the
-//! controller's slots and the coprocessor's serving thread.
+//! [`CheckedSession`], the machinery both faces of a session share: every step checked at
+//! run time, the controller's slots and the coprocessor's serving thread.
 //!
 //! Layout of the channel (one region per side, `slots` slots of each kind):
 //!
@@ -180,8 +180,9 @@ impl ServerShared {
     }
 }
 
-/// A session of either role, every step checked at run time.
-pub(super) struct Core {
+/// A session of either role, every step checked at run time: what an `AnySession` is, and
+/// what a `Controller` or `Coprocessor` holds behind its typestate.
+pub(super) struct CheckedSession {
     role: Role,
     id: u64,
     connection: Option<Connection>,
@@ -195,9 +196,9 @@ pub(super) struct Core {
     rtt: Arc<AtomicU64>,
 }
 
-impl std::fmt::Debug for Core {
+impl std::fmt::Debug for CheckedSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Core")
+        f.debug_struct("CheckedSession")
             .field("role", &self.role)
             .field("connection", &self.connection)
             .field("peer", &self.peer)
@@ -207,7 +208,7 @@ impl std::fmt::Debug for Core {
     }
 }
 
-impl Core {
+impl CheckedSession {
     pub(super) fn new(role: Role) -> Self {
         Self {
             role,
@@ -862,7 +863,7 @@ impl Core {
     }
 }
 
-impl Drop for Core {
+impl Drop for CheckedSession {
     fn drop(&mut self) {
         self.stop();
     }
