@@ -648,8 +648,10 @@ struct Receives {
     posted: HashMap<u64, Buffer>,
 }
 
+/// What every clone of a [`Context`] shares: the buffer pool, the queue pair bound to the
+/// remote host, what is in flight, and whether the context is closed.
 #[derive(Debug)]
-struct Inner {
+struct ContextShared {
     pool: Arc<Pool>,
     qp: Qp,
     send_cq: Cq,
@@ -669,7 +671,7 @@ struct Inner {
 /// clone is the same context.
 #[derive(Clone, Debug)]
 pub struct Context {
-    inner: Arc<Inner>,
+    shared: Arc<ContextShared>,
 }
 
 static CONTEXTS: AtomicU64 = AtomicU64::new(1);
@@ -810,7 +812,7 @@ impl Context {
             free: Mutex::new(Free::default()),
         });
         let context = Self {
-            inner: Arc::new(Inner {
+            shared: Arc::new(ContextShared {
                 pool,
                 qp,
                 send_cq,
@@ -842,25 +844,25 @@ impl Context {
     }
 
     fn lock_receives(&self) -> MutexGuard<'_, Receives> {
-        self.inner
+        self.shared
             .receives
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn post_read_buffer(&self, receives: &mut Receives) -> Result<(), CacheError> {
-        let max = self.inner.config.max_message;
+        let max = self.shared.config.max_message;
         let buffer = self
-            .inner
+            .shared
             .pool
-            .take(max, self.inner.config.receive_device)?;
+            .take(max, self.shared.config.receive_device)?;
         let sge = buffer
             .region()?
             .local(0, max as u32)
             .map_err(|e| CacheError::InvalidParameters(e.to_string()))?;
         let wr_id = receives.next;
         receives.next += 1;
-        self.inner.qp.post_recv(RecvWr {
+        self.shared.qp.post_recv(RecvWr {
             wr_id,
             sges: vec![sge],
         })?;
@@ -869,9 +871,9 @@ impl Context {
     }
 
     fn closed(&self) -> Result<(), CacheError> {
-        if self.inner.closed.load(Ordering::Acquire) {
+        if self.shared.closed.load(Ordering::Acquire) {
             let why = self
-                .inner
+                .shared
                 .why_closed
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -884,12 +886,12 @@ impl Context {
 
     fn close(&self, why: String) {
         *self
-            .inner
+            .shared
             .why_closed
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(why);
-        self.inner.closed.store(true, Ordering::Release);
-        self.inner.qp.shutdown();
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.qp.shutdown();
     }
 
     /// The seed's `get_write_memory`: a buffer to write locally and for the remote host to
@@ -902,13 +904,13 @@ impl Context {
     /// remote's read buffers (the seed returns NULL), [`CacheError::Allocation`] when the
     /// memory cannot be had.
     pub fn write_memory(&self, size: usize, device: Device) -> Result<Buffer, CacheError> {
-        if size > self.inner.remote_max {
+        if size > self.shared.remote_max {
             return Err(CacheError::TooLargeForRemote {
                 size,
-                max: self.inner.remote_max,
+                max: self.shared.remote_max,
             });
         }
-        self.inner.pool.take(size, device)
+        self.shared.pool.take(size, device)
     }
 
     /// The seed's `get_read_memory`: a buffer to read locally what the remote host wrote, of
@@ -919,7 +921,7 @@ impl Context {
     /// [`CacheError::InvalidParameters`], [`CacheError::NotSupported`] for a GPU,
     /// [`CacheError::Allocation`].
     pub fn read_memory(&self, size: usize, device: Device) -> Result<Buffer, CacheError> {
-        self.inner.pool.take(size, device)
+        self.shared.pool.take(size, device)
     }
 
     /// The seed's `wrap_user_buffer`: registers the caller's bytes as a buffer (not cached;
@@ -937,15 +939,15 @@ impl Context {
             )));
         }
         let len = data.len();
-        let region = register(&self.inner.pool.nic, data, len)?;
-        self.inner.pool.lock().stats.registrations += 1;
+        let region = register(&self.shared.pool.nic, data, len)?;
+        self.shared.pool.lock().stats.registrations += 1;
         Ok(Buffer {
             region: Some(region),
             memory: None,
             len,
             class: None,
             device,
-            pool: Arc::clone(&self.inner.pool),
+            pool: Arc::clone(&self.shared.pool),
         })
     }
 
@@ -963,15 +965,15 @@ impl Context {
     ) -> Result<Buffer, CacheError> {
         let len = usize::try_from(memory.size()).unwrap_or(usize::MAX);
         check_size(len)?;
-        let region = register(&self.inner.pool.nic, Vec::new(), len)?;
-        self.inner.pool.lock().stats.registrations += 1;
+        let region = register(&self.shared.pool.nic, Vec::new(), len)?;
+        self.shared.pool.lock().stats.registrations += 1;
         Ok(Buffer {
             region: Some(region),
             memory: Some(memory),
             len,
             class: None,
             device: Device::Gpu(gpu),
-            pool: Arc::clone(&self.inner.pool),
+            pool: Arc::clone(&self.shared.pool),
         })
     }
 
@@ -987,15 +989,15 @@ impl Context {
     /// the timeout (the context is then closed: [`CacheError::Closed`] afterwards).
     pub fn flush(&self, buffer: &Buffer) -> Result<(), CacheError> {
         self.closed()?;
-        if buffer.pool.context != self.inner.pool.context {
+        if buffer.pool.context != self.shared.pool.context {
             return Err(CacheError::InvalidParameters(
                 "the buffer belongs to another context".into(),
             ));
         }
-        if buffer.len > self.inner.remote_max {
+        if buffer.len > self.shared.remote_max {
             return Err(CacheError::TooLargeForRemote {
                 size: buffer.len,
-                max: self.inner.remote_max,
+                max: self.shared.remote_max,
             });
         }
         buffer.sync_to_registered()?;
@@ -1008,7 +1010,7 @@ impl Context {
                     .map_err(|e| CacheError::InvalidParameters(e.to_string()))?,
             );
         }
-        let deadline = Instant::now() + self.inner.config.timeout;
+        let deadline = Instant::now() + self.shared.config.timeout;
         let wr_id = {
             let mut sends = self.lock_sends();
             let id = sends.next;
@@ -1017,14 +1019,14 @@ impl Context {
         };
         let wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges(sges));
         loop {
-            match self.inner.qp.post_send(wr.clone()) {
+            match self.shared.qp.post_send(wr.clone()) {
                 Ok(()) => break,
                 Err(PostError::QueueFull(_)) => {
                     // Other threads' sends fill the queue: take completions and try again.
                     let sends = self.lock_sends();
                     let sends = self.reap(sends);
                     drop(
-                        self.inner
+                        self.shared
                             .sent
                             .wait_timeout(sends, Duration::from_micros(200))
                             .unwrap_or_else(PoisonError::into_inner),
@@ -1058,7 +1060,7 @@ impl Context {
                 Duration::from_millis(1)
             };
             sends = self
-                .inner
+                .shared
                 .sent
                 .wait_timeout(sends, nap)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -1067,7 +1069,7 @@ impl Context {
     }
 
     fn timed_out(&self) -> CacheError {
-        let after = self.inner.config.timeout;
+        let after = self.shared.config.timeout;
         self.close(format!(
             "a flush was not received within {} ms",
             after.as_millis()
@@ -1079,7 +1081,7 @@ impl Context {
     }
 
     fn lock_sends(&self) -> MutexGuard<'_, Sends> {
-        self.inner
+        self.shared
             .sends
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -1088,12 +1090,12 @@ impl Context {
     /// Takes the send completions that arrived and wakes the threads waiting for them.
     fn reap<'a>(&self, mut sends: MutexGuard<'a, Sends>) -> MutexGuard<'a, Sends> {
         let mut any = false;
-        while let Some(wc) = self.inner.send_cq.poll() {
+        while let Some(wc) = self.shared.send_cq.poll() {
             sends.done.insert(wc.wr_id, wc.status);
             any = true;
         }
         if any {
-            self.inner.sent.notify_all();
+            self.shared.sent.notify_all();
         }
         sends
     }
@@ -1112,10 +1114,10 @@ impl Context {
         let started = Instant::now();
         loop {
             let wc = if started.elapsed() < Duration::from_millis(1) {
-                self.inner.recv_cq.poll()
+                self.shared.recv_cq.poll()
             } else {
                 let left = deadline.saturating_duration_since(Instant::now());
-                self.inner.recv_cq.wait(left.min(Duration::from_millis(5)))
+                self.shared.recv_cq.wait(left.min(Duration::from_millis(5)))
             };
             if let Some(wc) = wc {
                 let mut buffer = receives.posted.remove(&wc.wr_id).ok_or_else(|| {
@@ -1142,13 +1144,13 @@ impl Context {
     /// The largest buffer the remote host receives.
     #[must_use]
     pub fn remote_max_message(&self) -> usize {
-        self.inner.remote_max
+        self.shared.remote_max
     }
 
     /// What the cache has done so far.
     #[must_use]
     pub fn stats(&self) -> CacheStats {
-        self.inner.pool.lock().stats
+        self.shared.pool.lock().stats
     }
 }
 
