@@ -31,16 +31,16 @@ use super::{
     ChannelDesc, Collected, ConnectInfo, CoprocessorFn, DeviceCall, DeviceCoprocessorFn, MemRegion,
     MemoryKind, PeerRef, RequestId, Role, SessionError, Step,
 };
+use crate::device::DeviceMemory;
+use crate::exchange::{PeerInfo, RemoteRegion};
+use crate::oob::{self, RcConnection, RcPlan};
+use crate::{ConnectOptions, Cq, Nic, Qp, Region, RegionAccess, RegionMemory};
 
 /// The coprocessor's function: on host copies of the messages, or in the device memory.
 pub(super) enum Function {
     Host(Box<CoprocessorFn>),
     Device(Box<DeviceCoprocessorFn>),
 }
-use crate::device::DeviceMemory;
-use crate::exchange::{PeerInfo, RemoteRegion};
-use crate::oob::{self, RcConnection, RcPlan};
-use crate::{ConnectOptions, Cq, Nic, Qp, Region, RegionAccess, RegionMemory};
 
 /// How long a waiting thread polls (driving the soft NIC's protocol engine itself) before it
 /// sleeps on the CQ.
