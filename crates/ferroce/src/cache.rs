@@ -40,14 +40,13 @@ use std::time::{Duration, Instant};
 
 use ferroce_proto::memory::WriteOrder;
 use ferroce_proto::qp::{
-    ModifyError, Mtu, Payload, PostError, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr,
-    WcStatus,
+    ModifyError, Mtu, Payload, PostError, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, WcStatus,
 };
 use ferroce_proto::wire::ROCE_PORT;
 
 use crate::device::{DeviceAllocator, DeviceError, DeviceMemory};
-use crate::exchange::{ExchangeError, PeerInfo};
-use crate::oob::{self, LineError, OpenError};
+use crate::exchange::ExchangeError;
+use crate::oob::{self, LineError, OpenWords, RcConnection, RcPlan};
 use crate::{
     ConnectOptions, Cq, Nic, NicError, Qp, Region, RegionAccess, RegionError, RegionMemory,
 };
@@ -649,8 +648,10 @@ struct Receives {
     posted: HashMap<u64, Buffer>,
 }
 
+/// What every clone of a [`Context`] shares: the buffer pool, the queue pair bound to the
+/// remote host, what is in flight, and whether the context is closed.
 #[derive(Debug)]
-struct Inner {
+struct ContextShared {
     pool: Arc<Pool>,
     qp: Qp,
     send_cq: Cq,
@@ -670,7 +671,7 @@ struct Inner {
 /// clone is the same context.
 #[derive(Clone, Debug)]
 pub struct Context {
-    inner: Arc<Inner>,
+    shared: Arc<ContextShared>,
 }
 
 static CONTEXTS: AtomicU64 = AtomicU64::new(1);
@@ -697,30 +698,53 @@ fn read_line(stream: &mut TcpStream, timeout: Duration) -> Result<String, CacheE
     })
 }
 
-/// Dials `oob` until `timeout`, or listens on it for one peer.
-fn open(config: &ContextConfig) -> Result<TcpStream, CacheError> {
-    oob::open(config.listen, config.oob, config.timeout).map_err(|e| match e {
-        OpenError::TimedOut => CacheError::Timeout {
-            what: "connecting to the remote host",
-            after: config.timeout,
-        },
-        OpenError::Listen(source) => CacheError::Io {
-            what: "listening",
-            source,
-        },
-        OpenError::Accept(source) => CacheError::Io {
-            what: "accepting",
-            source,
-        },
-        OpenError::Connect(source) => CacheError::Io {
-            what: "connecting to the remote host",
-            source,
-        },
-        OpenError::Configure(source) => CacheError::Io {
-            what: "configuring the connection",
-            source,
-        },
-    })
+/// How the context words the out-of-band steps' failures.
+impl oob::FaceError for CacheError {
+    const OPEN_WORDS: OpenWords = OpenWords {
+        waiting: "connecting to the remote host",
+        dialling: "connecting to the remote host",
+        listening: "listening",
+        accepting: "accepting",
+        configuring: "configuring the connection",
+    };
+
+    fn timed_out(what: &'static str, after: Duration) -> Self {
+        Self::Timeout { what, after }
+    }
+
+    fn io(what: &'static str, source: io::Error) -> Self {
+        Self::Io { what, source }
+    }
+}
+
+/// Says the context's hello (its version, read-buffer size and the MTU `ours`) and checks
+/// the remote host's: returns the remote's MTU and read-buffer size.
+fn hello(
+    stream: &mut TcpStream,
+    config: &ContextConfig,
+    ours: Mtu,
+) -> Result<(Mtu, usize), CacheError> {
+    let hello = format!(
+        "ferroce-cache/{CACHE_VERSION} max_message={} mtu={}",
+        config.max_message,
+        ours.bytes()
+    );
+    oob::write_line(stream, &hello).map_err(io_error("sending the hello"))?;
+    let line = read_line(stream, config.timeout)?;
+    let bad = || CacheError::Protocol(format!("malformed hello {line:?}"));
+    let version = oob::version(&line, "ferroce-cache").ok_or_else(bad)?;
+    if version != CACHE_VERSION {
+        return Err(CacheError::Version {
+            ours: CACHE_VERSION,
+            theirs: version,
+        });
+    }
+    let field = |key| oob::field(&line, key).and_then(|v| v.parse::<usize>().ok());
+    let remote_max = field("max_message").ok_or_else(bad)?;
+    let mtu = field("mtu")
+        .and_then(|m| Mtu::from_bytes(m as u32))
+        .ok_or_else(bad)?;
+    Ok((mtu, remote_max))
 }
 
 impl Context {
@@ -753,51 +777,33 @@ impl Context {
                 "receive_depth must be at least 1".into(),
             ));
         }
-        let nic = Nic::open_for_face(&config.device, config.ib_port, config.nic, None)?;
-        let mut stream = open(config)?;
-        let ours = config.mtu.unwrap_or_else(|| nic.active_mtu());
-        let hello = format!(
-            "ferroce-cache/{CACHE_VERSION} max_message={} mtu={}",
-            config.max_message,
-            ours.bytes()
-        );
-        oob::write_line(&mut stream, &hello).map_err(io_error("sending the hello"))?;
-        let line = read_line(&mut stream, config.timeout)?;
-        let bad = || CacheError::Protocol(format!("malformed hello {line:?}"));
-        let version = oob::version(&line, "ferroce-cache").ok_or_else(bad)?;
-        if version != CACHE_VERSION {
-            return Err(CacheError::Version {
-                ours: CACHE_VERSION,
-                theirs: version,
-            });
-        }
-        let field = |key| oob::field(&line, key).and_then(|v| v.parse::<usize>().ok());
-        let remote_max = field("max_message").ok_or_else(bad)?;
-        let mtu = field("mtu")
-            .and_then(|m| Mtu::from_bytes(m as u32))
-            .ok_or_else(bad)?
-            .min(ours);
         let depth = usize::from(config.receive_depth);
-        let send_cq = Cq::new(&nic, 1024)?;
-        let recv_cq = Cq::new(&nic, depth * 2 + 8)?;
-        let caps = QpCaps {
-            sq_depth: 256,
-            rq_depth: u32::from(config.receive_depth) + 1,
-            max_inline: 0,
-        };
-        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps)?;
-        let mine = PeerInfo {
-            endpoint: qp.endpoint(),
-            regions: Vec::new(),
-        };
-        let peer = mine.exchange(&mut stream)?;
-        qp.connect(
-            &peer.endpoint,
-            &ConnectOptions {
-                mtu,
-                ..ConnectOptions::default()
+        let plan = RcPlan {
+            device: &config.device,
+            ib_port: config.ib_port,
+            local: config.nic,
+            faults: None,
+            listen: config.listen,
+            oob: config.oob,
+            timeout: config.timeout,
+            mtu: config.mtu,
+            send_cq: 1024,
+            recv_cq: depth * 2 + 8,
+            caps: QpCaps {
+                sq_depth: 256,
+                rq_depth: u32::from(config.receive_depth) + 1,
+                max_inline: 0,
             },
-        )?;
+            options: ConnectOptions::default(),
+        };
+        let (rc, remote_max) = oob::connect_rc(&plan, |stream, ours| hello(stream, config, ours))?;
+        let RcConnection {
+            nic,
+            mut stream,
+            send_cq,
+            recv_cq,
+            qp,
+        } = rc;
         let pool = Arc::new(Pool {
             nic,
             context: CONTEXTS.fetch_add(1, Ordering::Relaxed),
@@ -806,7 +812,7 @@ impl Context {
             free: Mutex::new(Free::default()),
         });
         let context = Self {
-            inner: Arc::new(Inner {
+            shared: Arc::new(ContextShared {
                 pool,
                 qp,
                 send_cq,
@@ -838,25 +844,25 @@ impl Context {
     }
 
     fn lock_receives(&self) -> MutexGuard<'_, Receives> {
-        self.inner
+        self.shared
             .receives
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn post_read_buffer(&self, receives: &mut Receives) -> Result<(), CacheError> {
-        let max = self.inner.config.max_message;
+        let max = self.shared.config.max_message;
         let buffer = self
-            .inner
+            .shared
             .pool
-            .take(max, self.inner.config.receive_device)?;
+            .take(max, self.shared.config.receive_device)?;
         let sge = buffer
             .region()?
             .local(0, max as u32)
             .map_err(|e| CacheError::InvalidParameters(e.to_string()))?;
         let wr_id = receives.next;
         receives.next += 1;
-        self.inner.qp.post_recv(RecvWr {
+        self.shared.qp.post_recv(RecvWr {
             wr_id,
             sges: vec![sge],
         })?;
@@ -865,9 +871,9 @@ impl Context {
     }
 
     fn closed(&self) -> Result<(), CacheError> {
-        if self.inner.closed.load(Ordering::Acquire) {
+        if self.shared.closed.load(Ordering::Acquire) {
             let why = self
-                .inner
+                .shared
                 .why_closed
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -880,12 +886,12 @@ impl Context {
 
     fn close(&self, why: String) {
         *self
-            .inner
+            .shared
             .why_closed
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(why);
-        self.inner.closed.store(true, Ordering::Release);
-        self.inner.qp.shutdown();
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.qp.shutdown();
     }
 
     /// The seed's `get_write_memory`: a buffer to write locally and for the remote host to
@@ -898,13 +904,13 @@ impl Context {
     /// remote's read buffers (the seed returns NULL), [`CacheError::Allocation`] when the
     /// memory cannot be had.
     pub fn write_memory(&self, size: usize, device: Device) -> Result<Buffer, CacheError> {
-        if size > self.inner.remote_max {
+        if size > self.shared.remote_max {
             return Err(CacheError::TooLargeForRemote {
                 size,
-                max: self.inner.remote_max,
+                max: self.shared.remote_max,
             });
         }
-        self.inner.pool.take(size, device)
+        self.shared.pool.take(size, device)
     }
 
     /// The seed's `get_read_memory`: a buffer to read locally what the remote host wrote, of
@@ -915,7 +921,7 @@ impl Context {
     /// [`CacheError::InvalidParameters`], [`CacheError::NotSupported`] for a GPU,
     /// [`CacheError::Allocation`].
     pub fn read_memory(&self, size: usize, device: Device) -> Result<Buffer, CacheError> {
-        self.inner.pool.take(size, device)
+        self.shared.pool.take(size, device)
     }
 
     /// The seed's `wrap_user_buffer`: registers the caller's bytes as a buffer (not cached;
@@ -933,15 +939,15 @@ impl Context {
             )));
         }
         let len = data.len();
-        let region = register(&self.inner.pool.nic, data, len)?;
-        self.inner.pool.lock().stats.registrations += 1;
+        let region = register(&self.shared.pool.nic, data, len)?;
+        self.shared.pool.lock().stats.registrations += 1;
         Ok(Buffer {
             region: Some(region),
             memory: None,
             len,
             class: None,
             device,
-            pool: Arc::clone(&self.inner.pool),
+            pool: Arc::clone(&self.shared.pool),
         })
     }
 
@@ -959,15 +965,15 @@ impl Context {
     ) -> Result<Buffer, CacheError> {
         let len = usize::try_from(memory.size()).unwrap_or(usize::MAX);
         check_size(len)?;
-        let region = register(&self.inner.pool.nic, Vec::new(), len)?;
-        self.inner.pool.lock().stats.registrations += 1;
+        let region = register(&self.shared.pool.nic, Vec::new(), len)?;
+        self.shared.pool.lock().stats.registrations += 1;
         Ok(Buffer {
             region: Some(region),
             memory: Some(memory),
             len,
             class: None,
             device: Device::Gpu(gpu),
-            pool: Arc::clone(&self.inner.pool),
+            pool: Arc::clone(&self.shared.pool),
         })
     }
 
@@ -983,15 +989,15 @@ impl Context {
     /// the timeout (the context is then closed: [`CacheError::Closed`] afterwards).
     pub fn flush(&self, buffer: &Buffer) -> Result<(), CacheError> {
         self.closed()?;
-        if buffer.pool.context != self.inner.pool.context {
+        if buffer.pool.context != self.shared.pool.context {
             return Err(CacheError::InvalidParameters(
                 "the buffer belongs to another context".into(),
             ));
         }
-        if buffer.len > self.inner.remote_max {
+        if buffer.len > self.shared.remote_max {
             return Err(CacheError::TooLargeForRemote {
                 size: buffer.len,
-                max: self.inner.remote_max,
+                max: self.shared.remote_max,
             });
         }
         buffer.sync_to_registered()?;
@@ -1004,7 +1010,7 @@ impl Context {
                     .map_err(|e| CacheError::InvalidParameters(e.to_string()))?,
             );
         }
-        let deadline = Instant::now() + self.inner.config.timeout;
+        let deadline = Instant::now() + self.shared.config.timeout;
         let wr_id = {
             let mut sends = self.lock_sends();
             let id = sends.next;
@@ -1013,14 +1019,14 @@ impl Context {
         };
         let wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges(sges));
         loop {
-            match self.inner.qp.post_send(wr.clone()) {
+            match self.shared.qp.post_send(wr.clone()) {
                 Ok(()) => break,
                 Err(PostError::QueueFull(_)) => {
                     // Other threads' sends fill the queue: take completions and try again.
                     let sends = self.lock_sends();
                     let sends = self.reap(sends);
                     drop(
-                        self.inner
+                        self.shared
                             .sent
                             .wait_timeout(sends, Duration::from_micros(200))
                             .unwrap_or_else(PoisonError::into_inner),
@@ -1054,7 +1060,7 @@ impl Context {
                 Duration::from_millis(1)
             };
             sends = self
-                .inner
+                .shared
                 .sent
                 .wait_timeout(sends, nap)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -1063,7 +1069,7 @@ impl Context {
     }
 
     fn timed_out(&self) -> CacheError {
-        let after = self.inner.config.timeout;
+        let after = self.shared.config.timeout;
         self.close(format!(
             "a flush was not received within {} ms",
             after.as_millis()
@@ -1075,7 +1081,7 @@ impl Context {
     }
 
     fn lock_sends(&self) -> MutexGuard<'_, Sends> {
-        self.inner
+        self.shared
             .sends
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -1084,12 +1090,12 @@ impl Context {
     /// Takes the send completions that arrived and wakes the threads waiting for them.
     fn reap<'a>(&self, mut sends: MutexGuard<'a, Sends>) -> MutexGuard<'a, Sends> {
         let mut any = false;
-        while let Some(wc) = self.inner.send_cq.poll() {
+        while let Some(wc) = self.shared.send_cq.poll() {
             sends.done.insert(wc.wr_id, wc.status);
             any = true;
         }
         if any {
-            self.inner.sent.notify_all();
+            self.shared.sent.notify_all();
         }
         sends
     }
@@ -1108,10 +1114,10 @@ impl Context {
         let started = Instant::now();
         loop {
             let wc = if started.elapsed() < Duration::from_millis(1) {
-                self.inner.recv_cq.poll()
+                self.shared.recv_cq.poll()
             } else {
                 let left = deadline.saturating_duration_since(Instant::now());
-                self.inner.recv_cq.wait(left.min(Duration::from_millis(5)))
+                self.shared.recv_cq.wait(left.min(Duration::from_millis(5)))
             };
             if let Some(wc) = wc {
                 let mut buffer = receives.posted.remove(&wc.wr_id).ok_or_else(|| {
@@ -1138,13 +1144,13 @@ impl Context {
     /// The largest buffer the remote host receives.
     #[must_use]
     pub fn remote_max_message(&self) -> usize {
-        self.inner.remote_max
+        self.shared.remote_max
     }
 
     /// What the cache has done so far.
     #[must_use]
     pub fn stats(&self) -> CacheStats {
-        self.inner.pool.lock().stats
+        self.shared.pool.lock().stats
     }
 }
 

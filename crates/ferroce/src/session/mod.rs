@@ -16,7 +16,7 @@
 //! 6. `start`, then `submit`/`collect` as often as needed, then `stop`.
 //!
 //! Requests and replies are RDMA WRITEs with immediate: the controller writes a request into a
-//! request slot of the coprocessor's region, the coprocessor's engine thread runs the function
+//! request slot of the coprocessor's region, the coprocessor's serving thread runs the function
 //! on it and writes the reply into the same-numbered reply slot of the controller's region;
 //! the immediate names the slot. Up to [`ChannelDesc::slots`] requests are in flight at once.
 //!
@@ -57,7 +57,7 @@
 //!         Ok(request.len())
 //!     })?
 //!     .start()?;
-//! // The engine serves on its own thread; `collect` here reports what it served, until
+//! // The session serves on a thread of its own; `collect` here reports what it served, until
 //! // the controller stops.
 //! let mut seen = [0u8; 4096];
 //! while s.collect(&mut [&mut seen[..]]).is_ok() {}
@@ -94,12 +94,13 @@
 //! A coprocessor function that returns an error or panics (the panic is caught) answers its
 //! request with an error reply: the controller's `collect` returns
 //! [`SessionError::CoprocessorFailed`] or [`SessionError::CoprocessorPanicked`], and the
-//! engine goes on serving. A peer that goes away — says bye, closes its connection, or falls
+//! serving thread goes on. A peer that goes away — says bye, closes its connection, or falls
 //! silent for [`ConnectInfo::peer_timeout`] — turns waiting calls into
 //! [`SessionError::PeerGone`]; nothing waits forever.
 
-mod core;
-mod link;
+mod checked;
+mod handshake;
+mod watchdog;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -108,8 +109,8 @@ use std::time::Duration;
 use ferroce_proto::qp::{ModifyError, Mtu, PostError, WcStatus};
 use ferroce_proto::wire::ROCE_PORT;
 
-use self::core::{Core, Function};
-pub use self::link::{hello_line, parse_hello, SESSION_VERSION};
+use self::checked::{CheckedSession, Function};
+pub use self::handshake::{hello_line, parse_hello, SESSION_VERSION};
 use crate::device::{DeviceError, DeviceMemory};
 use crate::exchange::ExchangeError;
 use crate::{NicError, Region, RegionError};
@@ -449,7 +450,7 @@ impl ChannelDesc {
     /// (`u16` slots, `u32` sizes).
     pub fn parse_line(line: &str) -> Result<Self, SessionError> {
         let bad = || SessionError::Protocol(format!("malformed channel description {line:?}"));
-        let number = |key| link::field(line, key).and_then(|v| v.parse::<u64>().ok());
+        let number = |key| handshake::field(line, key).and_then(|v| v.parse::<u64>().ok());
         let (Some(slots), Some(request), Some(reply)) =
             (number("slots"), number("request"), number("reply"))
         else {
@@ -502,8 +503,8 @@ pub type CoprocessorFn = dyn FnMut(&[u8], &mut [u8]) -> Result<usize, String> + 
 /// Where a request and its reply slot lie in the region's device memory, as a coprocessor
 /// function set with `set_device_coprocessor_fn` sees them: the request is already there,
 /// and the function leaves its reply at `reply_offset` (a kernel launched on the addresses,
-/// say, finished before it returns) and returns the reply's length. The engine copies the
-/// reply from the device and WRITEs it to the controller.
+/// say, finished before it returns) and returns the reply's length. The serving thread copies
+/// the reply from the device and WRITEs it to the controller.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceCall<'a> {
     /// The region's device memory.
@@ -665,7 +666,7 @@ pub enum SessionError {
         /// Its message (cut to the reply slot).
         message: String,
     },
-    /// The coprocessor function panicked; the engine caught it and goes on.
+    /// The coprocessor function panicked; the serving thread caught it and goes on.
     #[error("the coprocessor panicked on {request}: {message}")]
     CoprocessorPanicked {
         /// The request.
@@ -695,7 +696,8 @@ pub enum SessionError {
         /// The completion's status.
         status: WcStatus,
     },
-    /// The coprocessor's engine stopped on an error.
+    /// The coprocessor's serving thread (its engine, as the variant and message call it)
+    /// stopped on an error.
     #[error("the coprocessor's engine stopped: {0}")]
     Engine(String),
     /// The NIC could not be opened.
@@ -803,7 +805,8 @@ pub trait Session: Send {
         function: Box<DeviceCoprocessorFn>,
     ) -> Result<(), SessionError>;
 
-    /// Seed 003's `start`: returns at once; the coprocessor's engine serves until `stop`.
+    /// Seed 003's `start`: returns at once; the coprocessor's serving thread serves until
+    /// `stop`.
     ///
     /// # Errors
     ///
@@ -833,7 +836,8 @@ pub trait Session: Send {
     /// [`SessionError::PeerGone`]; [`SessionError::OutOfOrder`] before `start`.
     fn collect(&mut self, replies: &mut [&mut [u8]]) -> Result<Collected, SessionError>;
 
-    /// Seed 003's `stop`: stops the engine, says bye to the peer and joins. Idempotent.
+    /// Seed 003's `stop`: stops the serving thread, says bye to the peer and joins.
+    /// Idempotent.
     fn stop(&mut self);
 
     /// Seed 003's `last_rtt_ns`: on the controller, from posting the last collected request
@@ -846,7 +850,7 @@ pub trait Session: Send {
 /// run time.
 #[derive(Debug)]
 pub struct AnySession {
-    core: Core,
+    session: CheckedSession,
 }
 
 impl AnySession {
@@ -854,7 +858,7 @@ impl AnySession {
     #[must_use]
     pub fn controller() -> Self {
         Self {
-            core: Core::new(Role::Controller),
+            session: CheckedSession::new(Role::Controller),
         }
     }
 
@@ -862,7 +866,7 @@ impl AnySession {
     #[must_use]
     pub fn coprocessor() -> Self {
         Self {
-            core: Core::new(Role::Coprocessor),
+            session: CheckedSession::new(Role::Coprocessor),
         }
     }
 
@@ -876,44 +880,45 @@ impl AnySession {
         replies: &mut [&mut [u8]],
         timeout: Duration,
     ) -> Result<Collected, SessionError> {
-        self.core.collect(replies, Some(timeout))
+        self.session.collect(replies, Some(timeout))
     }
 
-    /// How many requests the engine has served: 0 on a controller, and before `start`.
+    /// How many requests the serving thread has served: 0 on a controller, and before
+    /// `start`.
     #[must_use]
     pub fn served(&self) -> u64 {
-        self.core.served()
+        self.session.served()
     }
 
     /// Why the peer is gone, once the watchdog has noticed; `None` before `start`.
     #[must_use]
     pub fn peer_gone(&self) -> Option<String> {
-        self.core.peer_gone()
+        self.session.peer_gone()
     }
 }
 
 impl Session for AnySession {
     fn role(&self) -> Role {
-        self.core.role()
+        self.session.role()
     }
 
     fn connect(&mut self, info: &ConnectInfo) -> Result<(), SessionError> {
-        self.core.connect(info)
+        self.session.connect(info)
     }
 
     fn alloc_memory(&mut self, size: usize, kind: MemoryKind) -> Result<MemRegion, SessionError> {
-        self.core.alloc_memory(size, kind)
+        self.session.alloc_memory(size, kind)
     }
 
     fn alloc_device_memory(
         &mut self,
         memory: std::sync::Arc<dyn DeviceMemory>,
     ) -> Result<MemRegion, SessionError> {
-        self.core.alloc_device_memory(memory)
+        self.session.alloc_device_memory(memory)
     }
 
     fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError> {
-        self.core.exchange_keys(local)
+        self.session.exchange_keys(local)
     }
 
     fn establish_channel(
@@ -922,38 +927,38 @@ impl Session for AnySession {
         local: &MemRegion,
         peer: &PeerRef,
     ) -> Result<(), SessionError> {
-        self.core.establish_channel(desc, local, peer)
+        self.session.establish_channel(desc, local, peer)
     }
 
     fn set_coprocessor_fn(&mut self, function: Box<CoprocessorFn>) -> Result<(), SessionError> {
-        self.core.set_coprocessor_fn(Function::Host(function))
+        self.session.set_coprocessor_fn(Function::Host(function))
     }
 
     fn set_device_coprocessor_fn(
         &mut self,
         function: Box<DeviceCoprocessorFn>,
     ) -> Result<(), SessionError> {
-        self.core.set_coprocessor_fn(Function::Device(function))
+        self.session.set_coprocessor_fn(Function::Device(function))
     }
 
     fn start(&mut self) -> Result<(), SessionError> {
-        self.core.start()
+        self.session.start()
     }
 
     fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError> {
-        self.core.submit(request)
+        self.session.submit(request)
     }
 
     fn collect(&mut self, replies: &mut [&mut [u8]]) -> Result<Collected, SessionError> {
-        self.core.collect(replies, None)
+        self.session.collect(replies, None)
     }
 
     fn stop(&mut self) {
-        self.core.stop();
+        self.session.stop();
     }
 
     fn last_rtt_ns(&self) -> u64 {
-        self.core.last_rtt_ns()
+        self.session.last_rtt_ns()
     }
 }
 
@@ -996,7 +1001,7 @@ macro_rules! common_steps {
             /// [`SessionError::Nic`], [`SessionError::Timeout`] (no peer),
             /// [`SessionError::Version`], [`SessionError::RoleMismatch`] and the I/O errors.
             pub fn connect(mut self, info: &ConnectInfo) -> Result<$ty<Connected>, SessionError> {
-                self.core.connect(info)?;
+                self.session.connect(info)?;
                 Ok(self.next())
             }
         }
@@ -1013,7 +1018,7 @@ macro_rules! common_steps {
                 size: usize,
                 kind: MemoryKind,
             ) -> Result<($ty<Allocated>, MemRegion), SessionError> {
-                let region = self.core.alloc_memory(size, kind)?;
+                let region = self.session.alloc_memory(size, kind)?;
                 Ok((self.next(), region))
             }
 
@@ -1029,7 +1034,7 @@ macro_rules! common_steps {
                 mut self,
                 memory: std::sync::Arc<dyn DeviceMemory>,
             ) -> Result<($ty<Allocated>, MemRegion), SessionError> {
-                let region = self.core.alloc_device_memory(memory)?;
+                let region = self.session.alloc_device_memory(memory)?;
                 Ok((self.next(), region))
             }
         }
@@ -1044,7 +1049,7 @@ macro_rules! common_steps {
                 mut self,
                 local: &MemRegion,
             ) -> Result<($ty<Keyed>, PeerRef), SessionError> {
-                let peer = self.core.exchange_keys(local)?;
+                let peer = self.session.exchange_keys(local)?;
                 Ok((self.next(), peer))
             }
         }
@@ -1063,7 +1068,7 @@ macro_rules! common_steps {
                 local: &MemRegion,
                 peer: &PeerRef,
             ) -> Result<$ty<Established>, SessionError> {
-                self.core.establish_channel(desc, local, peer)?;
+                self.session.establish_channel(desc, local, peer)?;
                 Ok(self.next())
             }
         }
@@ -1071,7 +1076,7 @@ macro_rules! common_steps {
         impl<S> $ty<S> {
             fn next<T>(self) -> $ty<T> {
                 $ty {
-                    core: self.core,
+                    session: self.session,
                     state: std::marker::PhantomData,
                 }
             }
@@ -1079,13 +1084,13 @@ macro_rules! common_steps {
             /// Seed 003's `last_rtt_ns` (see [`Session::last_rtt_ns`]).
             #[must_use]
             pub fn last_rtt_ns(&self) -> u64 {
-                self.core.last_rtt_ns()
+                self.session.last_rtt_ns()
             }
 
             /// Why the peer is gone, once the watchdog has noticed.
             #[must_use]
             pub fn peer_gone(&self) -> Option<String> {
-                self.core.peer_gone()
+                self.session.peer_gone()
             }
         }
 
@@ -1102,7 +1107,7 @@ macro_rules! common_steps {
                 &mut self,
                 replies: &mut [&mut [u8]],
             ) -> Result<Collected, SessionError> {
-                self.core.collect(replies, None)
+                self.session.collect(replies, None)
             }
 
             /// `collect`, giving up after `timeout` with [`SessionError::Timeout`].
@@ -1115,13 +1120,13 @@ macro_rules! common_steps {
                 replies: &mut [&mut [u8]],
                 timeout: Duration,
             ) -> Result<Collected, SessionError> {
-                self.core.collect(replies, Some(timeout))
+                self.session.collect(replies, Some(timeout))
             }
 
-            /// Seed 003's `stop`: stops the engine, says bye to the peer and joins.
+            /// Seed 003's `stop`: stops the serving thread, says bye to the peer and joins.
             /// Idempotent; dropping the session stops it too.
             pub fn stop(&mut self) {
-                self.core.stop();
+                self.session.stop();
             }
         }
 
@@ -1136,14 +1141,14 @@ macro_rules! common_steps {
 /// The controller (seed 003's `ControllerSession`), in typestate `S`.
 #[derive(Debug)]
 pub struct Controller<S = New> {
-    core: Core,
+    session: CheckedSession,
     state: std::marker::PhantomData<S>,
 }
 
 /// The coprocessor (seed 003's `CoprocessorSession`), in typestate `S`.
 #[derive(Debug)]
 pub struct Coprocessor<S = New> {
-    core: Core,
+    session: CheckedSession,
     state: std::marker::PhantomData<S>,
 }
 
@@ -1155,21 +1160,21 @@ impl Controller<New> {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            core: Core::new(Role::Controller),
+            session: CheckedSession::new(Role::Controller),
             state: std::marker::PhantomData,
         }
     }
 }
 
 impl Controller<Established> {
-    /// Seed 003's `start`: returns at once. The controller's engine is the NIC's progress
-    /// thread and the caller's own polling in `collect`.
+    /// Seed 003's `start`: returns at once. The controller needs no thread of its own: the
+    /// NIC's progress thread and the caller's own polling in `collect` move its requests.
     ///
     /// # Errors
     ///
     /// None in practice; the `Result` keeps the seed's shape.
     pub fn start(mut self) -> Result<Controller<Running>, SessionError> {
-        self.core.start()?;
+        self.session.start()?;
         Ok(self.next())
     }
 }
@@ -1183,7 +1188,7 @@ impl Controller<Running> {
     /// [`SessionError::RequestTooLarge`], [`SessionError::NoFreeSlot`],
     /// [`SessionError::PeerGone`], [`SessionError::Transport`] (an earlier request failed).
     pub fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError> {
-        self.core.submit(request)
+        self.session.submit(request)
     }
 }
 
@@ -1192,7 +1197,7 @@ impl Coprocessor<New> {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            core: Core::new(Role::Coprocessor),
+            session: CheckedSession::new(Role::Coprocessor),
             state: std::marker::PhantomData,
         }
     }
@@ -1208,7 +1213,7 @@ impl Coprocessor<Established> {
     where
         F: FnMut(&[u8], &mut [u8]) -> Result<usize, String> + Send + 'static,
     {
-        self.core
+        self.session
             .set_coprocessor_fn(Function::Host(Box::new(function)))?;
         Ok(self.next())
     }
@@ -1227,28 +1232,28 @@ impl Coprocessor<Established> {
     where
         F: for<'a> FnMut(DeviceCall<'a>) -> Result<usize, String> + Send + 'static,
     {
-        self.core
+        self.session
             .set_coprocessor_fn(Function::Device(Box::new(function)))?;
         Ok(self.next())
     }
 }
 
 impl Coprocessor<Ready> {
-    /// Seed 003's `start`: starts the engine thread, which serves requests until `stop`.
+    /// Seed 003's `start`: starts the serving thread, which serves requests until `stop`.
     ///
     /// # Errors
     ///
     /// [`SessionError::Io`] when the thread cannot be started.
     pub fn start(mut self) -> Result<Coprocessor<Running>, SessionError> {
-        self.core.start()?;
+        self.session.start()?;
         Ok(self.next())
     }
 }
 
 impl Coprocessor<Running> {
-    /// How many requests the engine has served.
+    /// How many requests the serving thread has served.
     #[must_use]
     pub fn served(&self) -> u64 {
-        self.core.served()
+        self.session.served()
     }
 }

@@ -1,5 +1,5 @@
-//! The machinery both faces of a session share: every step checked at run time, the
-//! controller's slots and the coprocessor's engine thread.
+//! [`CheckedSession`], the machinery both faces of a session share: every step checked at
+//! run time, the controller's slots and the coprocessor's serving thread.
 //!
 //! Layout of the channel (one region per side, `slots` slots of each kind):
 //!
@@ -22,25 +22,28 @@ use std::time::{Duration, Instant};
 
 use ferroce_proto::memory::WriteOrder;
 use ferroce_proto::qp::{
-    Mtu, Payload, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus,
+    Completion, Payload, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 
-use super::link::{self, Liveness, Watchdog};
+use super::handshake;
+use super::watchdog::{Liveness, Watchdog};
 use super::{
     ChannelDesc, Collected, ConnectInfo, CoprocessorFn, DeviceCall, DeviceCoprocessorFn, MemRegion,
     MemoryKind, PeerRef, RequestId, Role, SessionError, Step,
 };
+use crate::device::DeviceMemory;
+use crate::exchange::{PeerInfo, RemoteRegion};
+use crate::oob::{self, RcConnection, RcPlan};
+use crate::{ConnectOptions, Cq, Nic, Qp, Region, RegionAccess, RegionMemory};
 
 /// The coprocessor's function: on host copies of the messages, or in the device memory.
 pub(super) enum Function {
     Host(Box<CoprocessorFn>),
     Device(Box<DeviceCoprocessorFn>),
 }
-use crate::device::DeviceMemory;
-use crate::exchange::{PeerInfo, RemoteRegion};
-use crate::{ConnectOptions, Cq, Nic, Qp, Region, RegionAccess, RegionMemory};
 
-/// How long a waiting thread polls (driving the engine itself) before it sleeps on the CQ.
+/// How long a waiting thread polls (driving the soft NIC's protocol engine itself) before it
+/// sleeps on the CQ.
 const SPIN: Duration = Duration::from_millis(5);
 /// How long one sleep on a CQ lasts before liveness and stop are checked again.
 const NAP: Duration = Duration::from_millis(1);
@@ -75,9 +78,9 @@ fn imm(slot: u16, kind: ReplyKind) -> u32 {
 /// A session's sequence number, so that a region of one session is refused by another.
 static SESSIONS: AtomicU64 = AtomicU64::new(1);
 
-/// The NIC, queue pair and out-of-band connection of a connected session.
+/// What `connect` made: the NIC, completion queues, queue pair and out-of-band connection.
 #[derive(Debug)]
-struct Link {
+struct Connection {
     nic: Nic,
     send_cq: Cq,
     recv_cq: Cq,
@@ -144,12 +147,12 @@ struct Served {
     outcome: Result<Vec<u8>, (ReplyKind, String)>,
 }
 
-/// What the coprocessor's engine thread shares with the session.
+/// What the coprocessor's serving thread shares with the session.
 #[derive(Debug, Default)]
-struct EngineShared {
+struct ServerShared {
     stop: AtomicBool,
     history: Mutex<VecDeque<Served>>,
-    /// Why the engine stopped on its own.
+    /// Why the server stopped on its own.
     failure: Mutex<Option<String>>,
     changed: Condvar,
     /// Threads waiting on `changed`: without any, a notification is a system call for nothing.
@@ -157,7 +160,7 @@ struct EngineShared {
     served: AtomicU64,
 }
 
-impl EngineShared {
+impl ServerShared {
     fn fail(&self, why: String) {
         *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
         self.changed.notify_all();
@@ -169,28 +172,35 @@ impl EngineShared {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+    /// Wakes the threads waiting in `collect`, if there are any.
+    fn wake_collectors(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_all();
+        }
+    }
 }
 
-/// A session of either role, every step checked at run time.
-pub(super) struct Core {
+/// A session of either role, every step checked at run time: what an `AnySession` is, and
+/// what a `Controller` or `Coprocessor` holds behind its typestate.
+pub(super) struct CheckedSession {
     role: Role,
     id: u64,
-    link: Option<Link>,
+    connection: Option<Connection>,
     peer: Option<PeerRef>,
     channel: Option<Channel>,
     function: Option<Function>,
     watchdog: Option<Watchdog>,
     started: bool,
     stopped: bool,
-    engine: Option<(Arc<EngineShared>, JoinHandle<()>)>,
+    server: Option<(Arc<ServerShared>, JoinHandle<()>)>,
     rtt: Arc<AtomicU64>,
 }
 
-impl std::fmt::Debug for Core {
+impl std::fmt::Debug for CheckedSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Core")
+        f.debug_struct("CheckedSession")
             .field("role", &self.role)
-            .field("link", &self.link)
+            .field("connection", &self.connection)
             .field("peer", &self.peer)
             .field("started", &self.started)
             .field("stopped", &self.stopped)
@@ -198,19 +208,19 @@ impl std::fmt::Debug for Core {
     }
 }
 
-impl Core {
+impl CheckedSession {
     pub(super) fn new(role: Role) -> Self {
         Self {
             role,
             id: SESSIONS.fetch_add(1, Ordering::Relaxed),
-            link: None,
+            connection: None,
             peer: None,
             channel: None,
             function: None,
             watchdog: None,
             started: false,
             stopped: false,
-            engine: None,
+            server: None,
             rtt: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -226,9 +236,10 @@ impl Core {
         Ok(())
     }
 
-    fn link(&self, call: Step) -> Result<&Link, SessionError> {
+    /// The connection `call` needs, or why there is none (stopped, or not yet connected).
+    fn connection(&self, call: Step) -> Result<&Connection, SessionError> {
         self.not_stopped(call)?;
-        self.link.as_ref().ok_or(SessionError::OutOfOrder {
+        self.connection.as_ref().ok_or(SessionError::OutOfOrder {
             call,
             missing: Step::Connect,
         })
@@ -236,7 +247,7 @@ impl Core {
 
     pub(super) fn connect(&mut self, info: &ConnectInfo) -> Result<(), SessionError> {
         self.not_stopped(Step::Connect)?;
-        if self.link.is_some() {
+        if self.connection.is_some() {
             return Err(SessionError::AlreadyDone {
                 call: Step::Connect,
             });
@@ -246,39 +257,43 @@ impl Core {
                 "the connect and peer timeouts must be above zero".into(),
             ));
         }
-        let nic = Nic::open_for_face(&info.device, info.ib_port, info.nic, info.faults)?;
-        let mut stream = link::open(self.role, info.oob, info.timeout)?;
-        let ours = info.mtu.unwrap_or_else(|| nic.active_mtu());
-        let theirs = link::hello(&mut stream, self.role, ours.bytes())?;
-        let mtu = Mtu::from_bytes(theirs)
-            .ok_or_else(|| {
-                SessionError::Protocol(format!("the peer's MTU {theirs} is not one of 256 … 4096"))
-            })?
-            .min(ours);
         // Room for every slot's message each way, plus a little.
         let depth = usize::from(super::MAX_SLOTS) + 8;
-        let send_cq = Cq::new(&nic, depth * 2)?;
-        let recv_cq = Cq::new(&nic, depth * 2)?;
-        let caps = QpCaps {
-            sq_depth: u32::from(super::MAX_SLOTS) + 8,
-            rq_depth: u32::from(super::MAX_SLOTS) + 8,
-            max_inline: 0,
+        let plan = RcPlan {
+            device: &info.device,
+            ib_port: info.ib_port,
+            local: info.nic,
+            faults: info.faults,
+            listen: self.role == Role::Coprocessor,
+            oob: info.oob,
+            timeout: info.timeout,
+            mtu: info.mtu,
+            send_cq: depth * 2,
+            recv_cq: depth * 2,
+            caps: QpCaps {
+                sq_depth: u32::from(super::MAX_SLOTS) + 8,
+                rq_depth: u32::from(super::MAX_SLOTS) + 8,
+                max_inline: 0,
+            },
+            options: ConnectOptions {
+                access: RegionAccess::RemoteWrite,
+                timeout: info.ack_timeout,
+                retry_cnt: info.retry_cnt,
+                ..ConnectOptions::default()
+            },
         };
-        let qp = Qp::new(&nic, QpType::Rc, &send_cq, &recv_cq, caps)?;
-        let mine = PeerInfo {
-            endpoint: qp.endpoint(),
-            regions: Vec::new(),
-        };
-        let peer = mine.exchange(&mut stream)?;
-        let options = ConnectOptions {
-            mtu,
-            access: RegionAccess::RemoteWrite,
-            timeout: info.ack_timeout,
-            retry_cnt: info.retry_cnt,
-            ..ConnectOptions::default()
-        };
-        qp.connect(&peer.endpoint, &options)?;
-        self.link = Some(Link {
+        let role = self.role;
+        let hello =
+            |stream: &mut _, ours| handshake::hello(stream, role, ours).map(|mtu| (mtu, ()));
+        let (rc, ()) = oob::connect_rc(&plan, hello)?;
+        let RcConnection {
+            nic,
+            stream,
+            send_cq,
+            recv_cq,
+            qp,
+        } = rc;
+        self.connection = Some(Connection {
             nic,
             send_cq,
             recv_cq,
@@ -294,7 +309,7 @@ impl Core {
         size: usize,
         kind: MemoryKind,
     ) -> Result<MemRegion, SessionError> {
-        self.link(Step::AllocMemory)?;
+        self.connection(Step::AllocMemory)?;
         if size == 0 {
             return Err(SessionError::InvalidArgument(
                 "alloc_memory needs at least one byte".into(),
@@ -318,7 +333,7 @@ impl Core {
         &mut self,
         memory: Arc<dyn DeviceMemory>,
     ) -> Result<MemRegion, SessionError> {
-        self.link(Step::AllocMemory)?;
+        self.connection(Step::AllocMemory)?;
         let size = usize::try_from(memory.size())
             .map_err(|_| SessionError::Allocation { size: usize::MAX })?;
         self.register(size, MemoryKind::Device, Some(memory))
@@ -331,7 +346,7 @@ impl Core {
         kind: MemoryKind,
         device: Option<Arc<dyn DeviceMemory>>,
     ) -> Result<MemRegion, SessionError> {
-        let link = self.link(Step::AllocMemory)?;
+        let connection = self.connection(Step::AllocMemory)?;
         if size == 0 {
             return Err(SessionError::InvalidArgument(
                 "alloc_memory needs at least one byte".into(),
@@ -343,7 +358,7 @@ impl Core {
             .map_err(|_| SessionError::Allocation { size })?;
         bytes.resize(size, 0);
         let region = Region::register(
-            &link.nic,
+            &connection.nic,
             RegionAccess::RemoteWrite,
             WriteOrder::InOrder,
             RegionMemory::Host(bytes),
@@ -364,7 +379,7 @@ impl Core {
     }
 
     pub(super) fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError> {
-        self.link(Step::ExchangeKeys)?;
+        self.connection(Step::ExchangeKeys)?;
         self.own(local)?;
         if self.channel.is_some() {
             return Err(SessionError::TooLate {
@@ -372,16 +387,16 @@ impl Core {
                 after: Step::EstablishChannel,
             });
         }
-        let link = self.link.as_mut().ok_or(SessionError::OutOfOrder {
+        let connection = self.connection.as_mut().ok_or(SessionError::OutOfOrder {
             call: Step::ExchangeKeys,
             missing: Step::Connect,
         })?;
-        let stream = link.stream.as_mut().ok_or(SessionError::TooLate {
+        let stream = connection.stream.as_mut().ok_or(SessionError::TooLate {
             call: Step::ExchangeKeys,
             after: Step::EstablishChannel,
         })?;
         let mine = PeerInfo {
-            endpoint: link.qp.endpoint(),
+            endpoint: connection.qp.endpoint(),
             regions: vec![RemoteRegion {
                 va: local.region.va(),
                 rkey: local.region.rkey(),
@@ -408,7 +423,7 @@ impl Core {
         local: &MemRegion,
         peer: &PeerRef,
     ) -> Result<(), SessionError> {
-        self.link(Step::EstablishChannel)?;
+        self.connection(Step::EstablishChannel)?;
         if self.peer.is_none() {
             return Err(SessionError::OutOfOrder {
                 call: Step::EstablishChannel,
@@ -430,7 +445,7 @@ impl Core {
                 needed,
             });
         }
-        let link = self.link.as_mut().ok_or(SessionError::OutOfOrder {
+        let connection = self.connection.as_mut().ok_or(SessionError::OutOfOrder {
             call: Step::EstablishChannel,
             missing: Step::Connect,
         })?;
@@ -438,16 +453,16 @@ impl Core {
         // descriptions are compared before the peer's region, so that a mismatch is named as
         // such on both sides.
         for slot in 0..desc.slots {
-            link.qp.post_recv(RecvWr {
+            connection.qp.post_recv(RecvWr {
                 wr_id: u64::from(slot),
                 sges: Vec::new(),
             })?;
         }
-        let mut stream = link.stream.take().ok_or(SessionError::AlreadyDone {
+        let mut stream = connection.stream.take().ok_or(SessionError::AlreadyDone {
             call: Step::EstablishChannel,
         })?;
-        link::write_line(&mut stream, &desc.to_line(), "the channel description")?;
-        let line = link::read_line(&mut stream, "the channel description")?;
+        handshake::write_line(&mut stream, &desc.to_line(), "the channel description")?;
+        let line = handshake::read_line(&mut stream, "the channel description")?;
         let theirs = ChannelDesc::parse_line(&line)?;
         if theirs != *desc {
             return Err(SessionError::ChannelMismatch {
@@ -462,7 +477,7 @@ impl Core {
                 needed,
             });
         }
-        self.watchdog = Some(Watchdog::start(stream, link.peer_timeout)?);
+        self.watchdog = Some(Watchdog::start(stream, connection.peer_timeout)?);
         self.channel = Some(Channel {
             desc: *desc,
             region: Arc::clone(&local.region),
@@ -495,7 +510,7 @@ impl Core {
         if self.channel.is_none() {
             return Err(SessionError::OutOfOrder {
                 call: Step::SetCoprocessorFn,
-                missing: if self.link.is_none() {
+                missing: if self.connection.is_none() {
                     Step::Connect
                 } else if self.peer.is_none() {
                     Step::ExchangeKeys
@@ -518,7 +533,7 @@ impl Core {
 
     /// The first step not yet taken before `call`, if any.
     fn missing_before_start(&self, call: Step) -> Result<(), SessionError> {
-        let missing = if self.link.is_none() {
+        let missing = if self.connection.is_none() {
             Some(Step::Connect)
         } else if self.peer.is_none() {
             Some(Step::ExchangeKeys)
@@ -546,19 +561,19 @@ impl Core {
                     missing: Step::SetCoprocessorFn,
                 });
             };
-            let (Some(link), Some(channel), Some(watchdog)) =
-                (&self.link, &self.channel, &self.watchdog)
+            let (Some(connection), Some(channel), Some(watchdog)) =
+                (&self.connection, &self.channel, &self.watchdog)
             else {
                 return Err(SessionError::OutOfOrder {
                     call: Step::Start,
                     missing: Step::EstablishChannel,
                 });
             };
-            let shared = Arc::new(EngineShared::default());
-            let engine = Engine {
-                qp: Arc::clone(&link.qp),
-                send_cq: link.send_cq.clone(),
-                recv_cq: link.recv_cq.clone(),
+            let shared = Arc::new(ServerShared::default());
+            let server = Server {
+                qp: Arc::clone(&connection.qp),
+                send_cq: connection.send_cq.clone(),
+                recv_cq: connection.recv_cq.clone(),
                 region: Arc::clone(&channel.region),
                 device: channel.device.clone(),
                 desc: channel.desc,
@@ -570,12 +585,12 @@ impl Core {
             };
             let thread = std::thread::Builder::new()
                 .name("ferroce coprocessor".into())
-                .spawn(move || engine.run())
+                .spawn(move || server.run())
                 .map_err(|source| SessionError::Io {
                     what: "starting the coprocessor's engine",
                     source,
                 })?;
-            self.engine = Some((shared, thread));
+            self.server = Some((shared, thread));
         }
         self.started = true;
         Ok(())
@@ -608,7 +623,7 @@ impl Core {
         }
         self.running(Step::Submit)?;
         let role = self.role;
-        let (Some(link), Some(channel)) = (&self.link, &mut self.channel) else {
+        let (Some(connection), Some(channel)) = (&self.connection, &mut self.channel) else {
             return Err(SessionError::OutOfOrder {
                 call: Step::Submit,
                 missing: Step::EstablishChannel,
@@ -624,7 +639,7 @@ impl Core {
                 max,
             });
         }
-        reap_sends(link, channel)?;
+        reap_sends(connection, channel)?;
         let Some(slot) = channel.slots.free.pop() else {
             return Err(SessionError::NoFreeSlot {
                 slots: channel.desc.slots,
@@ -647,7 +662,7 @@ impl Core {
             Payload::Sges(sges),
         );
         channel.slots.in_flight[usize::from(slot)] = Some((id, Instant::now()));
-        if let Err(e) = link.qp.post_send(wr) {
+        if let Err(e) = connection.qp.post_send(wr) {
             channel.slots.in_flight[usize::from(slot)] = None;
             channel.slots.free.push(slot);
             return Err(e.into());
@@ -674,7 +689,7 @@ impl Core {
         timeout: Option<Duration>,
     ) -> Result<Collected, SessionError> {
         let role = self.role;
-        let (Some(link), Some(channel)) = (&self.link, &mut self.channel) else {
+        let (Some(connection), Some(channel)) = (&self.connection, &mut self.channel) else {
             return Err(SessionError::OutOfOrder {
                 call: Step::Collect,
                 missing: Step::EstablishChannel,
@@ -691,14 +706,14 @@ impl Core {
                 return Err(SessionError::NothingInFlight);
             }
             let wc = if spinning {
-                link.recv_cq.poll()
+                connection.recv_cq.poll()
             } else {
-                link.recv_cq.wait(NAP)
+                connection.recv_cq.wait(NAP)
             };
             if let Some(wc) = wc {
                 if wc.status != WcStatus::Success {
                     // The queue pair failed; a request's send error says why and which.
-                    reap_sends(link, channel)?;
+                    reap_sends(connection, channel)?;
                     return Err(SessionError::Transport {
                         request: None,
                         status: wc.status,
@@ -712,7 +727,7 @@ impl Core {
                 };
                 self.rtt
                     .store(posted.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                link.qp.post_recv(RecvWr {
+                connection.qp.post_recv(RecvWr {
                     wr_id: u64::from(slot),
                     sges: Vec::new(),
                 })?;
@@ -723,7 +738,7 @@ impl Core {
                 });
                 continue;
             }
-            reap_sends(link, channel)?;
+            reap_sends(connection, channel)?;
             if let Some(reason) = liveness.as_ref().and_then(|l| l.gone()) {
                 return Err(SessionError::PeerGone { reason });
             }
@@ -751,7 +766,7 @@ impl Core {
         replies: &mut [&mut [u8]],
         timeout: Option<Duration>,
     ) -> Result<Collected, SessionError> {
-        let Some((shared, _)) = &self.engine else {
+        let Some((shared, _)) = &self.server else {
             return Err(SessionError::OutOfOrder {
                 call: Step::Collect,
                 missing: Step::Start,
@@ -803,7 +818,7 @@ impl Core {
             let nap = deadline.map_or(Duration::from_millis(10), |d| {
                 (d - now).min(Duration::from_millis(10))
             });
-            // Counted under the lock, so the engine, which pushes under it, cannot miss us.
+            // Counted under the lock, so the server, which pushes under it, cannot miss us.
             shared.waiters.fetch_add(1, Ordering::SeqCst);
             history = shared
                 .changed
@@ -816,7 +831,7 @@ impl Core {
 
     /// Requests the coprocessor served so far (0 on a controller).
     pub(super) fn served(&self) -> u64 {
-        self.engine
+        self.server
             .as_ref()
             .map_or(0, |(shared, _)| shared.served.load(Ordering::Relaxed))
     }
@@ -831,15 +846,15 @@ impl Core {
             return;
         }
         self.stopped = true;
-        if let Some((shared, thread)) = self.engine.take() {
+        if let Some((shared, thread)) = self.server.take() {
             shared.stop.store(true, Ordering::SeqCst);
             let _ = thread.join();
         }
         if let Some(mut watchdog) = self.watchdog.take() {
             watchdog.stop();
         }
-        if let Some(link) = &self.link {
-            link.qp.shutdown();
+        if let Some(connection) = &self.connection {
+            connection.qp.shutdown();
         }
     }
 
@@ -848,7 +863,7 @@ impl Core {
     }
 }
 
-impl Drop for Core {
+impl Drop for CheckedSession {
     fn drop(&mut self) {
         self.stop();
     }
@@ -932,8 +947,8 @@ fn take_reply(
 
 /// Takes the send completions that have arrived; a failed request WRITE is an error naming
 /// the request.
-fn reap_sends(link: &Link, channel: &Channel) -> Result<(), SessionError> {
-    while let Some(wc) = link.send_cq.poll() {
+fn reap_sends(connection: &Connection, channel: &Channel) -> Result<(), SessionError> {
+    while let Some(wc) = connection.send_cq.poll() {
         if wc.status != WcStatus::Success {
             let request = channel
                 .slots
@@ -951,9 +966,9 @@ fn reap_sends(link: &Link, channel: &Channel) -> Result<(), SessionError> {
     Ok(())
 }
 
-/// The coprocessor's engine: takes requests from the request slots, runs the function, and
-/// WRITEs the replies back.
-struct Engine {
+/// The coprocessor's serving thread: takes requests from the request slots, runs the
+/// function, and WRITEs the replies back.
+struct Server {
     qp: Arc<Qp>,
     send_cq: Cq,
     recv_cq: Cq,
@@ -962,24 +977,45 @@ struct Engine {
     desc: ChannelDesc,
     peer: PeerRef,
     liveness: Arc<Liveness>,
-    shared: Arc<EngineShared>,
+    shared: Arc<ServerShared>,
     rtt: Arc<AtomicU64>,
     function: Function,
 }
 
-impl Engine {
+/// What one call of the function came to: its return, or the panic it raised.
+type Ran = std::thread::Result<Result<usize, String>>;
+
+/// The serving loop's scratch: host copies of the request and the reply being served, and when
+/// each slot's last reply was posted (for the round-trip time).
+struct Scratch {
+    request: Vec<u8>,
+    reply: Vec<u8>,
+    posted: Vec<Option<Instant>>,
+}
+
+impl Scratch {
+    fn new(desc: &ChannelDesc) -> Self {
+        Self {
+            request: vec![0u8; desc.request_bytes as usize],
+            reply: vec![0u8; desc.reply_bytes as usize],
+            posted: vec![None; usize::from(desc.slots)],
+        }
+    }
+}
+
+impl Server {
+    /// Serves until the end; an error that ends it is kept for `collect`.
     fn run(mut self) {
         if let Err(why) = self.serve() {
             self.shared.fail(why);
         }
     }
 
+    /// Serves requests as they arrive until stopped, until the controller leaves or the queue
+    /// pair is torn down (`Ok`), or until a step fails (`Err`, which says why).
     fn serve(&mut self) -> Result<(), String> {
-        let mut request = vec![0u8; self.desc.request_bytes as usize];
-        let mut reply = vec![0u8; self.desc.reply_bytes as usize];
-        let mut posted: Vec<Option<Instant>> = vec![None; usize::from(self.desc.slots)];
+        let mut scratch = Scratch::new(&self.desc);
         let mut last_work = Instant::now();
-        let mut seq = 0u64;
         while !self.shared.stop.load(Ordering::SeqCst) {
             let spinning = last_work.elapsed() < SPIN;
             let wc = if spinning {
@@ -987,18 +1023,7 @@ impl Engine {
             } else {
                 self.recv_cq.wait(NAP)
             };
-            while let Some(sent) = self.send_cq.poll() {
-                if sent.status != WcStatus::Success {
-                    return Err(format!(
-                        "a reply WRITE failed: {} (is the controller still there?)",
-                        sent.status
-                    ));
-                }
-                if let Some(Some(at)) = posted.get_mut(sent.wr_id as usize).map(Option::take) {
-                    self.rtt
-                        .store(at.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                }
-            }
+            self.reap_replies(&mut scratch.posted)?;
             let Some(wc) = wc else {
                 if self.liveness.gone().is_some() {
                     // The controller left; nothing more will come.
@@ -1010,154 +1035,247 @@ impl Engine {
                 continue;
             };
             last_work = Instant::now();
-            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::RecvRdmaWithImm {
-                if self.shared.stop.load(Ordering::SeqCst) || wc.status == WcStatus::WrFlushErr {
-                    return Ok(());
-                }
+            let Some((slot, len)) = self.take_request(&wc)? else {
+                return Ok(());
+            };
+            self.answer(slot, len, &mut scratch)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the completions of reply WRITEs: a failed one ends serving, a good one gives the
+    /// round-trip time from its posting.
+    fn reap_replies(&self, posted: &mut [Option<Instant>]) -> Result<(), String> {
+        while let Some(sent) = self.send_cq.poll() {
+            if sent.status != WcStatus::Success {
                 return Err(format!(
-                    "a request arrived with status {} as {:?}",
-                    wc.status, wc.opcode
+                    "a reply WRITE failed: {} (is the controller still there?)",
+                    sent.status
                 ));
             }
-            let slot = (wc.imm.unwrap_or(0) & 0xffff) as u16;
-            if slot >= self.desc.slots {
-                return Err(format!(
-                    "a request in slot {slot}, beyond the channel's {}",
-                    self.desc.slots
-                ));
-            }
-            self.qp
-                .post_recv(RecvWr {
-                    wr_id: u64::from(slot),
-                    sges: Vec::new(),
-                })
-                .map_err(|e| format!("cannot post a receive: {e}"))?;
-            let len = wc.byte_len as usize;
-            let staging = u64::from(self.desc.slots) * u64::from(self.desc.request_bytes)
-                + u64::from(slot) * u64::from(self.desc.reply_bytes);
-            let (kind, n) = if len > request.len() {
-                let message = format!(
-                    "a request of {len} bytes is longer than the slot's {}",
-                    request.len()
-                );
-                (ReplyKind::Failed, self.message(&mut reply, &message))
-            } else {
-                let at = u64::from(slot) * u64::from(self.desc.request_bytes);
-                self.region
-                    .read(at, &mut request[..len])
-                    .map_err(|e| e.to_string())?;
-                if let Some(device) = &self.device {
-                    device
-                        .write(at, &request[..len])
-                        .map_err(|e| format!("request in slot {slot}: {e}"))?;
-                }
-                let capacity = reply.len();
-                let ran = match (&mut self.function, &self.device) {
-                    (Function::Host(function), _) => {
-                        catch_unwind(AssertUnwindSafe(|| function(&request[..len], &mut reply)))
-                    }
-                    (Function::Device(function), Some(device)) => {
-                        let call = DeviceCall {
-                            memory: device.as_ref(),
-                            request_offset: at,
-                            request_len: len,
-                            reply_offset: staging,
-                            reply_capacity: capacity,
-                        };
-                        catch_unwind(AssertUnwindSafe(|| function(call)))
-                    }
-                    (Function::Device(_), None) => {
-                        return Err("a device function on a region without device memory".into())
-                    }
-                };
-                match ran {
-                    Ok(Ok(n)) if n <= capacity => (ReplyKind::Ok, n),
-                    Ok(Ok(n)) => {
-                        let message = format!(
-                            "the coprocessor function returned {n} bytes for a reply slot of {}",
-                            reply.len()
-                        );
-                        (ReplyKind::Failed, self.message(&mut reply, &message))
-                    }
-                    Ok(Err(message)) => (ReplyKind::Failed, self.message(&mut reply, &message)),
-                    Err(panic) => {
-                        let message = crate::panic_message(panic.as_ref())
-                            .unwrap_or_else(|| "a panic without a message".into());
-                        let message = format!("the coprocessor function panicked: {message}");
-                        (ReplyKind::Panicked, self.message(&mut reply, &message))
-                    }
-                }
-            };
-            // A device function's reply is in the device memory already; error replies and a
-            // host function's are in `reply`.
-            let on_device = kind == ReplyKind::Ok && matches!(self.function, Function::Device(_));
-            let mut sges = Vec::new();
-            if n > 0 {
-                if let (true, Some(device)) = (on_device, &self.device) {
-                    device
-                        .read(staging, &mut reply[..n])
-                        .map_err(|e| format!("reply in slot {slot}: {e}"))?;
-                }
-                self.region
-                    .write(staging, &reply[..n])
-                    .map_err(|e| e.to_string())?;
-                if let (false, Some(device)) = (on_device, &self.device) {
-                    device
-                        .write(staging, &reply[..n])
-                        .map_err(|e| format!("reply in slot {slot}: {e}"))?;
-                }
-                sges.push(
-                    self.region
-                        .local(staging, n as u32)
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-            let remote = RemoteAddr {
-                va: self.peer.va + u64::from(slot) * u64::from(self.desc.reply_bytes),
-                rkey: self.peer.rkey,
-            };
-            // Count the request as served before its reply can reach the controller, so
-            // that a controller holding the reply never sees a count that lacks it.
-            let outcome = match kind {
-                ReplyKind::Ok => Ok(reply[..n].to_vec()),
-                _ => Err((kind, String::from_utf8_lossy(&reply[..n]).into_owned())),
-            };
-            let mut history = self
-                .shared
-                .history
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if history.len() == HISTORY {
-                history.pop_front();
-            }
-            history.push_back(Served {
-                request: RequestId(seq),
-                outcome,
-            });
-            drop(history);
-            seq += 1;
-            self.shared.served.fetch_add(1, Ordering::Relaxed);
-            posted[usize::from(slot)] = Some(Instant::now());
-            self.qp
-                .post_send(SendWr::new(
-                    u64::from(slot),
-                    SendOp::WriteWithImm(remote, imm(slot, kind)),
-                    Payload::Sges(sges),
-                ))
-                .map_err(|e| format!("cannot post a reply: {e}"))?;
-            if self.shared.waiters.load(Ordering::SeqCst) > 0 {
-                self.shared.changed.notify_all();
+            if let Some(Some(at)) = posted.get_mut(sent.wr_id as usize).map(Option::take) {
+                self.rtt
+                    .store(at.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
         }
         Ok(())
     }
 
-    /// Writes `message` (cut to the reply slot) into `reply`; returns its length.
-    fn message(&self, reply: &mut [u8], message: &str) -> usize {
-        let n = message.len().min(reply.len());
-        reply[..n].copy_from_slice(&message.as_bytes()[..n]);
-        n
+    /// Takes the request a receive completion announces and re-posts its slot's receive
+    /// (before the reply, so that the next request never finds the queue empty). Returns its
+    /// slot and length, or `None` when the queue pair is being torn down.
+    fn take_request(&self, wc: &Completion) -> Result<Option<(u16, usize)>, String> {
+        if wc.status != WcStatus::Success || wc.opcode != WcOpcode::RecvRdmaWithImm {
+            if self.shared.stop.load(Ordering::SeqCst) || wc.status == WcStatus::WrFlushErr {
+                return Ok(None);
+            }
+            return Err(format!(
+                "a request arrived with status {} as {:?}",
+                wc.status, wc.opcode
+            ));
+        }
+        let slot = (wc.imm.unwrap_or(0) & 0xffff) as u16;
+        if slot >= self.desc.slots {
+            return Err(format!(
+                "a request in slot {slot}, beyond the channel's {}",
+                self.desc.slots
+            ));
+        }
+        self.qp
+            .post_recv(RecvWr {
+                wr_id: u64::from(slot),
+                sges: Vec::new(),
+            })
+            .map_err(|e| format!("cannot post a receive: {e}"))?;
+        Ok(Some((slot, wc.byte_len as usize)))
     }
+
+    /// Answers the request in `slot`, `len` bytes long: runs the function, stages the reply,
+    /// counts the request served, posts the reply and wakes `collect`. The count comes before
+    /// the post, so that a controller holding the reply never sees a count that lacks it.
+    fn answer(&mut self, slot: u16, len: usize, scratch: &mut Scratch) -> Result<(), String> {
+        let (kind, n) = self.run_function(slot, len, scratch)?;
+        let reply = &mut scratch.reply[..n];
+        let sges = self.stage_reply(slot, kind, reply)?;
+        self.record_served(kind, reply);
+        self.post_reply(slot, kind, sges, &mut scratch.posted)?;
+        self.shared.wake_collectors();
+        Ok(())
+    }
+
+    /// Runs the function on the request in `slot`, `len` bytes long; returns what the reply is
+    /// and its length. A request longer than the slot, the function's error or panic and a
+    /// reply longer than the slot become an error reply in `scratch.reply`.
+    fn run_function(
+        &mut self,
+        slot: u16,
+        len: usize,
+        scratch: &mut Scratch,
+    ) -> Result<(ReplyKind, usize), String> {
+        let Scratch { request, reply, .. } = scratch;
+        if len > request.len() {
+            let message = format!(
+                "a request of {len} bytes is longer than the slot's {}",
+                request.len()
+            );
+            return Ok((ReplyKind::Failed, put_message(reply, &message)));
+        }
+        let at = u64::from(slot) * u64::from(self.desc.request_bytes);
+        let request = &mut request[..len];
+        self.region.read(at, request).map_err(|e| e.to_string())?;
+        if let Some(device) = &self.device {
+            device
+                .write(at, request)
+                .map_err(|e| format!("request in slot {slot}: {e}"))?;
+        }
+        let ran = self.call_function(slot, at, request, reply)?;
+        Ok(reply_of(ran, reply))
+    }
+
+    /// Calls the function, catching a panic: on the host copies of the request (read from
+    /// offset `at`) and the reply, or where they lie in the device memory.
+    fn call_function(
+        &mut self,
+        slot: u16,
+        at: u64,
+        request: &[u8],
+        reply: &mut [u8],
+    ) -> Result<Ran, String> {
+        let staging = self.staging(slot);
+        match (&mut self.function, &self.device) {
+            (Function::Host(function), _) => {
+                Ok(catch_unwind(AssertUnwindSafe(|| function(request, reply))))
+            }
+            (Function::Device(function), Some(device)) => {
+                let call = DeviceCall {
+                    memory: device.as_ref(),
+                    request_offset: at,
+                    request_len: request.len(),
+                    reply_offset: staging,
+                    reply_capacity: reply.len(),
+                };
+                Ok(catch_unwind(AssertUnwindSafe(|| function(call))))
+            }
+            (Function::Device(_), None) => {
+                Err("a device function on a region without device memory".into())
+            }
+        }
+    }
+
+    /// Puts the reply in the slot's staging area and returns the gather list that sends it.
+    /// A device function's own reply is in the device memory already and is copied into
+    /// `reply`; error replies and a host function's are in `reply` and are copied to the device
+    /// memory, if there is one, to keep the two in step.
+    fn stage_reply(
+        &self,
+        slot: u16,
+        kind: ReplyKind,
+        reply: &mut [u8],
+    ) -> Result<Vec<Sge>, String> {
+        if reply.is_empty() {
+            return Ok(Vec::new());
+        }
+        let staging = self.staging(slot);
+        let on_device = kind == ReplyKind::Ok && matches!(self.function, Function::Device(_));
+        if let (true, Some(device)) = (on_device, &self.device) {
+            device
+                .read(staging, reply)
+                .map_err(|e| format!("reply in slot {slot}: {e}"))?;
+        }
+        self.region
+            .write(staging, reply)
+            .map_err(|e| e.to_string())?;
+        if let (false, Some(device)) = (on_device, &self.device) {
+            device
+                .write(staging, reply)
+                .map_err(|e| format!("reply in slot {slot}: {e}"))?;
+        }
+        let sge = self
+            .region
+            .local(staging, reply.len() as u32)
+            .map_err(|e| e.to_string())?;
+        Ok(vec![sge])
+    }
+
+    /// Counts the request served and keeps its outcome for the coprocessor's `collect` (the
+    /// last [`HISTORY`]).
+    fn record_served(&self, kind: ReplyKind, reply: &[u8]) {
+        let outcome = match kind {
+            ReplyKind::Ok => Ok(reply.to_vec()),
+            _ => Err((kind, String::from_utf8_lossy(reply).into_owned())),
+        };
+        let mut history = self
+            .shared
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if history.len() == HISTORY {
+            history.pop_front();
+        }
+        // Only this thread counts, so the count so far numbers this request.
+        let request = RequestId(self.shared.served.load(Ordering::Relaxed));
+        history.push_back(Served { request, outcome });
+        drop(history);
+        self.shared.served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// WRITEs the staged reply, with an immediate naming the slot and what the reply is, into
+    /// the controller's same-numbered reply slot, and notes when (for the round-trip time).
+    fn post_reply(
+        &self,
+        slot: u16,
+        kind: ReplyKind,
+        sges: Vec<Sge>,
+        posted: &mut [Option<Instant>],
+    ) -> Result<(), String> {
+        let remote = RemoteAddr {
+            va: self.peer.va + u64::from(slot) * u64::from(self.desc.reply_bytes),
+            rkey: self.peer.rkey,
+        };
+        posted[usize::from(slot)] = Some(Instant::now());
+        self.qp
+            .post_send(SendWr::new(
+                u64::from(slot),
+                SendOp::WriteWithImm(remote, imm(slot, kind)),
+                Payload::Sges(sges),
+            ))
+            .map_err(|e| format!("cannot post a reply: {e}"))
+    }
+
+    /// Offset of slot `slot` of the reply staging area, after the request slots.
+    fn staging(&self, slot: u16) -> u64 {
+        u64::from(self.desc.slots) * u64::from(self.desc.request_bytes)
+            + u64::from(slot) * u64::from(self.desc.reply_bytes)
+    }
+}
+
+/// What the function's return makes of the reply in `reply`: the function's own, of the
+/// length it returned, or an error reply for an error, a panic or a length beyond the slot.
+fn reply_of(ran: Ran, reply: &mut [u8]) -> (ReplyKind, usize) {
+    match ran {
+        Ok(Ok(n)) if n <= reply.len() => (ReplyKind::Ok, n),
+        Ok(Ok(n)) => {
+            let message = format!(
+                "the coprocessor function returned {n} bytes for a reply slot of {}",
+                reply.len()
+            );
+            (ReplyKind::Failed, put_message(reply, &message))
+        }
+        Ok(Err(message)) => (ReplyKind::Failed, put_message(reply, &message)),
+        Err(panic) => {
+            let message = crate::panic_message(panic.as_ref())
+                .unwrap_or_else(|| "a panic without a message".into());
+            let message = format!("the coprocessor function panicked: {message}");
+            (ReplyKind::Panicked, put_message(reply, &message))
+        }
+    }
+}
+
+/// Writes `message` (cut to the reply slot) into `reply`; returns its length.
+fn put_message(reply: &mut [u8], message: &str) -> usize {
+    let n = message.len().min(reply.len());
+    reply[..n].copy_from_slice(&message.as_bytes()[..n]);
+    n
 }
 
 /// CUDA memory for `alloc_memory`.
