@@ -26,11 +26,11 @@ use ferroce_proto::qp::{
 };
 
 use super::handshake;
-use super::watchdog::{Liveness, Watchdog};
-use super::{
+use super::types::{
     ChannelDesc, Collected, ConnectInfo, CoprocessorFn, DeviceCall, DeviceCoprocessorFn, MemRegion,
     MemoryKind, PeerRef, RequestId, Role, SessionError, Step,
 };
+use super::watchdog::{Liveness, Watchdog};
 use crate::device::DeviceMemory;
 use crate::exchange::{PeerInfo, RemoteRegion};
 use crate::oob::{self, RcConnection, RcPlan};
@@ -258,7 +258,7 @@ impl CheckedSession {
             ));
         }
         // Room for every slot's message each way, plus a little.
-        let depth = usize::from(super::MAX_SLOTS) + 8;
+        let depth = usize::from(super::types::MAX_SLOTS) + 8;
         let plan = RcPlan {
             device: &info.device,
             ib_port: info.ib_port,
@@ -271,8 +271,8 @@ impl CheckedSession {
             send_cq: depth * 2,
             recv_cq: depth * 2,
             caps: QpCaps {
-                sq_depth: u32::from(super::MAX_SLOTS) + 8,
-                rq_depth: u32::from(super::MAX_SLOTS) + 8,
+                sq_depth: u32::from(super::types::MAX_SLOTS) + 8,
+                rq_depth: u32::from(super::types::MAX_SLOTS) + 8,
                 max_inline: 0,
             },
             options: ConnectOptions {

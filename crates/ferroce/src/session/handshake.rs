@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ferroce_proto::qp::Mtu;
 
-use super::{Role, SessionError};
+use super::types::{Role, SessionError};
 pub(super) use crate::oob::field;
 use crate::oob::{self, LineError, OpenWords, MAX_LINE};
 
@@ -125,7 +125,7 @@ pub(super) fn hello(stream: &mut TcpStream, role: Role, ours: Mtu) -> Result<Mtu
 
 #[cfg(test)]
 mod tests {
-    use super::super::ChannelDesc;
+    use super::super::types::ChannelDesc;
     use super::*;
 
     #[test]

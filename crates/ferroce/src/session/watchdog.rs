@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::handshake::io_error;
-use super::SessionError;
+use super::types::SessionError;
 
 const HEARTBEAT: u8 = b'h';
 const BYE: u8 = b'b';
