@@ -145,7 +145,8 @@ impl Frame {
 
 type Source<R> = Chain<Cursor<[u8; 4]>, R>;
 
-enum Inner<R: Read> {
+/// The reader of the capture's format, until it ends.
+enum FormatReader<R: Read> {
     Pcap(PcapReader<Source<R>>, LinkType),
     PcapNg(PcapNgReader<Source<R>>),
     Done,
@@ -156,7 +157,7 @@ enum Inner<R: Read> {
 /// The iterator yields `Ok(frame)` for each frame; after a damaged record it yields one
 /// `Err` and then ends.
 pub struct CaptureReader<R: Read> {
-    inner: Inner<R>,
+    reader: FormatReader<R>,
     path: PathBuf,
     frames: u64,
 }
@@ -202,13 +203,13 @@ impl<R: Read> CaptureReader<R> {
             reason: e.to_string(),
         };
         let source = Cursor::new(magic).chain(reader);
-        let inner = match (got, u32::from_be_bytes(magic)) {
+        let reader = match (got, u32::from_be_bytes(magic)) {
             (4, 0xa1b2_c3d4 | 0xd4c3_b2a1 | 0xa1b2_3c4d | 0x4d3c_b2a1) => {
                 let reader = PcapReader::new(source).map_err(malformed)?;
                 let link = reader.header().datalink.into();
-                Inner::Pcap(reader, link)
+                FormatReader::Pcap(reader, link)
             }
-            (4, 0x0a0d_0d0a) => Inner::PcapNg(PcapNgReader::new(source).map_err(malformed)?),
+            (4, 0x0a0d_0d0a) => FormatReader::PcapNg(PcapNgReader::new(source).map_err(malformed)?),
             _ => {
                 return Err(CaptureError::NotACapture {
                     magic: magic[..got].to_vec(),
@@ -217,7 +218,7 @@ impl<R: Read> CaptureReader<R> {
             }
         };
         Ok(Self {
-            inner,
+            reader,
             path,
             frames: 0,
         })
@@ -245,7 +246,7 @@ impl<R: Read> CaptureReader<R> {
     }
 
     fn fail_because(&mut self, reason: String) -> CaptureError {
-        self.inner = Inner::Done;
+        self.reader = FormatReader::Done;
         CaptureError::Malformed {
             path: self.path.clone(),
             after_frame: self.frames,
@@ -291,9 +292,9 @@ impl<R: Read> Iterator for CaptureReader<R> {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            match &mut self.inner {
-                Inner::Done => return None,
-                Inner::Pcap(reader, link) => {
+            match &mut self.reader {
+                FormatReader::Done => return None,
+                FormatReader::Pcap(reader, link) => {
                     let link = *link;
                     let header = reader.header();
                     // Raw records, checked here: see `pcap_timestamp`.
@@ -309,7 +310,7 @@ impl<R: Read> Iterator for CaptureReader<R> {
                         Err(e) => Some(Err(self.fail(&e))),
                     };
                 }
-                Inner::PcapNg(reader) => {
+                FormatReader::PcapNg(reader) => {
                     let block = match reader.next_block()? {
                         Ok(block) => block.into_owned(),
                         Err(e) => return Some(Err(self.fail(&e))),

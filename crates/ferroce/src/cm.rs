@@ -158,7 +158,7 @@ struct Routes {
     qps: HashMap<CommId, Qpn>,
 }
 
-struct AgentInner {
+struct AgentShared {
     /// The soft NIC it is attached to (an internal handle), for what the CM does to QPs it
     /// knows by number: move one to ERR, see a passive one's first data.
     soft: soft::Nic,
@@ -173,7 +173,7 @@ struct AgentInner {
 /// The connection manager of one soft NIC: QP 1, its receives and its thread. The NIC owns
 /// it from [`Nic::open`] to its last handle (or [`Nic::close`]).
 pub(crate) struct Agent {
-    inner: Arc<AgentInner>,
+    shared: Arc<AgentShared>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -187,19 +187,19 @@ impl Agent {
     fn of(nic: &Nic) -> Result<Arc<Self>, CmError> {
         let soft = nic
             .backend
-            .as_soft()
-            .ok_or_else(|| CmError::NotSoft(nic.device_name().to_owned()))?;
+            .cm_host()
+            .map_err(|_| CmError::NotSoft(nic.device_name().to_owned()))?;
         soft.client::<Self>().ok_or(CmError::Closed)
     }
 
     /// QP 1 with its receives, and the thread; `nic` is an internal handle.
     pub(crate) fn start(nic: &Nic) -> std::io::Result<Self> {
         let nic_error = |e: NicError| std::io::Error::other(e.to_string());
-        let soft = nic.backend.as_soft().cloned().ok_or_else(|| {
-            nic_error(NicError::SoftOnly(
-                "connection management's own GSI endpoints",
-            ))
-        })?;
+        let soft = nic
+            .backend
+            .cm_host()
+            .map_err(|u| nic_error(u.into()))?
+            .clone();
         let cq = Cq::new(nic, GSI_RECEIVES as usize + 16).map_err(nic_error)?;
         let caps = QpCaps {
             sq_depth: 4096,
@@ -226,7 +226,7 @@ impl Agent {
             })
             ^ std::process::id().rotate_left(8);
         let guid = ca_guid(local);
-        let inner = Arc::new(AgentInner {
+        let shared = Arc::new(AgentShared {
             soft,
             local,
             gsi,
@@ -242,12 +242,12 @@ impl Agent {
             }),
             stop: AtomicBool::new(false),
         });
-        let worker = Arc::clone(&inner);
+        let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("ferroce-cm".into())
             .spawn(move || worker.run())?;
         Ok(Self {
-            inner,
+            shared,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -255,9 +255,9 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        self.inner.stop.store(true, Ordering::SeqCst);
+        self.shared.stop.store(true, Ordering::SeqCst);
         // The thread sleeps on QP 1's CQ: wake it to see the flag.
-        self.inner.cq.wake_waiters();
+        self.shared.cq.wake_waiters();
         if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
         }
@@ -284,7 +284,7 @@ fn post_slot(gsi: &Qp, rx: &Region, slot: u64) {
     }
 }
 
-impl AgentInner {
+impl AgentShared {
     fn run(&self) {
         while !self.stop.load(Ordering::SeqCst) {
             let wait = {
@@ -522,7 +522,7 @@ impl Listener {
         let service = ServiceId::rdma_cm(space, port);
         let (tx, rx) = mpsc::channel();
         {
-            let mut routes = lock(&agent.inner.routes);
+            let mut routes = lock(&agent.shared.routes);
             routes
                 .machine
                 .listen(service)
@@ -591,7 +591,7 @@ impl Listener {
                     })
                 }
                 Ok(Incoming::Connect { id, .. }) => {
-                    let _ = lock(&self.agent.inner.routes)
+                    let _ = lock(&self.agent.shared.routes)
                         .machine
                         .reject(id, FixedBytes::ZERO);
                 }
@@ -608,7 +608,7 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        let mut routes = lock(&self.agent.inner.routes);
+        let mut routes = lock(&self.agent.shared.routes);
         routes.machine.unlisten(self.service);
         routes.listeners.remove(&self.service);
     }
@@ -680,12 +680,12 @@ impl ConnectRequest {
         let settled = QpParams::passive(&self.req, &accept);
         let peer = peer_of(&self.req, self.from);
         let (tx, rx) = mpsc::channel();
-        let inner = &self.agent.inner;
-        let mut routes = lock(&inner.routes);
+        let shared = &self.agent.shared;
+        let mut routes = lock(&shared.routes);
         if let Err(e) = bring_up(qp, peer, &settled, param) {
             let _ = routes.machine.reject(self.id, FixedBytes::ZERO);
             self.answered = true;
-            inner.send_and_dispatch(&mut routes);
+            shared.send_and_dispatch(&mut routes);
             return Err(e);
         }
         routes
@@ -698,7 +698,7 @@ impl ConnectRequest {
         routes
             .awaiting_rtu
             .insert(self.id, (qp.qpn(), settled.rq_psn));
-        inner.send_and_dispatch(&mut routes);
+        shared.send_and_dispatch(&mut routes);
         drop(routes);
         Ok(Connection {
             agent: Arc::clone(&self.agent),
@@ -719,13 +719,13 @@ impl ConnectRequest {
     pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
         check_private(private_data, MAX_REJ_PRIVATE, "REJ")?;
         self.answered = true;
-        let inner = &self.agent.inner;
-        let mut routes = lock(&inner.routes);
+        let shared = &self.agent.shared;
+        let mut routes = lock(&shared.routes);
         let result = routes
             .machine
             .reject(self.id, fixed(private_data))
             .map_err(|_| CmError::Closed);
-        inner.send_and_dispatch(&mut routes);
+        shared.send_and_dispatch(&mut routes);
         result
     }
 }
@@ -733,10 +733,10 @@ impl ConnectRequest {
 impl Drop for ConnectRequest {
     fn drop(&mut self) {
         if !self.answered {
-            let inner = &self.agent.inner;
-            let mut routes = lock(&inner.routes);
+            let shared = &self.agent.shared;
+            let mut routes = lock(&shared.routes);
             let _ = routes.machine.reject(self.id, FixedBytes::ZERO);
-            inner.send_and_dispatch(&mut routes);
+            shared.send_and_dispatch(&mut routes);
         }
     }
 }
@@ -829,10 +829,10 @@ impl Connection {
     ) -> Result<Self, CmError> {
         check_private(&param.private_data, MAX_REQ_PRIVATE, "REQ")?;
         let agent = Agent::of(nic)?;
-        let inner = &agent.inner;
+        let shared = &agent.shared;
         let header = CmaHeader {
             src_port: ephemeral_port(qp.qpn()),
-            src: inner.local,
+            src: shared.local,
             dst: to,
         };
         let mtu = if param.mtu.bytes() > nic.active_mtu().bytes() {
@@ -856,10 +856,10 @@ impl Connection {
         };
         let (tx, rx) = mpsc::channel();
         let id = {
-            let mut routes = lock(&inner.routes);
+            let mut routes = lock(&shared.routes);
             let id = routes.machine.connect(Instant::now(), &asked);
             routes.conns.insert(id, tx);
-            inner.send_and_dispatch(&mut routes);
+            shared.send_and_dispatch(&mut routes);
             id
         };
         let mut conn = Self {
@@ -877,17 +877,17 @@ impl Connection {
             other => return Err(conn.failed(other)),
         };
         let settled = QpParams::active(&asked, &rep);
-        let mut routes = lock(&inner.routes);
+        let mut routes = lock(&shared.routes);
         if let Err(e) = bring_up(qp, SocketAddr::new(to, ROCE_PORT), &settled, param) {
             let _ = routes.machine.reject(id, FixedBytes::ZERO);
-            inner.send_and_dispatch(&mut routes);
+            shared.send_and_dispatch(&mut routes);
             drop(routes);
             *lock(&conn.state) = ConnState::Closed;
             return Err(e);
         }
         routes.machine.establish(id).map_err(|_| CmError::Closed)?;
         routes.qps.insert(id, qp.qpn());
-        inner.send_and_dispatch(&mut routes);
+        shared.send_and_dispatch(&mut routes);
         drop(routes);
         *lock(&conn.state) = ConnState::Established;
         conn.private = rep.private_data.0.to_vec();
@@ -900,7 +900,7 @@ impl Connection {
         match next {
             Ok(event) => Ok(*event),
             Err(RecvTimeoutError::Timeout) => {
-                lock(&self.agent.inner.routes).machine.abandon(self.id);
+                lock(&self.agent.shared.routes).machine.abandon(self.id);
                 *lock(&self.state) = ConnState::Closed;
                 Err(CmError::Timeout { what, after: left })
             }
@@ -1006,10 +1006,10 @@ impl Connection {
             if *state == ConnState::Closed {
                 return Ok(());
             }
-            let inner = &self.agent.inner;
-            let mut routes = lock(&inner.routes);
+            let shared = &self.agent.shared;
+            let mut routes = lock(&shared.routes);
             if let Some(qpn) = routes.qps.remove(&self.id) {
-                inner.qp_to_err(qpn);
+                shared.qp_to_err(qpn);
             }
             routes.awaiting_rtu.remove(&self.id);
             if routes.machine.disconnect(Instant::now(), self.id).is_err() {
@@ -1017,7 +1017,7 @@ impl Connection {
                 *state = ConnState::Closed;
                 return Ok(());
             }
-            inner.send_and_dispatch(&mut routes);
+            shared.send_and_dispatch(&mut routes);
         }
         self.wait_disconnected(timeout)
     }
@@ -1026,18 +1026,18 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         let state = *lock(&self.state);
-        let inner = &self.agent.inner;
+        let shared = &self.agent.shared;
         if state != ConnState::Closed {
-            let mut routes = lock(&inner.routes);
+            let mut routes = lock(&shared.routes);
             if let Some(qpn) = routes.qps.remove(&self.id) {
-                inner.qp_to_err(qpn);
+                shared.qp_to_err(qpn);
             }
             if routes.machine.disconnect(Instant::now(), self.id).is_err() {
                 routes.machine.abandon(self.id);
             }
-            inner.send_and_dispatch(&mut routes);
+            shared.send_and_dispatch(&mut routes);
         }
-        let mut routes = lock(&inner.routes);
+        let mut routes = lock(&shared.routes);
         routes.conns.remove(&self.id);
         routes.awaiting_rtu.remove(&self.id);
         routes.qps.remove(&self.id);
@@ -1077,16 +1077,16 @@ pub fn resolve_ud(
 ) -> Result<UdPeer, CmError> {
     check_private(private_data, MAX_SIDR_PRIVATE, "SIDR request")?;
     let agent = Agent::of(nic)?;
-    let inner = &agent.inner;
+    let shared = &agent.shared;
     let header = CmaHeader {
         src_port: ephemeral_port(Qpn::from_low_bits(std::process::id())),
-        src: inner.local,
+        src: shared.local,
         dst: to,
     };
     let private = ferroce_proto::cm::machine::rdma_cm_private(&header, private_data);
     let (tx, rx) = mpsc::channel();
     let id = {
-        let mut routes = lock(&inner.routes);
+        let mut routes = lock(&shared.routes);
         let id = routes.machine.resolve(
             Instant::now(),
             to,
@@ -1094,7 +1094,7 @@ pub fn resolve_ud(
             private,
         );
         routes.sidr.insert(id, tx);
-        inner.send_and_dispatch(&mut routes);
+        shared.send_and_dispatch(&mut routes);
         id
     };
     let result = match rx.recv_timeout(timeout).map(|event| *event) {
@@ -1110,7 +1110,7 @@ pub fn resolve_ud(
             after: timeout,
         }),
     };
-    lock(&inner.routes).sidr.remove(&id);
+    lock(&shared.routes).sidr.remove(&id);
     result
 }
 
@@ -1164,13 +1164,13 @@ impl SidrRequest {
 
     fn answer(&mut self, status: SidrStatus, qpn: Qpn, qkey: u32) -> Result<(), CmError> {
         self.answered = true;
-        let inner = &self.agent.inner;
-        let mut routes = lock(&inner.routes);
+        let shared = &self.agent.shared;
+        let mut routes = lock(&shared.routes);
         let result = routes
             .machine
             .sidr_reply(self.id, status, qpn, qkey, FixedBytes::ZERO)
             .map_err(|_| CmError::Closed);
-        inner.send_and_dispatch(&mut routes);
+        shared.send_and_dispatch(&mut routes);
         result
     }
 }
@@ -1195,7 +1195,7 @@ fn running(nic: &Nic) -> Option<Arc<Agent>> {
 #[must_use]
 pub fn counters(nic: &Nic) -> Option<CmCounters> {
     let agent = running(nic)?;
-    let counters = *lock(&agent.inner.routes).machine.counters();
+    let counters = *lock(&agent.shared.routes).machine.counters();
     Some(counters)
 }
 
@@ -1219,7 +1219,7 @@ pub fn linger(nic: &Nic, max: Duration) -> bool {
     let end = Instant::now() + max;
     loop {
         let now = Instant::now();
-        let Some(until) = lock(&agent.inner.routes).machine.linger_until(now) else {
+        let Some(until) = lock(&agent.shared.routes).machine.linger_until(now) else {
             return true;
         };
         if now >= end {
@@ -1235,6 +1235,6 @@ pub fn linger(nic: &Nic, max: Duration) -> bool {
 #[must_use]
 pub fn connections(nic: &Nic) -> Option<usize> {
     let agent = running(nic)?;
-    let n = lock(&agent.inner.routes).machine.connections();
+    let n = lock(&agent.shared.routes).machine.connections();
     Some(n)
 }

@@ -97,12 +97,12 @@ impl Nic {
         }
     }
 
-    /// The soft NIC, for the services that attach to it (the CM); `None` on a verbs device,
-    /// whose kernel runs its own.
-    pub(crate) fn as_soft(&self) -> Option<&soft::Nic> {
+    /// The soft NIC, for the connection manager to attach to; a verbs device's connections
+    /// are the kernel's rdma_cm's.
+    pub(crate) fn cm_host(&self) -> Result<&soft::Nic, Unsupported> {
         match self {
-            Self::Soft(s) => Some(s),
-            Self::Verbs(_) => None,
+            Self::Soft(s) => Ok(s),
+            Self::Verbs(_) => Err(on_verbs("ferroce's own connection management")),
         }
     }
 

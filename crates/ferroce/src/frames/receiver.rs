@@ -457,7 +457,7 @@ struct Ready {
 type Callback = Arc<dyn Fn() + Send + Sync>;
 
 #[derive(Default)]
-struct Inner {
+struct ReceiverShared {
     run: Mutex<Option<Arc<ReceivePath>>>,
     ready: Mutex<Ready>,
     arrived: Condvar,
@@ -470,7 +470,7 @@ struct Inner {
 /// another takes frames and a third calls [`Receiver::close`].
 #[derive(Clone, Default)]
 pub struct Receiver {
-    inner: Arc<Inner>,
+    shared: Arc<ReceiverShared>,
 }
 
 impl std::fmt::Debug for Receiver {
@@ -632,9 +632,9 @@ impl Receiver {
     /// parameter out of range and says what would do; [`StartError::Region`] when the
     /// memory cannot be registered (the locked-memory limit, say).
     pub fn start(&self, nic: &Nic, config: ReceiverConfig) -> Result<(), StartError> {
-        let mut slot = lock(&self.inner.run);
+        let mut slot = lock(&self.shared.run);
         if let Some(run) = slot.as_ref() {
-            let failed = lock(&self.inner.ready).failed.is_some();
+            let failed = lock(&self.shared.ready).failed.is_some();
             if !run.closed.load(Ordering::SeqCst) && !failed {
                 return Err(StartError::AlreadyStarted);
             }
@@ -712,12 +712,12 @@ impl Receiver {
                 layout: immediate,
             },
             book: Arc::clone(&book),
-            counters: Arc::clone(&self.inner.counters),
+            counters: Arc::clone(&self.shared.counters),
         };
         // The soft engine shows the receiver every WRITE; a verbs device places them in
         // hardware and shows it none (`Unsupported`): its frames are checked as they complete.
         let _ = qp.set_write_filter(Box::new(filter));
-        *lock(&self.inner.ready) = Ready::default();
+        *lock(&self.shared.ready) = Ready::default();
         *slot = Some(Arc::new(ReceivePath {
             nic: nic.clone(),
             region,
@@ -739,7 +739,7 @@ impl Receiver {
     }
 
     fn run(&self) -> Result<Arc<ReceivePath>, NotStarted> {
-        lock(&self.inner.run).clone().ok_or(NotStarted)
+        lock(&self.shared.run).clone().ok_or(NotStarted)
     }
 
     /// Runs the receive path on this thread until [`Receiver::close`] (seed 000's
@@ -762,7 +762,7 @@ impl Receiver {
             if run.closed.load(Ordering::SeqCst) {
                 return Ok(());
             }
-            if let Some(reason) = lock(&self.inner.ready).failed.clone() {
+            if let Some(reason) = lock(&self.shared.ready).failed.clone() {
                 return Err(MonitorError::Failed(reason));
             }
             if last_check.elapsed() >= HEALTH_INTERVAL {
@@ -808,10 +808,10 @@ impl Receiver {
 
     /// Marks the receive path failed and wakes everyone waiting for a frame.
     fn fail(&self, reason: String) -> MonitorError {
-        let mut ready = lock(&self.inner.ready);
+        let mut ready = lock(&self.shared.ready);
         ready.failed.get_or_insert(reason.clone());
         drop(ready);
-        self.inner.arrived.notify_all();
+        self.shared.arrived.notify_all();
         MonitorError::Failed(reason)
     }
 
@@ -828,7 +828,7 @@ impl Receiver {
         let page = run.layout.page(imm);
         // The filter refused any page out of range; check again rather than trust it.
         if page >= run.pages {
-            bump(&self.inner.counters.page_out_of_range, 1);
+            bump(&self.shared.counters.page_out_of_range, 1);
             return Ok(());
         }
         let imm_psn = run.layout.psn(imm);
@@ -862,13 +862,13 @@ impl Receiver {
         let metadata_psn_matches = metadata.psn & mask == imm_psn;
         let (packets_received, packets_lost, bytes_received, page_epoch) =
             tally.map_or((0, 0, 0, 0), |t| (t.packets, t.lost, t.bytes, t.epoch));
-        let counters = &self.inner.counters;
+        let counters = &self.shared.counters;
         bump(&counters.frames, 1);
         bump(&counters.packets_lost, packets_lost);
         if !metadata_psn_matches {
             bump(&counters.metadata_psn_mismatch, 1);
         }
-        let mut ready = lock(&self.inner.ready);
+        let mut ready = lock(&self.shared.ready);
         ready.received += 1;
         if ready.frames.len() >= run.queue_size {
             ready.frames.pop_front();
@@ -895,8 +895,8 @@ impl Receiver {
         }
         ready.frames.push_back(info);
         drop(ready);
-        self.inner.arrived.notify_all();
-        let callback = lock(&self.inner.callback).clone();
+        self.shared.arrived.notify_all();
+        let callback = lock(&self.shared.callback).clone();
         if let Some(callback) = callback {
             catch_unwind(AssertUnwindSafe(|| callback())).map_err(|panic| {
                 let what =
@@ -910,11 +910,11 @@ impl Receiver {
     /// Ends the run, returning [`Receiver::blocking_monitor`] to its caller (seed 000's
     /// `close`). Callable from any thread and more than once; does nothing before `start`.
     pub fn close(&self) {
-        if let Some(run) = lock(&self.inner.run).as_ref() {
+        if let Some(run) = lock(&self.shared.run).as_ref() {
             run.closed.store(true, Ordering::SeqCst);
             run.nic.wake();
         }
-        self.inner.arrived.notify_all();
+        self.shared.arrived.notify_all();
     }
 
     /// Takes the next completed frame, waiting up to `timeout` (seed 000's
@@ -929,7 +929,7 @@ impl Receiver {
     pub fn next_frame(&self, timeout: Duration) -> Result<Option<FrameInfo>, NotStarted> {
         let run = self.run()?;
         let deadline = Instant::now() + timeout;
-        let mut ready = lock(&self.inner.ready);
+        let mut ready = lock(&self.shared.ready);
         loop {
             if ready.failed.is_some() {
                 return Ok(None);
@@ -942,7 +942,7 @@ impl Receiver {
                 return Ok(None);
             }
             ready = self
-                .inner
+                .shared
                 .arrived
                 .wait_timeout(ready, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -954,7 +954,7 @@ impl Receiver {
     /// a frame is waiting, or the receive path has failed.
     #[must_use]
     pub fn frames_ready(&self) -> bool {
-        let ready = lock(&self.inner.ready);
+        let ready = lock(&self.shared.ready);
         !ready.frames.is_empty() || ready.failed.is_some()
     }
 
@@ -962,20 +962,20 @@ impl Receiver {
     /// (seed 000's `set_frame_ready`); `None` removes it. It is kept across `start`s. A
     /// callback that panics fails the receive path.
     pub fn set_frame_ready(&self, callback: Option<impl Fn() + Send + Sync + 'static>) {
-        *lock(&self.inner.callback) = callback.map(|c| Arc::new(c) as Callback);
+        *lock(&self.shared.callback) = callback.map(|c| Arc::new(c) as Callback);
     }
 
     /// Whether a fatal event has stopped the receive path (seed 000's
     /// `receive_path_failed`); `start` again to recover.
     #[must_use]
     pub fn receive_path_failed(&self) -> bool {
-        lock(&self.inner.ready).failed.is_some()
+        lock(&self.shared.ready).failed.is_some()
     }
 
     /// What stopped the receive path, if it failed.
     #[must_use]
     pub fn failure(&self) -> Option<String> {
-        lock(&self.inner.ready).failed.clone()
+        lock(&self.shared.ready).failed.clone()
     }
 
     /// The queue pair the device sends to (seed 000's `get_qp_number`).
@@ -1132,7 +1132,7 @@ impl Receiver {
     /// A snapshot of the receiver's counters (kept across `start`s).
     #[must_use]
     pub fn counters(&self) -> FrameCounters {
-        self.inner.counters.snapshot()
+        self.shared.counters.snapshot()
     }
 }
 
