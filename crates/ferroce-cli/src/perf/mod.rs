@@ -1124,3 +1124,12 @@ fn one_sided_lat(
     comm.close_connection(&local[0])?;
     Ok(results)
 }
+
+/// The server's banner, once it listens (perftest prints it just before).
+pub(super) fn print_banner() {
+    println!();
+    println!("************************************");
+    println!("* Waiting for client to connect... *");
+    println!("************************************");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+}

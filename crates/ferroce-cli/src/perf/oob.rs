@@ -214,7 +214,7 @@ impl Comm {
         let listener = TcpListener::bind(("::", port))
             .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
             .map_err(|e| format!("Couldn't listen to port {port} ({e})"))?;
-        print_banner();
+        super::print_banner();
         let (stream, _) = listener
             .accept()
             .map_err(|e| format!("accept() failed ({e})"))?;
@@ -426,15 +426,6 @@ impl Comm {
         let _ = stream.set_nonblocking(false);
         spoke
     }
-}
-
-/// The server's banner, once it listens (perftest prints it just before).
-pub(super) fn print_banner() {
-    println!();
-    println!("************************************");
-    println!("* Waiting for client to connect... *");
-    println!("************************************");
-    let _ = io::stdout().flush();
 }
 
 /// C's `atof` for version strings: the leading number, 0 if none.

@@ -204,7 +204,7 @@ impl CmChannel {
     pub(super) fn accept(nic: &Nic, port: u16) -> Result<Self, String> {
         let listener =
             Listener::bind(nic, port).map_err(|e| format!(" rdma_listen failed ({e})"))?;
-        super::oob::print_banner();
+        super::print_banner();
         let (send_cq, recv_cq, qp, buf) = Self::control_qp(nic)?;
         let request = loop {
             match listener.get_request(Duration::from_secs(3600)) {
