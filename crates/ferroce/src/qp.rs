@@ -6,10 +6,9 @@
 //! table, as C's inline `ibv_post_send` makes it. This file documents, checks arguments and
 //! delegates to the backend (`crate::backend::Qp`).
 
-use ferroce_proto::qp::ModifyError;
 pub use ferroce_proto::qp::{
-    AsyncEvent, Mtu, Payload, PostError, QpCaps, QpState, QpType, RecvWr, RemoteAddr, SendOp,
-    SendWr, Sge,
+    AsyncEvent, ModifyError, Mtu, Payload, PostError, QpAttr, QpCaps, QpState, QpType, RecvWr,
+    RemoteAddr, SendOp, SendWr, Sge,
 };
 use ferroce_proto::wire::Qpn;
 use ferroce_proto::{Psn, WriteFilter};
@@ -166,6 +165,32 @@ impl Qp {
     /// side's separately).
     pub(crate) fn connect_with(&self, attrs: &ConnectAttrs) -> Result<(), ModifyError> {
         self.backend.connect(attrs)
+    }
+
+    /// Changes the attributes `attr` holds, and only those (`ibv_modify_qp`: its mask is the
+    /// fields that are `Some`), for programs that bring a queue pair up step by step as the
+    /// verbs do: RESET → INIT with `access` (and a UD QP's `qkey`), INIT → RTR with the peer,
+    /// path MTU, its QPN and first PSN (and for RC the responder's resources and RNR timer),
+    /// RTR → RTS with our first PSN (and for RC the timeout, retries and READ depth); any
+    /// state to ERR or RESET. [`Qp::connect`] does all three at once.
+    ///
+    /// # Errors
+    ///
+    /// [`ModifyError::InvalidTransition`] for a move the state machine does not allow,
+    /// [`ModifyError::Missing`] naming an attribute the move requires,
+    /// [`ModifyError::InvalidValue`] for one out of range; the QP is then unchanged. On a verbs
+    /// device, [`ModifyError::Device`] with what `ibv_modify_qp` returned.
+    pub fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
+        self.backend.modify(attr)
+    }
+
+    /// The queue pair's attributes now (`ibv_query_qp`): every field of the [`QpAttr`] that
+    /// is set, with the PSNs the requester sends and the responder expects next. On a verbs
+    /// device, the attributes ferroce set and the state as [`Qp::state`] gives it. Its
+    /// capacities, `max_inline` included, are [`Qp::caps`].
+    #[must_use]
+    pub fn query(&self) -> QpAttr {
+        self.backend.query()
     }
 
     /// Brings a UD queue pair up to send and receive datagrams with `qkey`: INIT → RTR → RTS

@@ -534,6 +534,34 @@ impl Engine {
             .map(|qp| (qp.req_psn, qp.resp.epsn))
     }
 
+    /// A queue pair's attributes as they are now (`ibv_query_qp`): every field of [`QpAttr`]
+    /// set, the PSNs being the next the requester sends and the responder expects. `None` for
+    /// an unknown QP.
+    #[must_use]
+    pub fn query_qp(&self, qpn: Qpn) -> Option<QpAttr> {
+        let qp = self.qps.get(&qpn.value())?;
+        Some(QpAttr {
+            state: Some(qp.state),
+            access: Some(qp.access),
+            path_mtu: crate::qp::Mtu::from_bytes(qp.mtu),
+            dest_qpn: Some(qp.dest_qpn),
+            peer: qp.peer,
+            rq_psn: Some(qp.resp.epsn),
+            sq_psn: Some(qp.req_psn),
+            max_dest_rd_atomic: Some(qp.max_dest_rd_atomic),
+            max_rd_atomic: Some(qp.max_rd_atomic),
+            min_rnr_timer: Some(qp.min_rnr_timer),
+            // `ack_timeout` backwards: 4.096 µs × 2^timeout, or 0 for none.
+            timeout: Some(
+                qp.timeout
+                    .map_or(0, |t| ((t.as_nanos() >> 12) as u64).trailing_zeros() as u8),
+            ),
+            retry_cnt: Some(qp.retry_cnt),
+            rnr_retry: Some(qp.rnr_retry),
+            qkey: Some(qp.qkey),
+        })
+    }
+
     /// Moves a queue pair through its states (`ibv_modify_qp`); see [`QpAttr`] for what each
     /// transition requires.
     ///

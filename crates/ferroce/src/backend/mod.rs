@@ -15,8 +15,9 @@
 //!   (`caps`, `addr`, `active_mtu`, `failure`, statistics) and creates the other objects
 //!   (`create_cq`, `create_qp`, `register`, and where it can `create_srq`, `create_gsi`).
 //! - `cq::Cq`: `poll`, `poll_into`, `wait`, `drive`, `depth`, `failure`.
-//! - `qp::Qp`: `qpn`, `psn`, `caps`, `state`, `connect` (from [`ConnectAttrs`]), the posts,
-//!   `shutdown`; where it can, `ready_ud` and `set_write_filter`.
+//! - `qp::Qp`: `qpn`, `psn`, `caps`, `state`, `connect` (from [`ConnectAttrs`]), `modify` and
+//!   `query` attribute by attribute, the posts, `shutdown`; where it can, `ready_ud` and
+//!   `set_write_filter`.
 //! - `srq::Srq` (the soft backend only so far).
 //! - `region::Region`: `read`, `write`, `deregister`; its keys come back as a `RegionInfo` from
 //!   `register`.
@@ -34,8 +35,8 @@ use std::time::Duration;
 
 use ferroce_proto::memory::{RegionInfo, WriteOrder};
 use ferroce_proto::qp::{
-    AsyncEvent, Completion, ModifyError, Mtu, PostError, QpCaps, QpState, QpType, RecvWr, SendWr,
-    SrqId,
+    AsyncEvent, Completion, ModifyError, Mtu, PostError, QpAttr, QpCaps, QpState, QpType, RecvWr,
+    SendWr, SrqId,
 };
 use ferroce_proto::wire::Qpn;
 use ferroce_proto::{Census, Counters, Psn, SrqAttr, SrqError, WriteFilter};
@@ -388,6 +389,20 @@ impl Qp {
         match self {
             Self::Soft(qp) => qp.connect(attrs),
             Self::Verbs(qp) => qp.connect(attrs),
+        }
+    }
+
+    pub(crate) fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
+        match self {
+            Self::Soft(qp) => qp.modify(attr),
+            Self::Verbs(qp) => qp.modify(attr),
+        }
+    }
+
+    pub(crate) fn query(&self) -> QpAttr {
+        match self {
+            Self::Soft(qp) => qp.query(),
+            Self::Verbs(qp) => qp.query(),
         }
     }
 

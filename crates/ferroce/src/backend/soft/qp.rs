@@ -98,6 +98,24 @@ impl Qp {
         )
     }
 
+    /// `ibv_modify_qp`: the engine checks the transition and what it requires.
+    pub(crate) fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
+        let mut state = self.driver.lock();
+        let result = state.engine.modify_qp(self.qpn, attr);
+        // A move to ERR flushes the queues, and RTS may let queued requests go.
+        self.driver.after_command(state);
+        result
+    }
+
+    /// `ibv_query_qp`: every attribute as the engine holds it now.
+    pub(crate) fn query(&self) -> QpAttr {
+        self.driver
+            .lock()
+            .engine
+            .query_qp(self.qpn)
+            .unwrap_or_default()
+    }
+
     /// A UD QP's INIT → RTR → RTS with `qkey`, as `ibv_ud_pingpong` does.
     pub(crate) fn ready_ud(&self, qkey: u32) -> Result<(), ModifyError> {
         let mut state = self.driver.lock();

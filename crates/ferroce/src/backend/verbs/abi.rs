@@ -417,14 +417,17 @@ pub(crate) const IBV_QPT_RC: c_uint = 2;
 pub(crate) const IBV_QPT_UC: c_uint = 3;
 
 // enum ibv_qp_state
+pub(crate) const IBV_QPS_RESET: c_uint = 0;
 pub(crate) const IBV_QPS_INIT: c_uint = 1;
 pub(crate) const IBV_QPS_RTR: c_uint = 2;
 pub(crate) const IBV_QPS_RTS: c_uint = 3;
+pub(crate) const IBV_QPS_SQD: c_uint = 4;
 pub(crate) const IBV_QPS_ERR: c_uint = 6;
 
 // enum ibv_qp_attr_mask
 pub(crate) const IBV_QP_STATE: c_int = 1;
 pub(crate) const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub(crate) const IBV_QP_QKEY: c_int = 1 << 6;
 pub(crate) const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
 pub(crate) const IBV_QP_PORT: c_int = 1 << 5;
 pub(crate) const IBV_QP_AV: c_int = 1 << 7;

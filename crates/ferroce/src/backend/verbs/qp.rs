@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ferroce_proto::qp::{
-    ModifyError, Payload, PostError, QpCaps, QpState, QpType, RecvWr, SendOp, SendWr,
+    ModifyError, Payload, PostError, QpAttr, QpCaps, QpState, QpType, RecvWr, SendOp, SendWr,
 };
 use ferroce_proto::wire::Qpn;
 use ferroce_proto::Psn;
@@ -43,6 +43,9 @@ pub(crate) struct Qp {
     psn: Psn,
     /// Reused to turn a list into one chain.
     list: Mutex<Vec<SendWr>>,
+    /// Every attribute ferroce has set, merged: what `query` answers (the provider's own
+    /// `ibv_query_qp` is not among the calls ferroce loads).
+    set: Mutex<QpAttr>,
 }
 
 fn post_error(e: &io::Error, depth: u32, what: &str) -> PostError {
@@ -113,6 +116,10 @@ impl Qp {
             fatal,
             psn,
             list: Mutex::new(Vec::new()),
+            set: Mutex::new(QpAttr {
+                sq_psn: Some(psn),
+                ..QpAttr::default()
+            }),
         };
         // INIT at once, so receives may be posted before connecting, as on the soft NIC;
         // `connect` sets the access peers get.
@@ -190,9 +197,9 @@ impl Qp {
             access &= IBV_ACCESS_REMOTE_WRITE;
         }
         self.to_init(access)
-            .map_err(|e| self.modify_refused("INIT", e, a))?;
+            .map_err(|e| self.modify_refused("INIT", e, a.peer.ip()))?;
         self.to_rtr(a)
-            .map_err(|e| self.modify_refused("RTR", e, a))?;
+            .map_err(|e| self.modify_refused("RTR", e, a.peer.ip()))?;
         self.state.store(STATE_RTR, Ordering::Relaxed);
         let mut rts = ibv_qp_attr {
             qp_state: IBV_QPS_RTS,
@@ -209,9 +216,154 @@ impl Qp {
         }
         self.raw
             .modify(&rts, mask)
-            .map_err(|e| self.modify_refused("RTS", e, a))?;
+            .map_err(|e| self.modify_refused("RTS", e, a.peer.ip()))?;
         self.state.store(STATE_RTS, Ordering::Relaxed);
+        self.remember(&QpAttr {
+            state: Some(QpState::Rts),
+            access: Some(a.access),
+            path_mtu: Some(a.mtu),
+            dest_qpn: Some(a.dest_qpn),
+            peer: Some(a.peer),
+            rq_psn: Some(a.rq_psn),
+            sq_psn: Some(a.sq_psn),
+            max_dest_rd_atomic: Some(a.max_dest_rd_atomic),
+            max_rd_atomic: Some(a.max_rd_atomic),
+            min_rnr_timer: Some(a.min_rnr_timer),
+            timeout: Some(a.timeout),
+            retry_cnt: Some(a.retry_cnt),
+            rnr_retry: Some(a.rnr_retry),
+            qkey: None,
+        });
         Ok(())
+    }
+
+    /// `ibv_modify_qp` with the attributes `attr` holds: its mask is the fields that are
+    /// `Some`. RESET → INIT adds the port and P_Key index, which only the device knows.
+    pub(crate) fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
+        let mut ibv = ibv_qp_attr::default();
+        let mut mask = 0;
+        let from = self.state().unwrap_or(QpState::Reset);
+        if let Some(state) = attr.state {
+            ibv.qp_state = match state {
+                QpState::Reset => IBV_QPS_RESET,
+                QpState::Init => IBV_QPS_INIT,
+                QpState::Rtr => IBV_QPS_RTR,
+                QpState::Rts => IBV_QPS_RTS,
+                QpState::Sqd => IBV_QPS_SQD,
+                QpState::Err => IBV_QPS_ERR,
+            };
+            mask |= IBV_QP_STATE;
+            if state == QpState::Init && from == QpState::Reset {
+                ibv.port_num = self.device.port;
+                mask |= IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+            }
+        }
+        if let Some(access) = attr.access {
+            ibv.qp_access_flags = u32::from(access.ibv_bits());
+            mask |= IBV_QP_ACCESS_FLAGS;
+        }
+        if let Some(mtu) = attr.path_mtu {
+            ibv.path_mtu = u32::from(mtu.ibv_value());
+            mask |= IBV_QP_PATH_MTU;
+        }
+        if let Some(qpn) = attr.dest_qpn {
+            ibv.dest_qp_num = qpn.value();
+            mask |= IBV_QP_DEST_QPN;
+        }
+        if let Some(peer) = attr.peer {
+            ibv.ah_attr = self.address_vector(peer.ip());
+            mask |= IBV_QP_AV;
+        }
+        if let Some(psn) = attr.rq_psn {
+            ibv.rq_psn = psn.value();
+            mask |= IBV_QP_RQ_PSN;
+        }
+        if let Some(psn) = attr.sq_psn {
+            ibv.sq_psn = psn.value();
+            mask |= IBV_QP_SQ_PSN;
+        }
+        if let Some(n) = attr.max_dest_rd_atomic {
+            ibv.max_dest_rd_atomic = n;
+            mask |= IBV_QP_MAX_DEST_RD_ATOMIC;
+        }
+        if let Some(n) = attr.max_rd_atomic {
+            ibv.max_rd_atomic = n;
+            mask |= IBV_QP_MAX_QP_RD_ATOMIC;
+        }
+        if let Some(timer) = attr.min_rnr_timer {
+            ibv.min_rnr_timer = timer.code();
+            mask |= IBV_QP_MIN_RNR_TIMER;
+        }
+        if let Some(t) = attr.timeout {
+            ibv.timeout = t;
+            mask |= IBV_QP_TIMEOUT;
+        }
+        if let Some(n) = attr.retry_cnt {
+            ibv.retry_cnt = n;
+            mask |= IBV_QP_RETRY_CNT;
+        }
+        if let Some(n) = attr.rnr_retry {
+            ibv.rnr_retry = n;
+            mask |= IBV_QP_RNR_RETRY;
+        }
+        if let Some(qkey) = attr.qkey {
+            ibv.qkey = qkey;
+            mask |= IBV_QP_QKEY;
+        }
+        let step = attr.state.map_or("the same state", state_name);
+        let peer = attr
+            .peer
+            .or(self.set.lock().unwrap_or_else(PoisonError::into_inner).peer)
+            .map(|p| p.ip());
+        self.raw
+            .modify(&ibv, mask)
+            .map_err(|e| self.modify_refused(step, e, peer.unwrap_or(self.device.gid.ip())))?;
+        if let Some(state) = attr.state {
+            self.state.store(
+                match state {
+                    QpState::Init => STATE_INIT,
+                    QpState::Rtr => STATE_RTR,
+                    QpState::Rts => STATE_RTS,
+                    QpState::Err => STATE_ERR,
+                    QpState::Reset | QpState::Sqd => 0,
+                },
+                Ordering::Relaxed,
+            );
+        }
+        self.remember(attr);
+        Ok(())
+    }
+
+    /// What ferroce has set on the QP, with the state as it is now (ERR after a fatal event).
+    pub(crate) fn query(&self) -> QpAttr {
+        QpAttr {
+            state: self.state(),
+            ..*self.set.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    /// Merges what was just set into what `query` answers.
+    fn remember(&self, attr: &QpAttr) {
+        let mut set = self.set.lock().unwrap_or_else(PoisonError::into_inner);
+        macro_rules! merge {
+            ($($field:ident),*) => { $( if attr.$field.is_some() { set.$field = attr.$field; } )* };
+        }
+        merge!(
+            state,
+            access,
+            path_mtu,
+            dest_qpn,
+            peer,
+            rq_psn,
+            sq_psn,
+            max_dest_rd_atomic,
+            max_rd_atomic,
+            min_rnr_timer,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            qkey
+        );
     }
 
     /// INIT → RTR toward `a.peer`: the address handle is the peer's IPv4-mapped GID and ours
@@ -219,27 +371,12 @@ impl Qp {
     /// changed (an address added back) the kernel may still say ENODATA or ETIMEDOUT, so it is
     /// tried 5 more times 200 ms apart, as Hololink does.
     fn to_rtr(&self, a: &ConnectAttrs) -> io::Result<()> {
-        let dgid = match a.peer.ip() {
-            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-            std::net::IpAddr::V6(v6) => v6.octets(),
-        };
         let mut rtr = ibv_qp_attr {
             qp_state: IBV_QPS_RTR,
             path_mtu: u32::from(a.mtu.ibv_value()),
             dest_qp_num: a.dest_qpn.value(),
             rq_psn: a.rq_psn.value(),
-            ah_attr: ibv_ah_attr {
-                grh: ibv_global_route {
-                    dgid: ibv_gid { raw: dgid },
-                    flow_label: 0,
-                    sgid_index: self.device.gid_index() as u8,
-                    hop_limit: 64,
-                    traffic_class: 0,
-                },
-                is_global: 1,
-                port_num: self.device.port,
-                ..ibv_ah_attr::default()
-            },
+            ah_attr: self.address_vector(a.peer.ip()),
             ..ibv_qp_attr::default()
         };
         let mut mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
@@ -264,8 +401,30 @@ impl Qp {
         }
     }
 
-    /// `ibv_modify_qp` to `step` failed with `e`: the error, with what usually causes it.
-    fn modify_refused(&self, step: &str, e: io::Error, a: &ConnectAttrs) -> ModifyError {
+    /// The address vector toward `peer`: its IPv4-mapped (or IPv6) GID, from ours at the
+    /// device's GID index, on RoCE v2.
+    fn address_vector(&self, peer: std::net::IpAddr) -> ibv_ah_attr {
+        let dgid = match peer {
+            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            std::net::IpAddr::V6(v6) => v6.octets(),
+        };
+        ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: ibv_gid { raw: dgid },
+                flow_label: 0,
+                sgid_index: self.device.gid_index() as u8,
+                hop_limit: 64,
+                traffic_class: 0,
+            },
+            is_global: 1,
+            port_num: self.device.port,
+            ..ibv_ah_attr::default()
+        }
+    }
+
+    /// `ibv_modify_qp` to `step` failed with `e`: the error, with what usually causes it
+    /// (`peer`: the address the QP was aimed at).
+    fn modify_refused(&self, step: &str, e: io::Error, peer: std::net::IpAddr) -> ModifyError {
         let device = &self.device;
         let hint = match (step, e.raw_os_error()) {
             ("RTR", Some(libc::ENODATA)) => format!(
@@ -277,7 +436,7 @@ impl Qp {
             ("RTR", Some(libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH)) => format!(
                 " — the kernel could not resolve {} from {} ({}): no route to it, no ARP reply, \
                  or the wrong GID index (ours is {}, {})",
-                a.peer.ip(),
+                peer,
                 device.name,
                 device.gid.ip(),
                 device.gid_index(),
@@ -387,5 +546,17 @@ impl Drop for Qp {
     fn drop(&mut self) {
         self.send_cq.release(self.caps.max_send_wr);
         self.recv_cq.release(self.caps.max_recv_wr);
+    }
+}
+
+/// A state's name as `ibv_modify_qp`'s errors give it.
+fn state_name(state: QpState) -> &'static str {
+    match state {
+        QpState::Reset => "RESET",
+        QpState::Init => "INIT",
+        QpState::Rtr => "RTR",
+        QpState::Rts => "RTS",
+        QpState::Sqd => "SQD",
+        QpState::Err => "ERR",
     }
 }
