@@ -44,8 +44,8 @@ pub(crate) struct Qp {
     /// Reused to turn a list into one chain.
     list: Mutex<Vec<SendWr>>,
     /// Every attribute ferroce has set, merged: what `query` answers (the provider's own
-    /// `ibv_query_qp` is not among the calls ferroce loads).
-    set: Mutex<QpAttr>,
+    /// `ibv_query_qp` is not among the calls ferroce loads). Boxed: it is off the hot path.
+    set: Box<Mutex<QpAttr>>,
 }
 
 fn post_error(e: &io::Error, depth: u32, what: &str) -> PostError {
@@ -116,10 +116,10 @@ impl Qp {
             fatal,
             psn,
             list: Mutex::new(Vec::new()),
-            set: Mutex::new(QpAttr {
+            set: Box::new(Mutex::new(QpAttr {
                 sq_psn: Some(psn),
                 ..QpAttr::default()
-            }),
+            })),
         };
         // INIT at once, so receives may be posted before connecting, as on the soft NIC;
         // `connect` sets the access peers get.
