@@ -62,7 +62,37 @@ impl Region {
         order: WriteOrder,
         memory: RegionMemory,
     ) -> Result<Self, RegionError> {
-        let (backend, info) = nic.backend.register(access, order, memory)?;
+        Self::registered(nic, access, order, memory, None)
+    }
+
+    /// Registers `memory` as [`Region::register`] does, but addressed from `iova`: peers'
+    /// remote addresses and this process's scatter entries name its first byte `iova`, not
+    /// where the bytes are (`ibv_reg_mr_iova2`; Hololink registers its frame memory at 0).
+    /// [`Region::va`] is then `iova`.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Region::register`], and [`RegionError::Refused`] when `iova` + the length
+    /// runs past the end of the address space; on a verbs device whose libibverbs has no
+    /// `ibv_reg_mr_iova2` (before rdma-core 29), [`RegionError::Device`] with EOPNOTSUPP.
+    pub fn register_at(
+        nic: &Nic,
+        access: RegionAccess,
+        order: WriteOrder,
+        memory: RegionMemory,
+        iova: u64,
+    ) -> Result<Self, RegionError> {
+        Self::registered(nic, access, order, memory, Some(iova))
+    }
+
+    fn registered(
+        nic: &Nic,
+        access: RegionAccess,
+        order: WriteOrder,
+        memory: RegionMemory,
+        iova: Option<u64>,
+    ) -> Result<Self, RegionError> {
+        let (backend, info) = nic.backend.register(access, order, memory, iova)?;
         Ok(Self {
             nic: nic.clone(),
             info,

@@ -371,3 +371,26 @@ fn mapped_memory_is_registered_in_place_and_given_back() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A region at an IOVA of the caller's is registered with `ibv_reg_mr_iova2`, and named by
+/// that IOVA in both kinds of entry; the same bytes come back on deregistration.
+#[test]
+fn a_region_at_an_iova_goes_through_reg_mr_iova2() {
+    let _serial = serial();
+    let nic = open();
+    let region = Region::register_at(
+        &nic,
+        RegionAccess::Remote,
+        WriteOrder::InOrder,
+        RegionMemory::Host(vec![7; 4096]),
+        0,
+    )
+    .unwrap();
+    assert_eq!(region.va(), 0);
+    assert_eq!(region.local(8, 8).unwrap().addr, 8);
+    assert_eq!(region.remote(16).unwrap().va, 16);
+    let Ok(RegionMemory::Host(bytes)) = region.deregister() else {
+        panic!("host bytes back");
+    };
+    assert_eq!(bytes, vec![7; 4096]);
+}

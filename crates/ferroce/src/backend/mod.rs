@@ -278,14 +278,15 @@ impl Nic {
         access: RegionAccess,
         order: WriteOrder,
         memory: RegionMemory,
+        iova: Option<u64>,
     ) -> Result<(Region, RegionInfo), RegionError> {
         Ok(match self {
             Self::Soft(s) => {
-                let (region, info) = s.register(access, order, memory)?;
+                let (region, info) = s.register(access, order, memory, iova)?;
                 (Region::Soft(region), info)
             }
             Self::Verbs(v) => {
-                let (region, info) = v.register(access, order, memory)?;
+                let (region, info) = v.register(access, order, memory, iova)?;
                 (Region::Verbs(region), info)
             }
         })

@@ -340,8 +340,9 @@ impl Nic {
         access: RegionAccess,
         order: WriteOrder,
         memory: RegionMemory,
+        iova: Option<u64>,
     ) -> Result<(Region, RegionInfo), RegionError> {
-        Region::register(&self.driver, self.pd, access, order, memory)
+        Region::register(&self.driver, self.pd, access, order, memory, iova)
     }
 
     /// The PSN QP `qpn`'s responder expects next, and the one it sends next: how the CM sees

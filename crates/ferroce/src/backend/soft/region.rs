@@ -26,7 +26,8 @@ pub(crate) struct Region {
 }
 
 impl Region {
-    /// Registers `memory` in the engine's table of `pd`; returns the region and what the
+    /// Registers `memory` in the engine's table of `pd`, addressed from `iova` when given
+    /// (from where its bytes are otherwise, as verbs do); returns the region and what the
     /// engine made of it (keys, address).
     pub(super) fn register(
         driver: &Arc<Driver>,
@@ -34,6 +35,7 @@ impl Region {
         access: RegionAccess,
         order: WriteOrder,
         memory: RegionMemory,
+        iova: Option<u64>,
     ) -> Result<(Self, RegionInfo), RegionError> {
         let pinned = !matches!(memory, RegionMemory::Pageable(_) | RegionMemory::Mapped(_));
         let (storage, va, len, dmabuf) = match memory {
@@ -89,6 +91,8 @@ impl Region {
             }
         };
         let buf = Arc::new(HostBuf::new(storage, pinned));
+        // The engine reaches the bytes by region and offset, so any address will do.
+        let va = iova.unwrap_or(va);
         let mut state = driver.lock();
         let info = state.engine.register(pd, va, len, access.rights(), order)?;
         state.mem.regions.insert(info.id, Arc::clone(&buf));

@@ -120,7 +120,8 @@ impl Nic {
         access: RegionAccess,
         order: WriteOrder,
         memory: RegionMemory,
+        iova: Option<u64>,
     ) -> Result<(Region, RegionInfo), RegionError> {
-        Region::register(&self.device, access, order, memory)
+        Region::register(&self.device, access, order, memory, iova)
     }
 }

@@ -30,13 +30,15 @@ impl std::fmt::Debug for Mr {
 }
 
 impl Region {
-    /// `ibv_reg_mr` (or `ibv_reg_dmabuf_mr`) on `memory` with `access`; the keys and address
+    /// `ibv_reg_mr` (or `ibv_reg_dmabuf_mr`) on `memory` with `access`, addressed from
+    /// `iova` when given (`ibv_reg_mr_iova2`; a dma-buf from 0 otherwise); the keys and address
     /// peers use come back as a `RegionInfo`.
     pub(super) fn register(
         device: &Device,
         access: RegionAccess,
         order: WriteOrder,
         memory: RegionMemory,
+        iova: Option<u64>,
     ) -> Result<(Self, RegionInfo), RegionError> {
         let flags = region_access(access, order);
         let (mr, dmabuf) = match memory {
@@ -47,7 +49,7 @@ impl Region {
                 let len = bytes.len();
                 let mr = device
                     .pd
-                    .reg_host(bytes.into_boxed_slice(), flags)
+                    .reg_host(bytes.into_boxed_slice(), iova, flags)
                     .map_err(|(e, _)| pin_refused(device, len, e))?;
                 (mr, None)
             }
@@ -55,21 +57,25 @@ impl Region {
                 let len = memory.len();
                 let mr = device
                     .pd
-                    .reg_mapped(memory.0, flags)
+                    .reg_mapped(memory.0, iova, flags)
                     .map_err(|e| pin_refused(device, len, e))?;
                 (mr, None)
             }
-            RegionMemory::Dmabuf { fd, offset, bytes } => (
-                register_dmabuf(device, fd, offset, bytes, flags)?,
-                Some((fd, offset)),
-            ),
+            RegionMemory::Dmabuf { fd, offset, bytes } => {
+                let mr = register_dmabuf(device, fd, offset, bytes, iova.unwrap_or(0), flags)?;
+                (mr, Some((fd, offset)))
+            }
         };
         let remote = !matches!(access, RegionAccess::Local);
         let info = RegionInfo {
             id: ferroce_proto::memory::RegionId(0),
             pd: ferroce_proto::memory::PdId(0),
-            // A dma-buf is addressed from the IOVA it was registered at (0).
-            va: if dmabuf.is_some() { 0 } else { mr.addr() },
+            // Addressed from the IOVA asked for; a dma-buf by default from 0.
+            va: match (iova, dmabuf) {
+                (Some(iova), _) => iova,
+                (None, Some(_)) => 0,
+                (None, None) => mr.addr(),
+            },
             len: mr.len() as u64,
             access: access.rights(),
             order,
@@ -112,13 +118,14 @@ impl Region {
     }
 }
 
-/// `ibv_reg_dmabuf_mr` on `bytes` bytes at `offset` of `fd`, addressed by peers from 0, as
-/// Hololink registers its frame memory.
+/// `ibv_reg_dmabuf_mr` on `bytes` bytes at `offset` of `fd`, addressed by peers from `iova`
+/// (Hololink registers its frame memory at 0).
 fn register_dmabuf(
     device: &Device,
     fd: RawFd,
     offset: u64,
     bytes: u64,
+    iova: u64,
     flags: i32,
 ) -> Result<Mr, RegionError> {
     if bytes == 0 {
@@ -132,7 +139,7 @@ fn register_dmabuf(
     })?;
     device
         .pd
-        .reg_dmabuf(fd, offset, len, 0, flags)
+        .reg_dmabuf(fd, offset, len, iova, flags)
         .map_err(|source| match source.raw_os_error() {
             Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOSYS) => {
                 RegionError::DmabufUnsupported {

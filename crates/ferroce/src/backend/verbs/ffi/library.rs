@@ -31,6 +31,7 @@ type QueryGidEx =
 type AllocPd = unsafe extern "C" fn(*mut ibv_context) -> *mut c_void;
 type DeallocPd = unsafe extern "C" fn(*mut c_void) -> c_int;
 type RegMr = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut ibv_mr;
+type RegMrIova2 = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, u64, c_uint) -> *mut ibv_mr;
 type RegDmabufMr = unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
 type DeregMr = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
 type CreateCompChannel = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel;
@@ -84,6 +85,7 @@ pub(crate) struct Lib {
     pub(super) fork_init: ForkInit,
     // Optional: newer than some rdma-core releases still in use.
     pub(super) query_gid_ex: Option<QueryGidEx>,
+    pub(super) reg_mr_iova2: Option<RegMrIova2>,
     pub(super) reg_dmabuf_mr: Option<RegDmabufMr>,
     pub(super) is_fork_initialized: Option<IsForkInitialized>,
     /// The file that was opened.
@@ -196,6 +198,7 @@ fn load(path: &str) -> Result<Lib, LoadError> {
         ack_async_event: required!("ibv_ack_async_event", "IBVERBS_1.1", AckAsyncEvent),
         fork_init: required!("ibv_fork_init", "IBVERBS_1.1", ForkInit),
         query_gid_ex: optional!("_ibv_query_gid_ex", "IBVERBS_1.11", QueryGidEx),
+        reg_mr_iova2: optional!("ibv_reg_mr_iova2", "IBVERBS_1.8", RegMrIova2),
         reg_dmabuf_mr: optional!("ibv_reg_dmabuf_mr", "IBVERBS_1.12", RegDmabufMr),
         is_fork_initialized: optional!(
             "ibv_is_fork_initialized",

@@ -225,21 +225,55 @@ unsafe impl Send for Mr {}
 unsafe impl Sync for Mr {}
 
 impl Pd {
+    /// `ibv_reg_mr` of `len` bytes at `addr`, or `ibv_reg_mr_iova2` when peers and local
+    /// entries are to address them from `iova` (rdma-core 29 and later).
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` is memory of this process that stays mapped while the MR lives.
+    unsafe fn reg_mr(
+        &self,
+        addr: *mut c_void,
+        len: usize,
+        iova: Option<u64>,
+        access: c_int,
+    ) -> io::Result<*mut ibv_mr> {
+        match iova {
+            None => {
+                // SAFETY: a live PD; the caller keeps the range mapped.
+                Ok(unsafe { (self.ctx.lib.reg_mr)(self.pd.as_ptr(), addr, len, access) })
+            }
+            Some(iova) => {
+                let reg = self
+                    .ctx
+                    .lib
+                    .reg_mr_iova2
+                    .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+                // SAFETY: as above; the access flags are the same bits.
+                Ok(unsafe { reg(self.pd.as_ptr(), addr, len, iova, access as c_uint) })
+            }
+        }
+    }
+
     /// Registers `bytes`, which the MR owns from now on.
     ///
     /// # Errors
     ///
-    /// What `ibv_reg_mr` set errno to (ENOMEM: the locked-memory limit), with the bytes back.
+    /// What `ibv_reg_mr` set errno to (ENOMEM: the locked-memory limit; EOPNOTSUPP: an IOVA
+    /// and no `ibv_reg_mr_iova2`), with the bytes back.
     pub(crate) fn reg_host(
         self: &Arc<Self>,
         bytes: Box<[u8]>,
+        iova: Option<u64>,
         access: c_int,
     ) -> Result<Mr, (io::Error, Box<[u8]>)> {
         let host = HostBytes::new(bytes);
-        // SAFETY: a live PD and `host.len` bytes at `host.ptr` that the MR will own, so they
-        // outlive the registration.
-        let mr = unsafe {
-            (self.ctx.lib.reg_mr)(self.pd.as_ptr(), host.ptr.as_ptr().cast(), host.len, access)
+        // SAFETY: `host.len` bytes at `host.ptr` that the MR will own, so they outlive the
+        // registration.
+        let mr = unsafe { self.reg_mr(host.ptr.as_ptr().cast(), host.len, iova, access) };
+        let mr = match mr {
+            Ok(mr) => mr,
+            Err(e) => return Err((e, host.into_box())),
         };
         match NonNull::new(mr) {
             Some(mr) => Ok(Mr {
@@ -294,18 +328,12 @@ impl Pd {
     pub(crate) fn reg_mapped(
         self: &Arc<Self>,
         map: Arc<crate::sys::Mapping>,
+        iova: Option<u64>,
         access: c_int,
     ) -> io::Result<Mr> {
-        // SAFETY: a live PD and `map.len()` mapped bytes at `map.addr()`, kept mapped by the
-        // Arc the MR holds until after it deregisters (see Drop).
-        let mr = unsafe {
-            (self.ctx.lib.reg_mr)(
-                self.pd.as_ptr(),
-                map.addr() as *mut c_void,
-                map.len(),
-                access,
-            )
-        };
+        // SAFETY: `map.len()` mapped bytes at `map.addr()`, kept mapped by the Arc the MR
+        // holds until after it deregisters (see Drop).
+        let mr = unsafe { self.reg_mr(map.addr() as *mut c_void, map.len(), iova, access)? };
         Ok(Mr {
             pd: Arc::clone(self),
             mr: Some(NonNull::new(mr).ok_or_else(errno)?),

@@ -1,0 +1,108 @@
+//! Regions addressed from an IOVA of the caller's choosing (`Region::register_at`,
+//! `ibv_reg_mr_iova2`), as Hololink registers its frame memory at 0: peers and local entries
+//! name the first byte by the IOVA, and the bytes still land where they are. Two soft NICs on
+//! 127.0.3.11 and 127.0.3.12.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use ferroce::cq::WcStatus;
+use ferroce::proto::memory::WriteOrder;
+use ferroce::qp::{Payload, QpCaps, QpType, SendOp, SendWr};
+use ferroce::{
+    ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionError, RegionMemory,
+};
+
+fn nic(host: u8) -> Nic {
+    Nic::open(&NicConfig {
+        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 3, host)), 4791),
+        ..NicConfig::default()
+    })
+    .expect("open a soft NIC on loopback")
+}
+
+#[test]
+fn a_write_to_iova_zero_lands_at_the_regions_first_byte() {
+    let (a, b) = (nic(11), nic(12));
+    let (cq_a, cq_b) = (Cq::new(&a, 16).unwrap(), Cq::new(&b, 16).unwrap());
+    let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
+    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
+    qa.connect(&qb.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    qb.connect(&qa.endpoint(), &ConnectOptions::default())
+        .unwrap();
+
+    // The source at an IOVA of its own, the sink at 0.
+    let src = Region::register_at(
+        &a,
+        RegionAccess::Local,
+        WriteOrder::InOrder,
+        RegionMemory::Host((0..4096u32).map(|i| i as u8).collect()),
+        0x7000_0000,
+    )
+    .unwrap();
+    assert_eq!(src.va(), 0x7000_0000);
+    let dst = Region::register_at(
+        &b,
+        RegionAccess::RemoteWrite,
+        WriteOrder::InOrder,
+        RegionMemory::Host(vec![0; 8192]),
+        0,
+    )
+    .unwrap();
+    assert_eq!(dst.va(), 0);
+    assert_eq!(dst.remote(100).unwrap().va, 100, "peers address it from 0");
+    let sge = src.local(0, 4096).unwrap();
+    assert_eq!(sge.addr, 0x7000_0000, "local entries too");
+
+    qa.post_send(SendWr::new(
+        1,
+        SendOp::Write(dst.remote(100).unwrap()),
+        Payload::Sge(sge),
+    ))
+    .unwrap();
+    let done = cq_a.wait(Duration::from_secs(10)).expect("a completion");
+    assert_eq!(done.status, WcStatus::Success);
+    let mut back = vec![0; 8192];
+    dst.read(0, &mut back).unwrap();
+    assert!(
+        back[..100].iter().all(|&b| b == 0),
+        "nothing before offset 100"
+    );
+    assert!(
+        back[100..4196]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == i as u8),
+        "the 4096 bytes at offset 100"
+    );
+    assert!(back[4196..].iter().all(|&b| b == 0), "nothing after");
+
+    // An entry by the bytes' real address is outside the IOVA range: a local protection
+    // error, not a write to whatever lives there.
+    let real = ferroce::qp::Sge {
+        addr: 0x7000_0000 + 0x1_0000,
+        ..sge
+    };
+    qa.post_send(SendWr::new(
+        2,
+        SendOp::Write(dst.remote(0).unwrap()),
+        Payload::Sge(real),
+    ))
+    .unwrap();
+    let refused = cq_a.wait(Duration::from_secs(10)).expect("a completion");
+    assert_eq!(refused.status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn an_iova_range_past_the_end_of_the_address_space_is_refused() {
+    let a = nic(13);
+    let r = Region::register_at(
+        &a,
+        RegionAccess::Remote,
+        WriteOrder::InOrder,
+        RegionMemory::Host(vec![0; 4096]),
+        u64::MAX - 100,
+    );
+    assert!(matches!(r, Err(RegionError::Refused(_))), "{r:?}");
+}
