@@ -1,8 +1,12 @@
-//! Completion queues: where finished work requests are reported. A CQ can be polled, or a
-//! thread can block on it until a completion arrives (the completion-channel idea; on a
-//! verbs device, the completion channel itself). This file documents, checks arguments and
+//! Completion queues: where finished work requests are reported. A CQ can be polled, a thread
+//! can block on it until a completion arrives ([`Cq::wait`]), or an event loop can wait on its
+//! completion channel: [`Cq::req_notify`] arms it, the CQ's descriptor ([`AsFd`]) becomes
+//! readable at the next completion, and [`Cq::take_events`] reads the events, as
+//! `ibv_req_notify_cq`, `poll(2)` on the channel and `ibv_get_cq_event` do. This file documents, checks arguments and
 //! delegates to the backend (`crate::backend::Cq`).
 
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 pub use ferroce_proto::qp::{Completion, WcOpcode, WcStatus};
@@ -89,8 +93,39 @@ impl Cq {
         self.backend.wait(timeout)
     }
 
+    /// Arms the completion channel (`ibv_req_notify_cq`): at the CQ's next completion, or with
+    /// `solicited_only` its next receive that the sender marked solicited
+    /// ([`crate::qp::SendWr::solicited`]) or its next failed one, the channel gets one event
+    /// and the CQ's descriptor becomes readable. It fires once: arm again after taking the
+    /// events, then poll the CQ dry, since completions that arrived before arming raise
+    /// nothing. On the soft NIC a completion is noticed by whichever thread handles its
+    /// packet, the NIC's progress thread when nobody polls.
+    ///
+    /// # Errors
+    ///
+    /// On a verbs device, what `ibv_req_notify_cq` returned; never on the soft NIC.
+    pub fn req_notify(&self, solicited_only: bool) -> io::Result<()> {
+        self.backend.req_notify(solicited_only)
+    }
+
+    /// Takes the completion channel's events (`ibv_get_cq_event`, acknowledged as
+    /// `ibv_ack_cq_events` does): how many arrived since the last take, 0 when none did. It
+    /// never blocks; wait for the descriptor to be readable first.
+    #[must_use = "the events say whether to poll the CQ"]
+    pub fn take_events(&self) -> u64 {
+        self.backend.take_events()
+    }
+
     /// Wakes the threads waiting on this CQ (the CM's thread, to see that it must stop).
     pub(crate) fn wake_waiters(&self) {
         self.backend.wake_waiters();
+    }
+}
+
+/// The completion channel's descriptor (non-blocking): readable while an event waits, for
+/// `poll(2)`, epoll or tokio's `AsyncFd`. Read it only through [`Cq::take_events`].
+impl AsFd for Cq {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.backend.channel_fd()
     }
 }

@@ -80,6 +80,16 @@ pub enum NicError {
     /// A verbs device could not be opened or refused a resource.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    /// A descriptor the NIC needs (a completion channel's or the async events' eventfd)
+    /// could not be had.
+    #[error("cannot create {what}: {source} (is the open-file limit, `ulimit -n`, reached?)")]
+    Descriptor {
+        /// What it was for.
+        what: &'static str,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
     /// An object of one NIC was used with another (a CQ of one NIC for a QP of another).
     #[error("{0} belongs to another NIC")]
     OtherNic(&'static str),

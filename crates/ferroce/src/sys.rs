@@ -8,7 +8,7 @@
 
 use std::io;
 use std::net::UdpSocket;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixDatagram;
 
 /// Puts a descriptor the caller owns (a verbs device's async or completion-channel fd) in
@@ -712,6 +712,51 @@ pub(crate) fn grow_buffers(socket: &UdpSocket, bytes: usize) -> io::Result<usize
     }
 }
 
+/// An event counter the kernel can wait on (`eventfd(2)`, non-blocking): readable while its
+/// count is above zero. A soft CQ's completion channel and a NIC's async-event descriptor are
+/// one each, so that `poll`, epoll and tokio can wait on them.
+#[derive(Debug)]
+pub(crate) struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; a descriptor it returns is new and ours.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd and nothing else owns it.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Adds one to the count: the descriptor is readable until `take`.
+    pub(crate) fn signal(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our own descriptor. A full counter
+        // (EAGAIN, at 2^64 − 2) is already readable, so the error is ignored.
+        let _ = unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// The count, reset to zero; 0 when nothing was signalled since the last take.
+    pub(crate) fn take(&self) -> u64 {
+        let mut count = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live buffer from our own non-blocking
+        // descriptor; EAGAIN (count zero) leaves the buffer zero.
+        let n = unsafe { libc::read(self.0.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+        if n == 8 {
+            u64::from_ne_bytes(count)
+        } else {
+            0
+        }
+    }
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 /// 64 bits from the operating system's CSPRNG (`getrandom(2)`): memory keys, QP numbers and
 /// first PSNs, which a peer must not be able to guess.
 pub(crate) fn random_u64() -> io::Result<u64> {
@@ -816,7 +861,7 @@ pub(crate) fn udp_segmentation_offload(name: &str) -> Option<bool> {
         return None;
     }
     // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // The set's size: struct ethtool_sset_info { cmd, reserved, u64 sset_mask, data[] }.
     let mut info = [ETHTOOL_GSSET_INFO, 0, 1 << ETH_SS_FEATURES, 0, 0];
     ethtool(fd.as_raw_fd(), name, &mut info).ok()?;

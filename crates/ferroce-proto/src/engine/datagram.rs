@@ -123,7 +123,7 @@ impl Qp {
                 ip: ip.src(),
             }),
         };
-        self.push_recv_completion(dev, completion);
+        self.push_recv_completion(dev, completion, packet.solicited());
     }
 }
 

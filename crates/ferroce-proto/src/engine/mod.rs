@@ -164,6 +164,9 @@ pub const fn udp_source_port(qpn: Qpn) -> u16 {
 struct Cq {
     depth: usize,
     entries: VecDeque<Completion>,
+    /// Armed by `req_notify_cq`: `Some(true)` for the next solicited or error completion only,
+    /// `Some(false)` for the next of any kind. Firing disarms it.
+    armed: Option<bool>,
 }
 
 /// The engine's device-wide state: everything a queue pair's logic needs besides the queue
@@ -174,6 +177,8 @@ struct DeviceState {
     /// The UDP port packets arrive on; part of their ICRC.
     local_port: u16,
     cqs: HashMap<CqId, Cq>,
+    /// CQs whose armed notification fired, oldest first (`poll_cq_event`).
+    cq_events: VecDeque<CqId>,
     srqs: HashMap<SrqId, Srq>,
     events: VecDeque<AsyncEvent>,
     /// The port's MTU: the most a UD datagram carries.
@@ -185,9 +190,26 @@ struct DeviceState {
 impl DeviceState {
     /// Queues a completion; `false` when the CQ is full (the caller moves the QP to ERR).
     fn complete(&mut self, cq: CqId, completion: Completion) -> bool {
-        match self.cqs.get_mut(&cq) {
+        self.complete_as(cq, completion, false)
+    }
+
+    /// As [`DeviceState::complete`], for a receive the peer marked `solicited`: an armed CQ
+    /// fires for any completion when armed for any, and for a solicited or failed one when
+    /// armed for solicited ones only (`ibv_req_notify_cq`).
+    fn complete_as(&mut self, id: CqId, completion: Completion, solicited: bool) -> bool {
+        match self.cqs.get_mut(&id) {
             Some(cq) if cq.entries.len() < cq.depth => {
+                let fires = match cq.armed {
+                    Some(only_solicited) => {
+                        !only_solicited || solicited || completion.status != WcStatus::Success
+                    }
+                    None => false,
+                };
                 cq.entries.push_back(completion);
+                if fires {
+                    cq.armed = None;
+                    self.cq_events.push_back(id);
+                }
                 true
             }
             _ => {
@@ -292,6 +314,7 @@ impl Engine {
                 local_ip: config.local_ip,
                 local_port: ROCE_PORT,
                 cqs: HashMap::new(),
+                cq_events: VecDeque::new(),
                 srqs: HashMap::new(),
                 events: VecDeque::new(),
                 port_mtu: 1024,
@@ -389,6 +412,7 @@ impl Engine {
             Cq {
                 depth: depth.max(1),
                 entries: VecDeque::new(),
+                armed: None,
             },
         );
         id
@@ -401,7 +425,11 @@ impl Engine {
             .qps
             .values()
             .any(|qp| qp.init.send_cq == cq || qp.init.recv_cq == cq);
-        !in_use && self.dev.cqs.remove(&cq).is_some()
+        let removed = !in_use && self.dev.cqs.remove(&cq).is_some();
+        if removed {
+            self.dev.cq_events.retain(|&id| id != cq);
+        }
+        removed
     }
 
     /// What the engine holds now: for checking that what was set up was torn down.
@@ -427,6 +455,28 @@ impl Engine {
     /// The next completion of `cq`, oldest first.
     pub fn poll_completion(&mut self, cq: CqId) -> Option<Completion> {
         self.dev.cqs.get_mut(&cq)?.entries.pop_front()
+    }
+
+    /// Arms `cq` to report its next completion through [`Engine::poll_cq_event`]
+    /// (`ibv_req_notify_cq`): the next of any kind, or with `solicited_only` the next receive
+    /// the peer marked solicited, or the next that failed. It fires once; arm it again after.
+    /// Completions already queued do not fire it, as in verbs: poll after arming. `false` for
+    /// an unknown CQ.
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> bool {
+        match self.dev.cqs.get_mut(&cq) {
+            Some(cq) => {
+                // Armed for any stays armed for any until it fires.
+                cq.armed = Some(solicited_only && cq.armed != Some(false));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The next CQ whose armed notification fired, oldest first (what a completion channel
+    /// delivers: `ibv_get_cq_event`).
+    pub fn poll_cq_event(&mut self) -> Option<CqId> {
+        self.dev.cq_events.pop_front()
     }
 
     /// Replaces where the engine's keys and queue pair numbers come from (by default a

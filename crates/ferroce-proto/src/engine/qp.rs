@@ -256,12 +256,41 @@ impl Qp {
             qpn: self.qpn,
             ud: None,
         };
-        self.push_recv_completion(dev, completion);
+        self.push_recv_completion(dev, completion, false);
     }
 
-    /// Queues a receive completion; a full CQ moves the QP to ERR.
-    pub(super) fn push_recv_completion(&mut self, dev: &mut DeviceState, completion: Completion) {
-        if !dev.complete(self.init.recv_cq, completion) && self.state != QpState::Err {
+    /// A successful receive of `packet`'s message: its immediate, and its solicited-event bit
+    /// for a CQ armed for solicited completions.
+    pub(super) fn complete_recv_of(
+        &mut self,
+        dev: &mut DeviceState,
+        wr_id: u64,
+        opcode: WcOpcode,
+        len: u64,
+        packet: &Packet<&[u8]>,
+    ) {
+        let completion = Completion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode,
+            byte_len: u32::try_from(len).unwrap_or(u32::MAX),
+            imm: packet.imm(),
+            qpn: self.qpn,
+            ud: None,
+        };
+        self.push_recv_completion(dev, completion, packet.solicited());
+    }
+
+    /// Queues a receive completion (`solicited`: the peer asked for a solicited event); a
+    /// full CQ moves the QP to ERR.
+    pub(super) fn push_recv_completion(
+        &mut self,
+        dev: &mut DeviceState,
+        completion: Completion,
+        solicited: bool,
+    ) {
+        if !dev.complete_as(self.init.recv_cq, completion, solicited) && self.state != QpState::Err
+        {
             self.enter_err(dev);
         }
     }

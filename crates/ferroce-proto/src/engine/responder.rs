@@ -229,14 +229,7 @@ impl Qp {
                     };
                     self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                     dev.counters.rdma_recvs += 1;
-                    self.complete_recv(
-                        dev,
-                        wqe.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::Recv,
-                        offset,
-                        packet.imm(),
-                    );
+                    self.complete_recv_of(dev, wqe.wr_id, WcOpcode::Recv, offset, packet);
                 }
                 if packet.ack_req() {
                     self.push_ack(psn);
@@ -327,13 +320,12 @@ impl Qp {
                         let Some(wqe) = self.take_recv(dev) else {
                             return Err(invalid());
                         };
-                        self.complete_recv(
+                        self.complete_recv_of(
                             dev,
                             wqe.wr_id,
-                            WcStatus::Success,
                             WcOpcode::RecvRdmaWithImm,
                             total.into(),
-                            packet.imm(),
+                            packet,
                         );
                     }
                 }

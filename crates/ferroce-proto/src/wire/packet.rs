@@ -100,6 +100,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Psn::from_low_bits(super::be_u24(self.as_bytes(), field::PSN))
     }
 
+    /// Whether the requester asks for a solicited event at the receiver (the BTH's SE bit,
+    /// `IBV_SEND_SOLICITED`).
+    #[inline]
+    pub fn solicited(&self) -> bool {
+        self.as_bytes()[field::FLAGS] & 0x80 != 0
+    }
+
     /// Whether the requester asks for an acknowledgement.
     #[inline]
     pub fn ack_req(&self) -> bool {

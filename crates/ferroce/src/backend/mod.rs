@@ -14,7 +14,8 @@
 //! - `nic::Nic`: opened by the composition root (`crate::open`); says what it is
 //!   (`caps`, `addr`, `active_mtu`, `failure`, statistics) and creates the other objects
 //!   (`create_cq`, `create_qp`, `register`, and where it can `create_srq`, `create_gsi`).
-//! - `cq::Cq`: `poll`, `poll_into`, `wait`, `drive`, `depth`, `failure`.
+//! - `cq::Cq`: `poll`, `poll_into`, `wait`, `drive`, `depth`, `failure`, and its completion
+//!   channel: `req_notify`, `take_events`, `channel_fd`.
 //! - `qp::Qp`: `qpn`, `psn`, `caps`, `state`, `connect` (from [`ConnectAttrs`]), `modify` and
 //!   `query` attribute by attribute, the posts, `shutdown`; where it can, `ready_ud` and
 //!   `set_write_filter`.
@@ -30,6 +31,7 @@ pub(crate) mod soft;
 pub(crate) mod verbs;
 
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -221,7 +223,7 @@ impl Nic {
 
     pub(crate) fn create_cq(&self, depth: usize) -> Result<Cq, NicError> {
         Ok(match self {
-            Self::Soft(s) => Cq::Soft(s.create_cq(depth)),
+            Self::Soft(s) => Cq::Soft(s.create_cq(depth)?),
             Self::Verbs(v) => Cq::Verbs(v.create_cq(depth)?),
         })
     }
@@ -336,6 +338,34 @@ impl Cq {
         match self {
             Self::Soft(_) => None,
             Self::Verbs(cq) => cq.failure(),
+        }
+    }
+
+    /// Arms the CQ's completion channel for its next completion (or next solicited or
+    /// failed one).
+    pub(crate) fn req_notify(&self, solicited_only: bool) -> std::io::Result<()> {
+        match self {
+            Self::Soft(cq) => {
+                cq.req_notify(solicited_only);
+                Ok(())
+            }
+            Self::Verbs(cq) => cq.req_notify(solicited_only),
+        }
+    }
+
+    /// The completion channel's events since the last take.
+    pub(crate) fn take_events(&self) -> u64 {
+        match self {
+            Self::Soft(cq) => cq.take_events(),
+            Self::Verbs(cq) => cq.take_events(),
+        }
+    }
+
+    /// The completion channel's descriptor.
+    pub(crate) fn channel_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Self::Soft(cq) => cq.channel_fd(),
+            Self::Verbs(cq) => cq.channel_fd(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! the engine on the caller's thread when nothing is there; waiting sleeps on the driver's
 //! condition variable, or on the socket itself (`drive`).
 
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
@@ -9,6 +10,8 @@ use std::time::{Duration, Instant};
 use ferroce_proto::qp::{Completion, CqId};
 
 use super::driver::Driver;
+use crate::error::NicError;
+use crate::sys::EventFd;
 
 /// A soft CQ; destroyed in the engine with its last handle (queue pairs hold one while they
 /// report to it).
@@ -16,16 +19,47 @@ pub(crate) struct Cq {
     id: CqId,
     depth: usize,
     driver: Arc<Driver>,
+    /// Its completion channel: signalled by the driver when the armed CQ fires.
+    channel: Arc<EventFd>,
 }
 
 impl Cq {
-    pub(super) fn new(driver: &Arc<Driver>, depth: usize) -> Self {
-        let id = driver.lock().engine.create_cq(depth);
-        Self {
+    pub(super) fn new(driver: &Arc<Driver>, depth: usize) -> Result<Self, NicError> {
+        let channel = EventFd::new()
+            .map(Arc::new)
+            .map_err(|source| NicError::Descriptor {
+                what: "a completion channel",
+                source,
+            })?;
+        let mut state = driver.lock();
+        let id = state.engine.create_cq(depth);
+        state.cq_channels.insert(id, Arc::clone(&channel));
+        drop(state);
+        Ok(Self {
             id,
             depth,
             driver: Arc::clone(driver),
-        }
+            channel,
+        })
+    }
+
+    /// Arms the CQ (`ibv_req_notify_cq`): its channel is signalled at its next completion, or
+    /// with `solicited_only` its next solicited or failed one.
+    pub(crate) fn req_notify(&self, solicited_only: bool) {
+        self.driver
+            .lock()
+            .engine
+            .req_notify_cq(self.id, solicited_only);
+    }
+
+    /// The channel's events since the last take (`ibv_get_cq_event` and its acknowledgement).
+    pub(crate) fn take_events(&self) -> u64 {
+        self.channel.take()
+    }
+
+    /// The channel's descriptor: readable while an event waits.
+    pub(crate) fn channel_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
     }
 
     pub(super) fn id(&self) -> CqId {
@@ -124,6 +158,8 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        self.driver.lock().engine.destroy_cq(self.id);
+        let mut state = self.driver.lock();
+        state.engine.destroy_cq(self.id);
+        state.cq_channels.remove(&self.id);
     }
 }

@@ -9,6 +9,7 @@
 //! datagram to the NIC's own address: a firewall that drops RoCE traffic would drop that too,
 //! and a lost wake-up would leave the thread asleep for good. An idle NIC costs no CPU.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
@@ -34,10 +35,11 @@ const ACK_WITHIN: Duration = Duration::from_micros(100);
 /// tools' default of 14 is 67 ms, and 1 ms is already a short one).
 const ACK_HOLD: Duration = Duration::from_micros(20);
 
+use ferroce_proto::qp::CqId;
 use ferroce_proto::Engine;
 
 use super::memory::HostMemory;
-use crate::sys;
+use crate::sys::{self, EventFd};
 use crate::udp::{self, tap};
 
 /// The engine and its memory, behind the NIC's lock, with the datagram link (batches and
@@ -45,6 +47,8 @@ use crate::udp::{self, tap};
 pub(crate) struct Locked {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
+    /// Each CQ's completion channel, signalled when the engine says an armed CQ fired.
+    pub(crate) cq_channels: HashMap<CqId, Arc<EventFd>>,
     link: udp::Link,
     /// While ACKs wait in the link for the application's next packet: when they go anyway.
     acks_due: Option<Instant>,
@@ -107,6 +111,7 @@ impl Driver {
             state: Mutex::new(Locked {
                 engine,
                 mem: HostMemory::default(),
+                cq_channels: HashMap::new(),
                 link: udp::Link::new(faults, pcap),
                 acks_due: None,
             }),
@@ -150,6 +155,7 @@ impl Driver {
             mem,
             link,
             acks_due,
+            ..
         } = state;
         while let Some(t) = engine.poll_transmit(now, mem, link.tx.slot()) {
             link.tx.push_written(t.dst, t.len, t.ack);
@@ -168,6 +174,16 @@ impl Driver {
         *acks_due = None;
         if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
             link.transmit(&self.port, now, &[]);
+        }
+        Self::signal_cq_channels(state);
+    }
+
+    /// Signals the channel of every armed CQ that fired since the last look.
+    fn signal_cq_channels(state: &mut Locked) {
+        while let Some(id) = state.engine.poll_cq_event() {
+            if let Some(channel) = state.cq_channels.get(&id) {
+                channel.signal();
+            }
         }
     }
 

@@ -253,8 +253,8 @@ impl Nic {
         self.driver.stop();
     }
 
-    pub(crate) fn create_cq(&self, depth: usize) -> Arc<Cq> {
-        Arc::new(Cq::new(&self.driver, depth))
+    pub(crate) fn create_cq(&self, depth: usize) -> Result<Arc<Cq>, NicError> {
+        Cq::new(&self.driver, depth).map(Arc::new)
     }
 
     /// A QP in INIT; `None` when the engine does not know the SRQ.

@@ -116,6 +116,21 @@ impl Cq {
         }
     }
 
+    /// Arms the CQ's completion channel (`ibv_req_notify_cq`).
+    pub(crate) fn req_notify(&self, solicited_only: bool) -> std::io::Result<()> {
+        self.raw.arm_for(solicited_only)
+    }
+
+    /// The channel's events since the last take, read and acknowledged.
+    pub(crate) fn take_events(&self) -> u64 {
+        self.raw.take_events() as u64
+    }
+
+    /// The completion channel's descriptor.
+    pub(crate) fn channel_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.raw.channel_fd()
+    }
+
     /// Why the CQ failed, if an event said so.
     pub(crate) fn failure(&self) -> Option<String> {
         self.overrun

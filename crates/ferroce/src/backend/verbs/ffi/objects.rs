@@ -8,7 +8,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::io;
 use std::mem::size_of;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -511,16 +511,29 @@ impl RawCq {
 
     /// Arms the CQ: the next completion writes an event to the channel.
     pub(crate) fn arm(&self) -> io::Result<()> {
+        self.arm_for(false)
+    }
+
+    /// `ibv_req_notify_cq`: the channel gets an event at the next completion, or with
+    /// `solicited_only` the next solicited or failed one.
+    pub(crate) fn arm_for(&self, solicited_only: bool) -> io::Result<()> {
         // SAFETY: as for `poll`.
         let notify = unsafe { (*(*self.cq.as_ptr()).context).ops.req_notify_cq }
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS))?;
-        // SAFETY: a live CQ; 0: every completion, not only solicited ones.
-        returned(unsafe { notify(self.cq.as_ptr(), 0) })
+        // SAFETY: a live CQ; the flag is verbs' `solicited_only`.
+        returned(unsafe { notify(self.cq.as_ptr(), c_int::from(solicited_only)) })
     }
 
     /// The channel's descriptor (non-blocking), to wait on with poll(2).
     pub(crate) fn fd(&self) -> RawFd {
         self.channel.fd()
+    }
+
+    /// The channel's descriptor, borrowed for as long as the CQ lives.
+    pub(crate) fn channel_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel owns the descriptor and outlives this borrow of the CQ, which
+        // holds the channel until it is dropped.
+        unsafe { BorrowedFd::borrow_raw(self.channel.fd()) }
     }
 
     /// Reads the channel's pending events; returns how many there were. Acknowledged in
