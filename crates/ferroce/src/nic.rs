@@ -14,6 +14,7 @@
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::BorrowedFd;
 
 use ferroce_proto::qp::Mtu;
 use ferroce_proto::Counters;
@@ -84,10 +85,20 @@ impl Nic {
     /// The next asynchronous event of the soft NIC (`ibv_get_async_event`): an SRQ below its
     /// armed limit, or a QP on an SRQ that has taken its last receive. `None` when none is
     /// waiting, and on a verbs device, whose events ferroce handles itself ([`Nic::failure`],
-    /// [`crate::Qp::failure`]).
+    /// [`crate::Qp::failure`], [`crate::Cq::failure`]).
     #[must_use]
     pub fn poll_event(&self) -> Option<ferroce_proto::qp::AsyncEvent> {
         self.backend.poll_event()
+    }
+
+    /// The async-event descriptor (`ibv_context.async_fd`, non-blocking), for `poll(2)`, epoll
+    /// or tokio's `AsyncFd`: readable while an event waits for [`Nic::poll_event`], which
+    /// clears it with the last one. On a verbs device it turns readable when ferroce's event
+    /// thread has handled an event (a QP, CQ, port or device failure, a GID change): look at
+    /// the `failure`s and [`Nic::address_gone`], then call [`Nic::poll_event`] to clear it.
+    #[must_use]
+    pub fn async_fd(&self) -> BorrowedFd<'_> {
+        self.backend.async_fd()
     }
 
     /// What the soft NIC's engine holds now: queue pairs (QP 1 included), CQs, SRQs,

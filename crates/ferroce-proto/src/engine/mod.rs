@@ -403,6 +403,12 @@ impl Engine {
         &self.dev.table
     }
 
+    /// How many asynchronous events wait for [`Engine::poll_event`].
+    #[must_use]
+    pub fn pending_events(&self) -> usize {
+        self.dev.events.len()
+    }
+
     /// A completion queue holding up to `depth` completions.
     pub fn create_cq(&mut self, depth: usize) -> CqId {
         let id = CqId(self.next_cq);

@@ -12,7 +12,8 @@
 //! A backend is a folder with the same file names as the others (as mio's `sys/unix` and
 //! `sys/shell` are), each defining one type:
 //! - `nic::Nic`: opened by the composition root (`crate::open`); says what it is
-//!   (`caps`, `addr`, `active_mtu`, `failure`, statistics) and creates the other objects
+//!   (`caps`, `addr`, `active_mtu`, `failure`, statistics, async events and their
+//!   descriptor) and creates the other objects
 //!   (`create_cq`, `create_qp`, `register`, and where it can `create_srq`, `create_gsi`).
 //! - `cq::Cq`: `poll`, `poll_into`, `wait`, `drive`, `depth`, `failure`, and its completion
 //!   channel: `req_notify`, `take_events`, `channel_fd`.
@@ -153,11 +154,23 @@ impl Nic {
         }
     }
 
-    /// The next async event; a verbs device's are handled by its event thread.
+    /// The next async event; a verbs device's are handled by its event thread, so this
+    /// only clears its descriptor.
     pub(crate) fn poll_event(&self) -> Option<AsyncEvent> {
         match self {
             Self::Soft(s) => s.poll_event(),
-            Self::Verbs(_) => None,
+            Self::Verbs(v) => {
+                v.take_async();
+                None
+            }
+        }
+    }
+
+    /// The async-event descriptor.
+    pub(crate) fn async_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Self::Soft(s) => s.async_fd(),
+            Self::Verbs(v) => v.async_fd(),
         }
     }
 

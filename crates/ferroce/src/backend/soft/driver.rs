@@ -49,6 +49,8 @@ pub(crate) struct Locked {
     pub(crate) mem: HostMemory,
     /// Each CQ's completion channel, signalled when the engine says an armed CQ fired.
     pub(crate) cq_channels: HashMap<CqId, Arc<EventFd>>,
+    /// How many events the engine held when last looked at: more now means a new one.
+    pub(crate) events_seen: usize,
     link: udp::Link,
     /// While ACKs wait in the link for the application's next packet: when they go anyway.
     acks_due: Option<Instant>,
@@ -95,6 +97,8 @@ pub(crate) struct Driver {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Why the receive path died, if it did.
     pub(crate) failure: Mutex<Option<io::Error>>,
+    /// The NIC's async-event descriptor: readable while the engine holds events.
+    pub(crate) async_events: EventFd,
 }
 
 impl Driver {
@@ -112,6 +116,7 @@ impl Driver {
                 engine,
                 mem: HostMemory::default(),
                 cq_channels: HashMap::new(),
+                events_seen: 0,
                 link: udp::Link::new(faults, pcap),
                 acks_due: None,
             }),
@@ -128,6 +133,7 @@ impl Driver {
             sleeping_until: Mutex::new(None),
             thread: Mutex::new(None),
             failure: Mutex::new(None),
+            async_events: EventFd::new()?,
         }))
     }
 
@@ -175,16 +181,22 @@ impl Driver {
         if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
             link.transmit(&self.port, now, &[]);
         }
-        Self::signal_cq_channels(state);
+        self.signal(state);
     }
 
-    /// Signals the channel of every armed CQ that fired since the last look.
-    fn signal_cq_channels(state: &mut Locked) {
+    /// Signals the channel of every armed CQ that fired since the last look, and the async
+    /// descriptor when the engine raised an event.
+    fn signal(&self, state: &mut Locked) {
         while let Some(id) = state.engine.poll_cq_event() {
             if let Some(channel) = state.cq_channels.get(&id) {
                 channel.signal();
             }
         }
+        let pending = state.engine.pending_events();
+        if pending > state.events_seen {
+            self.async_events.signal();
+        }
+        state.events_seen = pending;
     }
 
     /// After the application changed the engine: send what it produced, wake waiters, and

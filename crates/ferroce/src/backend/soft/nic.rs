@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ferroce_proto::memory::{Entropy, PdId, RegionInfo, WriteOrder};
@@ -202,8 +203,21 @@ impl Nic {
         *self.driver.lock().engine.counters()
     }
 
+    /// The next event; the async descriptor stops being readable with the last one.
     pub(crate) fn poll_event(&self) -> Option<AsyncEvent> {
-        self.driver.lock().engine.poll_event()
+        let mut state = self.driver.lock();
+        let event = state.engine.poll_event();
+        let pending = state.engine.pending_events();
+        state.events_seen = pending;
+        if pending == 0 {
+            self.driver.async_events.take();
+        }
+        event
+    }
+
+    /// The async-event descriptor: readable while an event waits for `poll_event`.
+    pub(crate) fn async_fd(&self) -> BorrowedFd<'_> {
+        self.driver.async_events.as_fd()
     }
 
     pub(crate) fn census(&self) -> Census {

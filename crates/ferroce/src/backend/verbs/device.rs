@@ -104,7 +104,7 @@ impl Device {
         };
         let max_inline = probe_inline(&ctx, &pd);
         let (stop, stop_rx) = UnixDatagram::pair().map_err(|e| call("socketpair", e))?;
-        let health = Arc::new(Health::default());
+        let health = Arc::new(Health::new().map_err(|e| call("eventfd", e))?);
         let gid_index = Arc::new(std::sync::atomic::AtomicU32::new(gid.index));
         let device = Arc::new(Self {
             name: name.to_owned(),

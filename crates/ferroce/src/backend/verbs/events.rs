@@ -12,19 +12,30 @@ use std::thread::JoinHandle;
 use super::abi::*;
 use super::ffi::{self, Context};
 use crate::attr::Gid;
+use crate::sys::EventFd;
 
 /// What the async events said: the device's failure (for good: the device or its port
 /// failed), whether our GID is out of the table (for now: until the address comes back), and
 /// the QPs and CQs that failed.
-#[derive(Default)]
 pub(super) struct Health {
     failure: Mutex<Option<String>>,
     pub(super) gid_gone: std::sync::atomic::AtomicBool,
     /// QPs and CQs by their handle's address, to the flag of their own that an event sets.
     watched: Mutex<HashMap<usize, Weak<Mutex<Option<String>>>>>,
+    /// Signalled at every event handled, for the NIC's async descriptor.
+    pub(super) signalled: EventFd,
 }
 
 impl Health {
+    pub(super) fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            failure: Mutex::new(None),
+            gid_gone: std::sync::atomic::AtomicBool::new(false),
+            watched: Mutex::new(HashMap::new()),
+            signalled: EventFd::new()?,
+        })
+    }
+
     pub(super) fn failure(&self) -> Option<String> {
         self.failure
             .lock()
@@ -99,6 +110,7 @@ impl EventWatcher {
     }
 
     fn handle(&self, ev: ffi::AsyncEvent) {
+        self.health.signalled.signal();
         let dev = &self.device;
         match ev.kind {
             IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR => {

@@ -2,6 +2,7 @@
 //! it creates.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 use ferroce_proto::memory::{RegionInfo, WriteOrder};
@@ -89,6 +90,17 @@ impl Nic {
     /// Why the device failed for good, if an async event said so.
     pub(crate) fn failure(&self) -> Option<String> {
         self.device.health.failure()
+    }
+
+    /// The async descriptor: readable once the event thread handled an event (its effect is
+    /// in the `failure`s and `gid_gone`).
+    pub(crate) fn async_fd(&self) -> BorrowedFd<'_> {
+        self.device.health.signalled.as_fd()
+    }
+
+    /// Takes what the async descriptor counted: the events have been handled already.
+    pub(crate) fn take_async(&self) {
+        self.device.health.signalled.take();
     }
 
     /// Whether our GID is out of the device's table (its address removed).
