@@ -370,6 +370,18 @@ impl MemoryTable {
         self.regions.is_empty()
     }
 
+    /// The region whose local key is `lkey`, if one is registered.
+    #[must_use]
+    pub fn by_lkey(&self, lkey: u32) -> Option<&RegionInfo> {
+        self.by_lkey.get(&lkey).and_then(|id| self.regions.get(id))
+    }
+
+    /// The region whose remote key is `rkey`, if one is registered (a Local region has none).
+    #[must_use]
+    pub fn by_rkey(&self, rkey: u32) -> Option<&RegionInfo> {
+        self.by_rkey.get(&rkey).and_then(|id| self.regions.get(id))
+    }
+
     /// Finds `key` in one of the key maps, then checks the range and rights against its region.
     fn lookup(
         &self,

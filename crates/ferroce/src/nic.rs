@@ -101,6 +101,16 @@ impl Nic {
         self.backend.async_fd()
     }
 
+    /// The region of this NIC registered with local key `lkey`, for raw scatter entries that
+    /// carry only an address, a length and a key (`struct ibv_sge`): its address range,
+    /// rights and keys. `None` when no live region of this NIC has that key. Checking the
+    /// entry's range against it is the caller's; posting it unchecked is safe too, since the
+    /// NIC checks every entry and fails a wrong one with a local protection error.
+    #[must_use]
+    pub fn region_of_lkey(&self, lkey: u32) -> Option<ferroce_proto::memory::RegionInfo> {
+        self.backend.region_of_lkey(lkey)
+    }
+
     /// What the soft NIC's engine holds now: queue pairs (QP 1 included), CQs, SRQs,
     /// regions, armed timers and unpolled completions, for checking that what was set up was
     /// torn down. `None` on a verbs device.

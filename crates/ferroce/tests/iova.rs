@@ -54,6 +54,10 @@ fn a_write_to_iova_zero_lands_at_the_regions_first_byte() {
     assert_eq!(dst.remote(100).unwrap().va, 100, "peers address it from 0");
     let sge = src.local(0, 4096).unwrap();
     assert_eq!(sge.addr, 0x7000_0000, "local entries too");
+    // The key of a raw entry finds its region, at its IOVA; another NIC's key does not.
+    let found = a.region_of_lkey(sge.lkey).expect("the region of the key");
+    assert_eq!((found.va, found.len), (0x7000_0000, 4096));
+    assert!(b.region_of_lkey(sge.lkey).is_none());
 
     qa.post_send(SendWr::new(
         1,
@@ -92,6 +96,9 @@ fn a_write_to_iova_zero_lands_at_the_regions_first_byte() {
     .unwrap();
     let refused = cq_a.wait(Duration::from_secs(10)).expect("a completion");
     assert_eq!(refused.status, WcStatus::LocProtErr);
+    let lkey = sge.lkey;
+    drop(src);
+    assert!(a.region_of_lkey(lkey).is_none(), "gone with its region");
 }
 
 #[test]

@@ -410,8 +410,17 @@ fn a_region_at_an_iova_goes_through_reg_mr_iova2() {
     assert_eq!(region.va(), 0);
     assert_eq!(region.local(8, 8).unwrap().addr, 8);
     assert_eq!(region.remote(16).unwrap().va, 16);
+    let lkey = region.local(0, 1).unwrap().lkey;
+    assert_eq!(
+        nic.region_of_lkey(lkey).map(|r| (r.va, r.len)),
+        Some((0, 4096))
+    );
     let Ok(RegionMemory::Host(bytes)) = region.deregister() else {
         panic!("host bytes back");
     };
     assert_eq!(bytes, vec![7; 4096]);
+    assert!(
+        nic.region_of_lkey(lkey).is_none(),
+        "gone with its registration"
+    );
 }

@@ -288,6 +288,15 @@ impl Nic {
         }
     }
 
+    /// The region registered with local key `lkey`: the soft engine's table; a verbs
+    /// device keeps its keys in the kernel, so ferroce's own registry answers there.
+    pub(crate) fn region_of_lkey(&self, lkey: u32) -> Option<RegionInfo> {
+        match self {
+            Self::Soft(s) => s.region_of_lkey(lkey),
+            Self::Verbs(v) => v.region_of_lkey(lkey),
+        }
+    }
+
     pub(crate) fn register(
         &self,
         access: RegionAccess,

@@ -359,6 +359,11 @@ impl Nic {
         Region::register(&self.driver, self.pd, access, order, memory, iova)
     }
 
+    /// The region registered with local key `lkey`.
+    pub(crate) fn region_of_lkey(&self, lkey: u32) -> Option<RegionInfo> {
+        self.driver.lock().engine.regions().by_lkey(lkey).copied()
+    }
+
     /// The PSN QP `qpn`'s responder expects next, and the one it sends next: how the CM sees
     /// a passive connection's first data where its RTU was lost.
     pub(crate) fn qp_psns(&self, qpn: Qpn) -> Option<(Psn, Psn)> {

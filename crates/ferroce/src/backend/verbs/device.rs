@@ -2,10 +2,12 @@
 //! (inline size, dma-buf support), and the thread that reads its async events. Every verbs
 //! object holds an `Arc` of it.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::unix::net::UnixDatagram;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use ferroce_proto::memory::RegionInfo;
 use ferroce_proto::qp::Mtu;
 
 use super::abi::*;
@@ -56,6 +58,9 @@ pub(super) struct Device {
     /// The most inline bytes an RC QP is granted (no query says it; a probe at open does).
     pub(super) max_inline: u32,
     events: Mutex<Option<EventThread>>,
+    /// The regions registered on the device, by local key: what `Nic::region_of_lkey` finds
+    /// (the keys themselves live in the kernel).
+    pub(super) regions: Mutex<HashMap<u32, RegionInfo>>,
 }
 
 impl Device {
@@ -119,6 +124,7 @@ impl Device {
             dmabuf,
             max_inline,
             events: Mutex::new(None),
+            regions: Mutex::new(HashMap::new()),
         });
         let watcher = EventWatcher {
             ctx,

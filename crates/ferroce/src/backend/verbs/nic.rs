@@ -136,4 +136,14 @@ impl Nic {
     ) -> Result<(Region, RegionInfo), RegionError> {
         Region::register(&self.device, access, order, memory, iova)
     }
+
+    /// The region registered here with local key `lkey`.
+    pub(crate) fn region_of_lkey(&self, lkey: u32) -> Option<RegionInfo> {
+        self.device
+            .regions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&lkey)
+            .copied()
+    }
 }

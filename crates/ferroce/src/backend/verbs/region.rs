@@ -2,6 +2,7 @@
 //! was asked), `ibv_reg_dmabuf_mr` on a dma-buf, with the access flags and errors translated.
 
 use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ferroce_proto::memory::{RegionInfo, WriteOrder};
 
@@ -15,9 +16,13 @@ use crate::sys;
 
 /// A registration on a verbs device, which owns the host bytes.
 pub(crate) struct Region {
-    mr: Mr,
+    /// `None` once deregistered.
+    mr: Option<Mr>,
     /// The descriptor and offset of a dma-buf region.
     dmabuf: Option<(RawFd, u64)>,
+    /// The device, whose registry of regions this one leaves when it goes.
+    device: Arc<Device>,
+    lkey: u32,
 }
 
 impl std::fmt::Debug for Mr {
@@ -34,7 +39,7 @@ impl Region {
     /// `iova` when given (`ibv_reg_mr_iova2`; a dma-buf from 0 otherwise); the keys and address
     /// peers use come back as a `RegionInfo`.
     pub(super) fn register(
-        device: &Device,
+        device: &Arc<Device>,
         access: RegionAccess,
         order: WriteOrder,
         memory: RegionMemory,
@@ -82,22 +87,36 @@ impl Region {
             lkey: mr.lkey(),
             rkey: if remote { mr.rkey() } else { 0 },
         };
-        Ok((Self { mr, dmabuf }, info))
+        lock(&device.regions).insert(info.lkey, info);
+        let region = Self {
+            lkey: info.lkey,
+            mr: Some(mr),
+            dmabuf,
+            device: Arc::clone(device),
+        };
+        Ok((region, info))
     }
 
     /// Copies out; the caller has checked the range.
     pub(crate) fn read(&self, at: u64, out: &mut [u8]) {
-        self.mr.read(at as usize, out);
+        if let Some(mr) = &self.mr {
+            mr.read(at as usize, out);
+        }
     }
 
     /// Copies in; the caller has checked the range.
     pub(crate) fn write(&self, at: u64, data: &[u8]) {
-        self.mr.write(at as usize, data);
+        if let Some(mr) = &self.mr {
+            mr.write(at as usize, data);
+        }
     }
 
     /// `ibv_dereg_mr`, and the memory back as it was registered.
-    pub(crate) fn deregister(self, len: u64) -> RegionMemory {
-        let Self { mr, dmabuf } = self;
+    pub(crate) fn deregister(mut self, len: u64) -> RegionMemory {
+        lock(&self.device.regions).remove(&self.lkey);
+        let (Some(mr), dmabuf) = (self.mr.take(), self.dmabuf) else {
+            return RegionMemory::Host(Vec::new());
+        };
         if mr.is_mapped() {
             return mr
                 .into_mapped()
@@ -116,6 +135,16 @@ impl Region {
             (None, None) => RegionMemory::Host(Vec::new()),
         }
     }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        lock(&self.device.regions).remove(&self.lkey);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// `ibv_reg_dmabuf_mr` on `bytes` bytes at `offset` of `fd`, addressed by peers from `iova`
