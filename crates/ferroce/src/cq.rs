@@ -58,6 +58,22 @@ impl Cq {
         self.backend.depth()
     }
 
+    /// Changes how many completions the CQ holds (`ibv_resize_cq`): `depth` at least, as the
+    /// device grants it ([`Cq::depth`] says what it holds now).
+    ///
+    /// # Errors
+    ///
+    /// [`NicError::CqTooSmall`] when the CQ holds more completions than `depth` now; on a
+    /// verbs device, [`NicError::Verbs`] with what `ibv_resize_cq` returned. A verbs CQ never
+    /// shrinks below what the queues on it may hold.
+    pub fn resize(&self, depth: usize) -> Result<(), NicError> {
+        if self.backend.resize(depth)? {
+            Ok(())
+        } else {
+            Err(NicError::CqTooSmall { depth })
+        }
+    }
+
     /// Why the CQ failed, if it did: on a verbs device, a `CQ_ERR` event (an overrun, which
     /// loses completions).
     #[must_use]

@@ -90,6 +90,12 @@ pub enum NicError {
         #[source]
         source: io::Error,
     },
+    /// A CQ cannot shrink below the completions it holds now.
+    #[error("a CQ of depth {depth} cannot hold the completions it holds now: poll them first")]
+    CqTooSmall {
+        /// The depth asked for.
+        depth: usize,
+    },
     /// An object of one NIC was used with another (a CQ of one NIC for a QP of another).
     #[error("{0} belongs to another NIC")]
     OtherNic(&'static str),

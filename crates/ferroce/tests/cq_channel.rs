@@ -126,3 +126,42 @@ fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_faile
     let flushed = recv_b.poll().expect("a flushed receive");
     assert_eq!(flushed.status, WcStatus::WrFlushErr);
 }
+
+/// `Cq::resize` (`ibv_resize_cq`): a CQ grows and shrinks, but not below what it holds.
+#[test]
+fn a_cq_resizes_but_not_below_what_it_holds() {
+    let a = nic(23);
+    let cq = Cq::new(&a, 4).unwrap();
+    let qp = Qp::new(&a, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+    let sink = Region::register(
+        &a,
+        RegionAccess::Local,
+        WriteOrder::InOrder,
+        RegionMemory::Host(vec![0; 64]),
+    )
+    .unwrap();
+    for i in 0..3 {
+        qp.post_recv(RecvWr {
+            wr_id: i,
+            sges: vec![sink.local(0, 64).unwrap()],
+        })
+        .unwrap();
+    }
+    // Three flushed receives wait in the CQ.
+    qp.shutdown();
+    assert!(matches!(
+        cq.resize(2),
+        Err(ferroce::NicError::CqTooSmall { depth: 2 })
+    ));
+    assert_eq!(cq.depth(), 4, "a refused resize changes nothing");
+    assert_eq!(cq.poll().map(|c| c.status), Some(WcStatus::WrFlushErr));
+    cq.resize(2).expect("two completions fit in two");
+    assert_eq!(cq.depth(), 2);
+    cq.resize(256).unwrap();
+    assert_eq!(cq.depth(), 256);
+    assert_eq!(
+        std::iter::from_fn(|| cq.poll()).count(),
+        2,
+        "nothing lost on the way"
+    );
+}

@@ -424,6 +424,18 @@ impl Engine {
         id
     }
 
+    /// Changes how many completions `cq` holds (`ibv_resize_cq`). Refused (`false`) for an
+    /// unknown CQ, or a depth below the completions it holds now (rxe says EINVAL there too).
+    pub fn resize_cq(&mut self, cq: CqId, depth: usize) -> bool {
+        match self.dev.cqs.get_mut(&cq) {
+            Some(cq) if depth.max(1) >= cq.entries.len() => {
+                cq.depth = depth.max(1);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Destroys a completion queue (`ibv_destroy_cq`); its completions are gone. Refused
     /// (`false`) while a queue pair reports to it, or when there is no such CQ.
     pub fn destroy_cq(&mut self, cq: CqId) -> bool {

@@ -325,6 +325,14 @@ impl Cq {
         }
     }
 
+    /// Changes the CQ's depth; `Ok(false)` when the soft engine refuses it.
+    pub(crate) fn resize(&self, depth: usize) -> Result<bool, NicError> {
+        match self {
+            Self::Soft(cq) => Ok(cq.resize(depth)),
+            Self::Verbs(cq) => cq.resize(depth).map(|()| true).map_err(NicError::from),
+        }
+    }
+
     pub(crate) fn poll(&self) -> Option<Completion> {
         match self {
             Self::Soft(cq) => cq.poll(),

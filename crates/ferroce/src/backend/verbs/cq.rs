@@ -68,6 +68,22 @@ impl Cq {
         *committed = committed.saturating_sub(less);
     }
 
+    /// `ibv_resize_cq` to at least `depth`, and never below what the queues on it may hold:
+    /// the CQ must not overrun.
+    pub(crate) fn resize(&self, depth: usize) -> Result<(), VerbsError> {
+        let committed = *self
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let want = u32::try_from(depth)
+            .unwrap_or(u32::MAX)
+            .max(committed)
+            .max(1);
+        self.raw
+            .resize(want)
+            .map_err(|e| self.device.error("ibv_resize_cq", e, None))
+    }
+
     /// What the device granted (`cqe`), grown as queue pairs joined it.
     pub(crate) fn depth(&self) -> usize {
         self.raw.cqe() as usize
