@@ -6,12 +6,15 @@
 #      RoCE v2 GID ::ffff:127.0.0.N of FERROCE_ADDR, loopback's active MTU (4096);
 #   3. an unusable FERROCE_ADDR makes ibv_open_device fail and say why;
 #   4. perftest's and rdma-core's programs load with LD_BIND_NOW=1 (every symbol they, libmlx5,
-#      libefa and librdmacm import resolves) and print their usage.
+#      libefa and librdmacm import resolves) and print their usage;
+#   5. a C program built against rdma-core's own headers and library (so verbs.h's inline
+#      functions run as in any program) finds what it expects, errors included
+#      (crates/ferroce-ibverbs/tests/c/stage0.c).
 # Every process gets its own 127.0.0.N; nothing leaves loopback.
 #
-# ibv_devices/ibv_devinfo (ibverbs-utils) and ib_write_bw (perftest) come from
-# scripts/bootstrap.sh. Without them the script skips, unless FERROCE_REQUIRE_IBVERBS_UTILS
-# or CI is set (scripts/test.sh sets the first), when it fails.
+# ibv_devices/ibv_devinfo (ibverbs-utils), ib_write_bw (perftest) and verbs.h
+# (libibverbs-dev) come from scripts/bootstrap.sh. Without them the script skips, unless
+# FERROCE_REQUIRE_IBVERBS_UTILS or CI is set (scripts/test.sh sets the first), when it fails.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,12 +26,13 @@ fail() {
 }
 
 missing=()
-for tool in ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_bw nm; do
+for tool in ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_bw nm cc; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
+echo '#include <infiniband/verbs.h>' | cc -E - >/dev/null 2>&1 || missing+=("infiniband/verbs.h")
 if [ ${#missing[@]} -gt 0 ]; then
     if [ -n "${FERROCE_REQUIRE_IBVERBS_UTILS:-}${CI:-}" ]; then
-        fail "missing ${missing[*]} (scripts/bootstrap.sh installs ibverbs-utils, perftest and binutils)"
+        fail "missing ${missing[*]} (scripts/bootstrap.sh installs ibverbs-utils, perftest, libibverbs-dev and binutils)"
     fi
     echo "test-dropin: SKIP: missing ${missing[*]} (scripts/bootstrap.sh installs them)"
     exit 0
@@ -130,5 +134,12 @@ for p in "${programs[@]}"; do
     }
     echo "    $p: loads (exit $rc)"
 done
+
+echo "== a C program built against rdma-core's headers, run on the drop-in"
+out_dir="$(dirname "$dir")/test-dropin"
+mkdir -p "$out_dir"
+cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage0.c -libverbs -lmlx5 \
+    -o "$out_dir/stage0"
+on 127.0.0.65 timeout 60 "$out_dir/stage0"
 
 echo "test-dropin: all passed"
