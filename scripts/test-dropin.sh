@@ -4,7 +4,8 @@
 #   1. it exports the names, at the versions, that Debian's libibverbs.so.1 exports;
 #   2. ibv_devices lists ferroce0 and ibv_devinfo -v describes it: PORT_ACTIVE, Ethernet, the
 #      RoCE v2 GID ::ffff:127.0.0.N of FERROCE_ADDR, loopback's active MTU (4096);
-#   3. an unusable FERROCE_ADDR makes ibv_open_device fail and say why;
+#   3. an unusable FERROCE_ADDR, or one another program holds, makes ibv_open_device fail and
+#      say why;
 #   4. perftest's and rdma-core's programs load with LD_BIND_NOW=1 (every symbol they, libmlx5,
 #      libefa and librdmacm import resolves) and print their usage;
 #   5. a C program built against rdma-core's own headers and library (so verbs.h's inline
@@ -111,6 +112,19 @@ if out="$(on 192.0.2.1 ibv_devinfo 2>&1)"; then
     fail "ibv_devinfo opened the device on 192.0.2.1"
 fi
 expect "foreign FERROCE_ADDR" "$out" "192.0.2.1:4791 is not an address of this host"
+
+# Another program holding 127.0.0.66:4791: a clear refusal naming the address.
+out="$(python3 - "$dir" <<'PY'
+import os, socket, subprocess, sys
+held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+held.bind(("127.0.0.66", 4791))
+env = dict(os.environ, LD_LIBRARY_PATH=sys.argv[1], FERROCE_ADDR="127.0.0.66")
+r = subprocess.run(["ibv_devinfo"], env=env, capture_output=True, text=True)
+print(f"exit {r.returncode}\n{r.stdout}{r.stderr}")
+PY
+)"
+expect "address in use" "$out" "127.0.0.66:4791 is already in use"
+expect "address in use" "$out" "Failed to open device"
 
 echo "== stock programs load on the drop-in with LD_BIND_NOW=1"
 programs=(ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat
