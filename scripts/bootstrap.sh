@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ferroce's build and tests need on a fresh Debian 12 machine: a C and C++
 # toolchain (which also builds the verbs tests' stand-in libibverbs and the C bindings'
-# examples), Python's venv and headers (the Python package), libibverbs itself, iproute2 and
+# examples), Python's venv and headers (the Python package), libibverbs itself, rdma-core's
+# tools, headers and perftest (run on the drop-in libibverbs), iproute2 and
 # nftables (the namespace tests), tshark (the tests compare `ferroce decode` with
 # Wireshark's dissector), and Rust by rustup when cargo is missing. Safe to run again: it
 # installs only what is absent.
@@ -24,6 +25,12 @@ command -v readelf >/dev/null || packages+=(binutils)
 # The verbs backend's tests load the real libibverbs too (no device is needed: on a kernel
 # without RDMA it must say so).
 [ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || packages+=(libibverbs1)
+# The drop-in libibverbs (crates/ferroce-ibverbs) is tested under Debian's own programs:
+# ibv_devices, ibv_devinfo and the pingpongs (ibverbs-utils), and perftest's ib_* tools.
+command -v ibv_devinfo >/dev/null || packages+=(ibverbs-utils)
+command -v ib_write_bw >/dev/null || packages+=(perftest)
+# …and a C test built against rdma-core's headers, whose inline functions it must satisfy.
+[ -e /usr/include/infiniband/verbs.h ] || packages+=(libibverbs-dev)
 # The Python package (crates/ferroce-py) builds in a virtual environment, and its Rust crate
 # links libpython when cargo tests it; the C bindings' tests need a C++ compiler too.
 command -v python3 >/dev/null || packages+=(python3)

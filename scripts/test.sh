@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 # tshark and iproute2 are installed by scripts/bootstrap.sh: the tshark comparison fails rather
 # than skips, and so does the namespace test when run as root (as CI is).
 export FERROCE_REQUIRE_TSHARK=1
+# So are ibverbs-utils and perftest: the drop-in libibverbs test fails rather than skips.
+export FERROCE_REQUIRE_IBVERBS_UTILS=1
 if [ "$(id -u)" -eq 0 ]; then
     export FERROCE_REQUIRE_NETNS=1
 fi
@@ -33,5 +35,7 @@ echo "== the C ABI: release library and examples (scripts/test-c.sh)"
 scripts/test-c.sh
 echo "== the Python package: pip install and pytest (scripts/test-python.sh)"
 scripts/test-python.sh
+echo "== the drop-in libibverbs.so.1 under Debian's ibv_devices, ibv_devinfo, perftest (scripts/test-dropin.sh)"
+scripts/test-dropin.sh
 echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"
 interop/run.sh

@@ -1,0 +1,472 @@
+//! The C layouts and constants of rdma-core's libibverbs that this library hands to programs,
+//! written from `infiniband/verbs.h` and `libibverbs/driver.h` of rdma-core v44 (Debian 12;
+//! the layouts are unchanged from v25 to HEAD on x86_64 and aarch64, except where a field
+//! says so). The library allocates every object a program gets a pointer to, so each is
+//! declared whole, with every slot named even where ferroce leaves it NULL. Sizes and
+//! offsets are asserted at compile time below (the numbers a C program built against
+//! Debian's headers prints) and again by a unit test that names the field that moved.
+//!
+//! No `unsafe` here: the function pointer types are `unsafe extern "C"` so that the C entry
+//! points (`crate::entry`) can be stored in the tables.
+
+#![allow(non_camel_case_types, clippy::use_self)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::mem::{offset_of, size_of};
+
+/// A table slot ferroce leaves NULL: no signature is needed for a pointer never called.
+pub(crate) type Unused = Option<unsafe extern "C" fn()>;
+
+/// `IBV_SYSFS_NAME_MAX`.
+pub(crate) const SYSFS_NAME_MAX: usize = 64;
+/// `IBV_SYSFS_PATH_MAX`.
+pub(crate) const SYSFS_PATH_MAX: usize = 256;
+
+/// `struct _ibv_device_ops`: two compat slots no caller uses since rdma-core v13.
+#[repr(C)]
+pub(crate) struct ibv_device_ops {
+    pub(crate) dummy1: Unused,
+    pub(crate) dummy2: Unused,
+}
+
+/// `struct ibv_device`: what `ibv_get_device_list` hands out.
+#[repr(C)]
+pub(crate) struct ibv_device {
+    pub(crate) ops: ibv_device_ops,
+    pub(crate) node_type: c_int,
+    pub(crate) transport_type: c_int,
+    pub(crate) name: [c_char; SYSFS_NAME_MAX],
+    pub(crate) dev_name: [c_char; SYSFS_NAME_MAX],
+    pub(crate) dev_path: [c_char; SYSFS_PATH_MAX],
+    pub(crate) ibdev_path: [c_char; SYSFS_PATH_MAX],
+}
+
+/// `struct list_node` (ccan): two pointers.
+#[repr(C)]
+pub(crate) struct list_node {
+    pub(crate) next: *mut list_node,
+    pub(crate) prev: *mut list_node,
+}
+
+/// `struct verbs_device` (`driver.h`): every `ibv_device` of rdma-core sits at the start of
+/// one. libmlx5's `mlx5dv_is_supported` and libefa's `is_efa_dev` compare `ops` with their
+/// own table, so it must point somewhere that is neither: ferroce's [`verbs_device_ops`].
+#[repr(C)]
+pub(crate) struct verbs_device {
+    pub(crate) device: ibv_device,
+    pub(crate) ops: *const verbs_device_ops,
+    pub(crate) refcount: c_int,
+    pub(crate) entry: list_node,
+    /// `struct verbs_sysfs_dev *`: NULL, the mark of a device no kernel driver backs.
+    pub(crate) sysfs: *mut c_void,
+    pub(crate) core_support: u64,
+}
+
+/// The head of `struct verbs_device_ops` (`driver.h`): a provider's name and the ABI range it
+/// matches. Only its address and `name` are ever looked at for a ferroce device; the rest of
+/// rdma-core's table (match table, alloc/uninit device, alloc/import context) stays NULL.
+#[repr(C)]
+pub(crate) struct verbs_device_ops {
+    pub(crate) name: *const c_char,
+    pub(crate) match_min_abi_version: c_int,
+    pub(crate) match_max_abi_version: c_int,
+    pub(crate) match_table: *const c_void,
+    pub(crate) rest: [Unused; 5],
+}
+
+/// `ibv_context_ops.poll_cq`.
+pub(crate) type PollCq = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int;
+/// `ibv_context_ops.req_notify_cq`.
+pub(crate) type ReqNotifyCq = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
+/// `ibv_context_ops.post_send`, `post_recv` and `post_srq_recv`: (queue, first request, where
+/// to put the one that failed).
+pub(crate) type PostWr = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void) -> c_int;
+
+/// `struct ibv_context_ops`: the operations `verbs.h` calls inline, with no check that they
+/// are set, so none may be NULL once the object they act on can exist. `alloc_mw` is checked
+/// for NULL (`ibv_alloc_mw` then fails with `EOPNOTSUPP`), and so left NULL.
+#[repr(C)]
+pub(crate) struct ibv_context_ops {
+    pub(crate) compat_query_device: Unused,
+    pub(crate) compat_query_port: Unused,
+    pub(crate) compat_alloc_pd: Unused,
+    pub(crate) compat_dealloc_pd: Unused,
+    pub(crate) compat_reg_mr: Unused,
+    pub(crate) compat_rereg_mr: Unused,
+    pub(crate) compat_dereg_mr: Unused,
+    pub(crate) alloc_mw: Unused,
+    pub(crate) bind_mw: Unused,
+    pub(crate) dealloc_mw: Unused,
+    pub(crate) compat_create_cq: Unused,
+    pub(crate) poll_cq: Option<PollCq>,
+    pub(crate) req_notify_cq: Option<ReqNotifyCq>,
+    pub(crate) compat_cq_event: Unused,
+    pub(crate) compat_resize_cq: Unused,
+    pub(crate) compat_destroy_cq: Unused,
+    pub(crate) compat_create_srq: Unused,
+    pub(crate) compat_modify_srq: Unused,
+    pub(crate) compat_query_srq: Unused,
+    pub(crate) compat_destroy_srq: Unused,
+    pub(crate) post_srq_recv: Option<PostWr>,
+    pub(crate) compat_create_qp: Unused,
+    pub(crate) compat_query_qp: Unused,
+    pub(crate) compat_modify_qp: Unused,
+    pub(crate) compat_destroy_qp: Unused,
+    pub(crate) post_send: Option<PostWr>,
+    pub(crate) post_recv: Option<PostWr>,
+    pub(crate) compat_create_ah: Unused,
+    pub(crate) compat_destroy_ah: Unused,
+    pub(crate) compat_attach_mcast: Unused,
+    pub(crate) compat_detach_mcast: Unused,
+    pub(crate) compat_async_event: Unused,
+}
+
+/// `__VERBS_ABI_IS_EXTENDED`: the `abi_compat` value that tells `verbs.h` a
+/// [`verbs_context`] surrounds the `ibv_context`.
+pub(crate) const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
+
+/// `struct ibv_context`: what `ibv_open_device` returns, the last member of a
+/// [`verbs_context`].
+#[repr(C)]
+pub(crate) struct ibv_context {
+    pub(crate) device: *mut ibv_device,
+    pub(crate) ops: ibv_context_ops,
+    pub(crate) cmd_fd: c_int,
+    pub(crate) async_fd: c_int,
+    pub(crate) num_comp_vectors: c_int,
+    pub(crate) mutex: libc::pthread_mutex_t,
+    /// [`VERBS_ABI_IS_EXTENDED`].
+    pub(crate) abi_compat: usize,
+}
+
+/// `verbs_context.query_port`: (context, port, attributes, the caller's `sizeof`).
+pub(crate) type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut c_void, usize) -> c_int;
+
+/// `struct verbs_context`: the extended operations, which grow downwards in memory from the
+/// `ibv_context` at its end. `verbs.h` calls an operation only when `abi_compat` says the
+/// context is extended, `sz` covers the slot and the slot is not NULL; otherwise it falls back
+/// to the exported function (`query_port`, `query_device_ex`, `create_qp_ex` with only a PD,
+/// `create_cq_ex` in UCX) or fails with `EOPNOTSUPP`. Stage 0 sets `query_port` only.
+#[repr(C)]
+pub(crate) struct verbs_context {
+    pub(crate) query_port: Option<QueryPort>,
+    pub(crate) advise_mr: Unused,
+    pub(crate) alloc_null_mr: Unused,
+    pub(crate) read_counters: Unused,
+    pub(crate) attach_counters_point_flow: Unused,
+    pub(crate) create_counters: Unused,
+    pub(crate) destroy_counters: Unused,
+    pub(crate) reg_dm_mr: Unused,
+    pub(crate) alloc_dm: Unused,
+    pub(crate) free_dm: Unused,
+    pub(crate) modify_flow_action_esp: Unused,
+    pub(crate) destroy_flow_action: Unused,
+    pub(crate) create_flow_action_esp: Unused,
+    pub(crate) modify_qp_rate_limit: Unused,
+    pub(crate) alloc_parent_domain: Unused,
+    pub(crate) dealloc_td: Unused,
+    pub(crate) alloc_td: Unused,
+    pub(crate) modify_cq: Unused,
+    pub(crate) post_srq_ops: Unused,
+    pub(crate) destroy_rwq_ind_table: Unused,
+    pub(crate) create_rwq_ind_table: Unused,
+    pub(crate) destroy_wq: Unused,
+    pub(crate) modify_wq: Unused,
+    pub(crate) create_wq: Unused,
+    pub(crate) query_rt_values: Unused,
+    pub(crate) create_cq_ex: Unused,
+    /// `struct verbs_ex_private *`: rdma-core's own; NULL.
+    pub(crate) priv_: *mut c_void,
+    pub(crate) query_device_ex: Unused,
+    pub(crate) ibv_destroy_flow: Unused,
+    pub(crate) abi_placeholder2: Unused,
+    pub(crate) ibv_create_flow: Unused,
+    pub(crate) abi_placeholder1: Unused,
+    pub(crate) open_qp: Unused,
+    pub(crate) create_qp_ex: Unused,
+    pub(crate) get_srq_num: Unused,
+    pub(crate) create_srq_ex: Unused,
+    pub(crate) open_xrcd: Unused,
+    pub(crate) close_xrcd: Unused,
+    pub(crate) abi_placeholder3: u64,
+    /// `sizeof(struct verbs_context)`: every slot is present.
+    pub(crate) sz: usize,
+    pub(crate) context: ibv_context,
+}
+
+/// `union ibv_gid`: 16 bytes, 8-aligned (its other member is two `__be64`s).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ibv_gid {
+    pub(crate) raw: [u8; 16],
+}
+
+/// `struct ibv_gid_entry` (rdma-core ≥ 32): what `_ibv_query_gid_ex` fills.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ibv_gid_entry {
+    pub(crate) gid: ibv_gid,
+    pub(crate) gid_index: u32,
+    pub(crate) port_num: u32,
+    pub(crate) gid_type: u32,
+    pub(crate) ndev_ifindex: u32,
+}
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub(crate) struct ibv_pd {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) handle: u32,
+}
+
+/// `struct ibv_async_event`: `element` is a pointer (QP, CQ, SRQ, WQ) or, for port events,
+/// the port number.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ibv_async_event {
+    pub(crate) element: *mut c_void,
+    pub(crate) event_type: c_uint,
+}
+
+/// `struct ibv_port_attr` of rdma-core v44 (52 bytes). rdma-core v50 appends
+/// `active_speed_ex` (56 bytes): a caller whose size covers it gets it zeroed, which means
+/// "see `active_speed`".
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ibv_port_attr {
+    pub(crate) state: c_uint,
+    pub(crate) max_mtu: c_uint,
+    pub(crate) active_mtu: c_uint,
+    pub(crate) gid_tbl_len: c_int,
+    pub(crate) port_cap_flags: u32,
+    pub(crate) max_msg_sz: u32,
+    pub(crate) bad_pkey_cntr: u32,
+    pub(crate) qkey_viol_cntr: u32,
+    pub(crate) pkey_tbl_len: u16,
+    pub(crate) lid: u16,
+    pub(crate) sm_lid: u16,
+    pub(crate) lmc: u8,
+    pub(crate) max_vl_num: u8,
+    pub(crate) sm_sl: u8,
+    pub(crate) subnet_timeout: u8,
+    pub(crate) init_type_reply: u8,
+    pub(crate) active_width: u8,
+    pub(crate) active_speed: u8,
+    pub(crate) phys_state: u8,
+    pub(crate) link_layer: u8,
+    pub(crate) flags: u8,
+    pub(crate) port_cap_flags2: u16,
+}
+
+/// `sizeof(struct _compat_ibv_port_attr)`: what the exported `ibv_query_port` writes (the
+/// fields up to `flags`, padded), for programs built before `verbs.h` called the extended
+/// operation.
+pub(crate) const COMPAT_PORT_ATTR_SIZE: usize = 48;
+
+/// `struct ibv_device_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ibv_device_attr {
+    pub(crate) fw_ver: [c_char; 64],
+    /// `__be64`.
+    pub(crate) node_guid: u64,
+    /// `__be64`.
+    pub(crate) sys_image_guid: u64,
+    pub(crate) max_mr_size: u64,
+    pub(crate) page_size_cap: u64,
+    pub(crate) vendor_id: u32,
+    pub(crate) vendor_part_id: u32,
+    pub(crate) hw_ver: u32,
+    pub(crate) max_qp: c_int,
+    pub(crate) max_qp_wr: c_int,
+    pub(crate) device_cap_flags: c_uint,
+    pub(crate) max_sge: c_int,
+    pub(crate) max_sge_rd: c_int,
+    pub(crate) max_cq: c_int,
+    pub(crate) max_cqe: c_int,
+    pub(crate) max_mr: c_int,
+    pub(crate) max_pd: c_int,
+    pub(crate) max_qp_rd_atom: c_int,
+    pub(crate) max_ee_rd_atom: c_int,
+    pub(crate) max_res_rd_atom: c_int,
+    pub(crate) max_qp_init_rd_atom: c_int,
+    pub(crate) max_ee_init_rd_atom: c_int,
+    pub(crate) atomic_cap: c_uint,
+    pub(crate) max_ee: c_int,
+    pub(crate) max_rdd: c_int,
+    pub(crate) max_mw: c_int,
+    pub(crate) max_raw_ipv6_qp: c_int,
+    pub(crate) max_raw_ethy_qp: c_int,
+    pub(crate) max_mcast_grp: c_int,
+    pub(crate) max_mcast_qp_attach: c_int,
+    pub(crate) max_total_mcast_qp_attach: c_int,
+    pub(crate) max_ah: c_int,
+    pub(crate) max_fmr: c_int,
+    pub(crate) max_map_per_fmr: c_int,
+    pub(crate) max_srq: c_int,
+    pub(crate) max_srq_wr: c_int,
+    pub(crate) max_srq_sge: c_int,
+    pub(crate) max_pkeys: u16,
+    pub(crate) local_ca_ack_delay: u8,
+    pub(crate) phys_port_cnt: u8,
+}
+
+// enum ibv_node_type
+pub(crate) const IBV_NODE_CA: c_int = 1;
+// enum ibv_transport_type
+pub(crate) const IBV_TRANSPORT_IB: c_int = 0;
+
+// enum ibv_port_state
+pub(crate) const IBV_PORT_ACTIVE: c_uint = 4;
+/// `phys_state` 5: LinkUp (IBTA; rxe reports it too).
+pub(crate) const PHYS_STATE_LINK_UP: u8 = 5;
+// enum ibv_mtu: IBV_MTU_256 = 1 … IBV_MTU_4096 = 5
+pub(crate) const IBV_MTU_4096: c_uint = 5;
+// link layers
+pub(crate) const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+// enum ibv_port_cap_flags
+pub(crate) const IBV_PORT_CM_SUP: u32 = 1 << 16;
+pub(crate) const IBV_PORT_IP_BASED_GIDS: u32 = 1 << 26;
+/// `IBV_QPF_GRH_REQUIRED` in `ibv_port_attr.flags`: every RoCE address carries a GRH.
+pub(crate) const IBV_QPF_GRH_REQUIRED: u8 = 1;
+/// `IBV_WIDTH_1X`.
+pub(crate) const IBV_WIDTH_1X: u8 = 1;
+/// `IBV_SPEED_EDR`: 25 Gb/s a lane.
+pub(crate) const IBV_SPEED_EDR: u8 = 32;
+
+// enum ibv_device_cap_flags
+pub(crate) const IBV_DEVICE_SYS_IMAGE_GUID: c_uint = 1 << 11;
+pub(crate) const IBV_DEVICE_RC_RNR_NAK_GEN: c_uint = 1 << 12;
+// enum ibv_atomic_cap
+pub(crate) const IBV_ATOMIC_HCA: c_uint = 1;
+
+// enum ibv_gid_type (struct ibv_gid_entry)
+pub(crate) const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+// enum ibv_gid_type_sysfs (driver.h; ibv_query_gid_type)
+pub(crate) const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
+
+// enum ibv_fork_status
+pub(crate) const IBV_FORK_UNNEEDED: c_int = 2;
+
+// enum ibv_rereg_mr_err_code
+pub(crate) const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
+// rdma-core x86_64 and aarch64 layouts; the numbers are what `sizeof`/`offsetof` print in a C
+// program built against Debian 12's `infiniband/verbs.h` on x86_64.
+#[cfg(target_arch = "x86_64")]
+const _: () = {
+    assert!(size_of::<ibv_device>() == 664);
+    assert!(offset_of!(ibv_device, node_type) == 16);
+    assert!(offset_of!(ibv_device, name) == 24);
+    assert!(offset_of!(ibv_device, dev_name) == 88);
+    assert!(offset_of!(ibv_device, dev_path) == 152);
+    assert!(offset_of!(ibv_device, ibdev_path) == 408);
+    assert!(offset_of!(verbs_device, ops) == 664);
+    assert!(size_of::<verbs_device>() == 712);
+    assert!(size_of::<ibv_context_ops>() == 256);
+    assert!(offset_of!(ibv_context_ops, alloc_mw) == 56);
+    assert!(offset_of!(ibv_context_ops, poll_cq) == 88);
+    assert!(offset_of!(ibv_context_ops, req_notify_cq) == 96);
+    assert!(offset_of!(ibv_context_ops, post_srq_recv) == 160);
+    assert!(offset_of!(ibv_context_ops, post_send) == 200);
+    assert!(offset_of!(ibv_context_ops, post_recv) == 208);
+    assert!(size_of::<ibv_context>() == 328);
+    assert!(offset_of!(ibv_context, ops) == 8);
+    assert!(offset_of!(ibv_context, cmd_fd) == 264);
+    assert!(offset_of!(ibv_context, async_fd) == 268);
+    assert!(offset_of!(ibv_context, num_comp_vectors) == 272);
+    assert!(offset_of!(ibv_context, mutex) == 280);
+    assert!(offset_of!(ibv_context, abi_compat) == 320);
+    assert!(size_of::<verbs_context>() == 648);
+    assert!(offset_of!(verbs_context, create_cq_ex) == 200);
+    assert!(offset_of!(verbs_context, priv_) == 208);
+    assert!(offset_of!(verbs_context, query_device_ex) == 216);
+    assert!(offset_of!(verbs_context, create_qp_ex) == 264);
+    assert!(offset_of!(verbs_context, close_xrcd) == 296);
+    assert!(offset_of!(verbs_context, sz) == 312);
+    assert!(offset_of!(verbs_context, context) == 320);
+    assert!(size_of::<ibv_port_attr>() == 52);
+    assert!(offset_of!(ibv_port_attr, link_layer) == 46);
+    assert!(offset_of!(ibv_port_attr, flags) == 47);
+    assert!(offset_of!(ibv_port_attr, port_cap_flags2) == 48);
+    assert!(COMPAT_PORT_ATTR_SIZE == offset_of!(ibv_port_attr, port_cap_flags2));
+    assert!(size_of::<ibv_device_attr>() == 232);
+    assert!(offset_of!(ibv_device_attr, max_qp_wr) == 112);
+    assert!(offset_of!(ibv_device_attr, max_cqe) == 132);
+    assert!(offset_of!(ibv_device_attr, phys_port_cnt) == 227);
+    assert!(size_of::<ibv_pd>() == 16);
+    assert!(size_of::<ibv_gid>() == 16);
+    assert!(size_of::<ibv_gid_entry>() == 32);
+    assert!(size_of::<ibv_async_event>() == 16);
+    assert!(offset_of!(ibv_async_event, event_type) == 8);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The numbers of the compile-time checks, again at run time so that a failure names
+    /// the field.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn layouts_match_rdma_core_44_on_x86_64() {
+        let checks = [
+            ("sizeof(ibv_device)", size_of::<ibv_device>(), 664),
+            ("sizeof(verbs_device)", size_of::<verbs_device>(), 712),
+            ("verbs_device.ops", offset_of!(verbs_device, ops), 664),
+            ("sizeof(ibv_context)", size_of::<ibv_context>(), 328),
+            (
+                "ibv_context.async_fd",
+                offset_of!(ibv_context, async_fd),
+                268,
+            ),
+            (
+                "ibv_context.abi_compat",
+                offset_of!(ibv_context, abi_compat),
+                320,
+            ),
+            ("sizeof(verbs_context)", size_of::<verbs_context>(), 648),
+            ("verbs_context.sz", offset_of!(verbs_context, sz), 312),
+            (
+                "verbs_context.context",
+                offset_of!(verbs_context, context),
+                320,
+            ),
+            (
+                "ibv_context_ops.post_send",
+                offset_of!(ibv_context_ops, post_send),
+                200,
+            ),
+            ("sizeof(ibv_port_attr)", size_of::<ibv_port_attr>(), 52),
+            (
+                "ibv_port_attr.link_layer",
+                offset_of!(ibv_port_attr, link_layer),
+                46,
+            ),
+            ("sizeof(ibv_device_attr)", size_of::<ibv_device_attr>(), 232),
+            (
+                "ibv_device_attr.phys_port_cnt",
+                offset_of!(ibv_device_attr, phys_port_cnt),
+                227,
+            ),
+            ("sizeof(ibv_gid_entry)", size_of::<ibv_gid_entry>(), 32),
+            ("sizeof(ibv_async_event)", size_of::<ibv_async_event>(), 16),
+        ];
+        for (what, got, want) in checks {
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    /// `verbs.h`'s `verbs_get_ctx_op(ctx, query_port)` accepts the context only when `sz`
+    /// reaches back to the slot: with every slot present it reaches all of them.
+    #[test]
+    fn sz_covers_every_extended_operation() {
+        let sz = size_of::<verbs_context>();
+        assert!(sz >= size_of::<verbs_context>() - offset_of!(verbs_context, query_port));
+        assert_eq!(
+            offset_of!(verbs_context, context) + size_of::<ibv_context>(),
+            sz,
+            "the ibv_context is the last member"
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! The exported symbol table: every function and datum rdma-core v44's `libibverbs.so.1`
+//! exports, under the same name and version node (`libibverbs.map`), bound to the entry
+//! point that answers it. Debian's tools and its libmlx5, libefa and librdmacm are linked
+//! BIND_NOW against those versions, so each must resolve at load even where ferroce only
+//! fails the call (`crate::entry::stubs`).
+//!
+//! Each export is a small assembly trampoline (a jump to the Rust function) with a `.symver`
+//! directive naming its version: rustc links a cdylib with its own anonymous version script
+//! that lists its `#[no_mangle]` functions, which would leave them unversioned. The
+//! trampolines' own names (`ferroce.<name>.<node>`) stay local (`local: *`), and the Rust
+//! functions are not exported at all. A `compat` row is a non-default definition
+//! (`name@NODE`, rdma-core's pre-2006 layouts, which nothing linked since binds), a
+//! `default` row the one programs link to (`name@@NODE`).
+//!
+//! The unit test build (an executable with no version script) leaves the table out.
+
+#![allow(unsafe_code)]
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("the drop-in libibverbs has trampolines for x86_64 and aarch64 only");
+
+/// One exported symbol.
+#[cfg_attr(not(test), allow(dead_code))]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Export {
+    /// rdma-core's name.
+    pub(crate) name: &'static str,
+    /// Its version node.
+    pub(crate) node: &'static str,
+    /// `name@@node` (the default, what programs bind) rather than `name@node`.
+    pub(crate) default: bool,
+}
+
+/// The jump from a trampoline to its Rust function.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+macro_rules! jump {
+    () => {
+        "jmp {f}@PLT"
+    };
+}
+/// The jump from a trampoline to its Rust function.
+#[cfg(all(target_arch = "aarch64", not(test)))]
+macro_rules! jump {
+    () => {
+        "b {f}"
+    };
+}
+
+/// `@@` for a default definition, `@` for a compat one.
+#[cfg(not(test))]
+macro_rules! at {
+    (default) => {
+        "@@"
+    };
+    (compat) => {
+        "@"
+    };
+}
+
+/// The trampoline for one export.
+macro_rules! trampoline {
+    ($kind:ident $name:literal $node:literal => $f:path) => {
+        // SAFETY: the trampoline only jumps to `$f`, an `extern "C"` function whose
+        // signature is the one rdma-core gives `$name` (or, for the stubs, one that reads no
+        // arguments), so the caller's registers and stack reach it unchanged.
+        #[cfg(not(test))]
+        core::arch::global_asm!(
+            ".pushsection .text.ferroce_exports,\"ax\",%progbits",
+            concat!(".globl ferroce.", $name, ".", $node),
+            concat!(".type ferroce.", $name, ".", $node, ",%function"),
+            ".p2align 4",
+            concat!("ferroce.", $name, ".", $node, ":"),
+            jump!(),
+            concat!(".size ferroce.", $name, ".", $node, ", . - ferroce.", $name, ".", $node),
+            concat!(".symver ferroce.", $name, ".", $node, ", ", $name, at!($kind), $node),
+            ".popsection",
+            f = sym $f,
+        );
+        // The test build has no trampolines; this keeps `$f` referenced there too.
+        #[cfg(test)]
+        const _: () = {
+            let _ = $f;
+        };
+    };
+}
+
+/// The table: a trampoline per row, and [`EXPORTS`] listing them for the tests.
+macro_rules! exports {
+    ($( $kind:ident $name:literal $node:literal => $f:path; )*) => {
+        $( trampoline!($kind $name $node => $f); )*
+
+        /// Every exported function, as `libibverbs.map` must list it.
+        #[cfg_attr(not(test), allow(dead_code))]
+        pub(crate) const EXPORTS: &[Export] = &[
+            $( Export { name: $name, node: $node, default: matches!(stringify!($kind).as_bytes(), b"default") }, )*
+        ];
+    };
+}
+
+use crate::entry::{device, misc, stubs};
+
+exports! {
+    // IBVERBS_1.0
+    default "ibv_copy_path_rec_from_kern" "IBVERBS_1.0" => stubs::ignore;
+    default "ibv_copy_path_rec_to_kern" "IBVERBS_1.0" => stubs::ignore;
+    default "ibv_copy_qp_attr_from_kern" "IBVERBS_1.0" => stubs::ignore;
+    default "ibv_create_comp_channel" "IBVERBS_1.0" => stubs::fail_null;
+    default "ibv_destroy_comp_channel" "IBVERBS_1.0" => stubs::fail_errno;
+    default "ibv_get_sysfs_path" "IBVERBS_1.0" => misc::get_sysfs_path;
+    default "ibv_rate_to_mult" "IBVERBS_1.0" => misc::rate_to_mult;
+    default "ibv_read_sysfs_file" "IBVERBS_1.0" => misc::read_sysfs_file;
+    default "mult_to_ibv_rate" "IBVERBS_1.0" => misc::mult_to_rate;
+    compat "ibv_ack_async_event" "IBVERBS_1.0" => stubs::ignore;
+    compat "ibv_ack_cq_events" "IBVERBS_1.0" => stubs::ignore;
+    compat "ibv_alloc_pd" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_attach_mcast" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_close_device" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_create_ah" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_create_cq" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_create_qp" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_create_srq" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_dealloc_pd" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_dereg_mr" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_destroy_ah" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_destroy_cq" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_destroy_qp" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_destroy_srq" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_detach_mcast" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_free_device_list" "IBVERBS_1.0" => stubs::ignore;
+    compat "ibv_get_async_event" "IBVERBS_1.0" => stubs::fail_minus_one;
+    compat "ibv_get_cq_event" "IBVERBS_1.0" => stubs::fail_minus_one;
+    compat "ibv_get_device_guid" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_get_device_list" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_get_device_name" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_modify_qp" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_modify_srq" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_open_device" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_query_device" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_query_gid" "IBVERBS_1.0" => stubs::fail_minus_one;
+    compat "ibv_query_pkey" "IBVERBS_1.0" => stubs::fail_minus_one;
+    compat "ibv_query_port" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_query_qp" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_query_srq" "IBVERBS_1.0" => stubs::fail_errno;
+    compat "ibv_reg_mr" "IBVERBS_1.0" => stubs::fail_null;
+    compat "ibv_resize_cq" "IBVERBS_1.0" => stubs::fail_errno;
+    // IBVERBS_1.1
+    default "ibv_ack_async_event" "IBVERBS_1.1" => device::ack_async_event;
+    default "ibv_ack_cq_events" "IBVERBS_1.1" => stubs::ignore;
+    default "ibv_alloc_pd" "IBVERBS_1.1" => device::alloc_pd;
+    default "ibv_attach_mcast" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_close_device" "IBVERBS_1.1" => device::close_device;
+    default "ibv_copy_ah_attr_from_kern" "IBVERBS_1.1" => stubs::ignore;
+    default "ibv_create_ah" "IBVERBS_1.1" => stubs::fail_null;
+    default "ibv_create_ah_from_wc" "IBVERBS_1.1" => stubs::fail_null;
+    default "ibv_create_cq" "IBVERBS_1.1" => stubs::fail_null;
+    default "ibv_create_qp" "IBVERBS_1.1" => stubs::fail_null;
+    default "ibv_create_srq" "IBVERBS_1.1" => stubs::fail_null;
+    default "ibv_dealloc_pd" "IBVERBS_1.1" => device::dealloc_pd;
+    default "ibv_dereg_mr" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_destroy_ah" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_destroy_cq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_destroy_qp" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_destroy_srq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_detach_mcast" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_dofork_range" "IBVERBS_1.1" => misc::fork_range;
+    default "ibv_dontfork_range" "IBVERBS_1.1" => misc::fork_range;
+    default "ibv_event_type_str" "IBVERBS_1.1" => misc::event_type_str;
+    default "ibv_fork_init" "IBVERBS_1.1" => misc::fork_init;
+    default "ibv_free_device_list" "IBVERBS_1.1" => device::free_device_list;
+    default "ibv_get_async_event" "IBVERBS_1.1" => device::get_async_event;
+    default "ibv_get_cq_event" "IBVERBS_1.1" => stubs::fail_minus_one;
+    default "ibv_get_device_guid" "IBVERBS_1.1" => device::get_device_guid;
+    default "ibv_get_device_list" "IBVERBS_1.1" => device::get_device_list;
+    default "ibv_get_device_name" "IBVERBS_1.1" => device::get_device_name;
+    default "ibv_init_ah_from_wc" "IBVERBS_1.1" => stubs::fail_minus_one;
+    default "ibv_modify_qp" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_modify_srq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_node_type_str" "IBVERBS_1.1" => misc::node_type_str;
+    default "ibv_open_device" "IBVERBS_1.1" => device::open_device;
+    default "ibv_port_state_str" "IBVERBS_1.1" => misc::port_state_str;
+    default "ibv_query_device" "IBVERBS_1.1" => device::query_device;
+    default "ibv_query_gid" "IBVERBS_1.1" => device::query_gid;
+    default "ibv_query_pkey" "IBVERBS_1.1" => device::query_pkey;
+    default "ibv_query_port" "IBVERBS_1.1" => device::query_port;
+    default "ibv_query_qp" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_query_srq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_rate_to_mbps" "IBVERBS_1.1" => misc::rate_to_mbps;
+    default "ibv_reg_mr" "IBVERBS_1.1" => stubs::fail_null;
+    default "ibv_rereg_mr" "IBVERBS_1.1" => stubs::fail_rereg_mr;
+    default "ibv_resize_cq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_resolve_eth_l2_from_gid" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_wc_status_str" "IBVERBS_1.1" => misc::wc_status_str;
+    default "mbps_to_ibv_rate" "IBVERBS_1.1" => misc::mbps_to_rate;
+    compat "ibv_register_driver" "IBVERBS_1.1" => misc::register_driver;
+    // IBVERBS_1.5
+    default "ibv_get_pkey_index" "IBVERBS_1.5" => device::get_pkey_index;
+    // IBVERBS_1.6
+    default "ibv_qp_to_qp_ex" "IBVERBS_1.6" => misc::qp_to_qp_ex;
+    // IBVERBS_1.7
+    default "ibv_reg_mr_iova" "IBVERBS_1.7" => stubs::fail_null;
+    // IBVERBS_1.8
+    default "ibv_reg_mr_iova2" "IBVERBS_1.8" => stubs::fail_null;
+    // IBVERBS_1.9
+    default "ibv_get_device_index" "IBVERBS_1.9" => device::get_device_index;
+    // IBVERBS_1.10
+    default "ibv_import_device" "IBVERBS_1.10" => stubs::fail_null;
+    default "ibv_import_mr" "IBVERBS_1.10" => stubs::fail_null;
+    default "ibv_import_pd" "IBVERBS_1.10" => stubs::fail_null;
+    default "ibv_query_ece" "IBVERBS_1.10" => stubs::fail_errno;
+    default "ibv_set_ece" "IBVERBS_1.10" => stubs::fail_errno;
+    default "ibv_unimport_mr" "IBVERBS_1.10" => stubs::ignore;
+    default "ibv_unimport_pd" "IBVERBS_1.10" => stubs::ignore;
+    // IBVERBS_1.11
+    default "_ibv_query_gid_ex" "IBVERBS_1.11" => device::query_gid_ex;
+    default "_ibv_query_gid_table" "IBVERBS_1.11" => device::query_gid_table;
+    // IBVERBS_1.12
+    default "ibv_reg_dmabuf_mr" "IBVERBS_1.12" => stubs::fail_null;
+    // IBVERBS_1.13
+    default "ibv_import_dm" "IBVERBS_1.13" => stubs::fail_null;
+    default "ibv_is_fork_initialized" "IBVERBS_1.13" => misc::is_fork_initialized;
+    default "ibv_unimport_dm" "IBVERBS_1.13" => stubs::ignore;
+    // IBVERBS_1.14
+    default "ibv_query_qp_data_in_order" "IBVERBS_1.14" => misc::query_qp_data_in_order;
+    // IBVERBS_PRIVATE_34
+    default "__ioctl_final_num_attrs" "IBVERBS_PRIVATE_34" => misc::ioctl_final_num_attrs;
+    default "__verbs_log" "IBVERBS_PRIVATE_34" => stubs::ignore;
+    default "_verbs_init_and_alloc_context" "IBVERBS_PRIVATE_34" => stubs::fail_null;
+    default "execute_ioctl" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_advise_mr" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_alloc_dm" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_alloc_mw" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_alloc_pd" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_attach_mcast" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_close_xrcd" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_ah" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_counters" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_cq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_cq_ex" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_flow" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_flow_action_esp" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_qp" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_qp_ex" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_qp_ex2" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_rwq_ind_table" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_srq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_srq_ex" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_create_wq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_dealloc_mw" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_dealloc_pd" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_dereg_mr" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_ah" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_counters" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_cq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_flow" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_flow_action" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_qp" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_rwq_ind_table" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_srq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_destroy_wq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_detach_mcast" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_free_dm" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_get_context" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_modify_cq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_modify_flow_action_esp" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_modify_qp" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_modify_qp_ex" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_modify_srq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_modify_wq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_open_qp" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_open_xrcd" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_poll_cq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_post_recv" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_post_send" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_post_srq_recv" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_query_context" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_query_device_any" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_query_mr" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_query_port" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_query_qp" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_query_srq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_read_counters" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_reg_dm_mr" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_reg_dmabuf_mr" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_reg_mr" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_req_notify_cq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_rereg_mr" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_cmd_resize_cq" "IBVERBS_PRIVATE_34" => stubs::fail_errno;
+    default "ibv_query_gid_type" "IBVERBS_PRIVATE_34" => device::query_gid_type;
+    default "ibv_read_ibdev_sysfs_file" "IBVERBS_PRIVATE_34" => stubs::fail_minus_one;
+    default "verbs_init_cq" "IBVERBS_PRIVATE_34" => stubs::ignore;
+    default "verbs_open_device" "IBVERBS_PRIVATE_34" => stubs::fail_null;
+    default "verbs_register_driver_34" "IBVERBS_PRIVATE_34" => misc::register_driver;
+    default "verbs_set_ops" "IBVERBS_PRIVATE_34" => stubs::ignore;
+    default "verbs_uninit_context" "IBVERBS_PRIVATE_34" => stubs::ignore;
+}
+
+// `verbs_allow_disassociate_destroy` (IBVERBS_PRIVATE_34): rdma-core's `bool`, which
+// providers read to decide whether a destroy may succeed after the device is gone. False, in
+// .bss like rdma-core's; the library never reads it.
+#[cfg(not(test))]
+core::arch::global_asm!(
+    ".pushsection .bss.ferroce_exports,\"aw\",%nobits",
+    ".globl ferroce.verbs_allow_disassociate_destroy",
+    ".type ferroce.verbs_allow_disassociate_destroy,%object",
+    "ferroce.verbs_allow_disassociate_destroy:",
+    ".zero 1",
+    ".size ferroce.verbs_allow_disassociate_destroy, 1",
+    ".symver ferroce.verbs_allow_disassociate_destroy, verbs_allow_disassociate_destroy@@IBVERBS_PRIVATE_34",
+    ".popsection",
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// (name, node) of every symbol `libibverbs.map` lists.
+    fn map_entries() -> BTreeSet<(String, String)> {
+        let map = include_str!("../libibverbs.map");
+        let mut out = BTreeSet::new();
+        let mut node = None;
+        for line in map.lines().map(str::trim) {
+            if let Some(n) = line.strip_suffix('{').map(str::trim) {
+                node = Some(n.to_owned());
+            } else if line.starts_with('}') {
+                node = None;
+            } else if let (Some(n), Some(sym)) = (&node, line.strip_suffix(';')) {
+                if !sym.contains(':') && sym != "*" {
+                    out.insert((sym.to_owned(), n.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_table_and_the_version_script_agree() {
+        let mut table: BTreeSet<(String, String)> = EXPORTS
+            .iter()
+            .map(|e| (e.name.to_owned(), e.node.to_owned()))
+            .collect();
+        table.insert((
+            "verbs_allow_disassociate_destroy".to_owned(),
+            "IBVERBS_PRIVATE_34".to_owned(),
+        ));
+        let map = map_entries();
+        assert_eq!(
+            table.difference(&map).collect::<Vec<_>>(),
+            Vec::<&(String, String)>::new(),
+            "exported but not in libibverbs.map"
+        );
+        assert_eq!(
+            map.difference(&table).collect::<Vec<_>>(),
+            Vec::<&(String, String)>::new(),
+            "in libibverbs.map but not exported"
+        );
+        assert_eq!(table.len(), 180, "rdma-core v44 exports 180 symbols");
+    }
+
+    #[test]
+    fn each_name_has_one_default_at_most() {
+        let mut defaults = BTreeSet::new();
+        for e in EXPORTS.iter().filter(|e| e.default) {
+            assert!(defaults.insert(e.name), "{} has two defaults", e.name);
+        }
+        assert!(EXPORTS
+            .iter()
+            .any(|e| e.name == "ibv_get_device_list" && !e.default));
+    }
+}

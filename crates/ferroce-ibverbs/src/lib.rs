@@ -1,0 +1,39 @@
+//! ferroce's soft NIC as a drop-in `libibverbs.so.1`: a program built against rdma-core's
+//! libibverbs, run with this library first on its search path
+//! (`LD_LIBRARY_PATH=target/release`, after `scripts/build-dropin.sh`), sees one RDMA device,
+//! `ferroce0`, port 1, whose soft NIC binds the address in `FERROCE_ADDR` (by default the
+//! address of the interface holding the default route) on UDP port 4791. No kernel module,
+//! no `/dev/infiniband`, no privileges.
+//!
+//! Stage 0 of issue 23 (this crate so far): the library carries rdma-core v44's whole
+//! exported ABI, each symbol at its version node, so that stock Debian 12 binaries and the
+//! provider libraries they pull in (libmlx5, libefa, librdmacm) load; and device `ferroce0`
+//! can be listed, opened, queried (device, port, GID with its RoCE v2 type, P_Key), given
+//! PDs and asked for async events. Everything else fails cleanly with `EOPNOTSUPP`, as on a
+//! device without it; CQs, QPs, MRs and the data path come in the next stages.
+//!
+//! Modules, and what each owns:
+//! - `exports`: the symbol table and its version nodes (assembly trampolines);
+//! - `entry`: the C entry points and the C memory of devices, contexts and PDs;
+//! - `context`: the process's one soft NIC, each context's state, the registry of live
+//!   objects;
+//! - `attrs`: what the device says of itself (limits, GUID, GID, port);
+//! - `addr`: which address the soft NIC binds;
+//! - `enums`: rdma-core's strings and rate tables;
+//! - `abi`: the C layouts, asserted;
+//! - `fence`: the panic fence and the return conventions;
+//! - `sys`: the operating system calls.
+//!
+//! `unsafe` is denied but in `entry`, `exports` and `sys`.
+
+#![deny(unsafe_code)]
+
+mod abi;
+mod addr;
+mod attrs;
+mod context;
+mod entry;
+mod enums;
+mod exports;
+mod fence;
+mod sys;

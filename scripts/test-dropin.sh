@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The drop-in libibverbs.so.1 (crates/ferroce-ibverbs) under Debian 12's own, unmodified
+# binaries, found through LD_LIBRARY_PATH only (issue 23, stage 0):
+#   1. it exports the names, at the versions, that Debian's libibverbs.so.1 exports;
+#   2. ibv_devices lists ferroce0 and ibv_devinfo -v describes it: PORT_ACTIVE, Ethernet, the
+#      RoCE v2 GID ::ffff:127.0.0.N of FERROCE_ADDR, loopback's active MTU (4096);
+#   3. an unusable FERROCE_ADDR, or one another program holds, makes ibv_open_device fail and
+#      say why;
+#   4. perftest's and rdma-core's programs load with LD_BIND_NOW=1 (every symbol they, libmlx5,
+#      libefa and librdmacm import resolves) and print their usage;
+#   5. a C program built against rdma-core's own headers and library (so verbs.h's inline
+#      functions run as in any program) finds what it expects, errors included
+#      (crates/ferroce-ibverbs/tests/c/stage0.c).
+# Every process gets its own 127.0.0.N; nothing leaves loopback.
+#
+# ibv_devices/ibv_devinfo (ibverbs-utils), ib_write_bw (perftest) and verbs.h
+# (libibverbs-dev) come from scripts/bootstrap.sh. Without them the script skips, unless
+# FERROCE_REQUIRE_IBVERBS_UTILS or CI is set (scripts/test.sh sets the first), when it fails.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+
+fail() {
+    echo "test-dropin: FAIL: $*" >&2
+    exit 1
+}
+
+missing=()
+for tool in ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_bw nm cc; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+done
+echo '#include <infiniband/verbs.h>' | cc -E - >/dev/null 2>&1 || missing+=("infiniband/verbs.h")
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ -n "${FERROCE_REQUIRE_IBVERBS_UTILS:-}${CI:-}" ]; then
+        fail "missing ${missing[*]} (scripts/bootstrap.sh installs ibverbs-utils, perftest, libibverbs-dev and binutils)"
+    fi
+    echo "test-dropin: SKIP: missing ${missing[*]} (scripts/bootstrap.sh installs them)"
+    exit 0
+fi
+
+lib="$(scripts/build-dropin.sh)"
+dir="$(dirname "$lib")"
+echo "== built $lib"
+
+# Run a stock program on the drop-in, on its own loopback address.
+on() {
+    local addr="$1"
+    shift
+    LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$addr" "$@"
+}
+
+expect() {
+    local what="$1" text="$2" pattern="$3"
+    grep -qF -- "$pattern" <<<"$text" || {
+        printf '%s\n' "$text" >&2
+        fail "$what: no line with '$pattern'"
+    }
+}
+
+echo "== exported symbols against Debian's libibverbs.so.1"
+versions() {
+    # name@version or name@@version of every defined function and datum (not the version
+    # nodes' own absolute symbols, which ld.bfd emits and lld does not).
+    nm -D --with-symbol-versions --defined-only "$1" | awk '$2 != "A" { print $3 }' | sort
+}
+real="$(ldconfig -p | awk '/libibverbs\.so\.1 / && /x86-64|aarch64|AArch64/ { print $NF; exit }')"
+ours="$(versions "$lib")"
+echo "ours: $(wc -l <<<"$ours") symbols"
+sed -E 's/.*@@?//' <<<"$ours" | sort -V | uniq -c | sed 's/^/    /'
+if [ -n "$real" ] && grep -q ' IBVERBS_PRIVATE_34$' < <(nm -D "$real"); then
+    theirs="$(versions "$real")"
+    echo "$real (rdma-core, IBVERBS_PRIVATE_34): $(wc -l <<<"$theirs") symbols"
+    if ! diff <(echo "$theirs") <(echo "$ours"); then
+        fail "the drop-in's symbols differ from $real's (< theirs, > ours)"
+    fi
+    echo "identical names and versions"
+else
+    echo "no rdma-core v34-ABI libibverbs.so.1 to compare with (${real:-none found}); skipped"
+fi
+
+echo "== ibv_devices"
+out="$(on 127.0.0.61 ibv_devices)"
+printf '%s\n' "$out"
+expect ibv_devices "$out" "ferroce0"
+# The node GUID: 02:66:65:72 then the address (127.0.0.61 = 7f00003d).
+expect ibv_devices "$out" "026665727f00003d"
+
+echo "== ibv_devinfo -l"
+out="$(on 127.0.0.62 ibv_devinfo -l)"
+expect "ibv_devinfo -l" "$out" "1 HCA found:"
+expect "ibv_devinfo -l" "$out" "ferroce0"
+
+echo "== ibv_devinfo -v"
+out="$(on 127.0.0.63 ibv_devinfo -v)"
+printf '%s\n' "$out" | grep -E 'hca_id|transport|node_guid|vendor|phys_port_cnt|max_qp_wr|max_cqe|port:|state|mtu|link_layer|gid_tbl_len|GID'
+expect "ibv_devinfo -v" "$out" "hca_id:	ferroce0"
+expect "ibv_devinfo -v" "$out" "state:			PORT_ACTIVE (4)"
+expect "ibv_devinfo -v" "$out" "link_layer:		Ethernet"
+# Loopback's 65536-byte MTU gives 4096, as rxe derives it (ferroce::Nic::active_mtu).
+expect "ibv_devinfo -v" "$out" "active_mtu:		4096 (5)"
+expect "ibv_devinfo -v" "$out" "gid_tbl_len:		1"
+expect "ibv_devinfo -v" "$out" "GID[  0]:		::ffff:127.0.0.63, RoCE v2"
+
+echo "== ibv_devinfo with an unusable FERROCE_ADDR"
+if out="$(on not-an-address ibv_devinfo 2>&1)"; then
+    fail "ibv_devinfo opened the device with FERROCE_ADDR=not-an-address"
+fi
+expect "bad FERROCE_ADDR" "$out" 'FERROCE_ADDR="not-an-address" is not an IPv4 or IPv6 address'
+# 127.0.0.0/8 is all local, 192.0.2.0/24 (TEST-NET-1) is no one's: binding it fails.
+if out="$(on 192.0.2.1 ibv_devinfo 2>&1)"; then
+    fail "ibv_devinfo opened the device on 192.0.2.1"
+fi
+expect "foreign FERROCE_ADDR" "$out" "192.0.2.1:4791 is not an address of this host"
+
+# Another program holding 127.0.0.66:4791: a clear refusal naming the address.
+out="$(python3 - "$dir" <<'PY'
+import os, socket, subprocess, sys
+held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+held.bind(("127.0.0.66", 4791))
+env = dict(os.environ, LD_LIBRARY_PATH=sys.argv[1], FERROCE_ADDR="127.0.0.66")
+r = subprocess.run(["ibv_devinfo"], env=env, capture_output=True, text=True)
+print(f"exit {r.returncode}\n{r.stdout}{r.stderr}")
+PY
+)"
+expect "address in use" "$out" "127.0.0.66:4791 is already in use"
+expect "address in use" "$out" "Failed to open device"
+
+echo "== stock programs load on the drop-in with LD_BIND_NOW=1"
+programs=(ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat
+    ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_devinfo ibv_devices)
+for p in "${programs[@]}"; do
+    command -v "$p" >/dev/null || continue
+    resolved="$(LD_LIBRARY_PATH="$dir" ldd "$(command -v "$p")" | awk '$1 == "libibverbs.so.1" { print $3 }')"
+    [ "$resolved" -ef "$lib" ] || fail "$p: ldd resolves libibverbs.so.1 to '$resolved', not $lib"
+    # -h: perftest prints its usage and exits 1; the pingpongs and ibv_devinfo refuse the
+    # option and print their usage. What must not happen is the loader failing first.
+    rc=0
+    out="$(LD_BIND_NOW=1 on 127.0.0.64 timeout 20 "$p" -h 2>&1)" || rc=$?
+    if [ "$rc" -eq 127 ] || grep -qiE 'symbol lookup error|undefined symbol|version .* not found|no version information' <<<"$out"; then
+        printf '%s\n' "$out" >&2
+        fail "$p does not load on the drop-in (exit $rc)"
+    fi
+    # ibv_devices takes no options: it lists the devices whatever it is given.
+    grep -qiE 'usage|options|ferroce0' <<<"$out" || {
+        printf '%s\n' "$out" >&2
+        fail "$p printed neither its usage nor the device (exit $rc)"
+    }
+    echo "    $p: loads (exit $rc)"
+done
+
+echo "== a C program built against rdma-core's headers, run on the drop-in"
+out_dir="$(dirname "$dir")/test-dropin"
+mkdir -p "$out_dir"
+cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage0.c -libverbs -lmlx5 \
+    -o "$out_dir/stage0"
+on 127.0.0.65 timeout 60 "$out_dir/stage0"
+
+echo "test-dropin: all passed"
