@@ -60,7 +60,7 @@ pub(crate) use error::panic_message;
 pub use cq::Cq;
 pub use ferroce_proto as proto;
 pub use nic::{Faults, GsoStatus, Nic, NicCaps, NicConfig, NicError};
-pub use qp::{ConnectOptions, Qp, QpEndpoint};
+pub use qp::{ConnectOptions, Qp, QpConfig, QpEndpoint};
 pub use region::{MappedMemory, Region, RegionAccess, RegionError, RegionMemory};
 pub use srq::Srq;
 pub use ud::AddressHandle;

@@ -21,6 +21,23 @@ use crate::error::{NicError, Unsupported};
 use crate::nic::Nic;
 use crate::srq::Srq;
 
+/// Everything a queue pair is created with (`struct ibv_qp_init_attr`), for [`Qp::create`].
+#[derive(Clone, Copy, Debug)]
+pub struct QpConfig<'a> {
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Where its send completions go.
+    pub send_cq: &'a Cq,
+    /// Where its receive completions go.
+    pub recv_cq: &'a Cq,
+    /// The shared receive queue it takes its receives from, if any.
+    pub srq: Option<&'a Srq>,
+    /// Its queues' capacities.
+    pub caps: QpCaps,
+    /// Every send completes with a completion, signaled or not (`sq_sig_all`).
+    pub sq_sig_all: bool,
+}
+
 /// A queue pair of a [`Nic`].
 pub struct Qp {
     nic: Nic,
@@ -56,7 +73,17 @@ impl Qp {
         recv_cq: &Cq,
         caps: QpCaps,
     ) -> Result<Self, NicError> {
-        Self::create(nic, qp_type, send_cq, recv_cq, caps, None)
+        Self::create(
+            nic,
+            &QpConfig {
+                qp_type,
+                send_cq,
+                recv_cq,
+                srq: None,
+                caps,
+                sq_sig_all: false,
+            },
+        )
     }
 
     /// A queue pair that takes its receives from `srq` (`ibv_qp_init_attr.srq`), as
@@ -73,17 +100,34 @@ impl Qp {
         srq: &Srq,
         caps: QpCaps,
     ) -> Result<Self, NicError> {
-        Self::create(nic, qp_type, send_cq, recv_cq, caps, Some(srq))
+        Self::create(
+            nic,
+            &QpConfig {
+                qp_type,
+                send_cq,
+                recv_cq,
+                srq: Some(srq),
+                caps,
+                sq_sig_all: false,
+            },
+        )
     }
 
-    fn create(
-        nic: &Nic,
-        qp_type: QpType,
-        send_cq: &Cq,
-        recv_cq: &Cq,
-        caps: QpCaps,
-        srq: Option<&Srq>,
-    ) -> Result<Self, NicError> {
+    /// A queue pair as `config` describes it (`ibv_create_qp` with a whole
+    /// `ibv_qp_init_attr`); [`Qp::new`] and [`Qp::with_srq`] are its common cases.
+    ///
+    /// # Errors
+    ///
+    /// As [`Qp::with_srq`].
+    pub fn create(nic: &Nic, config: &QpConfig<'_>) -> Result<Self, NicError> {
+        let QpConfig {
+            qp_type,
+            send_cq,
+            recv_cq,
+            srq,
+            caps,
+            sq_sig_all,
+        } = *config;
         if !nic.same(&send_cq.nic) || !nic.same(&recv_cq.nic) {
             return Err(NicError::OtherNic("a completion queue"));
         }
@@ -101,6 +145,7 @@ impl Qp {
             &recv_cq.backend,
             srq.map(|s| &*s.backend),
             caps,
+            sq_sig_all,
             Psn::from_low_bits(seed),
         )?;
         Ok(Self {

@@ -160,3 +160,76 @@ fn a_queue_pair_brought_up_step_by_step_carries_a_write_and_reports_its_attribut
         .expect("a flush completion");
     assert_eq!(flushed.status, WcStatus::WrFlushErr);
 }
+
+/// `Qp::create` with `sq_sig_all`: an unsignaled send completes anyway; without it, it does
+/// not (only the signaled one after it does).
+#[test]
+fn sq_sig_all_makes_every_send_complete() {
+    let (a, b) = (nic(3), nic(4));
+    let cq_a = Cq::new(&a, 16).unwrap();
+    let cq_b = Cq::new(&b, 16).unwrap();
+    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
+    let dst = Region::register(
+        &b,
+        RegionAccess::RemoteWrite,
+        WriteOrder::InOrder,
+        RegionMemory::Host(vec![0; 64]),
+    )
+    .unwrap();
+    let src = Region::register(
+        &a,
+        RegionAccess::Local,
+        WriteOrder::InOrder,
+        RegionMemory::Host(vec![9; 64]),
+    )
+    .unwrap();
+    for sig_all in [true, false] {
+        let qa = Qp::create(
+            &a,
+            &ferroce::QpConfig {
+                qp_type: QpType::Rc,
+                send_cq: &cq_a,
+                recv_cq: &cq_a,
+                srq: None,
+                caps: QpCaps::default(),
+                sq_sig_all: sig_all,
+            },
+        )
+        .unwrap();
+        let options = ferroce::ConnectOptions::default();
+        qa.connect(&qb.endpoint(), &options).unwrap();
+        qb.connect(&qa.endpoint(), &options).unwrap();
+        let write = |id, signaled| SendWr {
+            signaled,
+            ..SendWr::new(
+                id,
+                SendOp::Write(dst.remote(0).unwrap()),
+                Payload::Sge(src.local(0, 64).unwrap()),
+            )
+        };
+        qa.post_send(write(1, false)).unwrap();
+        qa.post_send(write(2, true)).unwrap();
+        let first = cq_a.wait(Duration::from_secs(10)).expect("a completion");
+        assert_eq!(
+            first.wr_id,
+            if sig_all { 1 } else { 2 },
+            "sq_sig_all {sig_all}"
+        );
+        if sig_all {
+            assert_eq!(cq_a.wait(Duration::from_secs(10)).map(|c| c.wr_id), Some(2));
+        }
+        assert!(cq_a.poll().is_none());
+        // The peer's QP goes back to RESET, INIT for the next round.
+        qb.modify(&QpAttr {
+            state: Some(QpState::Reset),
+            ..QpAttr::default()
+        })
+        .unwrap();
+        qb.modify(&QpAttr {
+            state: Some(QpState::Init),
+            access: Some(Access::NONE),
+            ..QpAttr::default()
+        })
+        .unwrap();
+    }
+}

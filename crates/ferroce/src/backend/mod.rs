@@ -250,20 +250,22 @@ impl Nic {
         recv_cq: &Cq,
         srq: Option<&Srq>,
         caps: QpCaps,
+        sq_sig_all: bool,
         psn: Psn,
     ) -> Result<Qp, NicError> {
         match (self, send_cq, recv_cq, srq) {
             (Self::Soft(s), Cq::Soft(scq), Cq::Soft(rcq), srq) => {
                 let srq = srq.map(|Srq::Soft(s)| s);
-                Ok(Qp::Soft(s.create_qp(qp_type, scq, rcq, srq, caps, psn)?))
+                let qp = s.create_qp(qp_type, scq, rcq, srq, caps, sq_sig_all, psn)?;
+                Ok(Qp::Soft(qp))
             }
             (Self::Verbs(_), _, _, Some(_)) => Err(on_verbs("shared receive queues").into()),
             (Self::Verbs(_), _, _, None) if qp_type == QpType::Ud => {
                 Err(on_verbs("UD queue pairs").into())
             }
-            (Self::Verbs(v), Cq::Verbs(scq), Cq::Verbs(rcq), None) => {
-                Ok(Qp::Verbs(v.create_qp(qp_type, scq, rcq, caps, psn)?))
-            }
+            (Self::Verbs(v), Cq::Verbs(scq), Cq::Verbs(rcq), None) => Ok(Qp::Verbs(
+                v.create_qp(qp_type, scq, rcq, caps, sq_sig_all, psn)?,
+            )),
             (Self::Soft(_) | Self::Verbs(_), _, _, _) => {
                 Err(NicError::OtherNic("a completion queue"))
             }

@@ -279,6 +279,7 @@ impl Nic {
         recv_cq: &Arc<Cq>,
         srq: Option<&Arc<Srq>>,
         caps: QpCaps,
+        sq_sig_all: bool,
         psn: Psn,
     ) -> Result<Qp, NicError> {
         let init = QpInit {
@@ -287,7 +288,7 @@ impl Nic {
             send_cq: send_cq.id(),
             recv_cq: recv_cq.id(),
             caps,
-            sq_sig_all: false,
+            sq_sig_all,
             srq: srq.map(|s| s.id()),
         };
         let mut state = self.driver.lock();

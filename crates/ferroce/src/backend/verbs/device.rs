@@ -32,7 +32,7 @@ fn probe_inline(ctx: &Arc<Context>, pd: &Arc<Pd>) -> u32 {
             max_recv_sge: 1,
             max_inline_data: ask,
         };
-        if pd.create_qp(IBV_QPT_RC, &cq, &cq, &mut caps).is_ok() {
+        if pd.create_qp(IBV_QPT_RC, &cq, &cq, false, &mut caps).is_ok() {
             return caps.max_inline_data;
         }
     }

@@ -122,9 +122,18 @@ impl Nic {
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
         caps: QpCaps,
+        sq_sig_all: bool,
         psn: Psn,
     ) -> Result<Qp, VerbsError> {
-        Qp::new(&self.device, qp_type, send_cq, recv_cq, caps, psn)
+        Qp::new(
+            &self.device,
+            qp_type,
+            send_cq,
+            recv_cq,
+            caps,
+            sq_sig_all,
+            psn,
+        )
     }
 
     pub(crate) fn register(

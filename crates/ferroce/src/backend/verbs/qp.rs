@@ -62,6 +62,7 @@ impl Qp {
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
         caps: QpCaps,
+        sq_sig_all: bool,
         psn: Psn,
     ) -> Result<Self, VerbsError> {
         let max_sge = u32::try_from(device.attr.max_sge)
@@ -88,7 +89,7 @@ impl Qp {
         };
         let raw = device
             .pd
-            .create_qp(kind, &send_cq.raw, &recv_cq.raw, &mut granted)
+            .create_qp(kind, &send_cq.raw, &recv_cq.raw, sq_sig_all, &mut granted)
             .map_err(|e| {
                 let hint = match e.raw_os_error() {
                     Some(libc::EINVAL) => Some(

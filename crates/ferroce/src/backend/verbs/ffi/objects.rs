@@ -348,6 +348,7 @@ impl Pd {
         qp_type: c_uint,
         send: &Arc<RawCq>,
         recv: &Arc<RawCq>,
+        sq_sig_all: bool,
         caps: &mut ibv_qp_cap,
     ) -> io::Result<RawQp> {
         let mut init = ibv_qp_init_attr {
@@ -357,7 +358,7 @@ impl Pd {
             srq: ptr::null_mut(),
             cap: *caps,
             qp_type,
-            sq_sig_all: 0,
+            sq_sig_all: c_int::from(sq_sig_all),
         };
         // SAFETY: a live PD, live CQs of the same context, and a whole init attr that the
         // call updates with the granted capacities.
