@@ -13,7 +13,7 @@ pub use ferroce_proto::qp::{
 use ferroce_proto::wire::Qpn;
 use ferroce_proto::{Psn, WriteFilter};
 
-use crate::attr::ConnectAttrs;
+use crate::attr::{ConnectAttrs, QpSetup};
 pub use crate::attr::{ConnectOptions, QpEndpoint};
 use crate::backend;
 use crate::cq::Cq;
@@ -139,14 +139,17 @@ impl Qp {
             addr: nic.addr(),
             source,
         })? as u32;
-        let backend = nic.backend.create_qp(
+        let setup = QpSetup {
             qp_type,
+            caps,
+            sq_sig_all,
+            psn: Psn::from_low_bits(seed),
+        };
+        let backend = nic.backend.create_qp(
+            setup,
             &send_cq.backend,
             &recv_cq.backend,
             srq.map(|s| &*s.backend),
-            caps,
-            sq_sig_all,
-            Psn::from_low_bits(seed),
         )?;
         Ok(Self {
             nic: nic.clone(),

@@ -44,7 +44,7 @@ use ferroce_proto::qp::{
 use ferroce_proto::wire::Qpn;
 use ferroce_proto::{Census, Counters, Psn, SrqAttr, SrqError, WriteFilter};
 
-use crate::attr::{ConnectAttrs, NicCaps, RegionAccess, SOFT_DEVICE};
+use crate::attr::{ConnectAttrs, NicCaps, QpSetup, RegionAccess, SOFT_DEVICE};
 use crate::error::{NicError, RegionError, Unsupported};
 use crate::memory::RegionMemory;
 use crate::udp::GsoStatus;
@@ -245,27 +245,23 @@ impl Nic {
     /// NIC.
     pub(crate) fn create_qp(
         &self,
-        qp_type: QpType,
+        setup: QpSetup,
         send_cq: &Cq,
         recv_cq: &Cq,
         srq: Option<&Srq>,
-        caps: QpCaps,
-        sq_sig_all: bool,
-        psn: Psn,
     ) -> Result<Qp, NicError> {
         match (self, send_cq, recv_cq, srq) {
             (Self::Soft(s), Cq::Soft(scq), Cq::Soft(rcq), srq) => {
                 let srq = srq.map(|Srq::Soft(s)| s);
-                let qp = s.create_qp(qp_type, scq, rcq, srq, caps, sq_sig_all, psn)?;
-                Ok(Qp::Soft(qp))
+                Ok(Qp::Soft(s.create_qp(setup, scq, rcq, srq)?))
             }
             (Self::Verbs(_), _, _, Some(_)) => Err(on_verbs("shared receive queues").into()),
-            (Self::Verbs(_), _, _, None) if qp_type == QpType::Ud => {
+            (Self::Verbs(_), _, _, None) if setup.qp_type == QpType::Ud => {
                 Err(on_verbs("UD queue pairs").into())
             }
-            (Self::Verbs(v), Cq::Verbs(scq), Cq::Verbs(rcq), None) => Ok(Qp::Verbs(
-                v.create_qp(qp_type, scq, rcq, caps, sq_sig_all, psn)?,
-            )),
+            (Self::Verbs(v), Cq::Verbs(scq), Cq::Verbs(rcq), None) => {
+                Ok(Qp::Verbs(v.create_qp(setup, scq, rcq)?))
+            }
             (Self::Soft(_) | Self::Verbs(_), _, _, _) => {
                 Err(NicError::OtherNic("a completion queue"))
             }

@@ -17,7 +17,7 @@ use super::driver::Driver;
 use super::qp::Qp;
 use super::region::Region;
 use super::srq::Srq;
-use crate::attr::{active_mtu_on, NicCaps, NicConfig, RegionAccess};
+use crate::attr::{active_mtu_on, NicCaps, NicConfig, QpSetup, RegionAccess};
 use crate::error::{NicError, RegionError};
 use crate::memory::RegionMemory;
 use crate::sys;
@@ -271,17 +271,20 @@ impl Nic {
         Cq::new(&self.driver, depth).map(Arc::new)
     }
 
-    /// A QP in INIT; `None` when the engine does not know the SRQ.
+    /// A QP in INIT; refused when the engine does not know the SRQ.
     pub(crate) fn create_qp(
         &self,
-        qp_type: QpType,
+        setup: QpSetup,
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
         srq: Option<&Arc<Srq>>,
-        caps: QpCaps,
-        sq_sig_all: bool,
-        psn: Psn,
     ) -> Result<Qp, NicError> {
+        let QpSetup {
+            qp_type,
+            caps,
+            sq_sig_all,
+            psn,
+        } = setup;
         let init = QpInit {
             qp_type,
             pd: self.pd,

@@ -6,15 +6,14 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 use ferroce_proto::memory::{RegionInfo, WriteOrder};
-use ferroce_proto::qp::{Mtu, QpCaps, QpType};
+use ferroce_proto::qp::Mtu;
 use ferroce_proto::wire::ROCE_PORT;
-use ferroce_proto::Psn;
 
 use super::cq::Cq;
 use super::device::Device;
 use super::qp::Qp;
 use super::region::Region;
-use crate::attr::{DeviceOptions, NicCaps, RegionAccess};
+use crate::attr::{DeviceOptions, NicCaps, QpSetup, RegionAccess};
 use crate::error::{RegionError, VerbsError};
 use crate::memory::RegionMemory;
 
@@ -118,22 +117,11 @@ impl Nic {
 
     pub(crate) fn create_qp(
         &self,
-        qp_type: QpType,
+        setup: QpSetup,
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
-        caps: QpCaps,
-        sq_sig_all: bool,
-        psn: Psn,
     ) -> Result<Qp, VerbsError> {
-        Qp::new(
-            &self.device,
-            qp_type,
-            send_cq,
-            recv_cq,
-            caps,
-            sq_sig_all,
-            psn,
-        )
+        Qp::new(&self.device, setup, send_cq, recv_cq)
     }
 
     pub(crate) fn register(

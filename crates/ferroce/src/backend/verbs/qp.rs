@@ -17,7 +17,7 @@ use super::abi::*;
 use super::cq::Cq;
 use super::device::Device;
 use super::ffi::RawQp;
-use crate::attr::ConnectAttrs;
+use crate::attr::{ConnectAttrs, QpSetup};
 use crate::error::VerbsError;
 
 /// The gather and scatter entries a QP is created with (or the device's maximum if lower).
@@ -58,13 +58,16 @@ fn post_error(e: &io::Error, depth: u32, what: &str) -> PostError {
 impl Qp {
     pub(super) fn new(
         device: &Arc<Device>,
-        qp_type: QpType,
+        setup: QpSetup,
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
-        caps: QpCaps,
-        sq_sig_all: bool,
-        psn: Psn,
     ) -> Result<Self, VerbsError> {
+        let QpSetup {
+            qp_type,
+            caps,
+            sq_sig_all,
+            psn,
+        } = setup;
         let max_sge = u32::try_from(device.attr.max_sge)
             .unwrap_or(1)
             .clamp(1, MAX_SGE);
