@@ -37,7 +37,10 @@ command -v python3 >/dev/null || packages+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 command -v python3-config >/dev/null || packages+=(python3-dev)
 command -v c++ >/dev/null || packages+=(g++)
-if [ ${#packages[@]} -gt 0 ]; then
+checked="a C and C++ toolchain, curl, tshark, pkg-config, iproute2, nftables, binutils, libibverbs, Python 3 with venv and headers"
+if [ ${#packages[@]} -eq 0 ]; then
+    echo "bootstrap: checked $checked: all installed, nothing to do"
+else
     echo "bootstrap: installing ${packages[*]}"
     $sudo apt-get update -qq
     # tshark's package asks whether non-root users may capture; answer no without a prompt.
@@ -45,7 +48,9 @@ if [ ${#packages[@]} -gt 0 ]; then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}"
 fi
 
-if ! command -v cargo >/dev/null; then
+if command -v cargo >/dev/null; then
+    echo "bootstrap: checked Rust: $(cargo --version) is on PATH"
+else
     if [ -x "$HOME/.cargo/bin/cargo" ]; then
         echo "bootstrap: cargo is in ~/.cargo/bin; add it to PATH (source ~/.cargo/env)"
     else

@@ -28,17 +28,27 @@ mod udaddy;
 use ferroce::capture::CaptureReader;
 use ferroce::decode::{decode_frame, IcrcStatus};
 
-/// RDMA over Converged Ethernet v2 in user space.
+/// RoCEv2 (RDMA over UDP port 4791) in user space: rdma-core's, librdmacm's and perftest's
+/// tools on the soft NIC or a verbs device, a capture decoder, and sensor-frame streams.
 #[derive(Parser)]
-#[command(name = "ferroce", version, about, propagate_version = true)]
+#[command(
+    name = "ferroce",
+    version,
+    propagate_version = true,
+    after_help = "Run `ferroce help COMMAND` for a command's flags."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+// Each command's first paragraph is its one line in `ferroce --help` (keep it within 80
+// columns there); the rest shows in its own `--help`.
 #[derive(Subcommand)]
 enum Command {
-    /// Decode the RoCEv2 packets of a pcap or pcapng capture, one line per packet.
+    /// Decode a pcap or pcapng capture's RoCEv2 packets, one line each.
+    ///
+    /// One line (or JSON object) per RoCEv2 packet, its ICRC checked.
     ///
     /// Exit status: 0 when every RoCE packet parsed and its ICRC is right, 1 when any ICRC is
     /// bad or any RoCE packet failed to parse, 2 when the file cannot be read.
@@ -52,34 +62,55 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// RDMA devices, their ports and GIDs (rdma-core's `ibv_devinfo`).
+    ///
     /// The soft NIC and this host's RDMA devices, their ports and GID tables, in the shape
     /// of rdma-core's `ibv_devinfo`.
     Devinfo(devinfo::DevinfoArgs),
-    /// A SEND/RECV ping-pong, flag- and wire-compatible with rdma-core's `ibv_rc_pingpong`.
+    /// RC SEND/RECV ping-pong (rdma-core's `ibv_rc_pingpong`).
+    ///
+    /// A SEND/RECV ping-pong, flag- and wire-compatible with rdma-core's `ibv_rc_pingpong`,
+    /// on the soft NIC or a verbs device.
     Pingpong(pingpong::PingpongArgs),
+    /// UD SEND/RECV ping-pong (rdma-core's `ibv_ud_pingpong`).
+    ///
     /// A UD SEND/RECV ping-pong, flag- and wire-compatible with rdma-core's
     /// `ibv_ud_pingpong` (the soft NIC only).
     UdPingpong(ud_pingpong::UdPingpongArgs),
+    /// RC ping-pong on a shared receive queue (`ibv_srq_pingpong`).
+    ///
     /// Many RC queue pairs ping-ponging over one shared receive queue, flag- and
     /// wire-compatible with rdma-core's `ibv_srq_pingpong` (the soft NIC only).
     SrqPingpong(srq_pingpong::SrqPingpongArgs),
+    /// RDMA READ/WRITE ping over a CM connection (librdmacm's `rping`).
+    ///
     /// RDMA READ and WRITE ping over a connection made by connection management,
     /// flag-, wire- and output-compatible with librdmacm's `rping` (the soft NIC only).
     Rping(rping::RpingArgs),
+    /// RC connections by CM, SENDs both ways (librdmacm's `ucmatose`).
+    ///
     /// RC connections over connection management with SENDs both ways, flag-, wire- and
     /// output-compatible with librdmacm's `ucmatose` (the soft NIC only).
     Ucmatose(ucmatose::UcmatoseArgs),
+    /// UD endpoints by SIDR, datagrams both ways (librdmacm's `udaddy`).
+    ///
     /// UD endpoints resolved by SIDR with datagrams both ways, flag-, wire- and
     /// output-compatible with librdmacm's `udaddy` (the soft NIC only).
     Udaddy(udaddy::UdaddyArgs),
+    /// perftest's bandwidth and latency tests (`ib_write_bw`, …).
+    ///
     /// perftest's bandwidth and latency tests (`ib_write_bw`, `ib_send_lat`, …), flag-,
     /// output- and wire-compatible with perftest 6.06.
     #[command(subcommand)]
     Perf(perf::PerfCommand),
+    /// Sensor frames: receive them (`recv`) or be their device (`send`).
+    ///
     /// Sensor frames over RoCEv2: `stream recv` takes them into a ring of pages (the Hololink
     /// receiver), `stream send` is the device that sends them.
     #[command(subcommand)]
     Stream(stream::StreamCommand),
+    /// Stream 4K frames over loopback for 3 s, checking every one.
+    ///
     /// The loopback demo: a device streams 4K RAW12 frames to a receiver for a few seconds;
     /// every frame's content is checked and a summary printed. No flags, no privileges.
     Demo {
@@ -196,5 +227,48 @@ mod tests {
     #[test]
     fn every_command_line_is_well_formed() {
         super::Cli::command().debug_assert();
+    }
+
+    /// Issue 25: `ferroce --help` named 5 of its commands in its first line. It lists every
+    /// command, each with one line of its own within 80 columns, and names none in its
+    /// first line (which would go stale).
+    #[test]
+    fn help_lists_every_command_on_a_line_of_its_own() {
+        let mut cli = super::Cli::command();
+        let help = cli.render_long_help().to_string();
+        let names: Vec<String> = cli
+            .get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        // Eleven commands and clap's `help`.
+        assert_eq!(names.len(), 12, "{names:?}");
+        let listed: Vec<&str> = help
+            .lines()
+            .skip_while(|l| *l != "Commands:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        // Every command, in order, one line each.
+        assert_eq!(listed.len(), names.len(), "{help}");
+        for (line, name) in listed.iter().zip(&names) {
+            let about = line
+                .trim_start()
+                .strip_prefix(name.as_str())
+                .unwrap_or_else(|| panic!("{name} not where expected: {line:?}"))
+                .trim();
+            assert!(about.len() > 20, "{name} has no description: {line:?}");
+            assert!(
+                line.chars().count() <= 80,
+                "{name}'s line is long: {line:?}"
+            );
+        }
+        let first = help.lines().next().unwrap();
+        let named = names
+            .iter()
+            .filter(|n| *n != "help")
+            .filter(|n| first.contains(&format!(" {n},")) || first.contains(&format!(" {n} ")))
+            .count();
+        assert_eq!(named, 0, "the first line lists commands: {first}");
+        assert!(help.contains("ferroce help COMMAND"), "{help}");
     }
 }

@@ -630,48 +630,152 @@ struct Streamer {
     frames: u64,
     json: bool,
     source: Source,
+    /// `--fold`, kept when a host programs the device again (the registers do not say it).
+    fold: bool,
+}
+
+/// What a device following its registers does next: [`Schedule::observe`]'s answer.
+#[derive(Debug, PartialEq, Eq)]
+enum Change {
+    /// Nothing changed: stream on to the same target.
+    None,
+    /// The host stopped the device (or has not finished programming it): wait.
+    Unprogrammed,
+    /// A host programmed the device, after it was stopped or with another target: stream
+    /// to this one, the pacing starting over from now.
+    Programmed(Target),
+}
+
+/// When each frame is due, and the target the registers last named: a device streams at
+/// `fps` from the moment it is programmed, the nth frame due `n / fps` after it.
+///
+/// Each (re)programming starts the schedule again. Before it did, the frames a device was
+/// stopped for were still owed when a host programmed it again: every frame was overdue,
+/// each went out as soon as the one before had been paced over its 80% of the frame time,
+/// and the device ran at 1.25 times `fps` (36 fps at 30) until it had made up the pause.
+#[derive(Debug)]
+struct Schedule {
+    period: Option<Duration>,
+    /// When the current programming began: frame `frames` is due `frames × period` after.
+    epoch: Instant,
+    /// Frames sent since `epoch`.
+    frames: u64,
+    /// The registers' generation last looked at.
+    generation: Option<u64>,
+    /// The target the registers named then (`None`: unprogrammed), as they name it
+    /// (without `--fold`).
+    programmed: Option<Target>,
+}
+
+impl Schedule {
+    /// A schedule at `fps` (0: no pacing) starting at `now`, for a device programmed with
+    /// `target`.
+    fn new(fps: f64, target: Target, now: Instant) -> Self {
+        Self {
+            period: (fps > 0.0).then(|| Duration::from_secs_f64(1.0 / fps)),
+            epoch: now,
+            frames: 0,
+            generation: None,
+            programmed: Some(Target {
+                fold_metadata: false,
+                ..target
+            }),
+        }
+    }
+
+    /// The frame time, if paced.
+    fn period(&self) -> Option<Duration> {
+        self.period
+    }
+
+    /// When the next frame is due (`None`: at once).
+    fn due(&self) -> Option<Instant> {
+        self.period
+            .map(|p| self.epoch + p.mul_f64(self.frames as f64))
+    }
+
+    /// Counts a frame sent.
+    fn sent(&mut self) {
+        self.frames += 1;
+    }
+
+    /// Looks at the registers at `now`: their `generation`, and the `target` they describe
+    /// (asked only when the generation moved). A new programming restarts the schedule.
+    fn observe(
+        &mut self,
+        now: Instant,
+        generation: u64,
+        target: impl FnOnce() -> Option<Target>,
+    ) -> Change {
+        if self.generation != Some(generation) {
+            self.generation = Some(generation);
+            let current = target();
+            if current != self.programmed {
+                self.programmed = current;
+                if let Some(t) = current {
+                    self.epoch = now;
+                    self.frames = 0;
+                    return Change::Programmed(t);
+                }
+            }
+        }
+        if self.programmed.is_some() {
+            Change::None
+        } else {
+            Change::Unprogrammed
+        }
+    }
+}
+
+/// What `stream send` says when a host programs it (first or again).
+fn programmed_line(target: &Target, fps: f64) -> String {
+    format!(
+        "stream send: frames of {} bytes to {} QP {:#x}, {} pages, {} bytes per packet, {} fps",
+        target.frame_size, target.dest, target.qp, target.pages, target.payload, fps
+    )
 }
 
 impl Streamer {
     /// Streams to `target`, following the registers when `registers` is given (a host that
-    /// reprograms or stops the device is obeyed). Stops after `frames` frames or when
-    /// `stop` is set. Returns frames sent and seconds taken.
+    /// reprograms or stops the device is obeyed, and each new target announced on stderr).
+    /// Stops after `frames` frames or when `stop` is set. Returns frames sent and seconds
+    /// taken.
     fn stream(
         &self,
         sender: &mut Sender,
         registers: Option<&DeviceRegisters>,
         stop: &AtomicBool,
     ) -> anyhow::Result<(u64, f64)> {
-        let period = (self.fps > 0.0).then(|| Duration::from_secs_f64(1.0 / self.fps));
-        // A sensor's readout takes most of its frame time; pace the packets over 80% of it.
-        let pace = period.map(|p| p.mul_f64(0.8));
-        let mut data = vec![0; sender.target().frame_size];
-        let mut generation = registers.map(DeviceRegisters::generation);
         let start = Instant::now();
+        let mut schedule = Schedule::new(self.fps, *sender.target(), start);
+        // A sensor's readout takes most of its frame time; pace the packets over 80% of it.
+        let pace = schedule.period().map(|p| p.mul_f64(0.8));
+        let mut data = vec![0; sender.target().frame_size];
         let mut sent = 0u64;
         let mut complained = false;
         let mut out = io::stdout().lock();
         while (self.frames == 0 || sent < self.frames) && !stop.load(Ordering::SeqCst) {
             if let Some(regs) = registers {
-                if Some(regs.generation()) != generation {
-                    generation = Some(regs.generation());
-                    match regs.target() {
-                        Some(t) if t != *sender.target() => {
-                            sender.retarget(t)?;
-                            data.resize(t.frame_size, 0);
-                        }
-                        Some(_) => {}
-                        None => {
-                            // Unprogrammed: wait until a host points us somewhere again.
-                            std::thread::sleep(Duration::from_millis(10));
-                            generation = None;
-                            continue;
-                        }
+                match schedule.observe(Instant::now(), regs.generation(), || regs.target()) {
+                    Change::None => {}
+                    Change::Unprogrammed => {
+                        // Unprogrammed: wait until a host points us somewhere again.
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                    Change::Programmed(t) => {
+                        let t = Target {
+                            fold_metadata: self.fold,
+                            ..t
+                        };
+                        // Pages start again at 0 for the new receiver; PSNs run on.
+                        sender.retarget(t)?;
+                        data.resize(t.frame_size, 0);
+                        eprintln!("{}", programmed_line(&t, self.fps));
                     }
                 }
             }
-            let due = period.map(|p| start + p.mul_f64(sent as f64));
-            if let Some(due) = due {
+            if let Some(due) = schedule.due() {
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
             }
             self.source.fill(sent as u32, &mut data);
@@ -691,6 +795,7 @@ impl Streamer {
             };
             complained = false;
             sent += 1;
+            schedule.sent();
             if self.json {
                 writeln!(
                     out,
@@ -725,6 +830,7 @@ fn send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         frames: args.frames,
         json: args.json,
         source: source(args)?,
+        fold: args.fold,
     };
     let data_addr = SocketAddr::new(args.local, BRIDGE_DATA_PORT);
     let (registers, target) = if let Some(to) = &args.to {
@@ -763,10 +869,7 @@ fn send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.pcap {
         sender.set_pcap(path)?;
     }
-    eprintln!(
-        "stream send: frames of {} bytes to {} QP {:#x}, {} pages, {} bytes per packet, {} fps",
-        target.frame_size, target.dest, target.qp, target.pages, target.payload, args.fps
-    );
+    eprintln!("{}", programmed_line(&target, args.fps));
     let stop = AtomicBool::new(false);
     let (frames, seconds) = streamer.stream(&mut sender, registers.as_ref(), &stop)?;
     let gbps = if seconds > 0.0 {
@@ -857,6 +960,7 @@ fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
                     frames: DEMO_FRAMES,
                     json: false,
                     source: Source::Pattern(Pattern::Counter),
+                    fold: false,
                 };
                 streamer.stream(&mut sender, None, &stop)
             })?
@@ -914,4 +1018,115 @@ fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(dest: &str, qp: u32) -> Target {
+        Target {
+            dest: dest.parse().unwrap(),
+            qp,
+            rkey: 0x1234,
+            address: 0x10_0000,
+            page_size: 10_112,
+            pages: 4,
+            frame_size: 10_000,
+            payload: 1408,
+            immediate: ImmediateLayout::Page12,
+            fold_metadata: false,
+        }
+    }
+
+    /// Sends `n` frames on `schedule`, each at the moment it is due (a virtual clock: no
+    /// sleeping), and returns those moments.
+    fn send(schedule: &mut Schedule, n: usize) -> Vec<Instant> {
+        (0..n)
+            .map(|_| {
+                let due = schedule.due().unwrap();
+                schedule.sent();
+                due
+            })
+            .collect()
+    }
+
+    /// Issue 25: a device unprogrammed for a while, then programmed again, ran at 1.25 ×
+    /// `--fps` because the frames of the pause were still owed. The schedule starts again at
+    /// each programming: the first frame is due at once, the rest one frame time apart.
+    #[test]
+    fn programming_again_restarts_the_schedule() {
+        let t0 = Instant::now();
+        let first = target("127.0.0.1:4791", 0x11);
+        let mut schedule = Schedule::new(30.0, first, t0);
+        let period = schedule.period().unwrap();
+        assert_eq!(schedule.observe(t0, 1, || Some(first)), Change::None);
+        let dues = send(&mut schedule, 5);
+        assert_eq!(dues[0], t0);
+        assert_eq!(dues[4], t0 + period * 4);
+
+        // A host unconfigures the device: it waits, however long, whatever it is asked.
+        let stopped = t0 + Duration::from_millis(200);
+        assert_eq!(schedule.observe(stopped, 2, || None), Change::Unprogrammed);
+        let later = stopped + Duration::from_secs(5);
+        assert_eq!(
+            schedule.observe(later, 2, || unreachable!()),
+            Change::Unprogrammed
+        );
+
+        // Another host programs it.
+        let second = target("127.0.0.2:4791", 0x12);
+        let again = later + Duration::from_millis(7);
+        assert_eq!(
+            schedule.observe(again, 3, || Some(second)),
+            Change::Programmed(second)
+        );
+        let dues = send(&mut schedule, 12);
+        assert_eq!(
+            dues[0], again,
+            "the first frame after programming is due at once"
+        );
+        for pair in dues.windows(2) {
+            assert_eq!(pair[1] - pair[0], period);
+        }
+        let mean = (dues[11] - dues[0]) / 11;
+        assert_eq!(mean, period, "{mean:?} between frames at 30 fps");
+    }
+
+    /// The same target programmed again after a stop is a new programming too; a target
+    /// rewritten while streaming, but unchanged, is not.
+    #[test]
+    fn the_same_target_after_a_stop_is_programmed_anew() {
+        let t0 = Instant::now();
+        let t = target("127.0.0.1:4791", 0x11);
+        let mut schedule = Schedule::new(30.0, t, t0);
+        send(&mut schedule, 3);
+        assert_eq!(schedule.observe(t0, 5, || Some(t)), Change::None);
+        assert_eq!(schedule.due(), Some(t0 + schedule.period().unwrap() * 3));
+        assert_eq!(schedule.observe(t0, 6, || None), Change::Unprogrammed);
+        let later = t0 + Duration::from_secs(2);
+        assert_eq!(
+            schedule.observe(later, 7, || Some(t)),
+            Change::Programmed(t)
+        );
+        assert_eq!(schedule.due(), Some(later));
+    }
+
+    /// `--fold` is the device's own: a target the registers name is the same target whether
+    /// or not the device folds.
+    #[test]
+    fn fold_is_not_a_new_target() {
+        let t0 = Instant::now();
+        let folded = Target {
+            fold_metadata: true,
+            ..target("127.0.0.1:4791", 0x11)
+        };
+        let mut schedule = Schedule::new(0.0, folded, t0);
+        assert_eq!(schedule.due(), None);
+        let from_registers = target("127.0.0.1:4791", 0x11);
+        assert_eq!(
+            schedule.observe(t0, 1, || Some(from_registers)),
+            Change::None
+        );
+    }
 }

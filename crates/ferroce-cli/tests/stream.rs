@@ -4,10 +4,11 @@
 //!
 //! Addresses: 127.0.0.120 to 127.0.0.129. The CUDA test skips, saying so, without a GPU.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ferroce::frames::control::DataChannel;
 use ferroce::frames::Pattern;
 use serde_json::Value;
 
@@ -179,7 +180,7 @@ fn a_device_told_its_target_streams_through_loss() {
         String::from_utf8_lossy(&send.stderr)
     );
     let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    out.read_to_string(&mut rest).unwrap();
     let status = recv.0.wait().unwrap();
     let lines = json_lines(rest.as_bytes());
     let summary = lines.last().unwrap();
@@ -202,6 +203,87 @@ fn a_device_told_its_target_streams_through_loss() {
     // Frames with lost packets fail the device's CRC: content errors, and exit status 1.
     assert!(summary["content_errors"].as_u64().unwrap() > 0);
     assert!(!status.success());
+}
+
+/// A receiver's frames, from `stream recv --device DEVICE --json` on `local` taking `frames`
+/// frames of `frame_size` bytes: its description and one object per frame.
+fn receive(local: &str, device: &str, frame_size: &str, frames: &str) -> (Value, Vec<Value>) {
+    let recv = ferroce(&[
+        "stream",
+        "recv",
+        "--local",
+        local,
+        "--device",
+        device,
+        "--frame-size",
+        frame_size,
+        "--frames",
+        frames,
+        "--idle",
+        "10",
+        "--json",
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&recv.stderr);
+    assert!(recv.status.success(), "{stderr}");
+    let mut lines = json_lines(&recv.stdout);
+    lines.pop(); // the summary
+    let head = lines.remove(0);
+    (head, lines)
+}
+
+/// Issue 25: a device unconfigured by one receiver and programmed by another sent at 36 fps
+/// where asked for 30, and said nothing about its new target. It must pace as a fresh device
+/// does and name each target it is programmed with.
+#[test]
+fn a_device_programmed_again_paces_as_at_first_and_says_so() {
+    let mut device = device("127.0.0.127", "30", "0");
+    let (_, first) = receive("127.0.0.128", "127.0.0.127", "10000", "5");
+    assert_eq!(first.len(), 5);
+    DataChannel::new("127.0.0.127:8192".parse().unwrap())
+        .unwrap()
+        .unconfigure()
+        .unwrap();
+    // Before the fix the device owed the frames of this pause, and sent each as soon as the
+    // one before had been paced (over 80% of a frame time) until it had made them up.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (head, frames) = receive("127.0.0.129", "127.0.0.127", "20000", "13");
+    assert_eq!(frames.len(), 13);
+    let at =
+        |f: &Value| f["received_s"].as_f64().unwrap() + f["received_ns"].as_f64().unwrap() * 1e-9;
+    let mean = (at(&frames[12]) - at(&frames[0])) / 12.0;
+    let period = 1.0 / 30.0;
+    assert!(
+        (mean - period).abs() < 0.15 * period,
+        "{:.1} ms between frames at --fps 30 after programming again; {:.1} wanted",
+        mean * 1e3,
+        period * 1e3
+    );
+    let _ = device.0.kill();
+    let _ = device.0.wait();
+    let mut stderr = String::new();
+    device
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let announced: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("stream send: frames of"))
+        .collect();
+    assert_eq!(announced.len(), 2, "{stderr}");
+    assert!(
+        announced[0].contains("10000 bytes to 127.0.0.128:4791"),
+        "{stderr}"
+    );
+    let qp = format!("QP {:#x}", head["qp"].as_u64().unwrap());
+    assert!(
+        announced[1].contains("20000 bytes to 127.0.0.129:4791") && announced[1].contains(&qp),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -537,6 +537,15 @@ pub(super) struct Receiver {
     posted: Vec<u64>,
 }
 
+/// Whether a counted run has all its messages: `iters` from each of `qps` queue pairs,
+/// counted together, as perftest's `run_iter_bw_server` counts `rcnt` against `iters ×
+/// num_of_qps`. Not per queue pair: on a shared receive queue one queue pair may take
+/// another's share of the receives, and a server waiting for each queue pair's `iters`
+/// waited for a share that never came (issue 25).
+fn all_in(rcnt: u64, iters: u64, qps: usize) -> bool {
+    rcnt >= iters.saturating_mul(qps as u64)
+}
+
 impl Receiver {
     /// Posts the first receives into every queue pair's buffer (`ctx_set_recv_wqes`).
     pub(super) fn post(s: &Settings, res: &TestResources) -> Result<Self, String> {
@@ -547,9 +556,25 @@ impl Receiver {
                 post_recv(res, i)?;
             }
         }
-        Ok(Self {
-            posted: vec![first; q],
-        })
+        Ok(Self::new(first, q))
+    }
+
+    fn new(first: u64, qps: usize) -> Self {
+        Self {
+            posted: vec![first; qps],
+        }
+    }
+
+    /// Counts a receive taken from `buffer` and says whether to post it there again: while
+    /// fewer than `iters` went into that buffer (perftest's `posted_per_qp`, kept by the
+    /// buffer a receive's `wr_id` names, not by the queue pair that took it), or always in a
+    /// timed run (`iters` `None`).
+    fn repost(&mut self, buffer: usize, iters: Option<u64>) -> bool {
+        let again = iters.is_none_or(|n| self.posted[buffer] < n);
+        if again {
+            self.posted[buffer] += 1;
+        }
+        again
     }
 
     /// Receives one message size's messages from the client's queue pairs (`peers`, for
@@ -564,9 +589,9 @@ impl Receiver {
     ) -> Result<BwReport, String> {
         let q = res.qps.len();
         let qp_of = |qpn: u32| res.qps.iter().position(|qp| qp.qpn().value() == qpn);
-        let mut received = vec![0u64; q];
         let mut rcnt = 0u64;
         let record = s.duration.is_none();
+        let limit = record.then_some(s.iters);
         let start = Instant::now();
         // perftest's server times from the first message it receives.
         let mut first: Option<Instant> = None;
@@ -591,18 +616,15 @@ impl Receiver {
                 if s.check {
                     check_message(res, &wc, i, size, &peers[i], rcnt)?;
                 }
-                received[i] += 1;
                 rcnt += 1;
                 last = Instant::now();
                 first.get_or_insert(last);
-                if !record || self.posted[buffer] < s.iters {
+                if self.repost(buffer, limit) {
                     post_recv(res, buffer)?;
-                    self.posted[buffer] += 1;
                 }
                 progressed = true;
             }
-            let all_in = record && received.iter().all(|&r| r >= s.iters);
-            if all_in {
+            if record && all_in(rcnt, s.iters, q) {
                 break;
             }
             if progressed {
@@ -646,5 +668,61 @@ impl Receiver {
         // perftest's SEND server reports no peak (`noPeak`): it sees when messages arrive,
         // not when they were sent, and those taken in one poll arrive at one instant.
         Ok(make_report(s, size, iters, rcnt, secs, 0.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    /// Issue 25: two queue pairs on one shared receive queue, 5 iterations each, and the first
+    /// queue pair's messages arriving first: it takes 6 of the 10 receives. The server is done
+    /// when 10 have come, whichever queue pair took them (it waited for the second's fifth,
+    /// which never came, and failed with "The client stopped after 10 of 10 messages"), and
+    /// the shared queue never runs dry on the way.
+    #[test]
+    fn a_shared_receive_queue_is_counted_over_all_queue_pairs() {
+        let (iters, qps) = (5u64, 2usize);
+        // `first_receives`: min(rx_depth, iters) shared out among the queue pairs.
+        let first = iters / qps as u64;
+        let mut receiver = Receiver::new(first, qps);
+        // The shared receive queue: the buffer each posted receive names (its wr_id).
+        let mut srq: VecDeque<usize> = (0..qps)
+            .flat_map(|b| std::iter::repeat_n(b, first as usize))
+            .collect();
+        let arrivals = [0, 0, 0, 0, 0, 0, 1, 1, 1, 1];
+        let mut taken = [0u64; 2];
+        let mut rcnt = 0;
+        for (n, &qp) in arrivals.iter().enumerate() {
+            assert!(!all_in(rcnt, iters, qps), "done after {rcnt} messages");
+            let buffer = srq
+                .pop_front()
+                .unwrap_or_else(|| panic!("no receive for message {n}: RNR"));
+            taken[qp] += 1;
+            rcnt += 1;
+            if receiver.repost(buffer, Some(iters)) {
+                srq.push_back(buffer);
+            }
+        }
+        assert_eq!(taken, [6, 4], "one queue pair took another's share");
+        assert!(all_in(rcnt, iters, qps));
+        // Each buffer had its `iters` receives posted, and none is left over.
+        assert_eq!(receiver.posted, vec![iters; qps]);
+        assert!(srq.is_empty(), "{srq:?} left posted");
+    }
+
+    /// A timed run re-posts every receive; without a shared queue a queue pair's buffer
+    /// stops at `iters`.
+    #[test]
+    fn receives_are_posted_again_while_the_run_needs_them() {
+        let mut receiver = Receiver::new(2, 1);
+        assert!(receiver.repost(0, Some(3)));
+        assert!(!receiver.repost(0, Some(3)));
+        assert!((0..100).all(|_| receiver.repost(0, None)));
+        assert!(!all_in(5, 3, 2));
+        assert!(all_in(6, 3, 2));
+        assert!(all_in(1000, 3, 2));
     }
 }
