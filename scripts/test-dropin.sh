@@ -10,8 +10,14 @@
 #      libefa and librdmacm import resolves) and print their usage;
 #   5. a C program built against rdma-core's own headers and library (so verbs.h's inline
 #      functions run as in any program) finds what it expects, errors included
-#      (crates/ferroce-ibverbs/tests/c/stage0.c).
-# Every process gets its own 127.0.0.N; nothing leaves loopback.
+#      (crates/ferroce-ibverbs/tests/c/stage0.c);
+#   6. stage 1, the data path: a C program (crates/ferroce-ibverbs/tests/c/stage1.c) posts
+#      and polls through verbs.h's inline functions, bad input included (past a queue's
+#      depth, a wrong lkey, an unknown rkey); and ibv_rc_pingpong (also -e, completion channels),
+#      ibv_uc_pingpong, ibv_ud_pingpong and ibv_srq_pingpong run both sides on the drop-in
+#      and print their results.
+# Every process gets its own 127.0.0.N; nothing leaves loopback. The pingpongs' servers listen
+# for their TCP exchange on all addresses, so each pair has its own port too.
 #
 # ibv_devices/ibv_devinfo (ibverbs-utils), ib_write_bw (perftest) and verbs.h
 # (libibverbs-dev) come from scripts/bootstrap.sh. Without them the script skips, unless
@@ -155,5 +161,57 @@ mkdir -p "$out_dir"
 cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage0.c -libverbs -lmlx5 \
     -o "$out_dir/stage0"
 on 127.0.0.65 timeout 60 "$out_dir/stage0"
+cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage1.c -libverbs \
+    -o "$out_dir/stage1"
+on 127.0.0.81 timeout 60 "$out_dir/stage1"
+
+# Run a server and its client, each a stock program on the drop-in on its own address
+# (server first, then the client, which names the server's address), both bounded in time;
+# prints both outputs and fails unless both exit 0 and print every pattern given after --.
+pair() {
+    local what="$1" srv_addr="$2" cli_addr="$3"
+    shift 3
+    local cmd=() patterns=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do
+        cmd+=("$1")
+        shift
+    done
+    [ $# -gt 0 ] && shift
+    patterns=("$@")
+    local srv_out="$out_dir/$what.server" cli_out="$out_dir/$what.client" srv_rc=0 cli_rc=0
+    on "$srv_addr" timeout 30 "${cmd[@]}" >"$srv_out" 2>&1 &
+    local srv_pid=$!
+    # The server listens on its TCP port once its device is open: give it a moment, then
+    # retry the client while the port is not yet open.
+    local tries=0
+    while :; do
+        cli_rc=0
+        on "$cli_addr" timeout 30 "${cmd[@]}" "$srv_addr" >"$cli_out" 2>&1 || cli_rc=$?
+        tries=$((tries + 1))
+        if [ "$cli_rc" -eq 0 ] || [ "$tries" -ge 10 ] || ! grep -qF "Couldn't connect to $srv_addr" "$cli_out"; then
+            break
+        fi
+        sleep 0.3
+    done
+    wait "$srv_pid" || srv_rc=$?
+    # The results, and the first two address lines (srq_pingpong prints 16 pairs).
+    echo "  -- $what server (exit $srv_rc):"
+    awk '!/address:/ || n++ < 2' "$srv_out" | sed 's/^/     /'
+    echo "  -- $what client (exit $cli_rc):"
+    awk '!/address:/ || n++ < 2' "$cli_out" | sed 's/^/     /'
+    [ "$srv_rc" -eq 0 ] && [ "$cli_rc" -eq 0 ] || fail "$what: server exit $srv_rc, client exit $cli_rc"
+    local p
+    for p in "${patterns[@]}"; do
+        expect "$what server" "$(cat "$srv_out")" "$p"
+        expect "$what client" "$(cat "$cli_out")" "$p"
+    done
+}
+
+echo "== rdma-core's pingpongs, both sides on the drop-in (stage 1)"
+pair rc_pingpong 127.0.0.71 127.0.0.72 ibv_rc_pingpong -d ferroce0 -g 0 -p 18671 -- "8192000 bytes in" "1000 iters in"
+pair rc_pingpong_events 127.0.0.73 127.0.0.74 ibv_rc_pingpong -d ferroce0 -g 0 -e -p 18673 -- "8192000 bytes in" "1000 iters in"
+pair uc_pingpong 127.0.0.75 127.0.0.76 ibv_uc_pingpong -d ferroce0 -g 0 -p 18675 -- "8192000 bytes in" "1000 iters in"
+pair ud_pingpong 127.0.0.77 127.0.0.78 ibv_ud_pingpong -d ferroce0 -g 0 -p 18677 -- "2048000 bytes in" "1000 iters in"
+pair srq_pingpong 127.0.0.79 127.0.0.80 ibv_srq_pingpong -d ferroce0 -g 0 -p 18679 -- "8192000 bytes in" "1000 iters in"
 
 echo "test-dropin: all passed"

@@ -212,6 +212,14 @@ pub(crate) fn add_pd(pd: usize, ctx: usize) {
     lock(&REGISTRY).pds.insert(pd, ctx);
 }
 
+/// The state of the context of the live PD at `pd`, or `EINVAL`.
+pub(crate) fn pd_context(pd: usize) -> Result<(usize, Arc<ContextState>), c_int> {
+    let r = lock(&REGISTRY);
+    let &ctx = r.pds.get(&pd).ok_or(libc::EINVAL)?;
+    let state = r.contexts.get(&ctx).cloned().ok_or(libc::EINVAL)?;
+    Ok((ctx, state))
+}
+
 /// Forgets the PD at `pd`; false when it is not a live PD.
 pub(crate) fn remove_pd(pd: usize) -> bool {
     lock(&REGISTRY).pds.remove(&pd).is_some()
