@@ -14,8 +14,9 @@
 #   6. stage 1, the data path: a C program (crates/ferroce-ibverbs/tests/c/stage1.c) posts
 #      and polls through verbs.h's inline functions, bad input included (past a queue's
 #      depth, a wrong lkey, an unknown rkey); and ibv_rc_pingpong (also -e, completion channels),
-#      ibv_uc_pingpong, ibv_ud_pingpong and ibv_srq_pingpong run both sides on the drop-in
-#      and print their results.
+#      ibv_uc_pingpong, ibv_ud_pingpong and ibv_srq_pingpong, and perftest's ib_write_bw,
+#      ib_send_bw, ib_read_bw, ib_atomic_bw, ib_write_lat, ib_send_lat and ib_read_lat run
+#      both sides on the drop-in and print their results.
 # Every process gets its own 127.0.0.N; nothing leaves loopback. The pingpongs' servers listen
 # for their TCP exchange on all addresses, so each pair has its own port too.
 #
@@ -167,7 +168,8 @@ on 127.0.0.81 timeout 60 "$out_dir/stage1"
 
 # Run a server and its client, each a stock program on the drop-in on its own address
 # (server first, then the client, which names the server's address), both bounded in time;
-# prints both outputs and fails unless both exit 0 and print every pattern given after --.
+# prints both outputs and fails unless both exit 0 and print every pattern given after --
+# (a fixed string both print; or, prefixed client:, an extended regex the client prints).
 pair() {
     local what="$1" srv_addr="$2" cli_addr="$3"
     shift 3
@@ -202,8 +204,15 @@ pair() {
     [ "$srv_rc" -eq 0 ] && [ "$cli_rc" -eq 0 ] || fail "$what: server exit $srv_rc, client exit $cli_rc"
     local p
     for p in "${patterns[@]}"; do
-        expect "$what server" "$(cat "$srv_out")" "$p"
-        expect "$what client" "$(cat "$cli_out")" "$p"
+        case "$p" in
+        client:*)
+            grep -qE -- "${p#client:}" "$cli_out" || fail "$what client: no line matching '${p#client:}'"
+            ;;
+        *)
+            expect "$what server" "$(cat "$srv_out")" "$p"
+            expect "$what client" "$(cat "$cli_out")" "$p"
+            ;;
+        esac
     done
 }
 
@@ -213,5 +222,18 @@ pair rc_pingpong_events 127.0.0.73 127.0.0.74 ibv_rc_pingpong -d ferroce0 -g 0 -
 pair uc_pingpong 127.0.0.75 127.0.0.76 ibv_uc_pingpong -d ferroce0 -g 0 -p 18675 -- "8192000 bytes in" "1000 iters in"
 pair ud_pingpong 127.0.0.77 127.0.0.78 ibv_ud_pingpong -d ferroce0 -g 0 -p 18677 -- "2048000 bytes in" "1000 iters in"
 pair srq_pingpong 127.0.0.79 127.0.0.80 ibv_srq_pingpong -d ferroce0 -g 0 -p 18679 -- "8192000 bytes in" "1000 iters in"
+
+# perftest's result rows: size, iterations, then numbers (BW peak, average… or t_min, t_max…).
+row='client:^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+ +[0-9]+\.[0-9]+'
+echo "== perftest 4.5, both sides on the drop-in (stage 1)"
+pair ib_write_bw 127.0.0.82 127.0.0.83 ib_write_bw -d ferroce0 -x 0 -p 18681 -- "BW average[MB/sec]" "$row"
+pair ib_send_bw 127.0.0.84 127.0.0.85 ib_send_bw -d ferroce0 -x 0 -p 18683 -- "BW average[MB/sec]" "$row"
+pair ib_read_bw 127.0.0.86 127.0.0.87 ib_read_bw -d ferroce0 -x 0 -p 18685 -- "BW average[MB/sec]" "$row"
+pair ib_atomic_bw 127.0.0.88 127.0.0.89 ib_atomic_bw -d ferroce0 -x 0 -p 18687 -- "BW average[MB/sec]" "$row"
+pair ib_write_lat 127.0.0.90 127.0.0.91 ib_write_lat -d ferroce0 -x 0 -p 18689 -- "t_avg[usec]" "$row"
+pair ib_send_lat 127.0.0.92 127.0.0.93 ib_send_lat -d ferroce0 -x 0 -p 18691 -- "t_avg[usec]" "$row"
+# ib_read_lat's server only answers READs: the client alone prints the table.
+pair ib_read_lat 127.0.0.94 127.0.0.95 ib_read_lat -d ferroce0 -x 0 -p 18693 -- "RDMA_Read Latency Test" \
+    "client:t_avg\[usec\]" "$row"
 
 echo "test-dropin: all passed"
