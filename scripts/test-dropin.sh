@@ -16,7 +16,8 @@
 #      depth, a wrong lkey, an unknown rkey); and ibv_rc_pingpong (also -e, completion channels),
 #      ibv_uc_pingpong, ibv_ud_pingpong and ibv_srq_pingpong, and perftest's ib_write_bw,
 #      ib_send_bw, ib_read_bw, ib_atomic_bw, ib_write_lat, ib_send_lat and ib_read_lat run
-#      both sides on the drop-in and print their results.
+#      both sides on the drop-in and print their results; ibv_rc_pingpong on the drop-in
+#      talks to ferroce's own `ferroce pingpong`, in both roles.
 # Every process gets its own 127.0.0.N; nothing leaves loopback. The pingpongs' servers listen
 # for their TCP exchange on all addresses, so each pair has its own port too.
 #
@@ -166,29 +167,25 @@ cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage1.c 
     -o "$out_dir/stage1"
 on 127.0.0.81 timeout 60 "$out_dir/stage1"
 
-# Run a server and its client, each a stock program on the drop-in on its own address
-# (server first, then the client, which names the server's address), both bounded in time;
-# prints both outputs and fails unless both exit 0 and print every pattern given after --
-# (a fixed string both print; or, prefixed client:, an extended regex the client prints).
-pair() {
+# Run a server and its client on their own addresses, both bounded in time: run_pair WHAT
+# SRV_ADDR CLI_ADDR SRV_CMD CLI_CMD PATTERN... where SRV_CMD and CLI_CMD name arrays (the
+# client gets the server's address last). Prints both outputs and fails unless both exit 0
+# and print every pattern (a fixed string both print; or, prefixed client:, an extended regex
+# the client prints).
+run_pair() {
     local what="$1" srv_addr="$2" cli_addr="$3"
-    shift 3
-    local cmd=() patterns=()
-    while [ $# -gt 0 ] && [ "$1" != -- ]; do
-        cmd+=("$1")
-        shift
-    done
-    [ $# -gt 0 ] && shift
-    patterns=("$@")
+    local -n srv_cmd="$4" cli_cmd="$5"
+    shift 5
+    local patterns=("$@")
     local srv_out="$out_dir/$what.server" cli_out="$out_dir/$what.client" srv_rc=0 cli_rc=0
-    on "$srv_addr" timeout 30 "${cmd[@]}" >"$srv_out" 2>&1 &
+    on "$srv_addr" timeout 30 "${srv_cmd[@]}" >"$srv_out" 2>&1 &
     local srv_pid=$!
     # The server listens on its TCP port once its device is open: give it a moment, then
     # retry the client while the port is not yet open.
     local tries=0
     while :; do
         cli_rc=0
-        on "$cli_addr" timeout 30 "${cmd[@]}" "$srv_addr" >"$cli_out" 2>&1 || cli_rc=$?
+        on "$cli_addr" timeout 30 "${cli_cmd[@]}" "$srv_addr" >"$cli_out" 2>&1 || cli_rc=$?
         tries=$((tries + 1))
         if [ "$cli_rc" -eq 0 ] || [ "$tries" -ge 10 ] || ! grep -qF "Couldn't connect to $srv_addr" "$cli_out"; then
             break
@@ -216,12 +213,36 @@ pair() {
     done
 }
 
+# pair WHAT SRV_ADDR CLI_ADDR CMD... -- PATTERN...: the same stock program on both sides.
+pair() {
+    local what="$1" srv_addr="$2" cli_addr="$3"
+    shift 3
+    local cmd=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do
+        cmd+=("$1")
+        shift
+    done
+    [ $# -gt 0 ] && shift
+    run_pair "$what" "$srv_addr" "$cli_addr" cmd cmd "$@"
+}
+
 echo "== rdma-core's pingpongs, both sides on the drop-in (stage 1)"
 pair rc_pingpong 127.0.0.71 127.0.0.72 ibv_rc_pingpong -d ferroce0 -g 0 -p 18671 -- "8192000 bytes in" "1000 iters in"
 pair rc_pingpong_events 127.0.0.73 127.0.0.74 ibv_rc_pingpong -d ferroce0 -g 0 -e -p 18673 -- "8192000 bytes in" "1000 iters in"
 pair uc_pingpong 127.0.0.75 127.0.0.76 ibv_uc_pingpong -d ferroce0 -g 0 -p 18675 -- "8192000 bytes in" "1000 iters in"
 pair ud_pingpong 127.0.0.77 127.0.0.78 ibv_ud_pingpong -d ferroce0 -g 0 -p 18677 -- "2048000 bytes in" "1000 iters in"
 pair srq_pingpong 127.0.0.79 127.0.0.80 ibv_srq_pingpong -d ferroce0 -g 0 -p 18679 -- "8192000 bytes in" "1000 iters in"
+
+echo "== ibv_rc_pingpong on the drop-in against ferroce's own pingpong, both roles"
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release --locked -p ferroce-cli --bin ferroce >&2
+# ferroce's pingpong runs its own soft NIC (on --local); it must not find the drop-in.
+ferroce_pp=(env -u LD_LIBRARY_PATH "$dir/ferroce" pingpong -d ferroce0 -p 18697)
+stock=(ibv_rc_pingpong -d ferroce0 -g 0 -p 18697)
+ferroce_srv=("${ferroce_pp[@]}" --local 127.0.0.96)
+ferroce_cli=("${ferroce_pp[@]}" --local 127.0.0.99)
+run_pair rc_pingpong_vs_ferroce_server 127.0.0.96 127.0.0.97 ferroce_srv stock "8192000 bytes in" "1000 iters in"
+run_pair rc_pingpong_vs_ferroce_client 127.0.0.98 127.0.0.99 stock ferroce_cli "8192000 bytes in" "1000 iters in"
 
 # perftest's result rows: size, iterations, then numbers (BW peak, average… or t_min, t_max…).
 row='client:^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+ +[0-9]+\.[0-9]+'
