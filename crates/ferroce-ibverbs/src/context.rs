@@ -77,6 +77,11 @@ fn acquire(choice: &Choice) -> Result<Nic, OpenError> {
     Ok(nic)
 }
 
+/// The process's soft NIC, while a context has it open.
+pub(crate) fn shared_nic() -> Option<Nic> {
+    lock(&SHARED).nic.clone()
+}
+
 /// A context is gone: the last one closes the soft NIC.
 fn release() {
     let mut shared = lock(&SHARED);
@@ -140,9 +145,8 @@ impl ContextState {
         self.events.fd.as_raw_fd()
     }
 
-    /// Queues an event and makes `async_fd` readable. Unused until the later stages' QPs,
-    /// CQs and SRQs raise events; the tests raise one.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Queues an event and makes `async_fd` readable (`crate::objects` raises the soft NIC's
+    /// SRQ and QP events).
     pub(crate) fn raise(&self, event: AsyncEvent) -> io::Result<()> {
         lock(&self.events.queue).push_back(event);
         sys::eventfd_give(&self.events.fd)

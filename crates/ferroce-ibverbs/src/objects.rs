@@ -11,7 +11,11 @@
 //! turns readable takes its events ([`Cq::take_events`]) and queues the CQ on its channel,
 //! making the channel's fd readable. `ibv_get_cq_event` takes the queue's oldest entry,
 //! waiting on the eventfd (or failing with `EAGAIN` where the program made it non-blocking).
-//! The thread starts with the first CQ that has a channel and lives as long as the process.
+//! The thread starts with the first context and lives as long as the process.
+//!
+//! The same thread watches the soft NIC's async event fd ([`ferroce::Nic::async_fd`]) and
+//! raises each event (an SRQ below its limit, a QP's last WQE) on the context of the object
+//! it names, whose `async_fd` then turns readable (`ibv_get_async_event`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{c_int, c_uint};
@@ -22,6 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use ferroce::{AddressHandle, Cq, Qp, Region, Srq};
 
 use crate::abi::ibv_qp_cap;
+use crate::context::{self, AsyncEvent};
 use crate::sys;
 
 /// Locks `m`, going on after a panic in another holder (the data stay consistent).
@@ -67,6 +72,14 @@ impl<T> Table<T> {
             return Err(libc::EBUSY);
         }
         map.remove(&at).ok_or(libc::EINVAL)
+    }
+
+    /// The address of a live object that satisfies `f`, and its state.
+    pub(crate) fn find(&self, f: impl Fn(&T) -> bool) -> Option<(usize, Arc<T>)> {
+        lock(&self.0)
+            .iter()
+            .find(|(_, s)| f(s))
+            .map(|(&at, s)| (at, s.clone()))
     }
 
     /// Whether a live object satisfies `f`.
@@ -128,6 +141,8 @@ pub(crate) struct CqState {
 /// A queue pair (`ibv_qp`).
 pub(crate) struct QpState {
     pub(crate) qp: Qp,
+    /// The C address of its context, where its async events go.
+    pub(crate) ctx: usize,
     /// `enum ibv_qp_type`.
     pub(crate) qp_type: c_uint,
     /// The C addresses of its CQs and SRQ (0 for none), for `ibv_query_qp` and the busy checks.
@@ -156,6 +171,8 @@ pub(crate) struct QpVerbs {
 /// A shared receive queue (`ibv_srq`).
 pub(crate) struct SrqState {
     pub(crate) srq: Srq,
+    /// The C address of its context, where its async events go.
+    pub(crate) ctx: usize,
     /// `max_sge` as asked.
     pub(crate) max_sge: u32,
 }
@@ -204,6 +221,10 @@ fn forward(epoll: &OwnedFd) {
             }
         };
         for &at in &ready[..n] {
+            if at == ASYNC {
+                forward_async();
+                continue;
+            }
             let Some(state) = CQS.get(at as usize) else {
                 continue;
             };
@@ -213,6 +234,51 @@ fn forward(epoll: &OwnedFd) {
                 }
             }
         }
+    }
+}
+
+/// The epoll tag of the soft NIC's async event fd (no C object is at this address).
+const ASYNC: u64 = u64::MAX;
+
+/// `enum ibv_event_type`: `IBV_EVENT_SRQ_LIMIT_REACHED`, `IBV_EVENT_QP_LAST_WQE_REACHED`.
+const IBV_EVENT_SRQ_LIMIT_REACHED: c_uint = 15;
+const IBV_EVENT_QP_LAST_WQE_REACHED: c_uint = 16;
+
+/// The soft NIC's async events, each raised on the context of the SRQ or QP it names, with
+/// that object's C address (`ibv_async_event.element`). An event for an object already
+/// destroyed is dropped.
+fn forward_async() {
+    let Some(nic) = context::shared_nic() else {
+        return;
+    };
+    while let Some(event) = nic.poll_event() {
+        let target = match event {
+            ferroce::proto::qp::AsyncEvent::SrqLimitReached(id) => SRQS
+                .find(|s| s.srq.id() == id)
+                .map(|(at, s)| (at, s.ctx, IBV_EVENT_SRQ_LIMIT_REACHED)),
+            ferroce::proto::qp::AsyncEvent::QpLastWqeReached(qpn) => QPS
+                .find(|q| q.qp.qpn() == qpn)
+                .map(|(at, q)| (at, q.ctx, IBV_EVENT_QP_LAST_WQE_REACHED)),
+        };
+        if let Some((element, ctx, event_type)) = target {
+            if let Some(state) = context::context(ctx) {
+                let _ = state.raise(AsyncEvent {
+                    element,
+                    event_type,
+                });
+            }
+        }
+    }
+}
+
+/// Starts raising the soft NIC's async events on the C contexts (each call after the first
+/// for the same NIC changes nothing).
+pub(crate) fn watch_async(nic: &ferroce::Nic) -> Result<(), c_int> {
+    match sys::epoll_add(poller()?, nic.async_fd(), ASYNC) {
+        Err(e) if e.raw_os_error() != Some(libc::EEXIST) => {
+            Err(e.raw_os_error().unwrap_or(libc::EIO))
+        }
+        _ => Ok(()),
     }
 }
 

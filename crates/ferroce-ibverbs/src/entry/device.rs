@@ -176,6 +176,8 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
             eprintln!("ferroce-ibverbs: {}", e.message);
             e.errno
         })?;
+        // Its SRQ and QP events reach the contexts' async fds through the objects' poller.
+        crate::objects::watch_async(&state.nic)?;
         let vctx = Box::new(verbs_context {
             query_port: Some(query_port_op),
             advise_mr: None,
@@ -496,8 +498,8 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
-/// `ibv_get_async_event`: waits for the context's next asynchronous event (none is raised
-/// before the later stages' queues exist) and fills `event`. -1 with errno `EAGAIN` when
+/// `ibv_get_async_event`: waits for the context's next asynchronous event (an SRQ below its
+/// armed limit, a QP's last WQE on an SRQ) and fills `event`. -1 with errno `EAGAIN` when
 /// `async_fd` is non-blocking and none waits; `EINVAL` for a bad context.
 pub(crate) unsafe extern "C" fn get_async_event(
     ctx: *mut ibv_context,

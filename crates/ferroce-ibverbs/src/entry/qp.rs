@@ -122,6 +122,7 @@ pub(crate) unsafe extern "C" fn create_qp(
             c as usize,
             Arc::new(QpState {
                 qp,
+                ctx,
                 qp_type: init.qp_type,
                 send_cq: init.send_cq as usize,
                 recv_cq: init.recv_cq as usize,

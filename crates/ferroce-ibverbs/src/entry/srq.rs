@@ -48,6 +48,7 @@ pub(crate) unsafe extern "C" fn create_srq(
             c as usize,
             Arc::new(SrqState {
                 srq,
+                ctx,
                 max_sge: a.max_sge,
             }),
         );

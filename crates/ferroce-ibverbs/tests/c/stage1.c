@@ -12,7 +12,8 @@
  *   - posting past a queue's depth: ENOMEM with bad_wr on the first refused;
  *   - a scatter entry with a wrong lkey: IBV_WC_LOC_PROT_ERR;
  *   - an unknown rkey: IBV_WC_REM_ACCESS_ERR;
- *   - destroying a CQ a QP uses: EBUSY; ibv_reg_mr_iova with an IOVA of 0. */
+ *   - an SRQ armed with ibv_modify_srq: IBV_EVENT_SRQ_LIMIT_REACHED on the async fd;
+ *   - destroying a CQ (or an SRQ) a QP uses: EBUSY; ibv_reg_mr_iova with an IOVA of 0. */
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
@@ -224,6 +225,58 @@ int main(void)
     wc = wait_wc(cq_a);
     CHECK(wc.wr_id == 15 && wc.status == IBV_WC_LOC_PROT_ERR);
     CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
+
+    /* an SRQ armed at 2: three of its four receives consumed, the async fd says so */
+    struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1 } };
+    struct ibv_srq *srq = ibv_create_srq(pd, &si);
+    CHECK(srq && si.attr.max_wr >= 16);
+    struct ibv_recv_wr sr[4];
+    for (int i = 0; i < 4; i++)
+        sr[i] = (struct ibv_recv_wr){ .wr_id = 50 + i, .sg_list = &rs, .num_sge = 1,
+                                      .next = i < 3 ? &sr[i + 1] : NULL };
+    CHECK(ibv_post_srq_recv(srq, sr, &bad_r) == 0);
+    struct ibv_srq_attr sa = { .srq_limit = 2 };
+    CHECK(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT) == 0);
+    CHECK(ibv_query_srq(srq, &sa) == 0 && sa.srq_limit == 2 && sa.max_wr >= 16);
+    a = rc_qp(cq_a, 16, 16);
+    struct ibv_qp_init_attr sinit = {
+        .send_cq = cq_a, .recv_cq = cq_a, .srq = srq,
+        .cap = { .max_send_wr = 4, .max_send_sge = 1 }, .qp_type = IBV_QPT_RC,
+    };
+    b = ibv_create_qp(pd, &sinit);
+    CHECK(b);
+    struct ibv_qp_attr init_b = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+    CHECK(ibv_modify_qp(b, &init_b, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                        IBV_QP_ACCESS_FLAGS) == 0);
+    connect_qp(a, b->qp_num);
+    connect_qp(b, a->qp_num);
+    CHECK(ibv_destroy_srq(srq) == EBUSY);
+    ss.addr = (uintptr_t)buf_a;
+    ss.length = 16;
+    for (int i = 0; i < 3; i++) {
+        swr = (struct ibv_send_wr){ .wr_id = 60 + i, .sg_list = &ss, .num_sge = 1,
+                                    .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+        CHECK(ibv_post_send(a, &swr, &bad_s) == 0);
+    }
+    int sends = 0, recvs = 0;
+    while (sends + recvs < 6) {
+        wc = wait_wc(cq_a);
+        CHECK(wc.status == IBV_WC_SUCCESS);
+        if (wc.opcode == IBV_WC_RECV) {
+            CHECK(wc.qp_num == b->qp_num && wc.wr_id >= 50 && wc.wr_id < 54);
+            recvs++;
+        } else {
+            sends++;
+        }
+    }
+    p = (struct pollfd){ .fd = ctx->async_fd, .events = POLLIN };
+    CHECK(poll(&p, 1, 5000) == 1);
+    struct ibv_async_event ae;
+    CHECK(ibv_get_async_event(ctx, &ae) == 0);
+    CHECK(ae.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ae.element.srq == srq);
+    ibv_ack_async_event(&ae);
+    CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
+    CHECK(ibv_destroy_srq(srq) == 0);
 
     /* a region addressed from IOVA 0 */
     struct ibv_mr *mr_z = ibv_reg_mr_iova(pd, buf_a, 4096, 0, IBV_ACCESS_LOCAL_WRITE);
