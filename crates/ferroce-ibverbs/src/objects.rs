@@ -82,6 +82,19 @@ impl<T> Table<T> {
             .map(|(&at, s)| (at, s.clone()))
     }
 
+    /// Forgets every live object that satisfies `f`, and returns them.
+    pub(crate) fn drain(&self, f: impl Fn(&T) -> bool) -> Vec<(usize, Arc<T>)> {
+        let mut map = lock(&self.0);
+        let gone: Vec<usize> = map
+            .iter()
+            .filter(|(_, s)| f(s))
+            .map(|(&at, _)| at)
+            .collect();
+        gone.into_iter()
+            .filter_map(|at| map.remove(&at).map(|s| (at, s)))
+            .collect()
+    }
+
     /// Whether a live object satisfies `f`.
     pub(crate) fn any(&self, f: impl Fn(&T) -> bool) -> bool {
         lock(&self.0).values().any(|s| f(s))
@@ -90,20 +103,26 @@ impl<T> Table<T> {
 
 /// A registered memory region (`ibv_mr`).
 pub(crate) struct MrState {
+    /// The C addresses of its context and PD.
+    pub(crate) ctx: usize,
+    pub(crate) pd: usize,
     /// `None` once deregistered.
     pub(crate) region: Mutex<Option<Region>>,
 }
 
 /// A completion channel (`ibv_comp_channel`): its fd, and the CQs that fired.
 pub(crate) struct Channel {
+    /// The C address of its context.
+    pub(crate) ctx: usize,
     fd: OwnedFd,
     queue: Mutex<VecDeque<usize>>,
 }
 
 impl Channel {
     /// A channel with nothing queued.
-    pub(crate) fn new() -> io::Result<Self> {
+    pub(crate) fn new(ctx: usize) -> io::Result<Self> {
         Ok(Self {
+            ctx,
             fd: sys::eventfd()?,
             queue: Mutex::new(VecDeque::new()),
         })
@@ -134,6 +153,8 @@ impl Channel {
 /// A completion queue (`ibv_cq`).
 pub(crate) struct CqState {
     pub(crate) cq: Cq,
+    /// The C address of its context.
+    pub(crate) ctx: usize,
     /// The channel's C address and state, if the CQ has one.
     pub(crate) channel: Option<(usize, Arc<Channel>)>,
 }
@@ -141,8 +162,9 @@ pub(crate) struct CqState {
 /// A queue pair (`ibv_qp`).
 pub(crate) struct QpState {
     pub(crate) qp: Qp,
-    /// The C address of its context, where its async events go.
+    /// The C addresses of its context (where its async events go) and PD.
     pub(crate) ctx: usize,
+    pub(crate) pd: usize,
     /// `enum ibv_qp_type`.
     pub(crate) qp_type: c_uint,
     /// The C addresses of its CQs and SRQ (0 for none), for `ibv_query_qp` and the busy checks.
@@ -171,15 +193,28 @@ pub(crate) struct QpVerbs {
 /// A shared receive queue (`ibv_srq`).
 pub(crate) struct SrqState {
     pub(crate) srq: Srq,
-    /// The C address of its context, where its async events go.
+    /// The C addresses of its context (where its async events go) and PD.
     pub(crate) ctx: usize,
+    pub(crate) pd: usize,
     /// `max_sge` as asked.
     pub(crate) max_sge: u32,
 }
 
 /// An address handle (`ibv_ah`).
 pub(crate) struct AhState {
+    /// The C addresses of its context and PD.
+    pub(crate) ctx: usize,
+    pub(crate) pd: usize,
     pub(crate) ah: AddressHandle,
+}
+
+/// Whether a region, QP, SRQ or address handle of the PD at `pd` is live
+/// (`ibv_dealloc_pd` then fails with `EBUSY`, as the kernel refuses it).
+pub(crate) fn pd_in_use(pd: usize) -> bool {
+    MRS.any(|s| s.pd == pd)
+        || QPS.any(|s| s.pd == pd)
+        || SRQS.any(|s| s.pd == pd)
+        || AHS.any(|s| s.pd == pd)
 }
 
 pub(crate) static MRS: Table<MrState> = Table::new();

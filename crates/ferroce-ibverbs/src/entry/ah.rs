@@ -39,6 +39,8 @@ fn new_ah(pd: *mut ibv_pd, ctx: usize, ip: IpAddr) -> *mut ibv_ah {
     AHS.add(
         c as usize,
         Arc::new(AhState {
+            ctx,
+            pd: pd as usize,
             ah: AddressHandle::new(ip),
         }),
     );

@@ -29,7 +29,8 @@ pub(crate) unsafe extern "C" fn create_comp_channel(
 ) -> *mut ibv_comp_channel {
     fence::pointer(|| {
         context::context(ctx as usize).ok_or(libc::EINVAL)?;
-        let channel = Channel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
+        let channel =
+            Channel::new(ctx as usize).map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
         let c = Box::into_raw(Box::new(ibv_comp_channel {
             context: ctx,
             fd: channel.raw_fd(),
@@ -94,7 +95,11 @@ pub(crate) unsafe extern "C" fn create_cq(
             async_events_completed: 0,
         }));
         let has_channel = channel.is_some();
-        let state = Arc::new(CqState { cq, channel });
+        let state = Arc::new(CqState {
+            cq,
+            ctx: ctx as usize,
+            channel,
+        });
         CQS.add(c as usize, state.clone());
         if has_channel {
             if let Err(e) = objects::watch(c as usize, &state.cq) {

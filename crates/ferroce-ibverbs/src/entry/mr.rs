@@ -59,6 +59,8 @@ fn register(
     MRS.add(
         mr as usize,
         Arc::new(MrState {
+            ctx,
+            pd: pd as usize,
             region: Mutex::new(Some(region)),
         }),
     );

@@ -123,6 +123,7 @@ pub(crate) unsafe extern "C" fn create_qp(
             Arc::new(QpState {
                 qp,
                 ctx,
+                pd: pd as usize,
                 qp_type: init.qp_type,
                 send_cq: init.send_cq as usize,
                 recv_cq: init.recv_cq as usize,

@@ -49,6 +49,7 @@ pub(crate) unsafe extern "C" fn create_srq(
             Arc::new(SrqState {
                 srq,
                 ctx,
+                pd: pd as usize,
                 max_sge: a.max_sge,
             }),
         );

@@ -13,7 +13,8 @@
  *   - a scatter entry with a wrong lkey: IBV_WC_LOC_PROT_ERR;
  *   - an unknown rkey: IBV_WC_REM_ACCESS_ERR;
  *   - an SRQ armed with ibv_modify_srq: IBV_EVENT_SRQ_LIMIT_REACHED on the async fd;
- *   - destroying a CQ (or an SRQ) a QP uses: EBUSY; ibv_reg_mr_iova with an IOVA of 0. */
+ *   - destroying a CQ (or an SRQ) a QP uses, or a PD with regions: EBUSY;
+ *   - ibv_reg_mr_iova with an IOVA of 0; closing a context with objects left in it. */
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
@@ -286,9 +287,20 @@ int main(void)
     CHECK(ibv_destroy_cq(cq_a) == 0 && ibv_destroy_cq(cq_b) == 0);
     CHECK(ibv_destroy_cq(cq_b) == EINVAL);
     CHECK(ibv_destroy_comp_channel(ch) == 0);
+    CHECK(ibv_dealloc_pd(pd) == EBUSY); /* its regions are live */
     CHECK(ibv_dereg_mr(mr_a) == 0 && ibv_dereg_mr(mr_b) == 0);
     CHECK(ibv_dereg_mr(mr_a) == EINVAL);
     CHECK(ibv_dealloc_pd(pd) == 0);
+    CHECK(ibv_close_device(ctx) == 0);
+
+    /* a context closed with its objects still in it frees them */
+    ctx = ibv_open_device(list[0]);
+    CHECK(ctx);
+    pd = ibv_alloc_pd(ctx);
+    ch = ibv_create_comp_channel(ctx);
+    cq_a = ibv_create_cq(ctx, 8, NULL, ch, 0);
+    CHECK(pd && ch && cq_a && ibv_reg_mr(pd, buf_a, 4096, IBV_ACCESS_LOCAL_WRITE));
+    CHECK(rc_qp(cq_a, 4, 4));
     CHECK(ibv_close_device(ctx) == 0);
     ibv_free_device_list(list);
     printf("stage1: all passed\n");
