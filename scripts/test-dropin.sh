@@ -16,7 +16,8 @@
 #      depth, a wrong lkey, an unknown rkey); and ibv_rc_pingpong (also -e, completion channels),
 #      ibv_uc_pingpong, ibv_ud_pingpong and ibv_srq_pingpong, and perftest's ib_write_bw,
 #      ib_send_bw, ib_read_bw, ib_atomic_bw, ib_write_lat, ib_send_lat and ib_read_lat run
-#      both sides on the drop-in and print their results; ibv_rc_pingpong on the drop-in
+#      both sides on the drop-in and print their results (and ib_send_bw/lat over UD,
+#      ib_write_bw over UC, ib_send_bw -e); ibv_rc_pingpong on the drop-in
 #      talks to ferroce's own `ferroce pingpong`, in both roles.
 # Every process gets its own 127.0.0.N; nothing leaves loopback. The pingpongs' servers listen
 # for their TCP exchange on all addresses, so each pair has its own port too.
@@ -256,5 +257,11 @@ pair ib_send_lat 127.0.0.92 127.0.0.93 ib_send_lat -d ferroce0 -x 0 -p 18691 -- 
 # ib_read_lat's server only answers READs: the client alone prints the table.
 pair ib_read_lat 127.0.0.94 127.0.0.95 ib_read_lat -d ferroce0 -x 0 -p 18693 -- "RDMA_Read Latency Test" \
     "client:t_avg\[usec\]" "$row"
+
+# The other transports and a completion channel (addresses reused: the pairs run one by one).
+pair ib_send_bw_ud 127.0.0.82 127.0.0.83 ib_send_bw -c UD -d ferroce0 -x 0 -p 18701 -- "BW average[MB/sec]" "$row"
+pair ib_send_lat_ud 127.0.0.84 127.0.0.85 ib_send_lat -c UD -d ferroce0 -x 0 -p 18703 -- "t_avg[usec]" "$row"
+pair ib_write_bw_uc 127.0.0.86 127.0.0.87 ib_write_bw -c UC -d ferroce0 -x 0 -p 18705 -- "BW average[MB/sec]" "$row"
+pair ib_send_bw_events 127.0.0.88 127.0.0.89 ib_send_bw -e -d ferroce0 -x 0 -p 18707 -- "BW average[MB/sec]" "$row"
 
 echo "test-dropin: all passed"
