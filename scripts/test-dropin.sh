@@ -10,8 +10,17 @@
 #      libefa and librdmacm import resolves) and print their usage;
 #   5. a C program built against rdma-core's own headers and library (so verbs.h's inline
 #      functions run as in any program) finds what it expects, errors included
-#      (crates/ferroce-ibverbs/tests/c/stage0.c).
-# Every process gets its own 127.0.0.N; nothing leaves loopback.
+#      (crates/ferroce-ibverbs/tests/c/stage0.c);
+#   6. stage 1, the data path: a C program (crates/ferroce-ibverbs/tests/c/stage1.c) posts
+#      and polls through verbs.h's inline functions, bad input included (past a queue's
+#      depth, a wrong lkey, an unknown rkey); and ibv_rc_pingpong (also -e, completion channels),
+#      ibv_uc_pingpong, ibv_ud_pingpong and ibv_srq_pingpong, and perftest's ib_write_bw,
+#      ib_send_bw, ib_read_bw, ib_atomic_bw, ib_write_lat, ib_send_lat and ib_read_lat run
+#      both sides on the drop-in and print their results (and ib_send_bw/lat over UD,
+#      ib_write_bw over UC, ib_send_bw -e); ibv_rc_pingpong on the drop-in
+#      talks to ferroce's own `ferroce pingpong`, in both roles.
+# Every process gets its own 127.0.0.N; nothing leaves loopback. The pingpongs' servers listen
+# for their TCP exchange on all addresses, so each pair has its own port too.
 #
 # ibv_devices/ibv_devinfo (ibverbs-utils), ib_write_bw (perftest) and verbs.h
 # (libibverbs-dev) come from scripts/bootstrap.sh. Without them the script skips, unless
@@ -155,5 +164,104 @@ mkdir -p "$out_dir"
 cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage0.c -libverbs -lmlx5 \
     -o "$out_dir/stage0"
 on 127.0.0.65 timeout 60 "$out_dir/stage0"
+cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage1.c -libverbs \
+    -o "$out_dir/stage1"
+on 127.0.0.81 timeout 60 "$out_dir/stage1"
+
+# Run a server and its client on their own addresses, both bounded in time: run_pair WHAT
+# SRV_ADDR CLI_ADDR SRV_CMD CLI_CMD PATTERN... where SRV_CMD and CLI_CMD name arrays (the
+# client gets the server's address last). Prints both outputs and fails unless both exit 0
+# and print every pattern (a fixed string both print; or, prefixed client:, an extended regex
+# the client prints).
+run_pair() {
+    local what="$1" srv_addr="$2" cli_addr="$3"
+    local -n srv_cmd="$4" cli_cmd="$5"
+    shift 5
+    local patterns=("$@")
+    local srv_out="$out_dir/$what.server" cli_out="$out_dir/$what.client" srv_rc=0 cli_rc=0
+    on "$srv_addr" timeout 30 "${srv_cmd[@]}" >"$srv_out" 2>&1 &
+    local srv_pid=$!
+    # The server listens on its TCP port once its device is open: give it a moment, then
+    # retry the client while the port is not yet open.
+    local tries=0
+    while :; do
+        cli_rc=0
+        on "$cli_addr" timeout 30 "${cli_cmd[@]}" "$srv_addr" >"$cli_out" 2>&1 || cli_rc=$?
+        tries=$((tries + 1))
+        if [ "$cli_rc" -eq 0 ] || [ "$tries" -ge 10 ] || ! grep -qF "Couldn't connect to $srv_addr" "$cli_out"; then
+            break
+        fi
+        sleep 0.3
+    done
+    wait "$srv_pid" || srv_rc=$?
+    # The results, and the first two address lines (srq_pingpong prints 16 pairs).
+    echo "  -- $what server (exit $srv_rc):"
+    awk '!/address:/ || n++ < 2' "$srv_out" | sed 's/^/     /'
+    echo "  -- $what client (exit $cli_rc):"
+    awk '!/address:/ || n++ < 2' "$cli_out" | sed 's/^/     /'
+    [ "$srv_rc" -eq 0 ] && [ "$cli_rc" -eq 0 ] || fail "$what: server exit $srv_rc, client exit $cli_rc"
+    local p
+    for p in "${patterns[@]}"; do
+        case "$p" in
+        client:*)
+            grep -qE -- "${p#client:}" "$cli_out" || fail "$what client: no line matching '${p#client:}'"
+            ;;
+        *)
+            expect "$what server" "$(cat "$srv_out")" "$p"
+            expect "$what client" "$(cat "$cli_out")" "$p"
+            ;;
+        esac
+    done
+}
+
+# pair WHAT SRV_ADDR CLI_ADDR CMD... -- PATTERN...: the same stock program on both sides.
+pair() {
+    local what="$1" srv_addr="$2" cli_addr="$3"
+    shift 3
+    local cmd=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do
+        cmd+=("$1")
+        shift
+    done
+    [ $# -gt 0 ] && shift
+    run_pair "$what" "$srv_addr" "$cli_addr" cmd cmd "$@"
+}
+
+echo "== rdma-core's pingpongs, both sides on the drop-in (stage 1)"
+pair rc_pingpong 127.0.0.71 127.0.0.72 ibv_rc_pingpong -d ferroce0 -g 0 -p 18671 -- "8192000 bytes in" "1000 iters in"
+pair rc_pingpong_events 127.0.0.73 127.0.0.74 ibv_rc_pingpong -d ferroce0 -g 0 -e -p 18673 -- "8192000 bytes in" "1000 iters in"
+pair uc_pingpong 127.0.0.75 127.0.0.76 ibv_uc_pingpong -d ferroce0 -g 0 -p 18675 -- "8192000 bytes in" "1000 iters in"
+pair ud_pingpong 127.0.0.77 127.0.0.78 ibv_ud_pingpong -d ferroce0 -g 0 -p 18677 -- "2048000 bytes in" "1000 iters in"
+pair srq_pingpong 127.0.0.79 127.0.0.80 ibv_srq_pingpong -d ferroce0 -g 0 -p 18679 -- "8192000 bytes in" "1000 iters in"
+
+echo "== ibv_rc_pingpong on the drop-in against ferroce's own pingpong, both roles"
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release --locked -p ferroce-cli --bin ferroce >&2
+# ferroce's pingpong runs its own soft NIC (on --local); it must not find the drop-in.
+ferroce_pp=(env -u LD_LIBRARY_PATH "$dir/ferroce" pingpong -d ferroce0 -p 18697)
+stock=(ibv_rc_pingpong -d ferroce0 -g 0 -p 18697)
+ferroce_srv=("${ferroce_pp[@]}" --local 127.0.0.96)
+ferroce_cli=("${ferroce_pp[@]}" --local 127.0.0.99)
+run_pair rc_pingpong_vs_ferroce_server 127.0.0.96 127.0.0.97 ferroce_srv stock "8192000 bytes in" "1000 iters in"
+run_pair rc_pingpong_vs_ferroce_client 127.0.0.98 127.0.0.99 stock ferroce_cli "8192000 bytes in" "1000 iters in"
+
+# perftest's result rows: size, iterations, then numbers (BW peak, average… or t_min, t_max…).
+row='client:^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+ +[0-9]+\.[0-9]+'
+echo "== perftest 4.5, both sides on the drop-in (stage 1)"
+pair ib_write_bw 127.0.0.82 127.0.0.83 ib_write_bw -d ferroce0 -x 0 -p 18681 -- "BW average[MB/sec]" "$row"
+pair ib_send_bw 127.0.0.84 127.0.0.85 ib_send_bw -d ferroce0 -x 0 -p 18683 -- "BW average[MB/sec]" "$row"
+pair ib_read_bw 127.0.0.86 127.0.0.87 ib_read_bw -d ferroce0 -x 0 -p 18685 -- "BW average[MB/sec]" "$row"
+pair ib_atomic_bw 127.0.0.88 127.0.0.89 ib_atomic_bw -d ferroce0 -x 0 -p 18687 -- "BW average[MB/sec]" "$row"
+pair ib_write_lat 127.0.0.90 127.0.0.91 ib_write_lat -d ferroce0 -x 0 -p 18689 -- "t_avg[usec]" "$row"
+pair ib_send_lat 127.0.0.92 127.0.0.93 ib_send_lat -d ferroce0 -x 0 -p 18691 -- "t_avg[usec]" "$row"
+# ib_read_lat's server only answers READs: the client alone prints the table.
+pair ib_read_lat 127.0.0.94 127.0.0.95 ib_read_lat -d ferroce0 -x 0 -p 18693 -- "RDMA_Read Latency Test" \
+    "client:t_avg\[usec\]" "$row"
+
+# The other transports and a completion channel (addresses reused: the pairs run one by one).
+pair ib_send_bw_ud 127.0.0.82 127.0.0.83 ib_send_bw -c UD -d ferroce0 -x 0 -p 18701 -- "BW average[MB/sec]" "$row"
+pair ib_send_lat_ud 127.0.0.84 127.0.0.85 ib_send_lat -c UD -d ferroce0 -x 0 -p 18703 -- "t_avg[usec]" "$row"
+pair ib_write_bw_uc 127.0.0.86 127.0.0.87 ib_write_bw -c UC -d ferroce0 -x 0 -p 18705 -- "BW average[MB/sec]" "$row"
+pair ib_send_bw_events 127.0.0.88 127.0.0.89 ib_send_bw -e -d ferroce0 -x 0 -p 18707 -- "BW average[MB/sec]" "$row"
 
 echo "test-dropin: all passed"

@@ -75,12 +75,18 @@ pub(crate) struct verbs_device_ops {
 }
 
 /// `ibv_context_ops.poll_cq`.
-pub(crate) type PollCq = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int;
+pub(crate) type PollCq = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
 /// `ibv_context_ops.req_notify_cq`.
-pub(crate) type ReqNotifyCq = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
-/// `ibv_context_ops.post_send`, `post_recv` and `post_srq_recv`: (queue, first request, where
-/// to put the one that failed).
-pub(crate) type PostWr = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void) -> c_int;
+pub(crate) type ReqNotifyCq = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+/// `ibv_context_ops.post_send`: (queue pair, first request, where to put the one that failed).
+pub(crate) type PostSend =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+/// `ibv_context_ops.post_recv`.
+pub(crate) type PostRecv =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+/// `ibv_context_ops.post_srq_recv`.
+pub(crate) type PostSrqRecv =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 
 /// `struct ibv_context_ops`: the operations `verbs.h` calls inline, with no check that they
 /// are set, so none may be NULL once the object they act on can exist. `alloc_mw` is checked
@@ -107,13 +113,13 @@ pub(crate) struct ibv_context_ops {
     pub(crate) compat_modify_srq: Unused,
     pub(crate) compat_query_srq: Unused,
     pub(crate) compat_destroy_srq: Unused,
-    pub(crate) post_srq_recv: Option<PostWr>,
+    pub(crate) post_srq_recv: Option<PostSrqRecv>,
     pub(crate) compat_create_qp: Unused,
     pub(crate) compat_query_qp: Unused,
     pub(crate) compat_modify_qp: Unused,
     pub(crate) compat_destroy_qp: Unused,
-    pub(crate) post_send: Option<PostWr>,
-    pub(crate) post_recv: Option<PostWr>,
+    pub(crate) post_send: Option<PostSend>,
+    pub(crate) post_recv: Option<PostRecv>,
     pub(crate) compat_create_ah: Unused,
     pub(crate) compat_destroy_ah: Unused,
     pub(crate) compat_attach_mcast: Unused,
@@ -399,6 +405,365 @@ const _: () = {
     assert!(size_of::<ibv_gid_entry>() == 32);
     assert!(size_of::<ibv_async_event>() == 16);
     assert!(offset_of!(ibv_async_event, event_type) == 8);
+};
+
+// ---- The data path (stage 1): memory regions, completion channels and queues, queue pairs,
+// shared receive queues, address handles, work requests and completions.
+
+/// `pthread_mutex_t` and `pthread_cond_t` as rdma-core embeds them in CQs, QPs and SRQs
+/// (initialised, never used by this library: rdma-core's own `ibv_ack_cq_events` and the
+/// destroy functions use them, and this library replaces both).
+pub(crate) type PthreadCond = libc::pthread_cond_t;
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub(crate) struct ibv_mr {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) pd: *mut ibv_pd,
+    pub(crate) addr: *mut c_void,
+    pub(crate) length: usize,
+    pub(crate) handle: u32,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub(crate) struct ibv_comp_channel {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) fd: c_int,
+    pub(crate) refcnt: c_int,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub(crate) struct ibv_cq {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) channel: *mut ibv_comp_channel,
+    pub(crate) cq_context: *mut c_void,
+    pub(crate) handle: u32,
+    pub(crate) cqe: c_int,
+    pub(crate) mutex: libc::pthread_mutex_t,
+    pub(crate) cond: PthreadCond,
+    pub(crate) comp_events_completed: u32,
+    pub(crate) async_events_completed: u32,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub(crate) struct ibv_srq {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) srq_context: *mut c_void,
+    pub(crate) pd: *mut ibv_pd,
+    pub(crate) handle: u32,
+    pub(crate) mutex: libc::pthread_mutex_t,
+    pub(crate) cond: PthreadCond,
+    pub(crate) events_completed: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ibv_srq_attr {
+    pub(crate) max_wr: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub(crate) struct ibv_srq_init_attr {
+    pub(crate) srq_context: *mut c_void,
+    pub(crate) attr: ibv_srq_attr,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub(crate) struct ibv_qp {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) qp_context: *mut c_void,
+    pub(crate) pd: *mut ibv_pd,
+    pub(crate) send_cq: *mut ibv_cq,
+    pub(crate) recv_cq: *mut ibv_cq,
+    pub(crate) srq: *mut ibv_srq,
+    pub(crate) handle: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) state: c_uint,
+    pub(crate) qp_type: c_uint,
+    pub(crate) mutex: libc::pthread_mutex_t,
+    pub(crate) cond: PthreadCond,
+    pub(crate) events_completed: u32,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ibv_qp_cap {
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) max_send_sge: u32,
+    pub(crate) max_recv_sge: u32,
+    pub(crate) max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub(crate) struct ibv_qp_init_attr {
+    pub(crate) qp_context: *mut c_void,
+    pub(crate) send_cq: *mut ibv_cq,
+    pub(crate) recv_cq: *mut ibv_cq,
+    pub(crate) srq: *mut ibv_srq,
+    pub(crate) cap: ibv_qp_cap,
+    pub(crate) qp_type: c_uint,
+    pub(crate) sq_sig_all: c_int,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ibv_global_route {
+    pub(crate) dgid: ibv_gid,
+    pub(crate) flow_label: u32,
+    pub(crate) sgid_index: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ibv_ah_attr {
+    pub(crate) grh: ibv_global_route,
+    pub(crate) dlid: u16,
+    pub(crate) sl: u8,
+    pub(crate) src_path_bits: u8,
+    pub(crate) static_rate: u8,
+    pub(crate) is_global: u8,
+    pub(crate) port_num: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ibv_qp_attr {
+    pub(crate) qp_state: c_uint,
+    pub(crate) cur_qp_state: c_uint,
+    pub(crate) path_mtu: c_uint,
+    pub(crate) path_mig_state: c_uint,
+    pub(crate) qkey: u32,
+    pub(crate) rq_psn: u32,
+    pub(crate) sq_psn: u32,
+    pub(crate) dest_qp_num: u32,
+    pub(crate) qp_access_flags: c_uint,
+    pub(crate) cap: ibv_qp_cap,
+    pub(crate) ah_attr: ibv_ah_attr,
+    pub(crate) alt_ah_attr: ibv_ah_attr,
+    pub(crate) pkey_index: u16,
+    pub(crate) alt_pkey_index: u16,
+    pub(crate) en_sqd_async_notify: u8,
+    pub(crate) sq_draining: u8,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) max_dest_rd_atomic: u8,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) port_num: u8,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) alt_port_num: u8,
+    pub(crate) alt_timeout: u8,
+    pub(crate) rate_limit: u32,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub(crate) struct ibv_ah {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) pd: *mut ibv_pd,
+    pub(crate) handle: u32,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ibv_sge {
+    pub(crate) addr: u64,
+    pub(crate) length: u32,
+    pub(crate) lkey: u32,
+}
+
+/// `struct ibv_send_wr`, up to its `wr` union (the XRC, memory-window and TSO members after
+/// it are not read): `wr` is read as its largest member's words, `wr_words`.
+#[repr(C)]
+pub(crate) struct ibv_send_wr {
+    pub(crate) wr_id: u64,
+    pub(crate) next: *mut ibv_send_wr,
+    pub(crate) sg_list: *mut ibv_sge,
+    pub(crate) num_sge: c_int,
+    pub(crate) opcode: c_uint,
+    pub(crate) send_flags: c_uint,
+    /// `imm_data` (`__be32`) or `invalidate_rkey`.
+    pub(crate) imm_data: u32,
+    /// `wr.rdma` {remote_addr, rkey}, `wr.atomic` {remote_addr, compare_add, swap, rkey},
+    /// `wr.ud` {ah, remote_qpn, remote_qkey}: four 8-byte words.
+    pub(crate) wr_words: [u64; 4],
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub(crate) struct ibv_recv_wr {
+    pub(crate) wr_id: u64,
+    pub(crate) next: *mut ibv_recv_wr,
+    pub(crate) sg_list: *mut ibv_sge,
+    pub(crate) num_sge: c_int,
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ibv_wc {
+    pub(crate) wr_id: u64,
+    pub(crate) status: c_uint,
+    pub(crate) opcode: c_uint,
+    pub(crate) vendor_err: u32,
+    pub(crate) byte_len: u32,
+    /// `imm_data` (`__be32`, in memory order) or `invalidated_rkey`.
+    pub(crate) imm_data: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) src_qp: u32,
+    pub(crate) wc_flags: c_uint,
+    pub(crate) pkey_index: u16,
+    pub(crate) slid: u16,
+    pub(crate) sl: u8,
+    pub(crate) dlid_path_bits: u8,
+}
+
+// enum ibv_access_flags
+pub(crate) const IBV_ACCESS_LOCAL_WRITE: c_uint = 1;
+pub(crate) const IBV_ACCESS_REMOTE_WRITE: c_uint = 1 << 1;
+pub(crate) const IBV_ACCESS_REMOTE_READ: c_uint = 1 << 2;
+pub(crate) const IBV_ACCESS_REMOTE_ATOMIC: c_uint = 1 << 3;
+pub(crate) const IBV_ACCESS_RELAXED_ORDERING: c_uint = 1 << 20;
+
+// enum ibv_qp_type
+pub(crate) const IBV_QPT_RC: c_uint = 2;
+pub(crate) const IBV_QPT_UC: c_uint = 3;
+pub(crate) const IBV_QPT_UD: c_uint = 4;
+
+// enum ibv_qp_state
+pub(crate) const IBV_QPS_RESET: c_uint = 0;
+pub(crate) const IBV_QPS_INIT: c_uint = 1;
+pub(crate) const IBV_QPS_RTR: c_uint = 2;
+pub(crate) const IBV_QPS_RTS: c_uint = 3;
+pub(crate) const IBV_QPS_SQD: c_uint = 4;
+pub(crate) const IBV_QPS_ERR: c_uint = 6;
+
+// enum ibv_qp_attr_mask
+pub(crate) const IBV_QP_STATE: c_int = 1;
+pub(crate) const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub(crate) const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub(crate) const IBV_QP_PORT: c_int = 1 << 5;
+pub(crate) const IBV_QP_QKEY: c_int = 1 << 6;
+pub(crate) const IBV_QP_AV: c_int = 1 << 7;
+pub(crate) const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub(crate) const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub(crate) const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub(crate) const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub(crate) const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub(crate) const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub(crate) const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub(crate) const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub(crate) const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub(crate) const IBV_QP_DEST_QPN: c_int = 1 << 20;
+
+// enum ibv_wr_opcode
+pub(crate) const IBV_WR_RDMA_WRITE: c_uint = 0;
+pub(crate) const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
+pub(crate) const IBV_WR_SEND: c_uint = 2;
+pub(crate) const IBV_WR_SEND_WITH_IMM: c_uint = 3;
+pub(crate) const IBV_WR_RDMA_READ: c_uint = 4;
+pub(crate) const IBV_WR_ATOMIC_CMP_AND_SWP: c_uint = 5;
+pub(crate) const IBV_WR_ATOMIC_FETCH_AND_ADD: c_uint = 6;
+
+// enum ibv_send_flags
+pub(crate) const IBV_SEND_FENCE: c_uint = 1;
+pub(crate) const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+pub(crate) const IBV_SEND_SOLICITED: c_uint = 1 << 2;
+pub(crate) const IBV_SEND_INLINE: c_uint = 1 << 3;
+
+// enum ibv_wc_opcode
+pub(crate) const IBV_WC_SEND: c_uint = 0;
+pub(crate) const IBV_WC_RDMA_WRITE: c_uint = 1;
+pub(crate) const IBV_WC_RDMA_READ: c_uint = 2;
+pub(crate) const IBV_WC_COMP_SWAP: c_uint = 3;
+pub(crate) const IBV_WC_FETCH_ADD: c_uint = 4;
+pub(crate) const IBV_WC_RECV: c_uint = 1 << 7;
+pub(crate) const IBV_WC_RECV_RDMA_WITH_IMM: c_uint = (1 << 7) + 1;
+
+// enum ibv_wc_flags
+pub(crate) const IBV_WC_GRH: c_uint = 1;
+pub(crate) const IBV_WC_WITH_IMM: c_uint = 1 << 1;
+
+// enum ibv_srq_attr_mask
+pub(crate) const IBV_SRQ_MAX_WR: c_int = 1;
+pub(crate) const IBV_SRQ_LIMIT: c_int = 1 << 1;
+
+#[cfg(target_arch = "x86_64")]
+const _: () = {
+    assert!(size_of::<ibv_mr>() == 48);
+    assert!(offset_of!(ibv_mr, lkey) == 36);
+    assert!(size_of::<ibv_comp_channel>() == 16);
+    assert!(size_of::<ibv_cq>() == 128);
+    assert!(offset_of!(ibv_cq, mutex) == 32);
+    assert!(offset_of!(ibv_cq, cond) == 72);
+    assert!(offset_of!(ibv_cq, comp_events_completed) == 120);
+    assert!(size_of::<ibv_srq>() == 128);
+    assert!(offset_of!(ibv_srq, events_completed) == 120);
+    assert!(size_of::<ibv_srq_attr>() == 12);
+    assert!(size_of::<ibv_srq_init_attr>() == 24);
+    assert!(size_of::<ibv_qp>() == 160);
+    assert!(offset_of!(ibv_qp, handle) == 48);
+    assert!(offset_of!(ibv_qp, state) == 56);
+    assert!(offset_of!(ibv_qp, mutex) == 64);
+    assert!(offset_of!(ibv_qp, cond) == 104);
+    assert!(offset_of!(ibv_qp, events_completed) == 152);
+    assert!(size_of::<ibv_qp_init_attr>() == 64);
+    assert!(offset_of!(ibv_qp_init_attr, cap) == 32);
+    assert!(offset_of!(ibv_qp_init_attr, qp_type) == 52);
+    assert!(offset_of!(ibv_qp_init_attr, sq_sig_all) == 56);
+    assert!(size_of::<ibv_global_route>() == 24);
+    assert!(size_of::<ibv_ah_attr>() == 32);
+    assert!(offset_of!(ibv_ah_attr, dlid) == 24);
+    assert!(offset_of!(ibv_ah_attr, is_global) == 29);
+    assert!(offset_of!(ibv_ah_attr, port_num) == 30);
+    // rdma-core's is 144: 4 bytes of tail padding after `rate_limit` that nobody reads
+    // (the struct has a `__be64`-aligned member in `ah_attr.grh.dgid`). Ours is 8-aligned too.
+    assert!(size_of::<ibv_qp_attr>() == 144);
+    assert!(offset_of!(ibv_qp_attr, qp_access_flags) == 32);
+    assert!(offset_of!(ibv_qp_attr, cap) == 36);
+    assert!(offset_of!(ibv_qp_attr, ah_attr) == 56);
+    assert!(offset_of!(ibv_qp_attr, alt_ah_attr) == 88);
+    assert!(offset_of!(ibv_qp_attr, pkey_index) == 120);
+    assert!(offset_of!(ibv_qp_attr, max_rd_atomic) == 126);
+    assert!(offset_of!(ibv_qp_attr, min_rnr_timer) == 128);
+    assert!(offset_of!(ibv_qp_attr, port_num) == 129);
+    assert!(offset_of!(ibv_qp_attr, timeout) == 130);
+    assert!(offset_of!(ibv_qp_attr, rnr_retry) == 132);
+    assert!(offset_of!(ibv_qp_attr, rate_limit) == 136);
+    assert!(size_of::<ibv_ah>() == 24);
+    assert!(size_of::<ibv_sge>() == 16);
+    assert!(offset_of!(ibv_send_wr, num_sge) == 24);
+    assert!(offset_of!(ibv_send_wr, opcode) == 28);
+    assert!(offset_of!(ibv_send_wr, send_flags) == 32);
+    assert!(offset_of!(ibv_send_wr, imm_data) == 36);
+    assert!(offset_of!(ibv_send_wr, wr_words) == 40);
+    assert!(size_of::<ibv_send_wr>() <= 128);
+    assert!(size_of::<ibv_recv_wr>() == 32);
+    assert!(size_of::<ibv_wc>() == 48);
+    assert!(offset_of!(ibv_wc, imm_data) == 24);
+    assert!(offset_of!(ibv_wc, qp_num) == 28);
+    assert!(offset_of!(ibv_wc, wc_flags) == 36);
+    assert!(offset_of!(ibv_wc, pkey_index) == 40);
+    assert!(offset_of!(ibv_wc, sl) == 44);
 };
 
 #[cfg(test)]

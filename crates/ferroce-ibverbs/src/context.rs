@@ -77,6 +77,11 @@ fn acquire(choice: &Choice) -> Result<Nic, OpenError> {
     Ok(nic)
 }
 
+/// The process's soft NIC, while a context has it open.
+pub(crate) fn shared_nic() -> Option<Nic> {
+    lock(&SHARED).nic.clone()
+}
+
 /// A context is gone: the last one closes the soft NIC.
 fn release() {
     let mut shared = lock(&SHARED);
@@ -140,9 +145,8 @@ impl ContextState {
         self.events.fd.as_raw_fd()
     }
 
-    /// Queues an event and makes `async_fd` readable. Unused until the later stages' QPs,
-    /// CQs and SRQs raise events; the tests raise one.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Queues an event and makes `async_fd` readable (`crate::objects` raises the soft NIC's
+    /// SRQ and QP events).
     pub(crate) fn raise(&self, event: AsyncEvent) -> io::Result<()> {
         lock(&self.events.queue).push_back(event);
         sys::eventfd_give(&self.events.fd)
@@ -210,6 +214,14 @@ pub(crate) fn remove_context(ctx: usize) -> Option<(Arc<ContextState>, Vec<usize
 /// Records a new PD at `pd` in the context at `ctx`.
 pub(crate) fn add_pd(pd: usize, ctx: usize) {
     lock(&REGISTRY).pds.insert(pd, ctx);
+}
+
+/// The state of the context of the live PD at `pd`, or `EINVAL`.
+pub(crate) fn pd_context(pd: usize) -> Result<(usize, Arc<ContextState>), c_int> {
+    let r = lock(&REGISTRY);
+    let &ctx = r.pds.get(&pd).ok_or(libc::EINVAL)?;
+    let state = r.contexts.get(&ctx).cloned().ok_or(libc::EINVAL)?;
+    Ok((ctx, state))
 }
 
 /// Forgets the PD at `pd`; false when it is not a live PD.

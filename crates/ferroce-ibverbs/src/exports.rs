@@ -97,15 +97,15 @@ macro_rules! exports {
     };
 }
 
-use crate::entry::{device, misc, stubs};
+use crate::entry::{ah, cq, device, misc, mr, qp, srq, stubs};
 
 exports! {
     // IBVERBS_1.0
     default "ibv_copy_path_rec_from_kern" "IBVERBS_1.0" => stubs::ignore;
     default "ibv_copy_path_rec_to_kern" "IBVERBS_1.0" => stubs::ignore;
     default "ibv_copy_qp_attr_from_kern" "IBVERBS_1.0" => stubs::ignore;
-    default "ibv_create_comp_channel" "IBVERBS_1.0" => stubs::fail_null;
-    default "ibv_destroy_comp_channel" "IBVERBS_1.0" => stubs::fail_errno;
+    default "ibv_create_comp_channel" "IBVERBS_1.0" => cq::create_comp_channel;
+    default "ibv_destroy_comp_channel" "IBVERBS_1.0" => cq::destroy_comp_channel;
     default "ibv_get_sysfs_path" "IBVERBS_1.0" => misc::get_sysfs_path;
     default "ibv_rate_to_mult" "IBVERBS_1.0" => misc::rate_to_mult;
     default "ibv_read_sysfs_file" "IBVERBS_1.0" => misc::read_sysfs_file;
@@ -145,22 +145,22 @@ exports! {
     compat "ibv_resize_cq" "IBVERBS_1.0" => stubs::fail_errno;
     // IBVERBS_1.1
     default "ibv_ack_async_event" "IBVERBS_1.1" => device::ack_async_event;
-    default "ibv_ack_cq_events" "IBVERBS_1.1" => stubs::ignore;
+    default "ibv_ack_cq_events" "IBVERBS_1.1" => cq::ack_cq_events;
     default "ibv_alloc_pd" "IBVERBS_1.1" => device::alloc_pd;
     default "ibv_attach_mcast" "IBVERBS_1.1" => stubs::fail_errno;
     default "ibv_close_device" "IBVERBS_1.1" => device::close_device;
     default "ibv_copy_ah_attr_from_kern" "IBVERBS_1.1" => stubs::ignore;
-    default "ibv_create_ah" "IBVERBS_1.1" => stubs::fail_null;
-    default "ibv_create_ah_from_wc" "IBVERBS_1.1" => stubs::fail_null;
-    default "ibv_create_cq" "IBVERBS_1.1" => stubs::fail_null;
-    default "ibv_create_qp" "IBVERBS_1.1" => stubs::fail_null;
-    default "ibv_create_srq" "IBVERBS_1.1" => stubs::fail_null;
+    default "ibv_create_ah" "IBVERBS_1.1" => ah::create_ah;
+    default "ibv_create_ah_from_wc" "IBVERBS_1.1" => ah::create_ah_from_wc;
+    default "ibv_create_cq" "IBVERBS_1.1" => cq::create_cq;
+    default "ibv_create_qp" "IBVERBS_1.1" => qp::create_qp;
+    default "ibv_create_srq" "IBVERBS_1.1" => srq::create_srq;
     default "ibv_dealloc_pd" "IBVERBS_1.1" => device::dealloc_pd;
-    default "ibv_dereg_mr" "IBVERBS_1.1" => stubs::fail_errno;
-    default "ibv_destroy_ah" "IBVERBS_1.1" => stubs::fail_errno;
-    default "ibv_destroy_cq" "IBVERBS_1.1" => stubs::fail_errno;
-    default "ibv_destroy_qp" "IBVERBS_1.1" => stubs::fail_errno;
-    default "ibv_destroy_srq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_dereg_mr" "IBVERBS_1.1" => mr::dereg_mr;
+    default "ibv_destroy_ah" "IBVERBS_1.1" => ah::destroy_ah;
+    default "ibv_destroy_cq" "IBVERBS_1.1" => cq::destroy_cq;
+    default "ibv_destroy_qp" "IBVERBS_1.1" => qp::destroy_qp;
+    default "ibv_destroy_srq" "IBVERBS_1.1" => srq::destroy_srq;
     default "ibv_detach_mcast" "IBVERBS_1.1" => stubs::fail_errno;
     default "ibv_dofork_range" "IBVERBS_1.1" => misc::fork_range;
     default "ibv_dontfork_range" "IBVERBS_1.1" => misc::fork_range;
@@ -168,13 +168,13 @@ exports! {
     default "ibv_fork_init" "IBVERBS_1.1" => misc::fork_init;
     default "ibv_free_device_list" "IBVERBS_1.1" => device::free_device_list;
     default "ibv_get_async_event" "IBVERBS_1.1" => device::get_async_event;
-    default "ibv_get_cq_event" "IBVERBS_1.1" => stubs::fail_minus_one;
+    default "ibv_get_cq_event" "IBVERBS_1.1" => cq::get_cq_event;
     default "ibv_get_device_guid" "IBVERBS_1.1" => device::get_device_guid;
     default "ibv_get_device_list" "IBVERBS_1.1" => device::get_device_list;
     default "ibv_get_device_name" "IBVERBS_1.1" => device::get_device_name;
-    default "ibv_init_ah_from_wc" "IBVERBS_1.1" => stubs::fail_minus_one;
-    default "ibv_modify_qp" "IBVERBS_1.1" => stubs::fail_errno;
-    default "ibv_modify_srq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_init_ah_from_wc" "IBVERBS_1.1" => ah::init_ah_from_wc;
+    default "ibv_modify_qp" "IBVERBS_1.1" => qp::modify_qp;
+    default "ibv_modify_srq" "IBVERBS_1.1" => srq::modify_srq;
     default "ibv_node_type_str" "IBVERBS_1.1" => misc::node_type_str;
     default "ibv_open_device" "IBVERBS_1.1" => device::open_device;
     default "ibv_port_state_str" "IBVERBS_1.1" => misc::port_state_str;
@@ -182,12 +182,12 @@ exports! {
     default "ibv_query_gid" "IBVERBS_1.1" => device::query_gid;
     default "ibv_query_pkey" "IBVERBS_1.1" => device::query_pkey;
     default "ibv_query_port" "IBVERBS_1.1" => device::query_port;
-    default "ibv_query_qp" "IBVERBS_1.1" => stubs::fail_errno;
-    default "ibv_query_srq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_query_qp" "IBVERBS_1.1" => qp::query_qp;
+    default "ibv_query_srq" "IBVERBS_1.1" => srq::query_srq;
     default "ibv_rate_to_mbps" "IBVERBS_1.1" => misc::rate_to_mbps;
-    default "ibv_reg_mr" "IBVERBS_1.1" => stubs::fail_null;
+    default "ibv_reg_mr" "IBVERBS_1.1" => mr::reg_mr;
     default "ibv_rereg_mr" "IBVERBS_1.1" => stubs::fail_rereg_mr;
-    default "ibv_resize_cq" "IBVERBS_1.1" => stubs::fail_errno;
+    default "ibv_resize_cq" "IBVERBS_1.1" => cq::resize_cq;
     default "ibv_resolve_eth_l2_from_gid" "IBVERBS_1.1" => stubs::fail_errno;
     default "ibv_wc_status_str" "IBVERBS_1.1" => misc::wc_status_str;
     default "mbps_to_ibv_rate" "IBVERBS_1.1" => misc::mbps_to_rate;
@@ -197,9 +197,9 @@ exports! {
     // IBVERBS_1.6
     default "ibv_qp_to_qp_ex" "IBVERBS_1.6" => misc::qp_to_qp_ex;
     // IBVERBS_1.7
-    default "ibv_reg_mr_iova" "IBVERBS_1.7" => stubs::fail_null;
+    default "ibv_reg_mr_iova" "IBVERBS_1.7" => mr::reg_mr_iova;
     // IBVERBS_1.8
-    default "ibv_reg_mr_iova2" "IBVERBS_1.8" => stubs::fail_null;
+    default "ibv_reg_mr_iova2" "IBVERBS_1.8" => mr::reg_mr_iova2;
     // IBVERBS_1.9
     default "ibv_get_device_index" "IBVERBS_1.9" => device::get_device_index;
     // IBVERBS_1.10

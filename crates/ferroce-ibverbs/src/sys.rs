@@ -8,7 +8,7 @@
 use std::ffi::{c_int, CStr, CString};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// Sets the calling thread's `errno`, as rdma-core's functions do before returning NULL or -1.
 pub(crate) fn set_errno(value: c_int) {
@@ -69,6 +69,79 @@ pub(crate) fn eventfd_give(fd: &OwnedFd) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// A new epoll instance, close-on-exec: the completion channels' poller
+/// (`crate::objects`).
+pub(crate) fn epoll() -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 takes no pointers; a non-negative return is a new descriptor.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Watches `fd` for readability (level-triggered) in `epoll`, reporting `data`.
+pub(crate) fn epoll_add(epoll: &OwnedFd, fd: BorrowedFd<'_>, data: u64) -> io::Result<()> {
+    let mut event = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: data,
+    };
+    // SAFETY: `event` is a valid epoll_event that lives across the call; both fds are open.
+    let rc = unsafe {
+        libc::epoll_ctl(
+            epoll.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd.as_raw_fd(),
+            &raw mut event,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Stops watching `fd` in `epoll`.
+pub(crate) fn epoll_del(epoll: &OwnedFd, fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: a NULL event is allowed for EPOLL_CTL_DEL; both fds are open.
+    let rc = unsafe {
+        libc::epoll_ctl(
+            epoll.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            fd.as_raw_fd(),
+            std::ptr::null_mut(),
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Waits (without limit) for watched descriptors to be readable; their `data` go to `out`,
+/// and the count is returned (0 after a signal interrupted the wait).
+pub(crate) fn epoll_wait(epoll: &OwnedFd, out: &mut [u64; 16]) -> io::Result<usize> {
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
+    // SAFETY: `events` has room for 16 entries and lives across the call; `epoll` is open.
+    let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), events.as_mut_ptr(), 16, -1) };
+    if n < 0 {
+        let error = io::Error::last_os_error();
+        return if error.kind() == io::ErrorKind::Interrupted {
+            Ok(0)
+        } else {
+            Err(error)
+        };
+    }
+    let n = n as usize;
+    for (o, e) in out.iter_mut().zip(&events[..n]) {
+        *o = e.u64;
+    }
+    Ok(n)
 }
 
 /// Every address of every interface: (interface name, address), IPv4 and IPv6.

@@ -19,6 +19,7 @@ use crate::attrs;
 use crate::context::{self, ContextState};
 use crate::entry::stubs;
 use crate::fence;
+use crate::objects;
 
 /// The device block: rdma-core's `verbs_device`, then what ferroce keeps of the device.
 #[repr(C)]
@@ -176,6 +177,8 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
             eprintln!("ferroce-ibverbs: {}", e.message);
             e.errno
         })?;
+        // Its SRQ and QP events reach the contexts' async fds through the objects' poller.
+        objects::watch_async(&state.nic)?;
         let vctx = Box::new(verbs_context {
             query_port: Some(query_port_op),
             advise_mr: None,
@@ -236,11 +239,52 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
     })
 }
 
-/// `ibv_close_device`: frees the context (and PDs left in it); the last context closes the
+/// Frees what a program left in the context at `ctx` when it closes it (as the kernel
+/// cleans up a closed device file): QPs, SRQs, address handles, CQs, channels, regions.
+fn free_objects_of(ctx: usize) {
+    use crate::objects::{AHS, CHANNELS, CQS, MRS, QPS, SRQS};
+    for (at, _) in QPS.drain(|s| s.ctx == ctx) {
+        // SAFETY: the table held `at` as a live `ibv_qp` from `Box::into_raw` in its
+        // create function, and has just forgotten it.
+        drop(unsafe { Box::from_raw(at as *mut ibv_qp) });
+    }
+    for (at, _) in SRQS.drain(|s| s.ctx == ctx) {
+        // SAFETY: the table held `at` as a live `ibv_srq` from `Box::into_raw` in its
+        // create function, and has just forgotten it.
+        drop(unsafe { Box::from_raw(at as *mut ibv_srq) });
+    }
+    for (at, _) in AHS.drain(|s| s.ctx == ctx) {
+        // SAFETY: the table held `at` as a live `ibv_ah` from `Box::into_raw` in its
+        // create function, and has just forgotten it.
+        drop(unsafe { Box::from_raw(at as *mut ibv_ah) });
+    }
+    for (at, cq) in CQS.drain(|s| s.ctx == ctx) {
+        objects::unwatch(&cq.cq);
+        // SAFETY: the table held `at` as a live `ibv_cq` from `Box::into_raw` in its
+        // create function, and has just forgotten it.
+        drop(unsafe { Box::from_raw(at as *mut ibv_cq) });
+    }
+    for (at, _) in CHANNELS.drain(|s| s.ctx == ctx) {
+        // SAFETY: the table held `at` as a live `ibv_comp_channel` from `Box::into_raw` in its
+        // create function, and has just forgotten it.
+        drop(unsafe { Box::from_raw(at as *mut ibv_comp_channel) });
+    }
+    for (at, mr) in MRS.drain(|s| s.ctx == ctx) {
+        if let Some(region) = mr.region.lock().map_or(None, |mut r| r.take()) {
+            let _ = region.deregister();
+        }
+        // SAFETY: the table held `at` as a live `ibv_mr` from `Box::into_raw` in its
+        // create function, and has just forgotten it.
+        drop(unsafe { Box::from_raw(at as *mut ibv_mr) });
+    }
+}
+
+/// `ibv_close_device`: frees the context (and the PDs and data-path objects left in it); the last context closes the
 /// soft NIC. `EINVAL` for a pointer that is not an open context.
 pub(crate) unsafe extern "C" fn close_device(ctx: *mut ibv_context) -> c_int {
     fence::errno(|| {
         let (state, pds) = context::remove_context(ctx as usize).ok_or(libc::EINVAL)?;
+        free_objects_of(ctx as usize);
         for pd in pds {
             // SAFETY: the registry held `pd` as a live PD from `Box::into_raw` in `alloc_pd`
             // and has just forgotten it.
@@ -483,9 +527,13 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     })
 }
 
-/// `ibv_dealloc_pd`: frees the PD; `EINVAL` for a pointer that is not a live PD.
+/// `ibv_dealloc_pd`: frees the PD; `EBUSY` while a region, QP, SRQ or address handle of it
+/// is live, `EINVAL` for a pointer that is not a live PD.
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     fence::errno(|| {
+        if objects::pd_in_use(pd as usize) {
+            return Err(libc::EBUSY);
+        }
         if !context::remove_pd(pd as usize) {
             return Err(libc::EINVAL);
         }
@@ -496,8 +544,8 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
-/// `ibv_get_async_event`: waits for the context's next asynchronous event (none is raised
-/// before the later stages' queues exist) and fills `event`. -1 with errno `EAGAIN` when
+/// `ibv_get_async_event`: waits for the context's next asynchronous event (an SRQ below its
+/// armed limit, a QP's last WQE on an SRQ) and fills `event`. -1 with errno `EAGAIN` when
 /// `async_fd` is non-blocking and none waits; `EINVAL` for a bad context.
 pub(crate) unsafe extern "C" fn get_async_event(
     ctx: *mut ibv_context,

@@ -8,6 +8,8 @@
 //!   async events; the C memory of devices, contexts and PDs.
 //! - [`misc`]: what needs no device: the `*_str` helpers, rate conversions, fork control,
 //!   sysfs helpers, and the private entry points providers call at load.
+//! - [`mr`], [`cq`], [`qp`], [`srq`], [`ah`]: the data path (stage 1): memory regions,
+//!   completion channels and CQs, QPs and their work requests, SRQs, address handles.
 //! - [`stubs`]: what ferroce does not offer yet (or ever): fails cleanly with `EOPNOTSUPP`.
 //!
 //! This module and its children own the library's C-facing `unsafe`; `crate::sys` owns the
@@ -15,6 +17,11 @@
 
 #![allow(unsafe_code)]
 
+pub(crate) mod ah;
+pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod misc;
+pub(crate) mod mr;
+pub(crate) mod qp;
+pub(crate) mod srq;
 pub(crate) mod stubs;

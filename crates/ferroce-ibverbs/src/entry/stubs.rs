@@ -61,34 +61,9 @@ pub(crate) unsafe extern "C" fn ignore() {
     fence::unit(|| ());
 }
 
-/// `ops.poll_cq` until CQs exist: a negative count, as for a failed poll.
-unsafe extern "C" fn poll_cq(_cq: *mut c_void, _n: c_int, _wc: *mut c_void) -> c_int {
-    fence::value(|| -libc::EIO, || -NOT_OFFERED)
-}
-
-/// `ops.req_notify_cq` until CQs exist.
-unsafe extern "C" fn req_notify_cq(_cq: *mut c_void, _solicited_only: c_int) -> c_int {
-    fence::errno(|| Err(NOT_OFFERED))
-}
-
-/// `ops.post_send`, `post_recv` and `post_srq_recv` until queues exist: the first request is
-/// the one that failed.
-unsafe extern "C" fn post_wr(
-    _queue: *mut c_void,
-    wr: *mut c_void,
-    bad_wr: *mut *mut c_void,
-) -> c_int {
-    fence::errno(|| {
-        if !bad_wr.is_null() {
-            // SAFETY: `verbs.h`'s post functions pass the address of the caller's `bad_wr`.
-            unsafe { bad_wr.write(wr) };
-        }
-        Err(NOT_OFFERED)
-    })
-}
-
 /// The `ibv_context_ops` of a new context: the inline hot path (`ibv_poll_cq`,
-/// `ibv_req_notify_cq`, `ibv_post_*`) calls these without checking for NULL, so each is set;
+/// `ibv_req_notify_cq`, `ibv_post_*`) calls these without checking for NULL, so each is set
+/// (to the data path's entry points, `crate::entry::cq`, `qp` and `srq`);
 /// the memory-window slots stay NULL, which `ibv_alloc_mw` answers with `EOPNOTSUPP`.
 pub(crate) fn context_ops() -> ibv_context_ops {
     ibv_context_ops {
@@ -103,8 +78,8 @@ pub(crate) fn context_ops() -> ibv_context_ops {
         bind_mw: None,
         dealloc_mw: None,
         compat_create_cq: None,
-        poll_cq: Some(poll_cq),
-        req_notify_cq: Some(req_notify_cq),
+        poll_cq: Some(super::cq::poll_cq),
+        req_notify_cq: Some(super::cq::req_notify_cq),
         compat_cq_event: None,
         compat_resize_cq: None,
         compat_destroy_cq: None,
@@ -112,13 +87,13 @@ pub(crate) fn context_ops() -> ibv_context_ops {
         compat_modify_srq: None,
         compat_query_srq: None,
         compat_destroy_srq: None,
-        post_srq_recv: Some(post_wr),
+        post_srq_recv: Some(super::srq::post_srq_recv),
         compat_create_qp: None,
         compat_query_qp: None,
         compat_modify_qp: None,
         compat_destroy_qp: None,
-        post_send: Some(post_wr),
-        post_recv: Some(post_wr),
+        post_send: Some(super::qp::post_send),
+        post_recv: Some(super::qp::post_recv),
         compat_create_ah: None,
         compat_destroy_ah: None,
         compat_attach_mcast: None,
@@ -148,16 +123,5 @@ mod tests {
             assert_eq!(fail_rereg_mr(), IBV_REREG_MR_ERR_CMD);
             ignore();
         }
-    }
-
-    #[test]
-    fn posting_names_the_first_request() {
-        let mut wr = 7u64;
-        let wr = (&raw mut wr).cast::<c_void>();
-        let mut bad: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the queue pointer is not read; `bad` is ours.
-        let rc = unsafe { post_wr(std::ptr::null_mut(), wr, &raw mut bad) };
-        assert_eq!(rc, libc::EOPNOTSUPP);
-        assert_eq!(bad, wr);
     }
 }

@@ -66,9 +66,11 @@ int main(void)
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     CHECK(pd && pd->context == ctx);
     CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP);
+    CHECK(ibv_open_xrcd(ctx, &(struct ibv_xrcd_init_attr){ 0 }) == NULL && errno == EOPNOTSUPP);
+    /* the data path exists since stage 1 (stage1.c); bad arguments are refused */
     errno = 0;
-    CHECK(ibv_create_cq(ctx, 16, NULL, NULL, 0) == NULL && errno == EOPNOTSUPP);
-    CHECK(ibv_reg_mr(pd, &n, sizeof(n), IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP);
+    CHECK(ibv_create_cq(ctx, 0, NULL, NULL, 0) == NULL && errno == EINVAL);
+    CHECK(ibv_reg_mr(pd, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL);
     CHECK(ibv_dealloc_pd(pd) == 0);
     CHECK(ibv_dealloc_pd(pd) == EINVAL); /* a second free is refused, not followed */
 
