@@ -50,6 +50,8 @@ impl Cq {
             .lock()
             .engine
             .req_notify_cq(self.id, solicited_only);
+        // Whoever arms a channel waits on it next, and polls no more until it fires.
+        self.driver.release_poller();
     }
 
     /// The channel's events since the last take (`ibv_get_cq_event` and its acknowledgement).
@@ -138,6 +140,7 @@ impl Cq {
     pub(crate) fn wait(&self, timeout: Duration) -> Option<Completion> {
         let deadline = Instant::now() + timeout;
         let driver = &self.driver;
+
         let mut state = driver.lock();
         loop {
             if let Some(c) = state.engine.poll_completion(self.id) {
@@ -147,6 +150,8 @@ impl Cq {
             if now >= deadline {
                 return None;
             }
+            // A thread that sleeps here is not polling: the progress thread receives for it.
+            driver.release_poller();
             // Counted while holding the lock, so a completion queued after the check above
             // cannot be announced to nobody: its producer takes the lock first.
             driver.waiters.fetch_add(1, Ordering::SeqCst);

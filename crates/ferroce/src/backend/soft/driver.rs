@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -332,6 +333,16 @@ impl Driver {
         self.transmit_ready(state, now, true);
     }
 
+    /// The application has stopped polling (it arms a CQ's channel, or blocks in
+    /// `Cq::wait`): the progress thread goes back to the socket now rather than after
+    /// [`POLLER_GRACE`], so that what arrives meanwhile is handled, and signalled, at once.
+    pub(crate) fn release_poller(&self) {
+        let now = Instant::now().saturating_duration_since(self.epoch).as_nanos() as u64;
+        if self.poller_until.swap(0, Ordering::Relaxed) > now {
+            self.ring();
+        }
+    }
+
     fn progress(&self) {
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
@@ -353,7 +364,12 @@ impl Driver {
             let poller_left = Duration::from_nanos(self.poller_until.load(Ordering::Relaxed))
                 .saturating_sub(Instant::now().saturating_duration_since(self.epoch));
             if !poller_left.is_zero() {
-                std::thread::sleep(wait.map_or(poller_left, |w| w.min(poller_left)));
+                // Asleep on the doorbell alone, so that a poller that stops polling to wait
+                // (`release_poller`) or a close gets the thread back at once.
+                let nap = wait.map_or(poller_left, |w| w.min(poller_left));
+                if let Ok([true]) = sys::poll_readable([self.bell_rx.as_raw_fd()], Some(nap)) {
+                    self.answer_bell();
+                }
                 continue;
             }
             match sys::wait_either(self.port.socket(), &self.bell_rx, wait) {
