@@ -337,7 +337,9 @@ impl Driver {
     /// `Cq::wait`): the progress thread goes back to the socket now rather than after
     /// [`POLLER_GRACE`], so that what arrives meanwhile is handled, and signalled, at once.
     pub(crate) fn release_poller(&self) {
-        let now = Instant::now().saturating_duration_since(self.epoch).as_nanos() as u64;
+        let now = Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_nanos() as u64;
         if self.poller_until.swap(0, Ordering::Relaxed) > now {
             self.ring();
         }
