@@ -72,20 +72,24 @@
 // `ferroce_completion.flags`: `imm` holds immediate data.
 #define FERROCE_WC_WITH_IMM 1
 
-// Peers neither read nor write the region (seed 004's `Local`).
+// Peers neither read nor write the region (Rig_mlx5's `Local`): no flag bit.
+//
+// The `FERROCE_ACCESS_REMOTE_*` values are distinct bits, to be ORed as `IBV_ACCESS_*` are:
+// `FERROCE_ACCESS_REMOTE_WRITE | FERROCE_ACCESS_REMOTE_READ` grants exactly those two rights.
+// `ferroce.h` checks at compile time that no two share a bit; any other bit is `INVALID`.
 #define FERROCE_ACCESS_LOCAL 0
 
-// Peers write (seed 004's `Remote_write`).
+// Peers may RDMA WRITE (Rig_mlx5's `Remote_write`).
 #define FERROCE_ACCESS_REMOTE_WRITE 1
 
-// Peers read, and nothing else.
+// Peers may RDMA READ.
 #define FERROCE_ACCESS_REMOTE_READ 2
 
-// Peers run atomics, and nothing else.
-#define FERROCE_ACCESS_REMOTE_ATOMIC 3
+// Peers may run atomics.
+#define FERROCE_ACCESS_REMOTE_ATOMIC 4
 
-// Peers read, write and run atomics (seed 004's `Remote`).
-#define FERROCE_ACCESS_REMOTE 4
+// Peers read, write and run atomics: the three bits ORed (Rig_mlx5's `Remote`).
+#define FERROCE_ACCESS_REMOTE 7
 
 // Page-aligned memory whose address the caller may use (`ferroce_region_host_pointer`);
 // not locked in RAM.
@@ -1169,7 +1173,7 @@ enum ferroce_result ferroce_qp_post_recv(const struct ferroce_qp *qp,
 // uses.
 void ferroce_qp_free(struct ferroce_qp *qp);
 
-// Registers `len` fresh zeroed bytes with `nic` for `access` (a `FERROCE_ACCESS_*` value),
+// Registers `len` fresh zeroed bytes with `nic` for `access` (`FERROCE_ACCESS_*` bits ORed),
 // of kind `memory` (a `FERROCE_MEMORY_*` value), writes landing in order (seed 004's
 // `register`); `*out` receives the region.
 //
@@ -1437,3 +1441,21 @@ enum ferroce_result ferroce_test_panic(bool panic);
 #endif  // __cplusplus
 
 #endif  /* FERROCE_H */
+
+#ifndef FERROCE_ACCESS_BITS_DISTINCT_
+#define FERROCE_ACCESS_BITS_DISTINCT_                                                    \
+    ((FERROCE_ACCESS_REMOTE_WRITE & FERROCE_ACCESS_REMOTE_READ) == 0 &&                  \
+     (FERROCE_ACCESS_REMOTE_WRITE & FERROCE_ACCESS_REMOTE_ATOMIC) == 0 &&                \
+     (FERROCE_ACCESS_REMOTE_READ & FERROCE_ACCESS_REMOTE_ATOMIC) == 0 &&                 \
+     FERROCE_ACCESS_REMOTE_WRITE != 0 && FERROCE_ACCESS_REMOTE_READ != 0 &&               \
+     FERROCE_ACCESS_REMOTE_ATOMIC != 0 && FERROCE_ACCESS_LOCAL == 0 &&                    \
+     FERROCE_ACCESS_REMOTE == (FERROCE_ACCESS_REMOTE_WRITE | FERROCE_ACCESS_REMOTE_READ | \
+                               FERROCE_ACCESS_REMOTE_ATOMIC))
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(FERROCE_ACCESS_BITS_DISTINCT_, "FERROCE_ACCESS_* rights must be distinct bits");
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(FERROCE_ACCESS_BITS_DISTINCT_, "FERROCE_ACCESS_* rights must be distinct bits");
+#else
+typedef char ferroce_access_bits_distinct_[FERROCE_ACCESS_BITS_DISTINCT_ ? 1 : -1];
+#endif
+#endif  /* FERROCE_ACCESS_BITS_DISTINCT_ */

@@ -17,16 +17,29 @@ use crate::fence::{
 use crate::ferroce_result;
 use crate::nic::ferroce_nic;
 
-/// Peers neither read nor write the region (seed 004's `Local`).
+/// Peers neither read nor write the region (Rig_mlx5's `Local`): no flag bit.
+///
+/// The `FERROCE_ACCESS_REMOTE_*` values are distinct bits, to be ORed as `IBV_ACCESS_*` are:
+/// `FERROCE_ACCESS_REMOTE_WRITE | FERROCE_ACCESS_REMOTE_READ` grants exactly those two rights.
+/// `ferroce.h` checks at compile time that no two share a bit; any other bit is `INVALID`.
 pub const FERROCE_ACCESS_LOCAL: u32 = 0;
-/// Peers write (seed 004's `Remote_write`).
+/// Peers may RDMA WRITE (Rig_mlx5's `Remote_write`).
 pub const FERROCE_ACCESS_REMOTE_WRITE: u32 = 1;
-/// Peers read, and nothing else.
+/// Peers may RDMA READ.
 pub const FERROCE_ACCESS_REMOTE_READ: u32 = 2;
-/// Peers run atomics, and nothing else.
-pub const FERROCE_ACCESS_REMOTE_ATOMIC: u32 = 3;
-/// Peers read, write and run atomics (seed 004's `Remote`).
-pub const FERROCE_ACCESS_REMOTE: u32 = 4;
+/// Peers may run atomics.
+pub const FERROCE_ACCESS_REMOTE_ATOMIC: u32 = 4;
+/// Peers read, write and run atomics: the three bits ORed (Rig_mlx5's `Remote`).
+pub const FERROCE_ACCESS_REMOTE: u32 = 7;
+
+// The C values are the Rust flags, so that one conversion serves both.
+const _: () = {
+    assert!(FERROCE_ACCESS_REMOTE_WRITE == RegionAccess::FLAG_REMOTE_WRITE);
+    assert!(FERROCE_ACCESS_REMOTE_READ == RegionAccess::FLAG_REMOTE_READ);
+    assert!(FERROCE_ACCESS_REMOTE_ATOMIC == RegionAccess::FLAG_REMOTE_ATOMIC);
+    assert!(FERROCE_ACCESS_REMOTE == RegionAccess::FLAGS_ALL);
+    assert!(FERROCE_ACCESS_LOCAL == RegionAccess::Local.flags());
+};
 
 /// Page-aligned memory whose address the caller may use (`ferroce_region_host_pointer`);
 /// not locked in RAM.
@@ -45,17 +58,11 @@ pub struct ferroce_region {
 }
 
 pub(crate) fn access_arg(access: u32) -> Result<RegionAccess, Failure> {
-    Ok(match access {
-        FERROCE_ACCESS_LOCAL => RegionAccess::Local,
-        FERROCE_ACCESS_REMOTE_WRITE => RegionAccess::RemoteWrite,
-        FERROCE_ACCESS_REMOTE_READ => RegionAccess::RemoteRead,
-        FERROCE_ACCESS_REMOTE_ATOMIC => RegionAccess::RemoteAtomic,
-        FERROCE_ACCESS_REMOTE => RegionAccess::Remote,
-        other => {
-            return Err(Failure::invalid(format_args!(
-                "access {other} is not a FERROCE_ACCESS_* value (0 to 4)"
-            )))
-        }
+    RegionAccess::from_flags(access).map_err(|e| {
+        Failure::invalid(format_args!(
+            "{e}: access is FERROCE_ACCESS_LOCAL or an OR of FERROCE_ACCESS_REMOTE_WRITE, \
+             FERROCE_ACCESS_REMOTE_READ and FERROCE_ACCESS_REMOTE_ATOMIC"
+        ))
     })
 }
 
@@ -73,7 +80,7 @@ pub(crate) fn region_failure(e: &RegionError) -> Failure {
     Failure::new(code, e)
 }
 
-/// Registers `len` fresh zeroed bytes with `nic` for `access` (a `FERROCE_ACCESS_*` value),
+/// Registers `len` fresh zeroed bytes with `nic` for `access` (`FERROCE_ACCESS_*` bits ORed),
 /// of kind `memory` (a `FERROCE_MEMORY_*` value), writes landing in order (seed 004's
 /// `register`); `*out` receives the region.
 ///

@@ -16,6 +16,7 @@
 
 #![deny(unsafe_code)]
 
+mod access;
 mod cache;
 mod errors;
 mod frames;
@@ -35,7 +36,7 @@ fn _ferroce(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<nic::Nic>()?;
     m.add_class::<nic::Faults>()?;
-    m.add_class::<verbs::RegionAccess>()?;
+    access::register(m)?;
     m.add_class::<verbs::WriteOrder>()?;
     m.add_class::<verbs::QpType>()?;
     m.add_class::<verbs::Region>()?;

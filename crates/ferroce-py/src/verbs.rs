@@ -12,6 +12,7 @@ use ferroce::proto::Psn;
 use ferroce::qp::{self as rqp, Mtu};
 use ferroce::{ConnectOptions, RegionMemory};
 
+use crate::access::Access;
 use crate::errors::Error;
 use crate::memory;
 use crate::nic::Nic;
@@ -22,35 +23,47 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// What peers may do to a region, and through a queue pair (seed 004's `access`).
-#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RegionAccess {
-    Local,
-    RemoteWrite,
-    RemoteRead,
-    RemoteAtomic,
-    Remote,
-}
-
-impl From<RegionAccess> for ferroce::RegionAccess {
-    fn from(a: RegionAccess) -> Self {
-        match a {
-            RegionAccess::Local => Self::Local,
-            RegionAccess::RemoteWrite => Self::RemoteWrite,
-            RegionAccess::RemoteRead => Self::RemoteRead,
-            RegionAccess::RemoteAtomic => Self::RemoteAtomic,
-            RegionAccess::Remote => Self::Remote,
-        }
-    }
-}
-
 /// The order in which the NIC's writes land in a region (seed 004's `order`).
 #[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WriteOrder {
     InOrder,
     AnyOrder,
+}
+
+/// A `WriteOrder`, or its member's name (`"InOrder"`, `"AnyOrder"`), taken as an argument: the
+/// name is what signatures show as the default.
+#[derive(Clone, Copy)]
+pub(crate) struct OrderArg(WriteOrder);
+
+impl OrderArg {
+    const IN_ORDER: Self = Self(WriteOrder::InOrder);
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for OrderArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(order) = obj.extract::<WriteOrder>() {
+            return Ok(Self(order));
+        }
+        match obj.extract::<&str>() {
+            Ok("InOrder") => Ok(Self(WriteOrder::InOrder)),
+            Ok("AnyOrder") => Ok(Self(WriteOrder::AnyOrder)),
+            Ok(other) => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{other:?} is not a WriteOrder member (InOrder, AnyOrder)"
+            ))),
+            Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(
+                "order must be a WriteOrder (or a member's name)",
+            )),
+        }
+    }
+}
+
+impl From<OrderArg> for RustWriteOrder {
+    fn from(o: OrderArg) -> Self {
+        o.0.into()
+    }
 }
 
 impl From<WriteOrder> for RustWriteOrder {
@@ -195,8 +208,8 @@ impl Region {
     fn register(
         py: Python<'_>,
         nic: &Nic,
-        access: RegionAccess,
-        order: WriteOrder,
+        access: Access,
+        order: OrderArg,
         memory: RegionMemory,
     ) -> Result<Self, Error> {
         let nic = nic.get()?;
@@ -205,7 +218,7 @@ impl Region {
             _ => None,
         };
         let region =
-            py.detach(|| ferroce::Region::register(&nic, access.into(), order.into(), memory))?;
+            py.detach(|| ferroce::Region::register(&nic, access.0, order.into(), memory))?;
         Ok(Self {
             inner: Mutex::new(Some(Arc::new(region))),
             mapped,
@@ -221,13 +234,16 @@ impl Region {
     /// place and needs no locked-memory allowance on the soft NIC; `pinned=True` takes host
     /// memory locked in RAM instead, which is never handed out (no views), and copies.
     #[new]
-    #[pyo3(signature = (nic, memory, access=RegionAccess::Remote, order=WriteOrder::InOrder, *, pinned=false, copy=false))]
+    #[pyo3(
+        signature = (nic, memory, access=Access::REMOTE, order=OrderArg::IN_ORDER, *, pinned=false, copy=false),
+        text_signature = "(nic, memory, access='Remote', order='InOrder', *, pinned=False, copy=False)"
+    )]
     fn new(
         py: Python<'_>,
         nic: PyRef<'_, Nic>,
         memory: &Bound<'_, PyAny>,
-        access: RegionAccess,
-        order: WriteOrder,
+        access: Access,
+        order: OrderArg,
         pinned: bool,
         copy: bool,
     ) -> PyResult<Self> {
@@ -290,15 +306,18 @@ impl Region {
     /// descriptor, such as a memfd) `fd`: the caller's own memory, not a copy. The
     /// descriptor may be closed once this returns.
     #[staticmethod]
-    #[pyo3(signature = (nic, fd, offset, length, access=RegionAccess::Remote, order=WriteOrder::InOrder))]
+    #[pyo3(
+        signature = (nic, fd, offset, length, access=Access::REMOTE, order=OrderArg::IN_ORDER),
+        text_signature = "(nic, fd, offset, length, access='Remote', order='InOrder')"
+    )]
     fn from_dmabuf(
         py: Python<'_>,
         nic: PyRef<'_, Nic>,
         fd: i32,
         offset: u64,
         length: u64,
-        access: RegionAccess,
-        order: WriteOrder,
+        access: Access,
+        order: OrderArg,
     ) -> Result<Self, Error> {
         Self::register(
             py,
@@ -929,14 +948,17 @@ impl Qp {
     }
 
     /// Connects to `peer`: INIT → RTR → RTS.
-    #[pyo3(signature = (peer, *, mtu=1024, access=RegionAccess::Remote, timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=12, max_rd_atomic=16))]
+    #[pyo3(
+        signature = (peer, *, mtu=1024, access=Access::REMOTE, timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=12, max_rd_atomic=16),
+        text_signature = "($self, peer, *, mtu=1024, access='Remote', timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=12, max_rd_atomic=16)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         &self,
         py: Python<'_>,
         peer: QpEndpoint,
         mtu: u32,
-        access: RegionAccess,
+        access: Access,
         timeout: u8,
         retry_cnt: u8,
         rnr_retry: u8,
@@ -948,7 +970,7 @@ impl Qp {
         })?;
         let options = ConnectOptions {
             mtu,
-            access: access.into(),
+            access: access.0,
             timeout,
             retry_cnt,
             rnr_retry,

@@ -61,7 +61,7 @@ pub use cq::Cq;
 pub use ferroce_proto as proto;
 pub use nic::{Faults, GsoStatus, Nic, NicCaps, NicConfig, NicError};
 pub use qp::{ConnectOptions, Qp, QpConfig, QpEndpoint};
-pub use region::{MappedMemory, Region, RegionAccess, RegionError, RegionMemory};
+pub use region::{AccessFlagsError, MappedMemory, Region, RegionAccess, RegionError, RegionMemory};
 pub use srq::Srq;
 pub use ud::AddressHandle;
 pub use verbs::{DeviceOptions, VerbsError};

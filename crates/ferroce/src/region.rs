@@ -19,7 +19,7 @@
 use ferroce_proto::memory::{RegionInfo, WriteOrder};
 use ferroce_proto::qp::{RemoteAddr, Sge};
 
-pub use crate::attr::RegionAccess;
+pub use crate::attr::{AccessFlagsError, RegionAccess};
 use crate::backend;
 pub use crate::error::RegionError;
 pub use crate::memory::{MappedMemory, RegionMemory};
