@@ -38,7 +38,10 @@ pub(crate) struct ContextConfig {
 #[pymethods]
 impl ContextConfig {
     #[new]
-    #[pyo3(signature = (nic, oob, listen, *, device="ferroce0", ib_port=1, timeout=10.0, max_message=1 << 20, receive_depth=16, receive_gpu_id=-1, max_cached_bytes=256 << 20, mtu=None))]
+    #[pyo3(
+        signature = (nic, oob, listen, *, device="ferroce0", ib_port=1, timeout=10.0, max_message=1 << 20, receive_depth=16, receive_gpu_id=-1, max_cached_bytes=256 << 20, mtu=None),
+        text_signature = "(nic, oob, listen, *, device='ferroce0', ib_port=1, timeout=10.0, max_message=1048576, receive_depth=16, receive_gpu_id=-1, max_cached_bytes=268435456, mtu=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         nic: &str,
@@ -248,7 +251,7 @@ impl Context {
     }
 
     /// The seed's `get_write_memory`: a buffer to fill and flush, or for the remote to read.
-    #[pyo3(signature = (size, gpu_id=-1))]
+    #[pyo3(signature = (size, gpu_id=-1), text_signature = "($self, size, gpu_id=-1)")]
     fn write_memory(&self, py: Python<'_>, size: usize, gpu_id: i32) -> Result<Buffer, Error> {
         let d = device(gpu_id)?;
         Ok(Buffer::wrap(
@@ -257,7 +260,7 @@ impl Context {
     }
 
     /// The seed's `get_read_memory`: a buffer for what the remote host writes.
-    #[pyo3(signature = (size, gpu_id=-1))]
+    #[pyo3(signature = (size, gpu_id=-1), text_signature = "($self, size, gpu_id=-1)")]
     fn read_memory(&self, py: Python<'_>, size: usize, gpu_id: i32) -> Result<Buffer, Error> {
         let d = device(gpu_id)?;
         Ok(Buffer::wrap(py.detach(|| self.inner.read_memory(size, d))?))
@@ -266,7 +269,7 @@ impl Context {
     /// The seed's `wrap_user_buffer`. The Rust context takes ownership of the bytes it
     /// registers, so this registers a copy of `data`; `into_user_buffer()` gives the bytes
     /// back, with whatever was written into them.
-    #[pyo3(signature = (data, gpu_id=-1))]
+    #[pyo3(signature = (data, gpu_id=-1), text_signature = "($self, data, gpu_id=-1)")]
     fn wrap_user_buffer(
         &self,
         py: Python<'_>,

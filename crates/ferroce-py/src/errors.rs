@@ -190,13 +190,20 @@ impl From<ferroce::NicError> for Error {
         let message = e.to_string();
         match &e {
             E::AddressInUse { .. } => {
-                Self::new(Class::AddressInUse, "NicError::AddressInUse", message)
+                let mut e = Self::new(Class::AddressInUse, "NicError::AddressInUse", message);
+                e.errno = Some(libc::EADDRINUSE);
+                e
             }
-            E::AddressNotAvailable(_) => Self::new(
-                Class::AddressNotAvailable,
-                "NicError::AddressNotAvailable",
-                message,
-            ),
+            E::AddressNotAvailable(_) => {
+                let mut e = Self::new(
+                    Class::AddressNotAvailable,
+                    "NicError::AddressNotAvailable",
+                    message,
+                );
+                // What bind(2) said, as an OSError would carry it.
+                e.errno = Some(libc::EADDRNOTAVAIL);
+                e
+            }
             E::Pcap { source, .. } => {
                 Self::new(Class::Base, "NicError::Pcap", message).with_errno(Some(source))
             }

@@ -337,7 +337,10 @@ pub(crate) struct ReceiverConfig {
 #[pymethods]
 impl ReceiverConfig {
     #[new]
-    #[pyo3(signature = (frame_size, pages, peer_ip, *, page_size=None, metadata_offset=None, queue_size=None, immediate="page12".to_owned(), device="cpu".to_owned(), device_memory=None))]
+    #[pyo3(
+        signature = (frame_size, pages, peer_ip, *, page_size=None, metadata_offset=None, queue_size=None, immediate="page12".to_owned(), device="cpu".to_owned(), device_memory=None),
+        text_signature = "(frame_size, pages, peer_ip, *, page_size=None, metadata_offset=None, queue_size=None, immediate='page12', device='cpu', device_memory=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         frame_size: usize,
@@ -1132,28 +1135,6 @@ impl FrameSent {
     }
 }
 
-/// Test patterns: each frame's bytes are a function of its frame number.
-#[pyclass(module = "ferroce.frames", eq, eq_int, frozen, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pattern {
-    Counter,
-    Zeros,
-}
-
-#[pymethods]
-impl Pattern {
-    /// Frame `frame_number`'s first `length` bytes.
-    fn fill<'py>(&self, py: Python<'py>, frame_number: u32, length: usize) -> Bound<'py, PyBytes> {
-        let p = match self {
-            Self::Counter => rf::Pattern::Counter,
-            Self::Zeros => rf::Pattern::Zeros,
-        };
-        let mut out = vec![0u8; length];
-        p.fill(frame_number, &mut out);
-        PyBytes::new(py, &out)
-    }
-}
-
 /// A sensor bridge's data plane in software: UC RDMA WRITEs of frames into a receiver's
 /// ring, as a device sends them (for tests, demos and emulation).
 #[pyclass(module = "ferroce.frames", frozen)]
@@ -1289,7 +1270,10 @@ pub(crate) struct RoceChannel {
 #[pymethods]
 impl RoceChannel {
     #[new]
-    #[pyo3(signature = (qp, rkey, address, frame_size, page_size, pages, payload, host_ip, *, host_mac=[0u8; 6], host_port=4791))]
+    #[pyo3(
+        signature = (qp, rkey, address, frame_size, page_size, pages, payload, host_ip, *, host_mac=[0u8; 6], host_port=4791),
+        text_signature = "(qp, rkey, address, frame_size, page_size, pages, payload, host_ip, *, host_mac=(0, 0, 0, 0, 0, 0), host_port=4791)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         qp: u32,

@@ -6,13 +6,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use ferroce::proto::memory::WriteOrder as RustWriteOrder;
 use ferroce::proto::wire::Qpn;
 use ferroce::proto::Psn;
 use ferroce::qp::{self as rqp, Mtu};
 use ferroce::{ConnectOptions, RegionMemory};
 
-use crate::access::Access;
+use crate::enums::{Access, Order, QpType};
 use crate::errors::Error;
 use crate::memory;
 use crate::nic::Nic;
@@ -21,67 +20,6 @@ use crate::wait;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The order in which the NIC's writes land in a region (seed 004's `order`).
-#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WriteOrder {
-    InOrder,
-    AnyOrder,
-}
-
-/// A `WriteOrder`, or its member's name (`"InOrder"`, `"AnyOrder"`), taken as an argument: the
-/// name is what signatures show as the default.
-#[derive(Clone, Copy)]
-pub(crate) struct OrderArg(WriteOrder);
-
-impl OrderArg {
-    const IN_ORDER: Self = Self(WriteOrder::InOrder);
-}
-
-impl<'a, 'py> FromPyObject<'a, 'py> for OrderArg {
-    type Error = PyErr;
-
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        if let Ok(order) = obj.extract::<WriteOrder>() {
-            return Ok(Self(order));
-        }
-        match obj.extract::<&str>() {
-            Ok("InOrder") => Ok(Self(WriteOrder::InOrder)),
-            Ok("AnyOrder") => Ok(Self(WriteOrder::AnyOrder)),
-            Ok(other) => Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "{other:?} is not a WriteOrder member (InOrder, AnyOrder)"
-            ))),
-            Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(
-                "order must be a WriteOrder (or a member's name)",
-            )),
-        }
-    }
-}
-
-impl From<OrderArg> for RustWriteOrder {
-    fn from(o: OrderArg) -> Self {
-        o.0.into()
-    }
-}
-
-impl From<WriteOrder> for RustWriteOrder {
-    fn from(o: WriteOrder) -> Self {
-        match o {
-            WriteOrder::InOrder => Self::InOrder,
-            WriteOrder::AnyOrder => Self::AnyOrder,
-        }
-    }
-}
-
-/// A queue pair's transport service.
-#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QpType {
-    Rc,
-    Uc,
-    Ud,
 }
 
 /// One entry of a gather or scatter list: `len` bytes at `addr` of the region with `lkey`.
@@ -209,7 +147,7 @@ impl Region {
         py: Python<'_>,
         nic: &Nic,
         access: Access,
-        order: OrderArg,
+        order: Order,
         memory: RegionMemory,
     ) -> Result<Self, Error> {
         let nic = nic.get()?;
@@ -217,8 +155,7 @@ impl Region {
             RegionMemory::Mapped(m) => Some(m.clone()),
             _ => None,
         };
-        let region =
-            py.detach(|| ferroce::Region::register(&nic, access.0, order.into(), memory))?;
+        let region = py.detach(|| ferroce::Region::register(&nic, access.0, order.0, memory))?;
         Ok(Self {
             inner: Mutex::new(Some(Arc::new(region))),
             mapped,
@@ -235,7 +172,7 @@ impl Region {
     /// memory locked in RAM instead, which is never handed out (no views), and copies.
     #[new]
     #[pyo3(
-        signature = (nic, memory, access=Access::REMOTE, order=OrderArg::IN_ORDER, *, pinned=false, copy=false),
+        signature = (nic, memory, access=Access::REMOTE, order=Order::IN_ORDER, *, pinned=false, copy=false),
         text_signature = "(nic, memory, access='Remote', order='InOrder', *, pinned=False, copy=False)"
     )]
     fn new(
@@ -243,7 +180,7 @@ impl Region {
         nic: PyRef<'_, Nic>,
         memory: &Bound<'_, PyAny>,
         access: Access,
-        order: OrderArg,
+        order: Order,
         pinned: bool,
         copy: bool,
     ) -> PyResult<Self> {
@@ -307,7 +244,7 @@ impl Region {
     /// descriptor may be closed once this returns.
     #[staticmethod]
     #[pyo3(
-        signature = (nic, fd, offset, length, access=Access::REMOTE, order=OrderArg::IN_ORDER),
+        signature = (nic, fd, offset, length, access=Access::REMOTE, order=Order::IN_ORDER),
         text_signature = "(nic, fd, offset, length, access='Remote', order='InOrder')"
     )]
     fn from_dmabuf(
@@ -317,7 +254,7 @@ impl Region {
         offset: u64,
         length: u64,
         access: Access,
-        order: OrderArg,
+        order: Order,
     ) -> Result<Self, Error> {
         Self::register(
             py,
@@ -635,21 +572,25 @@ pub(crate) struct QpEndpoint {
     pub(crate) inner: rqp::QpEndpoint,
 }
 
-#[pymethods]
 impl QpEndpoint {
-    #[new]
-    fn new(qpn: u32, psn: u32, addr: &str) -> Result<Self, Error> {
+    fn build(qpn: u32, psn: u32, addr: std::net::SocketAddr) -> Result<Self, Error> {
         let qpn = Qpn::new(qpn)
             .ok_or_else(|| Error::invalid(format!("QPN {qpn:#x} needs more than 24 bits")))?;
         let psn = Psn::new(psn)
             .ok_or_else(|| Error::invalid(format!("PSN {psn:#x} needs more than 24 bits")))?;
         Ok(Self {
-            inner: rqp::QpEndpoint {
-                qpn,
-                psn,
-                addr: crate::nic::roce_addr(addr)?,
-            },
+            inner: rqp::QpEndpoint { qpn, psn, addr },
         })
+    }
+}
+
+#[pymethods]
+impl QpEndpoint {
+    /// `addr` is what `.addr` gives (`(host, port)`) or its text (`"ip"`, `"ip:port"`,
+    /// `"[v6]:port"`; port 4791 when left out).
+    #[new]
+    fn new(qpn: u32, psn: u32, addr: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Self::build(qpn, psn, util::addr_arg(addr)?)?)
     }
 
     #[getter]
@@ -697,7 +638,7 @@ impl QpEndpoint {
         };
         let qpn = q.parse().map_err(|_| bad())?;
         let psn = p.parse().map_err(|_| bad())?;
-        Self::new(qpn, psn, a)
+        Self::build(qpn, psn, crate::nic::roce_addr(a)?)
     }
 
     fn __repr__(&self) -> String {
@@ -904,11 +845,7 @@ impl Qp {
         max_inline: u32,
     ) -> Result<Self, Error> {
         let nic = nic.get()?;
-        let qp_type = match qp_type {
-            QpType::Rc => rqp::QpType::Rc,
-            QpType::Uc => rqp::QpType::Uc,
-            QpType::Ud => rqp::QpType::Ud,
-        };
+        let qp_type = qp_type.0;
         let caps = rqp::QpCaps {
             sq_depth,
             rq_depth,

@@ -205,7 +205,7 @@ class Cq:
     def failure(self) -> Optional[str]: ...
 
 class QpEndpoint:
-    def __init__(self, qpn: int, psn: int, addr: str) -> None: ...
+    def __init__(self, qpn: int, psn: int, addr: str | tuple[str, int]) -> None: ...
     @property
     def qpn(self) -> int: ...
     @property
@@ -255,7 +255,7 @@ class Qp:
     def __init__(
         self,
         nic: Nic,
-        qp_type: QpType,
+        qp_type: QpType | str,
         send_cq: Cq,
         recv_cq: Cq,
         *,
