@@ -1,4 +1,4 @@
-//! Registered memory: `ferroce_region` (seed 004, `Rig_mlx5.Region`).
+//! Registered memory: `ferroce_region` (Rig_mlx5's `Region`).
 //!
 //! The library allocates and owns a region's bytes, as the Rust API does: the caller asks for
 //! a size and copies in and out (`ferroce_region_write`, `ferroce_region_read`), or, for
@@ -81,8 +81,8 @@ pub(crate) fn region_failure(e: &RegionError) -> Failure {
 }
 
 /// Registers `len` fresh zeroed bytes with `nic` for `access` (`FERROCE_ACCESS_*` bits ORed),
-/// of kind `memory` (a `FERROCE_MEMORY_*` value), writes landing in order (seed 004's
-/// `register`); `*out` receives the region.
+/// of kind `memory` (a `FERROCE_MEMORY_*` value), writes landing in order (Rig_mlx5's
+/// `Region.register`); `*out` receives the region.
 ///
 /// `INVALID` for 0 bytes or an unknown value; `DEVICE` when the locked-memory limit cannot
 /// hold `FERROCE_MEMORY_PINNED` bytes (the text says how to raise it).
@@ -140,7 +140,7 @@ pub unsafe extern "C" fn ferroce_region_register(
     })
 }
 
-/// Registers `len` bytes at `addr` that the caller owns (seed 004's `register` of the
+/// Registers `len` bytes at `addr` that the caller owns (Rig_mlx5's `Region.register` of the
 /// application's memory, as NIXL's and Mooncake's `register_memory` take it), for `access`,
 /// writes landing in order; `*out` receives the region. What peers write lands in the
 /// caller's bytes; `ferroce_region_host_pointer` is `addr`.
@@ -265,7 +265,7 @@ pub unsafe extern "C" fn ferroce_region_read(
     })
 }
 
-/// The address work requests and peers use for the region's first byte (seed 004's `local`
+/// The address work requests and peers use for the region's first byte (Rig_mlx5's `Region.local`
 /// and `remote` start here); 0 for a NULL `region`.
 ///
 /// # Safety
@@ -292,7 +292,7 @@ pub unsafe extern "C" fn ferroce_region_len(region: *const ferroce_region) -> u6
     })
 }
 
-/// The key this process's work requests name the region by (seed 004's `local`); 0 for a
+/// The key this process's work requests name the region by (Rig_mlx5's `Region.local`); 0 for a
 /// NULL `region`.
 ///
 /// # Safety
@@ -309,7 +309,7 @@ pub unsafe extern "C" fn ferroce_region_lkey(region: *const ferroce_region) -> u
     })
 }
 
-/// The key peers present (seed 004's `remote`); 0 for a `FERROCE_ACCESS_LOCAL` region or a
+/// The key peers present (Rig_mlx5's `Region.remote`); 0 for a `FERROCE_ACCESS_LOCAL` region or a
 /// NULL `region`.
 ///
 /// # Safety
@@ -344,7 +344,7 @@ pub unsafe extern "C" fn ferroce_region_host_pointer(region: *const ferroce_regi
     })
 }
 
-/// Deregisters the region (seed 004's `deregister`) and frees its memory; NULL does nothing.
+/// Deregisters the region (Rig_mlx5's `Region.deregister`) and frees its memory; NULL does nothing.
 /// Work requests that name it must have completed.
 ///
 /// # Safety

@@ -5,7 +5,7 @@
 //! `InvalidArgument` a `ValueError`). Each instance carries the Rust error's message as its
 //! only argument, `kind` (the Rust type and variant, such as `"NicError::AddressInUse"`),
 //! `errno` (the operating system's error number, where the cause is one) and `seed_code`
-//! (the cache seed's -1 or -2, else `None`).
+//! (neuray's `IRDMA_context` return code, -1 or -2, else `None`).
 //!
 //! The classes are built at module initialisation with `type(name, bases, dict)`: pyo3's
 //! `create_exception!` takes a single base, and a timeout must be both a `FerroceError` and a

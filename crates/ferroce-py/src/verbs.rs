@@ -105,7 +105,7 @@ impl RemoteAddr {
     }
 }
 
-/// Registered memory (seed 004's `Region`).
+/// Registered memory (Rig_mlx5's `Region`).
 ///
 /// `Region(nic, obj)` registers the caller's own memory where it can, as NIXL's and
 /// Mooncake's `register_memory` do: a writable NumPy array (any object with a writable,
@@ -289,8 +289,8 @@ impl Region {
         Ok(self.get()?.va())
     }
 
-    /// The `n` bytes at `at`, as this process's work requests name them (seed 004's
-    /// `local`); `n` defaults to the rest of the region.
+    /// The `n` bytes at `at`, as this process's work requests name them (Rig_mlx5's
+    /// `Region.local`); `n` defaults to the rest of the region.
     #[pyo3(signature = (at=0, n=None))]
     fn local(&self, at: u64, n: Option<u32>) -> Result<Sge, Error> {
         let r = self.get()?;
@@ -303,7 +303,7 @@ impl Region {
         })
     }
 
-    /// Offset `at`, as a peer's work requests name it (seed 004's `remote`).
+    /// Offset `at`, as a peer's work requests name it (Rig_mlx5's `Region.remote`).
     #[pyo3(signature = (at=0))]
     fn remote(&self, at: u64) -> Result<RemoteAddr, Error> {
         Ok(RemoteAddr {
@@ -343,7 +343,7 @@ impl Region {
         Ok(())
     }
 
-    /// Deregisters the region (seed 004's `deregister`): the NIC touches it no more. Returns
+    /// Deregisters the region (Rig_mlx5's `Region.deregister`): the NIC touches it no more. Returns
     /// its final bytes for host memory, `None` for a dma-buf. Later calls raise `Closed`.
     fn deregister<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let Some(region) = lock(&self.inner).take() else {
