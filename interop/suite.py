@@ -603,7 +603,7 @@ def verbs_plan(lab, loss):
             pair(f"loss-verbs-{sub}-{role}", kind, server, client,
                  lambda e, srv, tool=tool, sub=sub, flags=flags: e.perf(tool, sub, flags, srv),
                  90, loss, 1024)
-    # the session face (seed 003) over the verbs backend, against the soft NIC
+    # the session face (Catalyst's `TransportSession`) over the verbs backend, against the soft NIC
     n = iters(200)
     for server, client, role in roles(verbs, host):
         dev = lambda e: "-d rxe0" if e is verbs else f"--local {HOST_ADDR}"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Measures the request/reply session (seed 003) beside a UDP and a TCP ping-pong, in one run
-# on this machine, and prints the table BENCHMARKS.md keeps: `ferroce perf session-lat`
-# (controller against an echoing coprocessor) against sockperf ping-pong over UDP and over TCP,
-# at 64 B and 4 KiB. Every figure is half a round trip, as perftest and sockperf report it.
-# Everything runs on loopback, server 127.0.0.62, client 127.0.0.63.
+# Measures the request/reply session (Catalyst's `TransportSession`) beside a UDP and a TCP
+# ping-pong, in one run on this machine, and prints the table BENCHMARKS.md keeps: `ferroce perf
+# session-lat` (controller against an echoing coprocessor) against sockperf ping-pong over UDP and
+# over TCP, at 64 B and 4 KiB. Every figure is half a round trip, as perftest and sockperf report
+# it. Everything runs on loopback, server 127.0.0.62, client 127.0.0.63.
 # Needs: sockperf (apt-get install sockperf).
 # Usage: scripts/bench-session.sh [iterations] [seconds-per-sockperf-run] [mtu]
 # Without an MTU, the NIC's active MTU (4096 on loopback).

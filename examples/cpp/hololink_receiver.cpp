@@ -1,6 +1,6 @@
 // A Hololink-shaped frame receiver written on ferroce.h: FerroceRoceReceiver implements the
-// RoceReceiverInterfaceV2 shape (seed 000; see hololink_standin.hpp) over ferroce's soft
-// NIC, so an HSB application could take frames from it on a host without a ConnectX NIC.
+// RoceReceiverInterfaceV2 shape (Hololink Sensor Bridge; see hololink_standin.hpp) over ferroce's
+// soft NIC, so an HSB application could take frames from it on a host without a ConnectX NIC.
 //
 // main() runs it on loopback: the receiver on 127.0.2.13, a ferroce sender standing in for
 // the sensor bridge on 127.0.2.14, frames checked byte for byte where they landed.
@@ -95,7 +95,7 @@ public:
     void blocking_monitor() override {
         ferroce_result r = ferroce_receiver_blocking_monitor(rx_.get());
         if (r == FERROCE_RESULT_NOT_STARTED) throw std::runtime_error(last_error());
-        // FAILED: receive_path_failed() now says so; the seed returns normally.
+        // FAILED: receive_path_failed() now says so; Hololink's API returns normally.
     }
 
     bool get_next_frame(unsigned timeout_ms, standin::RoceReceiverFrameInfoV1 &out) override {

@@ -1,8 +1,9 @@
 // A stand-in for the receiver interface of Holoscan Sensor Bridge's module API, written here
 // so the adapter in hololink_receiver.cpp builds without HSB's headers. It has the shape of
-// `hololink::module::RoceReceiverInterfaceV2` (seed 000): the same methods, argument types
-// and status codes, declared in a namespace of our own. In an HSB build the adapter would
-// include <hololink/module/roce_receiver.hpp> instead and derive from the real interface.
+// `hololink::module::RoceReceiverInterfaceV2` (Holoscan Sensor Bridge's receiver): the same
+// methods, argument types and status codes, declared in a namespace of our own. In an HSB build the
+// adapter would include <hololink/module/roce_receiver.hpp> instead and derive from the real
+// interface.
 #pragma once
 
 #include <cstddef>

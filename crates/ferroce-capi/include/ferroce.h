@@ -72,20 +72,24 @@
 // `ferroce_completion.flags`: `imm` holds immediate data.
 #define FERROCE_WC_WITH_IMM 1
 
-// Peers neither read nor write the region (seed 004's `Local`).
+// Peers neither read nor write the region (Rig_mlx5's `Local`): no flag bit.
+//
+// The `FERROCE_ACCESS_REMOTE_*` values are distinct bits, to be ORed as `IBV_ACCESS_*` are:
+// `FERROCE_ACCESS_REMOTE_WRITE | FERROCE_ACCESS_REMOTE_READ` grants exactly those two rights.
+// `ferroce.h` checks at compile time that no two share a bit; any other bit is `INVALID`.
 #define FERROCE_ACCESS_LOCAL 0
 
-// Peers write (seed 004's `Remote_write`).
+// Peers may RDMA WRITE (Rig_mlx5's `Remote_write`).
 #define FERROCE_ACCESS_REMOTE_WRITE 1
 
-// Peers read, and nothing else.
+// Peers may RDMA READ.
 #define FERROCE_ACCESS_REMOTE_READ 2
 
-// Peers run atomics, and nothing else.
-#define FERROCE_ACCESS_REMOTE_ATOMIC 3
+// Peers may run atomics.
+#define FERROCE_ACCESS_REMOTE_ATOMIC 4
 
-// Peers read, write and run atomics (seed 004's `Remote`).
-#define FERROCE_ACCESS_REMOTE 4
+// Peers read, write and run atomics: the three bits ORed (Rig_mlx5's `Remote`).
+#define FERROCE_ACCESS_REMOTE 7
 
 // Page-aligned memory whose address the caller may use (`ferroce_region_host_pointer`);
 // not locked in RAM.
@@ -97,12 +101,12 @@
 // Heap memory that stays pageable. Copy in and out only.
 #define FERROCE_MEMORY_PAGEABLE 2
 
-// `ferroce_session_new`'s role: submits requests and collects replies (seed 003's
+// `ferroce_session_new`'s role: submits requests and collects replies (Catalyst's
 // `ControllerSession`).
 #define FERROCE_ROLE_CONTROLLER 0
 
-// `ferroce_session_new`'s role: turns each request into a reply with its function (seed
-// 003's `CoprocessorSession`).
+// `ferroce_session_new`'s role: turns each request into a reply with its function (Catalyst's
+// `CoprocessorSession`).
 #define FERROCE_ROLE_COPROCESSOR 1
 
 // What a call returns (rustls-ffi's `rustls_result`, libgit2's error codes). `OK` is 0, so
@@ -112,7 +116,7 @@ typedef enum ferroce_result {
     FERROCE_RESULT_OK = 0,
     // Nothing came in time (a frame, a completion, a reply, a peer).
     FERROCE_RESULT_TIMEOUT = 1,
-    // The object has not been started: a receiver before `start` (seed 000 throws
+    // The object has not been started: a receiver before `start` (Hololink's receiver throws
     // `std::runtime_error` here).
     FERROCE_RESULT_NOT_STARTED = 2,
     // A pointer argument was NULL.
@@ -139,11 +143,11 @@ typedef enum ferroce_result {
     FERROCE_RESULT_UNSUPPORTED = 10,
 } ferroce_result;
 
-// A registered buffer of a context (seed 002's `IRDMA_buffer`). Calls on one buffer are
+// A registered buffer of a context (neuray's `IRDMA_buffer`). Calls on one buffer are
 // serialised.
 typedef struct ferroce_buffer ferroce_buffer;
 
-// A context bound to one remote host (seed 002's `IRDMA_context`). Thread-safe.
+// A context bound to one remote host (neuray's `IRDMA_context`). Thread-safe.
 typedef struct ferroce_context ferroce_context;
 
 // A completion queue. Thread-safe.
@@ -153,7 +157,7 @@ typedef struct ferroce_cq ferroce_cq;
 // same address, until `ferroce_frame_free`, even after the receiver is closed or freed.
 typedef struct ferroce_frame ferroce_frame;
 
-// A registered region of a session (seed 003's `MemRegion`), as `alloc_memory` returns it.
+// A registered region of a session (Catalyst's `MemRegion`), as `alloc_memory` returns it.
 // The session keeps the region alive while its channel uses it, so the handle may be freed
 // after `establish_channel`.
 typedef struct ferroce_mem_region ferroce_mem_region;
@@ -166,7 +170,7 @@ typedef struct ferroce_nic ferroce_nic;
 // A queue pair. Thread-safe: work may be posted from several threads.
 typedef struct ferroce_qp ferroce_qp;
 
-// A sensor-frame receiver (seed 000's `RoceReceiverInterfaceV2`). Thread-safe.
+// A sensor-frame receiver (Hololink's `RoceReceiverInterfaceV2`). Thread-safe.
 typedef struct ferroce_receiver ferroce_receiver;
 
 // A registered region. Thread-safe. Frees its memory with `ferroce_region_free`, after
@@ -176,7 +180,7 @@ typedef struct ferroce_region ferroce_region;
 // The device side of a frame stream: a sensor bridge's data plane in software.
 typedef struct ferroce_sender ferroce_sender;
 
-// A session of either role (seed 003's `TransportSession`). Thread-safe; calls are
+// A session of either role (Catalyst's `TransportSession`). Thread-safe; calls are
 // serialised.
 typedef struct ferroce_session ferroce_session;
 
@@ -199,7 +203,7 @@ typedef struct ferroce_context_config {
     bool listen;
 } ferroce_context_config;
 
-// How to start a receiver: seed 000's `start` parameters, less the device name (the NIC is
+// How to start a receiver: Hololink's `start` parameters, less the device name (the NIC is
 // passed instead). Versioned: set `struct_size` to `sizeof`. The library allocates the
 // ring of pages itself, in host memory whose frames `ferroce_receiver_frame_view` hands out.
 typedef struct ferroce_receiver_config {
@@ -237,7 +241,7 @@ typedef struct ferroce_receiver_config {
     uint32_t cuda_device;
 } ferroce_receiver_config;
 
-// One completed frame (seed 000's `RoceReceiverFrameInfoV1`, with Hololink's Linux
+// One completed frame (Hololink's `RoceReceiverFrameInfoV1`, with Hololink's Linux
 // receiver's extras and ferroce's own). Versioned: set `struct_size` to `sizeof` before
 // passing it to `ferroce_receiver_next_frame`.
 typedef struct ferroce_frame_info {
@@ -329,7 +333,7 @@ typedef struct ferroce_frame_counters {
     uint64_t metadata_psn_mismatch;
 } ferroce_frame_counters;
 
-// A frame-ready callback (seed 000's `set_frame_ready` callback), called with the user data
+// A frame-ready callback (Hololink's `set_frame_ready` callback), called with the user data
 // it was registered with, on the monitor's thread; NULL for none.
 typedef void (*ferroce_frame_ready_fn)(void *user);
 
@@ -471,7 +475,7 @@ typedef struct ferroce_send_wr {
     uint32_t flags;
 } ferroce_send_wr;
 
-// Where the peer is and how long to wait for it (seed 003's `ConnectInfo`). Versioned: set
+// Where the peer is and how long to wait for it (Catalyst's `ConnectInfo`). Versioned: set
 // `struct_size` to `sizeof`.
 typedef struct ferroce_session_config {
     // `sizeof(ferroce_session_config)`.
@@ -488,7 +492,7 @@ typedef struct ferroce_session_config {
     uint32_t peer_timeout_ms;
 } ferroce_session_config;
 
-// The peer's region as `exchange_keys` learnt it (seed 003's `PeerRef`).
+// The peer's region as `exchange_keys` learnt it (Catalyst's `PeerRef`).
 typedef struct ferroce_peer_ref {
     // The address of its first byte.
     uint64_t va;
@@ -498,7 +502,7 @@ typedef struct ferroce_peer_ref {
     uint32_t rkey;
 } ferroce_peer_ref;
 
-// What the channel carries (seed 003's `ChannelDesc`); both sides establish the same.
+// What the channel carries (Catalyst's `ChannelDesc`); both sides establish the same.
 typedef struct ferroce_channel_desc {
     // Requests in flight at once, 1 to 1024.
     uint32_t slots;
@@ -508,7 +512,7 @@ typedef struct ferroce_channel_desc {
     uint32_t reply_bytes;
 } ferroce_channel_desc;
 
-// The coprocessor's function (seed 003's coprocessor function): gets the request's
+// The coprocessor's function (Catalyst's coprocessor function): gets the request's
 // `request_len` bytes and a reply slot of `reply_capacity` bytes, writes the reply at the
 // slot's start and returns its length; a negative return is an error reply. Runs on the
 // session's engine thread.
@@ -522,7 +526,7 @@ typedef int64_t (*ferroce_coprocessor_fn)(void *user,
 typedef struct ferroce_collected {
     // The request the reply answers, as `submit` numbered it.
     uint64_t request;
-    // The bytes written, from the first buffer on (the seed's return value).
+    // The bytes written, from the first buffer on (Catalyst's return value).
     uint64_t bytes;
 } ferroce_collected;
 
@@ -544,7 +548,7 @@ const char *ferroce_version(void);
 enum ferroce_result ferroce_context_connect(const struct ferroce_context_config *config,
                                             struct ferroce_context **out);
 
-// A buffer of `size` bytes to write locally and flush to the remote host (seed 002's
+// A buffer of `size` bytes to write locally and flush to the remote host (neuray's
 // `get_write_memory`); `gpu_id` -1 for main memory, 0 and up for a GPU (`UNSUPPORTED`
 // without one). Taken from the cache when one of its size class is free.
 //
@@ -556,7 +560,7 @@ enum ferroce_result ferroce_context_write_memory(const struct ferroce_context *c
                                                  int32_t gpu_id,
                                                  struct ferroce_buffer **out);
 
-// A buffer of `size` bytes for reading what the remote host writes (seed 002's
+// A buffer of `size` bytes for reading what the remote host writes (neuray's
 // `get_read_memory`); `gpu_id` as for `ferroce_context_write_memory`.
 //
 // # Safety
@@ -568,7 +572,7 @@ enum ferroce_result ferroce_context_read_memory(const struct ferroce_context *co
                                                 struct ferroce_buffer **out);
 
 // Sends the buffer's bytes (its length, `ferroce_buffer_len`) to the remote host as one
-// message and waits until its NIC acknowledged them (seed 002's `flush`). The remote host
+// message and waits until its NIC acknowledged them (neuray's `flush`). The remote host
 // takes it with `ferroce_context_receive`.
 //
 // `INVALID` for a buffer of another context or larger than the remote's read buffers.
@@ -669,7 +673,7 @@ const char *ferroce_result_name(uint32_t result);
 // `out` is NULL or writable.
 enum ferroce_result ferroce_receiver_new(struct ferroce_receiver **out);
 
-// Brings the receiver up on `nic` (seed 000's `start`): allocates and registers the ring,
+// Brings the receiver up on `nic` (Hololink's `start`): allocates and registers the ring,
 // creates the queue pair that takes the device's writes, and posts its receives. Frames
 // arrive once `ferroce_receiver_blocking_monitor` runs. After `close`, or after the receive
 // path failed, `start` brings up a fresh run.
@@ -685,7 +689,7 @@ enum ferroce_result ferroce_receiver_start(const struct ferroce_receiver *rx,
                                            const struct ferroce_nic *nic,
                                            const struct ferroce_receiver_config *config);
 
-// Runs the receive path on this thread until `ferroce_receiver_close` (seed 000's
+// Runs the receive path on this thread until `ferroce_receiver_close` (Hololink's
 // `blocking_monitor`): receives packets, completes frames, queues them and runs the
 // frame-ready callback. Give it a thread of its own.
 //
@@ -698,7 +702,7 @@ enum ferroce_result ferroce_receiver_start(const struct ferroce_receiver *rx,
 // `rx` is NULL or a live receiver, not freed until this returns.
 enum ferroce_result ferroce_receiver_blocking_monitor(const struct ferroce_receiver *rx);
 
-// Ends the run, returning `ferroce_receiver_blocking_monitor` to its caller (seed 000's
+// Ends the run, returning `ferroce_receiver_blocking_monitor` to its caller (Hololink's
 // `close`). Callable from any thread and more than once; does nothing before `start`.
 //
 // # Safety
@@ -706,7 +710,7 @@ enum ferroce_result ferroce_receiver_blocking_monitor(const struct ferroce_recei
 // `rx` is NULL or a live receiver.
 void ferroce_receiver_close(const struct ferroce_receiver *rx);
 
-// Takes the next completed frame, waiting up to `timeout_ms` (seed 000's `get_next_frame`);
+// Takes the next completed frame, waiting up to `timeout_ms` (Hololink's `get_next_frame`);
 // frames come in the order they completed. Set `out->struct_size` first.
 //
 // `TIMEOUT` when none came in time (or the receiver was closed); `FAILED` at once when the
@@ -731,7 +735,7 @@ enum ferroce_result ferroce_receiver_next_frame(const struct ferroce_receiver *r
 enum ferroce_result ferroce_receiver_counters(const struct ferroce_receiver *rx,
                                               struct ferroce_frame_counters *out);
 
-// Whether `ferroce_receiver_next_frame` would return at once (seed 000's `frames_ready`):
+// Whether `ferroce_receiver_next_frame` would return at once (Hololink's `frames_ready`):
 // a frame is waiting, or the receive path has failed. False for a NULL `rx`.
 //
 // # Safety
@@ -739,7 +743,7 @@ enum ferroce_result ferroce_receiver_counters(const struct ferroce_receiver *rx,
 // `rx` is NULL or a live receiver.
 bool ferroce_receiver_frames_ready(const struct ferroce_receiver *rx);
 
-// Whether a fatal event has stopped the receive path (seed 000's `receive_path_failed`);
+// Whether a fatal event has stopped the receive path (Hololink's `receive_path_failed`);
 // `ferroce_receiver_start` again to recover. False for a NULL `rx`.
 //
 // # Safety
@@ -756,7 +760,7 @@ bool ferroce_receiver_receive_path_failed(const struct ferroce_receiver *rx);
 size_t ferroce_receiver_failure(const struct ferroce_receiver *rx, char *buf, size_t len);
 
 // Sets the function run on the monitor's thread each time a frame becomes available
-// (seed 000's `set_frame_ready`), called with `user`; a NULL `callback` removes it. It is
+// (Hololink's `set_frame_ready`), called with `user`; a NULL `callback` removes it. It is
 // kept across starts. Register it before the monitor starts.
 //
 // The callback must return (not `longjmp` out) and must not throw a C++ exception; it may
@@ -770,21 +774,21 @@ enum ferroce_result ferroce_receiver_set_frame_ready(const struct ferroce_receiv
                                                      ferroce_frame_ready_fn callback,
                                                      void *user);
 
-// The queue pair the device sends to (seed 000's `get_qp_number`); 0 before `start`.
+// The queue pair the device sends to (Hololink's `get_qp_number`); 0 before `start`.
 //
 // # Safety
 //
 // `rx` is NULL or a live receiver.
 uint32_t ferroce_receiver_qp_number(const struct ferroce_receiver *rx);
 
-// The key the device presents (seed 000's `get_rkey`); 0 before `start`.
+// The key the device presents (Hololink's `get_rkey`); 0 before `start`.
 //
 // # Safety
 //
 // `rx` is NULL or a live receiver.
 uint32_t ferroce_receiver_rkey(const struct ferroce_receiver *rx);
 
-// Where page 0 begins in the device's view of the ring (seed 000's
+// Where page 0 begins in the device's view of the ring (Hololink's
 // `external_frame_memory`); page n is at this plus n × page size. 0 before `start`.
 //
 // # Safety
@@ -800,21 +804,21 @@ uint64_t ferroce_receiver_external_frame_memory(const struct ferroce_receiver *r
 // `rx` is NULL or a live receiver.
 uint16_t ferroce_receiver_local_port(const struct ferroce_receiver *rx);
 
-// The frame size `start` was given (seed 000's `frame_size`); 0 before.
+// The frame size `start` was given (Hololink's `frame_size`); 0 before.
 //
 // # Safety
 //
 // `rx` is NULL or a live receiver.
 size_t ferroce_receiver_frame_size(const struct ferroce_receiver *rx);
 
-// The page size in use (seed 000's `page_size`); 0 before `start`.
+// The page size in use (Hololink's `page_size`); 0 before `start`.
 //
 // # Safety
 //
 // `rx` is NULL or a live receiver.
 size_t ferroce_receiver_page_size(const struct ferroce_receiver *rx);
 
-// The pages `start` was given (seed 000's `pages`); 0 before.
+// The pages `start` was given (Hololink's `pages`); 0 before.
 //
 // # Safety
 //
@@ -1169,9 +1173,9 @@ enum ferroce_result ferroce_qp_post_recv(const struct ferroce_qp *qp,
 // uses.
 void ferroce_qp_free(struct ferroce_qp *qp);
 
-// Registers `len` fresh zeroed bytes with `nic` for `access` (a `FERROCE_ACCESS_*` value),
-// of kind `memory` (a `FERROCE_MEMORY_*` value), writes landing in order (seed 004's
-// `register`); `*out` receives the region.
+// Registers `len` fresh zeroed bytes with `nic` for `access` (`FERROCE_ACCESS_*` bits ORed),
+// of kind `memory` (a `FERROCE_MEMORY_*` value), writes landing in order (Rig_mlx5's
+// `Region.register`); `*out` receives the region.
 //
 // `INVALID` for 0 bytes or an unknown value; `DEVICE` when the locked-memory limit cannot
 // hold `FERROCE_MEMORY_PINNED` bytes (the text says how to raise it).
@@ -1185,7 +1189,7 @@ enum ferroce_result ferroce_region_register(const struct ferroce_nic *nic,
                                             uint32_t memory,
                                             struct ferroce_region **out);
 
-// Registers `len` bytes at `addr` that the caller owns (seed 004's `register` of the
+// Registers `len` bytes at `addr` that the caller owns (Rig_mlx5's `Region.register` of the
 // application's memory, as NIXL's and Mooncake's `register_memory` take it), for `access`,
 // writes landing in order; `*out` receives the region. What peers write lands in the
 // caller's bytes; `ferroce_region_host_pointer` is `addr`.
@@ -1229,7 +1233,7 @@ enum ferroce_result ferroce_region_read(const struct ferroce_region *region,
                                         void *out,
                                         size_t len);
 
-// The address work requests and peers use for the region's first byte (seed 004's `local`
+// The address work requests and peers use for the region's first byte (Rig_mlx5's `Region.local`
 // and `remote` start here); 0 for a NULL `region`.
 //
 // # Safety
@@ -1244,7 +1248,7 @@ uint64_t ferroce_region_addr(const struct ferroce_region *region);
 // `region` is NULL or a live region.
 uint64_t ferroce_region_len(const struct ferroce_region *region);
 
-// The key this process's work requests name the region by (seed 004's `local`); 0 for a
+// The key this process's work requests name the region by (Rig_mlx5's `Region.local`); 0 for a
 // NULL `region`.
 //
 // # Safety
@@ -1252,7 +1256,7 @@ uint64_t ferroce_region_len(const struct ferroce_region *region);
 // `region` is NULL or a live region.
 uint32_t ferroce_region_lkey(const struct ferroce_region *region);
 
-// The key peers present (seed 004's `remote`); 0 for a `FERROCE_ACCESS_LOCAL` region or a
+// The key peers present (Rig_mlx5's `Region.remote`); 0 for a `FERROCE_ACCESS_LOCAL` region or a
 // NULL `region`.
 //
 // # Safety
@@ -1272,7 +1276,7 @@ uint32_t ferroce_region_rkey(const struct ferroce_region *region);
 // `region` is NULL or a live region.
 uint8_t *ferroce_region_host_pointer(const struct ferroce_region *region);
 
-// Deregisters the region (seed 004's `deregister`) and frees its memory; NULL does nothing.
+// Deregisters the region (Rig_mlx5's `Region.deregister`) and frees its memory; NULL does nothing.
 // Work requests that name it must have completed.
 //
 // # Safety
@@ -1289,7 +1293,7 @@ void ferroce_region_free(struct ferroce_region *region);
 // `out` is NULL or writable.
 enum ferroce_result ferroce_session_new(uint32_t role, struct ferroce_session **out);
 
-// Seed 003's `connect`: opens the NIC, the out-of-band connection (the controller dials,
+// Catalyst's `connect`: opens the NIC, the out-of-band connection (the controller dials,
 // the coprocessor listens and waits), and takes the queue pair to RTS.
 //
 // # Safety
@@ -1299,7 +1303,7 @@ enum ferroce_result ferroce_session_new(uint32_t role, struct ferroce_session **
 enum ferroce_result ferroce_session_connect(const struct ferroce_session *session,
                                             const struct ferroce_session_config *config);
 
-// Seed 003's `alloc_memory`: `size` bytes of host memory, registered; `*out` receives the
+// Catalyst's `alloc_memory`: `size` bytes of host memory, registered; `*out` receives the
 // region. (`MemKind` for GPU memory is not offered here yet.)
 //
 // # Safety
@@ -1330,7 +1334,7 @@ uint32_t ferroce_mem_region_rkey(const struct ferroce_mem_region *region);
 // `region` is NULL or a region from this library not freed before.
 void ferroce_mem_region_free(struct ferroce_mem_region *region);
 
-// Seed 003's `exchange_keys`: advertises `local` and writes the peer's region to `*peer`.
+// Catalyst's `exchange_keys`: advertises `local` and writes the peer's region to `*peer`.
 //
 // # Safety
 //
@@ -1339,7 +1343,7 @@ enum ferroce_result ferroce_session_exchange_keys(const struct ferroce_session *
                                                   const struct ferroce_mem_region *local,
                                                   struct ferroce_peer_ref *peer);
 
-// Seed 003's `establish_channel`: posts the receives and agrees on `desc` with the peer
+// Catalyst's `establish_channel`: posts the receives and agrees on `desc` with the peer
 // (both sides must give the same).
 //
 // # Safety
@@ -1350,7 +1354,7 @@ enum ferroce_result ferroce_session_establish_channel(const struct ferroce_sessi
                                                       const struct ferroce_mem_region *local,
                                                       const struct ferroce_peer_ref *peer);
 
-// Seed 003's `set_coprocessor_fn`, on a coprocessor after `establish_channel` and before
+// Catalyst's `set_coprocessor_fn`, on a coprocessor after `establish_channel` and before
 // `start`: `function` turns each request into a reply, called with `user` on the session's
 // engine thread.
 //
@@ -1364,7 +1368,7 @@ enum ferroce_result ferroce_session_set_coprocessor_fn(const struct ferroce_sess
                                                        ferroce_coprocessor_fn function,
                                                        void *user);
 
-// Seed 003's `start`: returns at once; a coprocessor's engine serves until `stop`.
+// Catalyst's `start`: returns at once; a coprocessor's engine serves until `stop`.
 //
 // # Safety
 //
@@ -1383,7 +1387,7 @@ enum ferroce_result ferroce_session_submit(const struct ferroce_session *session
                                            size_t len,
                                            uint64_t *id);
 
-// Seed 003's `collect`: waits up to `timeout_ms` for a result and scatters it over the `n`
+// Catalyst's `collect`: waits up to `timeout_ms` for a result and scatters it over the `n`
 // buffers `replies` of `replies_bytes` bytes each, in order; `*out` (may be NULL) receives
 // which request it answers and the bytes written. On a coprocessor, the next request
 // served, with the reply it sent.
@@ -1403,14 +1407,14 @@ enum ferroce_result ferroce_session_collect(const struct ferroce_session *sessio
                                             uint32_t timeout_ms,
                                             struct ferroce_collected *out);
 
-// Seed 003's `stop`: stops the engine, says bye to the peer and joins. Idempotent.
+// Catalyst's `stop`: stops the engine, says bye to the peer and joins. Idempotent.
 //
 // # Safety
 //
 // `session` is NULL or live.
 void ferroce_session_stop(const struct ferroce_session *session);
 
-// Seed 003's `last_rtt_ns`: the last round trip in nanoseconds, 0 before the first.
+// Catalyst's `last_rtt_ns`: the last round trip in nanoseconds, 0 before the first.
 //
 // # Safety
 //
@@ -1437,3 +1441,21 @@ enum ferroce_result ferroce_test_panic(bool panic);
 #endif  // __cplusplus
 
 #endif  /* FERROCE_H */
+
+#ifndef FERROCE_ACCESS_BITS_DISTINCT_
+#define FERROCE_ACCESS_BITS_DISTINCT_                                                    \
+    ((FERROCE_ACCESS_REMOTE_WRITE & FERROCE_ACCESS_REMOTE_READ) == 0 &&                  \
+     (FERROCE_ACCESS_REMOTE_WRITE & FERROCE_ACCESS_REMOTE_ATOMIC) == 0 &&                \
+     (FERROCE_ACCESS_REMOTE_READ & FERROCE_ACCESS_REMOTE_ATOMIC) == 0 &&                 \
+     FERROCE_ACCESS_REMOTE_WRITE != 0 && FERROCE_ACCESS_REMOTE_READ != 0 &&               \
+     FERROCE_ACCESS_REMOTE_ATOMIC != 0 && FERROCE_ACCESS_LOCAL == 0 &&                    \
+     FERROCE_ACCESS_REMOTE == (FERROCE_ACCESS_REMOTE_WRITE | FERROCE_ACCESS_REMOTE_READ | \
+                               FERROCE_ACCESS_REMOTE_ATOMIC))
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(FERROCE_ACCESS_BITS_DISTINCT_, "FERROCE_ACCESS_* rights must be distinct bits");
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(FERROCE_ACCESS_BITS_DISTINCT_, "FERROCE_ACCESS_* rights must be distinct bits");
+#else
+typedef char ferroce_access_bits_distinct_[FERROCE_ACCESS_BITS_DISTINCT_ ? 1 : -1];
+#endif
+#endif  /* FERROCE_ACCESS_BITS_DISTINCT_ */

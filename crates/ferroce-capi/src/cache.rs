@@ -1,15 +1,15 @@
-//! The registered-buffer cache (seed 002, neuray's `IRDMA_context`): `ferroce_context` and
+//! The registered-buffer cache (neuray's `IRDMA_context`): `ferroce_context` and
 //! `ferroce_buffer`.
 //!
 //! A context is bound to one remote host. It hands out registered buffers
-//! (`ferroce_context_write_memory`, `ferroce_context_read_memory`, the seed's
+//! (`ferroce_context_write_memory`, `ferroce_context_read_memory`, neuray's
 //! `get_write_memory` and `get_read_memory`), sends one there as a whole
-//! (`ferroce_context_flush`, the seed's `flush`), and takes what the remote host flushed
+//! (`ferroce_context_flush`, neuray's `flush`), and takes what the remote host flushed
 //! here (`ferroce_context_receive`). Freeing a buffer returns it to the context's cache
 //! rather than deregistering it. A context is thread-safe: any number of threads may take
 //! buffers, flush and receive at once.
 //!
-//! The seed's codes map to results: its -1 ("invalid parameters") is `INVALID`, its -2
+//! neuray's codes map to results: its -1 ("invalid parameters") is `INVALID`, its -2
 //! ("not supported") is `UNSUPPORTED`, and where it returns NULL for an allocation failure
 //! this returns `DEVICE` (the locked-memory limit, most often) with the reason.
 
@@ -26,12 +26,12 @@ use crate::fence::{
 use crate::ferroce_result;
 use crate::nic::{nic_failure, parse_addr};
 
-/// A context bound to one remote host (seed 002's `IRDMA_context`). Thread-safe.
+/// A context bound to one remote host (neuray's `IRDMA_context`). Thread-safe.
 pub struct ferroce_context {
     context: Context,
 }
 
-/// A registered buffer of a context (seed 002's `IRDMA_buffer`). Calls on one buffer are
+/// A registered buffer of a context (neuray's `IRDMA_buffer`). Calls on one buffer are
 /// serialised.
 pub struct ferroce_buffer {
     buffer: Mutex<Buffer>,
@@ -150,7 +150,7 @@ unsafe fn take_buffer(
     unsafe { write_out(out, handle, "out") }
 }
 
-/// A buffer of `size` bytes to write locally and flush to the remote host (seed 002's
+/// A buffer of `size` bytes to write locally and flush to the remote host (neuray's
 /// `get_write_memory`); `gpu_id` -1 for main memory, 0 and up for a GPU (`UNSUPPORTED`
 /// without one). Taken from the cache when one of its size class is free.
 ///
@@ -171,7 +171,7 @@ pub unsafe extern "C" fn ferroce_context_write_memory(
     })
 }
 
-/// A buffer of `size` bytes for reading what the remote host writes (seed 002's
+/// A buffer of `size` bytes for reading what the remote host writes (neuray's
 /// `get_read_memory`); `gpu_id` as for `ferroce_context_write_memory`.
 ///
 /// # Safety
@@ -192,7 +192,7 @@ pub unsafe extern "C" fn ferroce_context_read_memory(
 }
 
 /// Sends the buffer's bytes (its length, `ferroce_buffer_len`) to the remote host as one
-/// message and waits until its NIC acknowledged them (seed 002's `flush`). The remote host
+/// message and waits until its NIC acknowledged them (neuray's `flush`). The remote host
 /// takes it with `ferroce_context_receive`.
 ///
 /// `INVALID` for a buffer of another context or larger than the remote's read buffers.

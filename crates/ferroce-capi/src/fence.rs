@@ -24,7 +24,7 @@ pub enum ferroce_result {
     Ok = 0,
     /// Nothing came in time (a frame, a completion, a reply, a peer).
     Timeout = 1,
-    /// The object has not been started: a receiver before `start` (seed 000 throws
+    /// The object has not been started: a receiver before `start` (Hololink's receiver throws
     /// `std::runtime_error` here).
     NotStarted = 2,
     /// A pointer argument was NULL.

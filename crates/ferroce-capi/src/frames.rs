@@ -1,7 +1,7 @@
-//! Sensor frames (seed 000, Hololink's `RoceReceiverInterfaceV2`): `ferroce_receiver`, the
+//! Sensor frames (Hololink's `RoceReceiverInterfaceV2`): `ferroce_receiver`, the
 //! zero-copy `ferroce_frame`, and `ferroce_sender`, the device side.
 //!
-//! A receiver is thread-safe as the seed's is: one thread runs
+//! A receiver is thread-safe as Hololink's is: one thread runs
 //! `ferroce_receiver_blocking_monitor`, another takes frames with
 //! `ferroce_receiver_next_frame`, and any thread may call `ferroce_receiver_close`. Free it
 //! only once the monitor has returned.
@@ -39,7 +39,7 @@ pub const FERROCE_FRAME_CUDA: u32 = 1;
 /// `ferroce_frame_memory`: the frame is in another device's memory.
 pub const FERROCE_FRAME_DEVICE: u32 = 2;
 
-/// A sensor-frame receiver (seed 000's `RoceReceiverInterfaceV2`). Thread-safe.
+/// A sensor-frame receiver (Hololink's `RoceReceiverInterfaceV2`). Thread-safe.
 pub struct ferroce_receiver {
     rx: Receiver,
 }
@@ -55,7 +55,7 @@ pub struct ferroce_sender {
     sender: Mutex<Sender>,
 }
 
-/// How to start a receiver: seed 000's `start` parameters, less the device name (the NIC is
+/// How to start a receiver: Hololink's `start` parameters, less the device name (the NIC is
 /// passed instead). Versioned: set `struct_size` to `sizeof`. The library allocates the
 /// ring of pages itself, in host memory whose frames `ferroce_receiver_frame_view` hands out.
 #[repr(C)]
@@ -95,7 +95,7 @@ pub struct ferroce_receiver_config {
     pub cuda_device: u32,
 }
 
-/// One completed frame (seed 000's `RoceReceiverFrameInfoV1`, with Hololink's Linux
+/// One completed frame (Hololink's `RoceReceiverFrameInfoV1`, with Hololink's Linux
 /// receiver's extras and ferroce's own). Versioned: set `struct_size` to `sizeof` before
 /// passing it to `ferroce_receiver_next_frame`.
 #[repr(C)]
@@ -297,7 +297,7 @@ pub unsafe extern "C" fn ferroce_receiver_new(out: *mut *mut ferroce_receiver) -
     })
 }
 
-/// Brings the receiver up on `nic` (seed 000's `start`): allocates and registers the ring,
+/// Brings the receiver up on `nic` (Hololink's `start`): allocates and registers the ring,
 /// creates the queue pair that takes the device's writes, and posts its receives. Frames
 /// arrive once `ferroce_receiver_blocking_monitor` runs. After `close`, or after the receive
 /// path failed, `start` brings up a fresh run.
@@ -366,7 +366,7 @@ pub unsafe extern "C" fn ferroce_receiver_start(
     })
 }
 
-/// The caller's CUDA memory for a receiver (seed 000's `cu_buffer`).
+/// The caller's CUDA memory for a receiver (Hololink's `cu_buffer`).
 #[cfg(feature = "cuda")]
 fn borrowed_cuda(
     device: u32,
@@ -401,7 +401,7 @@ fn borrowed_cuda(
     ))
 }
 
-/// Runs the receive path on this thread until `ferroce_receiver_close` (seed 000's
+/// Runs the receive path on this thread until `ferroce_receiver_close` (Hololink's
 /// `blocking_monitor`): receives packets, completes frames, queues them and runs the
 /// frame-ready callback. Give it a thread of its own.
 ///
@@ -426,7 +426,7 @@ pub unsafe extern "C" fn ferroce_receiver_blocking_monitor(
     })
 }
 
-/// Ends the run, returning `ferroce_receiver_blocking_monitor` to its caller (seed 000's
+/// Ends the run, returning `ferroce_receiver_blocking_monitor` to its caller (Hololink's
 /// `close`). Callable from any thread and more than once; does nothing before `start`.
 ///
 /// # Safety
@@ -442,7 +442,7 @@ pub unsafe extern "C" fn ferroce_receiver_close(rx: *const ferroce_receiver) {
     });
 }
 
-/// Takes the next completed frame, waiting up to `timeout_ms` (seed 000's `get_next_frame`);
+/// Takes the next completed frame, waiting up to `timeout_ms` (Hololink's `get_next_frame`);
 /// frames come in the order they completed. Set `out->struct_size` first.
 ///
 /// `TIMEOUT` when none came in time (or the receiver was closed); `FAILED` at once when the
@@ -593,7 +593,7 @@ pub unsafe extern "C" fn ferroce_receiver_counters(
     })
 }
 
-/// Whether `ferroce_receiver_next_frame` would return at once (seed 000's `frames_ready`):
+/// Whether `ferroce_receiver_next_frame` would return at once (Hololink's `frames_ready`):
 /// a frame is waiting, or the receive path has failed. False for a NULL `rx`.
 ///
 /// # Safety
@@ -607,7 +607,7 @@ pub unsafe extern "C" fn ferroce_receiver_frames_ready(rx: *const ferroce_receiv
     })
 }
 
-/// Whether a fatal event has stopped the receive path (seed 000's `receive_path_failed`);
+/// Whether a fatal event has stopped the receive path (Hololink's `receive_path_failed`);
 /// `ferroce_receiver_start` again to recover. False for a NULL `rx`.
 ///
 /// # Safety
@@ -644,7 +644,7 @@ pub unsafe extern "C" fn ferroce_receiver_failure(
     })
 }
 
-/// A frame-ready callback (seed 000's `set_frame_ready` callback), called with the user data
+/// A frame-ready callback (Hololink's `set_frame_ready` callback), called with the user data
 /// it was registered with, on the monitor's thread; NULL for none.
 pub type ferroce_frame_ready_fn = Option<unsafe extern "C" fn(user: *mut c_void)>;
 
@@ -661,7 +661,7 @@ unsafe impl Send for FrameReady {}
 unsafe impl Sync for FrameReady {}
 
 /// Sets the function run on the monitor's thread each time a frame becomes available
-/// (seed 000's `set_frame_ready`), called with `user`; a NULL `callback` removes it. It is
+/// (Hololink's `set_frame_ready`), called with `user`; a NULL `callback` removes it. It is
 /// kept across starts. Register it before the monitor starts.
 ///
 /// The callback must return (not `longjmp` out) and must not throw a C++ exception; it may
@@ -713,7 +713,7 @@ unsafe fn started<T: Default>(
     })
 }
 
-/// The queue pair the device sends to (seed 000's `get_qp_number`); 0 before `start`.
+/// The queue pair the device sends to (Hololink's `get_qp_number`); 0 before `start`.
 ///
 /// # Safety
 ///
@@ -726,7 +726,7 @@ pub unsafe extern "C" fn ferroce_receiver_qp_number(rx: *const ferroce_receiver)
     })
 }
 
-/// The key the device presents (seed 000's `get_rkey`); 0 before `start`.
+/// The key the device presents (Hololink's `get_rkey`); 0 before `start`.
 ///
 /// # Safety
 ///
@@ -739,7 +739,7 @@ pub unsafe extern "C" fn ferroce_receiver_rkey(rx: *const ferroce_receiver) -> u
     })
 }
 
-/// Where page 0 begins in the device's view of the ring (seed 000's
+/// Where page 0 begins in the device's view of the ring (Hololink's
 /// `external_frame_memory`); page n is at this plus n × page size. 0 before `start`.
 ///
 /// # Safety
@@ -777,7 +777,7 @@ pub unsafe extern "C" fn ferroce_receiver_local_port(rx: *const ferroce_receiver
     })
 }
 
-/// The frame size `start` was given (seed 000's `frame_size`); 0 before.
+/// The frame size `start` was given (Hololink's `frame_size`); 0 before.
 ///
 /// # Safety
 ///
@@ -790,7 +790,7 @@ pub unsafe extern "C" fn ferroce_receiver_frame_size(rx: *const ferroce_receiver
     })
 }
 
-/// The page size in use (seed 000's `page_size`); 0 before `start`.
+/// The page size in use (Hololink's `page_size`); 0 before `start`.
 ///
 /// # Safety
 ///
@@ -803,7 +803,7 @@ pub unsafe extern "C" fn ferroce_receiver_page_size(rx: *const ferroce_receiver)
     })
 }
 
-/// The pages `start` was given (seed 000's `pages`); 0 before.
+/// The pages `start` was given (Hololink's `pages`); 0 before.
 ///
 /// # Safety
 ///

@@ -1,13 +1,15 @@
 //! The C ABI of ferroce: `include/ferroce.h`, generated from this crate by cbindgen.
 //!
-//! One module per face, each item naming the seed call it answers:
+//! One module per face, each item naming the call it answers in Hololink's
+//! `RoceReceiverInterfaceV2`, Catalyst's `TransportSession`, neuray's `IRDMA_context` or Rig_mlx5's
+//! `Region`:
 //! - [`nic`]: the soft NIC, opened on an address or on a bound UDP socket;
-//! - [`region`]: registered memory (seed 004);
+//! - [`region`]: registered memory (Rig_mlx5's `Region`);
 //! - [`qp`]: queue pairs and completion queues, the verbs under the faces;
-//! - [`frames`]: the sensor-frame receiver (seed 000, Hololink's `RoceReceiverInterfaceV2`),
+//! - [`frames`]: the sensor-frame receiver (Hololink's `RoceReceiverInterfaceV2`),
 //!   zero-copy frame views, and the device-side sender;
-//! - [`session`]: the controller/coprocessor session (seed 003);
-//! - [`cache`]: the registered-buffer cache (seed 002);
+//! - [`session`]: the controller/coprocessor session (Catalyst's `TransportSession`);
+//! - [`cache`]: the registered-buffer cache (neuray's `IRDMA_context`);
 //! - [`fence`]: the result codes, the thread's last error, and the panic fence every
 //!   exported function runs in.
 //!

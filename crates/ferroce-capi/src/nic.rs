@@ -1,6 +1,6 @@
 //! The NIC: `ferroce_nic`, opened on an address or on a UDP socket the caller bound.
 //!
-//! Answers the device half of seed 000's `start(ibv_name, …)`: where Hololink names an
+//! Answers the device half of Hololink's `start(ibv_name, …)`: where Hololink names an
 //! InfiniBand device, a C caller opens the soft NIC on an address (`ferroce_nic_open`), or,
 //! as `LinuxReceiverInterfaceV1::start(data_socket, …)` is handed a bound socket, adopts one
 //! (`ferroce_nic_adopt_udp_socket`).

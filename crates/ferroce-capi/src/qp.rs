@@ -1,7 +1,7 @@
 //! Queue pairs and completion queues: `ferroce_qp`, `ferroce_cq`.
 //!
-//! The verbs under the seeds: an RC (or UC) queue pair connected to a peer's endpoint, work
-//! requests naming regions by address and key (seed 004's `local` and `remote`), and
+//! The verbs under the faces: an RC (or UC) queue pair connected to a peer's endpoint, work
+//! requests naming regions by address and key (Rig_mlx5's `Region.local` and `remote`), and
 //! completions polled from a CQ. Numbers follow libibverbs where C users look for them: the
 //! completion's `status` is `enum ibv_wc_status`, its `opcode` `enum ibv_wc_opcode`.
 

@@ -1,4 +1,4 @@
-//! Registered memory: `ferroce_region` (seed 004, `Rig_mlx5.Region`).
+//! Registered memory: `ferroce_region` (Rig_mlx5's `Region`).
 //!
 //! The library allocates and owns a region's bytes, as the Rust API does: the caller asks for
 //! a size and copies in and out (`ferroce_region_write`, `ferroce_region_read`), or, for
@@ -17,16 +17,29 @@ use crate::fence::{
 use crate::ferroce_result;
 use crate::nic::ferroce_nic;
 
-/// Peers neither read nor write the region (seed 004's `Local`).
+/// Peers neither read nor write the region (Rig_mlx5's `Local`): no flag bit.
+///
+/// The `FERROCE_ACCESS_REMOTE_*` values are distinct bits, to be ORed as `IBV_ACCESS_*` are:
+/// `FERROCE_ACCESS_REMOTE_WRITE | FERROCE_ACCESS_REMOTE_READ` grants exactly those two rights.
+/// `ferroce.h` checks at compile time that no two share a bit; any other bit is `INVALID`.
 pub const FERROCE_ACCESS_LOCAL: u32 = 0;
-/// Peers write (seed 004's `Remote_write`).
+/// Peers may RDMA WRITE (Rig_mlx5's `Remote_write`).
 pub const FERROCE_ACCESS_REMOTE_WRITE: u32 = 1;
-/// Peers read, and nothing else.
+/// Peers may RDMA READ.
 pub const FERROCE_ACCESS_REMOTE_READ: u32 = 2;
-/// Peers run atomics, and nothing else.
-pub const FERROCE_ACCESS_REMOTE_ATOMIC: u32 = 3;
-/// Peers read, write and run atomics (seed 004's `Remote`).
-pub const FERROCE_ACCESS_REMOTE: u32 = 4;
+/// Peers may run atomics.
+pub const FERROCE_ACCESS_REMOTE_ATOMIC: u32 = 4;
+/// Peers read, write and run atomics: the three bits ORed (Rig_mlx5's `Remote`).
+pub const FERROCE_ACCESS_REMOTE: u32 = 7;
+
+// The C values are the Rust flags, so that one conversion serves both.
+const _: () = {
+    assert!(FERROCE_ACCESS_REMOTE_WRITE == RegionAccess::FLAG_REMOTE_WRITE);
+    assert!(FERROCE_ACCESS_REMOTE_READ == RegionAccess::FLAG_REMOTE_READ);
+    assert!(FERROCE_ACCESS_REMOTE_ATOMIC == RegionAccess::FLAG_REMOTE_ATOMIC);
+    assert!(FERROCE_ACCESS_REMOTE == RegionAccess::FLAGS_ALL);
+    assert!(FERROCE_ACCESS_LOCAL == RegionAccess::Local.flags());
+};
 
 /// Page-aligned memory whose address the caller may use (`ferroce_region_host_pointer`);
 /// not locked in RAM.
@@ -45,17 +58,11 @@ pub struct ferroce_region {
 }
 
 pub(crate) fn access_arg(access: u32) -> Result<RegionAccess, Failure> {
-    Ok(match access {
-        FERROCE_ACCESS_LOCAL => RegionAccess::Local,
-        FERROCE_ACCESS_REMOTE_WRITE => RegionAccess::RemoteWrite,
-        FERROCE_ACCESS_REMOTE_READ => RegionAccess::RemoteRead,
-        FERROCE_ACCESS_REMOTE_ATOMIC => RegionAccess::RemoteAtomic,
-        FERROCE_ACCESS_REMOTE => RegionAccess::Remote,
-        other => {
-            return Err(Failure::invalid(format_args!(
-                "access {other} is not a FERROCE_ACCESS_* value (0 to 4)"
-            )))
-        }
+    RegionAccess::from_flags(access).map_err(|e| {
+        Failure::invalid(format_args!(
+            "{e}: access is FERROCE_ACCESS_LOCAL or an OR of FERROCE_ACCESS_REMOTE_WRITE, \
+             FERROCE_ACCESS_REMOTE_READ and FERROCE_ACCESS_REMOTE_ATOMIC"
+        ))
     })
 }
 
@@ -73,9 +80,9 @@ pub(crate) fn region_failure(e: &RegionError) -> Failure {
     Failure::new(code, e)
 }
 
-/// Registers `len` fresh zeroed bytes with `nic` for `access` (a `FERROCE_ACCESS_*` value),
-/// of kind `memory` (a `FERROCE_MEMORY_*` value), writes landing in order (seed 004's
-/// `register`); `*out` receives the region.
+/// Registers `len` fresh zeroed bytes with `nic` for `access` (`FERROCE_ACCESS_*` bits ORed),
+/// of kind `memory` (a `FERROCE_MEMORY_*` value), writes landing in order (Rig_mlx5's
+/// `Region.register`); `*out` receives the region.
 ///
 /// `INVALID` for 0 bytes or an unknown value; `DEVICE` when the locked-memory limit cannot
 /// hold `FERROCE_MEMORY_PINNED` bytes (the text says how to raise it).
@@ -133,7 +140,7 @@ pub unsafe extern "C" fn ferroce_region_register(
     })
 }
 
-/// Registers `len` bytes at `addr` that the caller owns (seed 004's `register` of the
+/// Registers `len` bytes at `addr` that the caller owns (Rig_mlx5's `Region.register` of the
 /// application's memory, as NIXL's and Mooncake's `register_memory` take it), for `access`,
 /// writes landing in order; `*out` receives the region. What peers write lands in the
 /// caller's bytes; `ferroce_region_host_pointer` is `addr`.
@@ -258,7 +265,7 @@ pub unsafe extern "C" fn ferroce_region_read(
     })
 }
 
-/// The address work requests and peers use for the region's first byte (seed 004's `local`
+/// The address work requests and peers use for the region's first byte (Rig_mlx5's `Region.local`
 /// and `remote` start here); 0 for a NULL `region`.
 ///
 /// # Safety
@@ -285,7 +292,7 @@ pub unsafe extern "C" fn ferroce_region_len(region: *const ferroce_region) -> u6
     })
 }
 
-/// The key this process's work requests name the region by (seed 004's `local`); 0 for a
+/// The key this process's work requests name the region by (Rig_mlx5's `Region.local`); 0 for a
 /// NULL `region`.
 ///
 /// # Safety
@@ -302,7 +309,7 @@ pub unsafe extern "C" fn ferroce_region_lkey(region: *const ferroce_region) -> u
     })
 }
 
-/// The key peers present (seed 004's `remote`); 0 for a `FERROCE_ACCESS_LOCAL` region or a
+/// The key peers present (Rig_mlx5's `Region.remote`); 0 for a `FERROCE_ACCESS_LOCAL` region or a
 /// NULL `region`.
 ///
 /// # Safety
@@ -337,7 +344,7 @@ pub unsafe extern "C" fn ferroce_region_host_pointer(region: *const ferroce_regi
     })
 }
 
-/// Deregisters the region (seed 004's `deregister`) and frees its memory; NULL does nothing.
+/// Deregisters the region (Rig_mlx5's `Region.deregister`) and frees its memory; NULL does nothing.
 /// Work requests that name it must have completed.
 ///
 /// # Safety

@@ -1,6 +1,6 @@
-//! The request/reply session (seed 003, Catalyst's `TransportSession`): `ferroce_session`.
+//! The request/reply session (Catalyst's `TransportSession`): `ferroce_session`.
 //!
-//! The seed's order holds: `connect`, `alloc_memory`, `exchange_keys`, `establish_channel`,
+//! Catalyst's order holds: `connect`, `alloc_memory`, `exchange_keys`, `establish_channel`,
 //! on the coprocessor `set_coprocessor_fn`, then `start`, `submit`/`collect`, `stop`. A call
 //! out of order returns `INVALID`, and the text names the step that is missing.
 //!
@@ -23,27 +23,27 @@ use crate::ferroce_result;
 use crate::nic::{nic_failure, parse_addr};
 use crate::region::region_failure;
 
-/// `ferroce_session_new`'s role: submits requests and collects replies (seed 003's
+/// `ferroce_session_new`'s role: submits requests and collects replies (Catalyst's
 /// `ControllerSession`).
 pub const FERROCE_ROLE_CONTROLLER: u32 = 0;
-/// `ferroce_session_new`'s role: turns each request into a reply with its function (seed
-/// 003's `CoprocessorSession`).
+/// `ferroce_session_new`'s role: turns each request into a reply with its function (Catalyst's
+/// `CoprocessorSession`).
 pub const FERROCE_ROLE_COPROCESSOR: u32 = 1;
 
-/// A session of either role (seed 003's `TransportSession`). Thread-safe; calls are
+/// A session of either role (Catalyst's `TransportSession`). Thread-safe; calls are
 /// serialised.
 pub struct ferroce_session {
     session: Mutex<AnySession>,
 }
 
-/// A registered region of a session (seed 003's `MemRegion`), as `alloc_memory` returns it.
+/// A registered region of a session (Catalyst's `MemRegion`), as `alloc_memory` returns it.
 /// The session keeps the region alive while its channel uses it, so the handle may be freed
 /// after `establish_channel`.
 pub struct ferroce_mem_region {
     region: MemRegion,
 }
 
-/// Where the peer is and how long to wait for it (seed 003's `ConnectInfo`). Versioned: set
+/// Where the peer is and how long to wait for it (Catalyst's `ConnectInfo`). Versioned: set
 /// `struct_size` to `sizeof`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -62,7 +62,7 @@ pub struct ferroce_session_config {
     pub peer_timeout_ms: u32,
 }
 
-/// The peer's region as `exchange_keys` learnt it (seed 003's `PeerRef`).
+/// The peer's region as `exchange_keys` learnt it (Catalyst's `PeerRef`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ferroce_peer_ref {
@@ -74,7 +74,7 @@ pub struct ferroce_peer_ref {
     pub rkey: u32,
 }
 
-/// What the channel carries (seed 003's `ChannelDesc`); both sides establish the same.
+/// What the channel carries (Catalyst's `ChannelDesc`); both sides establish the same.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ferroce_channel_desc {
@@ -92,11 +92,11 @@ pub struct ferroce_channel_desc {
 pub struct ferroce_collected {
     /// The request the reply answers, as `submit` numbered it.
     pub request: u64,
-    /// The bytes written, from the first buffer on (the seed's return value).
+    /// The bytes written, from the first buffer on (Catalyst's return value).
     pub bytes: u64,
 }
 
-/// The coprocessor's function (seed 003's coprocessor function): gets the request's
+/// The coprocessor's function (Catalyst's coprocessor function): gets the request's
 /// `request_len` bytes and a reply slot of `reply_capacity` bytes, writes the reply at the
 /// slot's start and returns its length; a negative return is an error reply. Runs on the
 /// session's engine thread.
@@ -172,7 +172,7 @@ pub unsafe extern "C" fn ferroce_session_new(
     })
 }
 
-/// Seed 003's `connect`: opens the NIC, the out-of-band connection (the controller dials,
+/// Catalyst's `connect`: opens the NIC, the out-of-band connection (the controller dials,
 /// the coprocessor listens and waits), and takes the queue pair to RTS.
 ///
 /// # Safety
@@ -216,7 +216,7 @@ pub unsafe extern "C" fn ferroce_session_connect(
     })
 }
 
-/// Seed 003's `alloc_memory`: `size` bytes of host memory, registered; `*out` receives the
+/// Catalyst's `alloc_memory`: `size` bytes of host memory, registered; `*out` receives the
 /// region. (`MemKind` for GPU memory is not offered here yet.)
 ///
 /// # Safety
@@ -279,7 +279,7 @@ pub unsafe extern "C" fn ferroce_mem_region_free(region: *mut ferroce_mem_region
     fence("ferroce_mem_region_free", || unsafe { free_handle(region) });
 }
 
-/// Seed 003's `exchange_keys`: advertises `local` and writes the peer's region to `*peer`.
+/// Catalyst's `exchange_keys`: advertises `local` and writes the peer's region to `*peer`.
 ///
 /// # Safety
 ///
@@ -309,7 +309,7 @@ pub unsafe extern "C" fn ferroce_session_exchange_keys(
     })
 }
 
-/// Seed 003's `establish_channel`: posts the receives and agrees on `desc` with the peer
+/// Catalyst's `establish_channel`: posts the receives and agrees on `desc` with the peer
 /// (both sides must give the same).
 ///
 /// # Safety
@@ -356,7 +356,7 @@ struct CoprocessorCall {
 // may run on the engine's thread with `user`; the pointer is only handed back to it.
 unsafe impl Send for CoprocessorCall {}
 
-/// Seed 003's `set_coprocessor_fn`, on a coprocessor after `establish_channel` and before
+/// Catalyst's `set_coprocessor_fn`, on a coprocessor after `establish_channel` and before
 /// `start`: `function` turns each request into a reply, called with `user` on the session's
 /// engine thread.
 ///
@@ -407,7 +407,7 @@ pub unsafe extern "C" fn ferroce_session_set_coprocessor_fn(
     })
 }
 
-/// Seed 003's `start`: returns at once; a coprocessor's engine serves until `stop`.
+/// Catalyst's `start`: returns at once; a coprocessor's engine serves until `stop`.
 ///
 /// # Safety
 ///
@@ -456,7 +456,7 @@ pub unsafe extern "C" fn ferroce_session_submit(
     })
 }
 
-/// Seed 003's `collect`: waits up to `timeout_ms` for a result and scatters it over the `n`
+/// Catalyst's `collect`: waits up to `timeout_ms` for a result and scatters it over the `n`
 /// buffers `replies` of `replies_bytes` bytes each, in order; `*out` (may be NULL) receives
 /// which request it answers and the bytes written. On a coprocessor, the next request
 /// served, with the reply it sent.
@@ -518,7 +518,7 @@ pub unsafe extern "C" fn ferroce_session_collect(
     })
 }
 
-/// Seed 003's `stop`: stops the engine, says bye to the peer and joins. Idempotent.
+/// Catalyst's `stop`: stops the engine, says bye to the peer and joins. Idempotent.
 ///
 /// # Safety
 ///
@@ -533,7 +533,7 @@ pub unsafe extern "C" fn ferroce_session_stop(session: *const ferroce_session) {
     });
 }
 
-/// Seed 003's `last_rtt_ns`: the last round trip in nanoseconds, 0 before the first.
+/// Catalyst's `last_rtt_ns`: the last round trip in nanoseconds, 0 before the first.
 ///
 /// # Safety
 ///

@@ -35,7 +35,7 @@ pub(crate) const FRAME_4K_RAW12: usize = 3840 * 2160 * 3 / 2;
 /// `ferroce stream`'s two ends.
 #[derive(Subcommand)]
 pub(crate) enum StreamCommand {
-    /// Receive frames into a ring of pages (seed 000's receiver) and report each one.
+    /// Receive frames into a ring of pages (Hololink's receiver) and report each one.
     Recv(RecvArgs),
     /// Be the device: serve the bridge's registers, then stream frames where they say.
     Send(SendArgs),
@@ -519,7 +519,7 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
             break;
         }
         if rx.receive_path_failed() {
-            // Recover as the seed allows: a fresh start, once the cause has gone.
+            // Recover as Hololink's receiver allows: a fresh start, once the cause has gone.
             let why = rx.failure().unwrap_or_default();
             if let Some(m) = monitor.take() {
                 let _ = m.join();

@@ -1,7 +1,7 @@
 //! The tools between two network namespaces joined by a veth pair that each test creates and
 //! removes, a real link rather than loopback: `pingpong` over IPv4 and IPv6, every `perf` verb
-//! under faults, `perf session-lat`, and a frame stream whose receiver loses its address. Needs root and
-//! iproute2; without them the test says why it skips, and `scripts/test.sh` sets
+//! under faults, `perf session-lat`, and a frame stream whose receiver loses its address. Needs
+//! root and iproute2; without them the test says why it skips, and `scripts/test.sh` sets
 //! `FERROCE_REQUIRE_NETNS=1` so CI fails instead of skipping.
 
 use std::process::{Command, Output, Stdio};
@@ -384,7 +384,7 @@ fn every_verb_both_ways_across_namespaces_under_faults() {
     }
 }
 
-/// `perf session-lat` across the link: seed 003's session over a real link, not loopback.
+/// `perf session-lat` across the link: Catalyst's session over a real link, not loopback.
 #[test]
 fn session_lat_across_namespaces() {
     if !can_run() {

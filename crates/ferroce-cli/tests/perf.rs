@@ -1,7 +1,8 @@
 //! `ferroce perf` against itself: for each of perftest's eight tests a server and a client
 //! in two processes, with `--check` (every byte that arrived is verified), as `ib_write_bw`
-//! and friends are run, and `session-lat`, seed 003's session in the same table. Every NIC holds UDP port 4791 on its address, so each test has
-//! addresses (127.0.0.20 and up) and a TCP port of its own and the tests can run in parallel.
+//! and friends are run, and `session-lat`, Catalyst's session in the same table. Every NIC holds
+//! UDP port 4791 on its address, so each test has addresses (127.0.0.20 and up) and a TCP port of
+//! its own and the tests can run in parallel.
 
 mod common;
 

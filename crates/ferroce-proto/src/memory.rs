@@ -29,11 +29,11 @@ impl Access {
     pub const REMOTE_READ: Self = Self(4);
     /// Peers may run atomic operations on the region.
     pub const REMOTE_ATOMIC: Self = Self(8);
-    /// Seed 004's `Local`: the local NIC may read and write, peers nothing.
+    /// Rig_mlx5's `Local`: the local NIC may read and write, peers nothing.
     pub const LOCAL: Self = Self::LOCAL_WRITE;
-    /// Seed 004's `RemoteWrite`: local access plus remote WRITE.
+    /// Rig_mlx5's `RemoteWrite`: local access plus remote WRITE.
     pub const REMOTE_WRITE_ONLY: Self = Self(1 | 2);
-    /// Seed 004's `Remote`: local access plus remote WRITE, READ and atomics.
+    /// Rig_mlx5's `Remote`: local access plus remote WRITE, READ and atomics.
     pub const REMOTE: Self = Self(1 | 2 | 4 | 8);
 
     /// The union of two sets of rights.
@@ -86,7 +86,7 @@ impl fmt::Debug for Access {
     }
 }
 
-/// Whether writes into a region must become visible in order (seed 004's write order).
+/// Whether writes into a region must become visible in order (Rig_mlx5's write order).
 ///
 /// The software engine always places data in PSN order, so both behave the same here; the
 /// value is kept so that a hardware backend can map `AnyOrder` to relaxed ordering.

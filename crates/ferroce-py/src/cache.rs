@@ -1,4 +1,4 @@
-//! The cache face (seed 002, neuray's `IRDMA_context`): `Context`, `ContextConfig`, `Buffer`.
+//! The cache face (neuray's `IRDMA_context`): `Context`, `ContextConfig`, `Buffer`.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -38,7 +38,10 @@ pub(crate) struct ContextConfig {
 #[pymethods]
 impl ContextConfig {
     #[new]
-    #[pyo3(signature = (nic, oob, listen, *, device="ferroce0", ib_port=1, timeout=10.0, max_message=1 << 20, receive_depth=16, receive_gpu_id=-1, max_cached_bytes=256 << 20, mtu=None))]
+    #[pyo3(
+        signature = (nic, oob, listen, *, device="ferroce0", ib_port=1, timeout=10.0, max_message=1 << 20, receive_depth=16, receive_gpu_id=-1, max_cached_bytes=256 << 20, mtu=None),
+        text_signature = "(nic, oob, listen, *, device='ferroce0', ib_port=1, timeout=10.0, max_message=1048576, receive_depth=16, receive_gpu_id=-1, max_cached_bytes=268435456, mtu=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         nic: &str,
@@ -79,7 +82,7 @@ impl ContextConfig {
     }
 }
 
-/// A registered buffer of a `Context` (the seed's `IRDMA_buffer`). `release()` (or the end
+/// A registered buffer of a `Context` (neuray's `IRDMA_buffer`). `release()` (or the end
 /// of a `with` block, or garbage collection) gives it back to the cache, still registered.
 #[pyclass(module = "ferroce.cache", frozen)]
 pub(crate) struct Buffer {
@@ -185,7 +188,7 @@ impl Buffer {
 
     /// A wrapped user buffer gives the user's bytes back (deregistered, with what was
     /// written into them); the buffer is then gone. Other buffers raise `InvalidArgument`.
-    #[allow(clippy::wrong_self_convention)] // the seed's name; Python objects are shared
+    #[allow(clippy::wrong_self_convention)] // neuray's name; Python objects are shared
     fn into_user_buffer<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let Some(b) = lock(&self.inner).take() else {
             return Err(Error::closed("the buffer was given back").into());
@@ -227,7 +230,7 @@ impl Buffer {
     }
 }
 
-/// A cache of registered buffers bound to one remote host (the seed's `IRDMA_context`).
+/// A cache of registered buffers bound to one remote host (neuray's `IRDMA_context`).
 /// `Context.connect(config)`; one side listens, the other dials.
 #[pyclass(module = "ferroce.cache", frozen)]
 pub(crate) struct Context {
@@ -247,8 +250,8 @@ impl Context {
         Ok(Self { inner })
     }
 
-    /// The seed's `get_write_memory`: a buffer to fill and flush, or for the remote to read.
-    #[pyo3(signature = (size, gpu_id=-1))]
+    /// neuray's `get_write_memory`: a buffer to fill and flush, or for the remote to read.
+    #[pyo3(signature = (size, gpu_id=-1), text_signature = "($self, size, gpu_id=-1)")]
     fn write_memory(&self, py: Python<'_>, size: usize, gpu_id: i32) -> Result<Buffer, Error> {
         let d = device(gpu_id)?;
         Ok(Buffer::wrap(
@@ -256,17 +259,17 @@ impl Context {
         ))
     }
 
-    /// The seed's `get_read_memory`: a buffer for what the remote host writes.
-    #[pyo3(signature = (size, gpu_id=-1))]
+    /// neuray's `get_read_memory`: a buffer for what the remote host writes.
+    #[pyo3(signature = (size, gpu_id=-1), text_signature = "($self, size, gpu_id=-1)")]
     fn read_memory(&self, py: Python<'_>, size: usize, gpu_id: i32) -> Result<Buffer, Error> {
         let d = device(gpu_id)?;
         Ok(Buffer::wrap(py.detach(|| self.inner.read_memory(size, d))?))
     }
 
-    /// The seed's `wrap_user_buffer`. The Rust context takes ownership of the bytes it
+    /// neuray's `wrap_user_buffer`. The Rust context takes ownership of the bytes it
     /// registers, so this registers a copy of `data`; `into_user_buffer()` gives the bytes
     /// back, with whatever was written into them.
-    #[pyo3(signature = (data, gpu_id=-1))]
+    #[pyo3(signature = (data, gpu_id=-1), text_signature = "($self, data, gpu_id=-1)")]
     fn wrap_user_buffer(
         &self,
         py: Python<'_>,
@@ -281,7 +284,7 @@ impl Context {
         ))
     }
 
-    /// The seed's `flush`: sends the buffer's `len()` bytes to the remote host and waits
+    /// neuray's `flush`: sends the buffer's `len()` bytes to the remote host and waits
     /// (without the GIL, at most the config's timeout) until its NIC acknowledged them.
     fn flush(&self, py: Python<'_>, buffer: PyRef<'_, Buffer>) -> PyResult<()> {
         let ctx = self.inner.clone();

@@ -5,7 +5,7 @@
 //! `InvalidArgument` a `ValueError`). Each instance carries the Rust error's message as its
 //! only argument, `kind` (the Rust type and variant, such as `"NicError::AddressInUse"`),
 //! `errno` (the operating system's error number, where the cause is one) and `seed_code`
-//! (the cache seed's -1 or -2, else `None`).
+//! (neuray's `IRDMA_context` return code, -1 or -2, else `None`).
 //!
 //! The classes are built at module initialisation with `type(name, bases, dict)`: pyo3's
 //! `create_exception!` takes a single base, and a timeout must be both a `FerroceError` and a
@@ -190,13 +190,20 @@ impl From<ferroce::NicError> for Error {
         let message = e.to_string();
         match &e {
             E::AddressInUse { .. } => {
-                Self::new(Class::AddressInUse, "NicError::AddressInUse", message)
+                let mut e = Self::new(Class::AddressInUse, "NicError::AddressInUse", message);
+                e.errno = Some(libc::EADDRINUSE);
+                e
             }
-            E::AddressNotAvailable(_) => Self::new(
-                Class::AddressNotAvailable,
-                "NicError::AddressNotAvailable",
-                message,
-            ),
+            E::AddressNotAvailable(_) => {
+                let mut e = Self::new(
+                    Class::AddressNotAvailable,
+                    "NicError::AddressNotAvailable",
+                    message,
+                );
+                // What bind(2) said, as an OSError would carry it.
+                e.errno = Some(libc::EADDRNOTAVAIL);
+                e
+            }
             E::Pcap { source, .. } => {
                 Self::new(Class::Base, "NicError::Pcap", message).with_errno(Some(source))
             }

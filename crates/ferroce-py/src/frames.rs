@@ -1,5 +1,5 @@
-//! The frames face (seed 000): `Receiver`, `Frame` (a zero-copy view), `Sender`, and the
-//! bridge's data channel (`DataChannel`, `DeviceRegisters`).
+//! The frames face (Hololink's `RoceReceiverInterfaceV2`): `Receiver`, `Frame` (a zero-copy view),
+//! `Sender`, and the bridge's data channel (`DataChannel`, `DeviceRegisters`).
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
@@ -89,7 +89,7 @@ impl Metadata {
     }
 }
 
-/// One completed frame (seed 000's `RoceReceiverFrameInfoV1`, with ferroce's additions):
+/// One completed frame (Hololink's `RoceReceiverFrameInfoV1`, with ferroce's additions):
 /// `packets_lost` and `is_complete()` say what was lost.
 #[pyclass(module = "ferroce.frames", frozen)]
 pub(crate) struct FrameInfo {
@@ -312,13 +312,13 @@ impl DeviceMemory for PyDeviceMemory {
     }
 }
 
-/// How a `Receiver` is started (seed 000's `start` parameters). The defaults are the
+/// How a `Receiver` is started (Hololink's `start` parameters). The defaults are the
 /// bridge's own layout for `pages` frames of `frame_size` bytes (`for_frames`); the ring is
 /// mapped memory, so frames can be viewed where they land.
 ///
 /// `device`: `"cpu"` (the ring), `"cuda:N"` (CUDA memory on device N, the `cuda` feature), or
 /// leave it and pass `device_memory`: a CUDA array of the caller's (CuPy, PyTorch: anything
-/// with a writable `__cuda_array_interface__`; seed 000's `cu_buffer`, the `cuda` feature),
+/// with a writable `__cuda_array_interface__`; Hololink's `cu_buffer`, the `cuda` feature),
 /// which frames land in and which the receiver keeps alive, or an object implementing the
 /// device-memory methods in Python.
 #[pyclass(module = "ferroce.frames", get_all, set_all)]
@@ -337,7 +337,10 @@ pub(crate) struct ReceiverConfig {
 #[pymethods]
 impl ReceiverConfig {
     #[new]
-    #[pyo3(signature = (frame_size, pages, peer_ip, *, page_size=None, metadata_offset=None, queue_size=None, immediate="page12".to_owned(), device="cpu".to_owned(), device_memory=None))]
+    #[pyo3(
+        signature = (frame_size, pages, peer_ip, *, page_size=None, metadata_offset=None, queue_size=None, immediate="page12".to_owned(), device="cpu".to_owned(), device_memory=None),
+        text_signature = "(frame_size, pages, peer_ip, *, page_size=None, metadata_offset=None, queue_size=None, immediate='page12', device='cpu', device_memory=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         frame_size: usize,
@@ -669,7 +672,7 @@ impl Frame {
 
 type MonitorHandle = JoinHandle<Result<(), MonitorError>>;
 
-/// A sensor-frame receiver (seed 000, `RoceReceiverInterfaceV2`).
+/// A sensor-frame receiver (Hololink's `RoceReceiverInterfaceV2`).
 ///
 /// Frames arrive only while a monitor runs: `blocking_monitor()` on a thread of your own (it
 /// returns after `close()`), or `run_monitor()`, which starts one on a Rust thread. The
@@ -741,7 +744,7 @@ impl Receiver {
         }
     }
 
-    /// Brings the receiver up on `nic` (seed 000's `start`); again after `close()` or a
+    /// Brings the receiver up on `nic` (Hololink's `start`); again after `close()` or a
     /// failed receive path, for a fresh run. The frame-ready callback is kept.
     fn start(
         &self,
@@ -782,7 +785,7 @@ impl Receiver {
         Ok(Nic::wrap(nic))
     }
 
-    /// Runs the receive path until `close()` (seed 000's `blocking_monitor`). The work
+    /// Runs the receive path until `close()` (Hololink's `blocking_monitor`). The work
     /// happens on a Rust thread while this one waits without the GIL; Ctrl-C closes the
     /// receiver and raises `KeyboardInterrupt`. Raises `ReceivePathFailed` when a fatal event
     /// stopped the receive path, `NotStarted` before `start()`.
@@ -824,7 +827,7 @@ impl Receiver {
     }
 
     /// Ends the run, returning `blocking_monitor()` to its caller and joining a monitor
-    /// `run_monitor()` started (seed 000's `close`). Any thread, any number of times.
+    /// `run_monitor()` started (Hololink's `close`). Any thread, any number of times.
     fn close(&self, py: Python<'_>) {
         self.inner.close();
         drop(self.join_monitor(py));
@@ -854,13 +857,13 @@ impl Receiver {
         }
     }
 
-    /// Whether `next_frame` would return at once (seed 000's `frames_ready`).
+    /// Whether `next_frame` would return at once (Hololink's `frames_ready`).
     fn frames_ready(&self, py: Python<'_>) -> bool {
         py.detach(|| self.inner.frames_ready())
     }
 
     /// Sets the callable run on the monitor's thread each time a frame becomes available
-    /// (seed 000's `set_frame_ready`); `None` removes it. An exception it raises goes to
+    /// (Hololink's `set_frame_ready`); `None` removes it. An exception it raises goes to
     /// `sys.unraisablehook`, and the receiver goes on.
     fn set_frame_ready(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
         let Some(callback) = callback else {
@@ -882,7 +885,7 @@ impl Receiver {
         Ok(())
     }
 
-    /// Whether a fatal event has stopped the receive path (seed 000's
+    /// Whether a fatal event has stopped the receive path (Hololink's
     /// `receive_path_failed`); `start()` again to recover.
     fn receive_path_failed(&self, py: Python<'_>) -> bool {
         py.detach(|| self.inner.receive_path_failed())
@@ -893,17 +896,17 @@ impl Receiver {
         py.detach(|| self.inner.failure())
     }
 
-    /// The queue pair the device sends to (seed 000's `get_qp_number`).
+    /// The queue pair the device sends to (Hololink's `get_qp_number`).
     fn qp_number(&self, py: Python<'_>) -> Result<u32, Error> {
         Ok(py.detach(|| self.inner.qp_number())?)
     }
 
-    /// The key the device presents (seed 000's `get_rkey`).
+    /// The key the device presents (Hololink's `get_rkey`).
     fn rkey(&self, py: Python<'_>) -> Result<u32, Error> {
         Ok(py.detach(|| self.inner.rkey())?)
     }
 
-    /// Where page 0 begins in the device's view (seed 000's `external_frame_memory`).
+    /// Where page 0 begins in the device's view (Hololink's `external_frame_memory`).
     fn external_frame_memory(&self, py: Python<'_>) -> Result<u64, Error> {
         Ok(py.detach(|| self.inner.external_frame_memory())?)
     }
@@ -1132,28 +1135,6 @@ impl FrameSent {
     }
 }
 
-/// Test patterns: each frame's bytes are a function of its frame number.
-#[pyclass(module = "ferroce.frames", eq, eq_int, frozen, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pattern {
-    Counter,
-    Zeros,
-}
-
-#[pymethods]
-impl Pattern {
-    /// Frame `frame_number`'s first `length` bytes.
-    fn fill<'py>(&self, py: Python<'py>, frame_number: u32, length: usize) -> Bound<'py, PyBytes> {
-        let p = match self {
-            Self::Counter => rf::Pattern::Counter,
-            Self::Zeros => rf::Pattern::Zeros,
-        };
-        let mut out = vec![0u8; length];
-        p.fill(frame_number, &mut out);
-        PyBytes::new(py, &out)
-    }
-}
-
 /// A sensor bridge's data plane in software: UC RDMA WRITEs of frames into a receiver's
 /// ring, as a device sends them (for tests, demos and emulation).
 #[pyclass(module = "ferroce.frames", frozen)]
@@ -1289,7 +1270,10 @@ pub(crate) struct RoceChannel {
 #[pymethods]
 impl RoceChannel {
     #[new]
-    #[pyo3(signature = (qp, rkey, address, frame_size, page_size, pages, payload, host_ip, *, host_mac=[0u8; 6], host_port=4791))]
+    #[pyo3(
+        signature = (qp, rkey, address, frame_size, page_size, pages, payload, host_ip, *, host_mac=[0u8; 6], host_port=4791),
+        text_signature = "(qp, rkey, address, frame_size, page_size, pages, payload, host_ip, *, host_mac=(0, 0, 0, 0, 0, 0), host_port=4791)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         qp: u32,

@@ -17,6 +17,7 @@
 #![deny(unsafe_code)]
 
 mod cache;
+mod enums;
 mod errors;
 mod frames;
 mod memory;
@@ -35,9 +36,7 @@ fn _ferroce(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<nic::Nic>()?;
     m.add_class::<nic::Faults>()?;
-    m.add_class::<verbs::RegionAccess>()?;
-    m.add_class::<verbs::WriteOrder>()?;
-    m.add_class::<verbs::QpType>()?;
+    enums::register(m)?;
     m.add_class::<verbs::Region>()?;
     m.add_class::<verbs::Sge>()?;
     m.add_class::<verbs::RemoteAddr>()?;
@@ -56,7 +55,6 @@ fn _ferroce(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<frames::Receiver>()?;
     m.add_class::<frames::Target>()?;
     m.add_class::<frames::FrameSent>()?;
-    m.add_class::<frames::Pattern>()?;
     m.add_class::<frames::Sender>()?;
     m.add_class::<frames::RoceChannel>()?;
     m.add_class::<frames::DataChannel>()?;

@@ -521,7 +521,7 @@ pub(crate) fn with_writable<R>(
     Ok(f(slice))
 }
 
-/// A caller's CUDA array as the receiver's device memory (seed 000's `cu_buffer`): frames
+/// A caller's CUDA array as the receiver's device memory (Hololink's `cu_buffer`): frames
 /// land there without ferroce allocating anything, and the array is kept alive meanwhile.
 #[cfg(feature = "cuda")]
 pub(crate) fn borrowed_cuda(

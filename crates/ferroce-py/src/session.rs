@@ -1,4 +1,4 @@
-//! The session face (seed 003, Catalyst's `TransportSession`): `Controller` and
+//! The session face (Catalyst's `TransportSession`): `Controller` and
 //! `Coprocessor`, each over a run-time-checked `ferroce::session::AnySession`, so a call out
 //! of the lifecycle's order raises `OutOfOrder` naming the missing step.
 //!
@@ -25,7 +25,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Where the peer is and how long to wait for it (seed 003's `ConnectInfo`).
+/// Where the peer is and how long to wait for it (Catalyst's `ConnectInfo`).
 #[pyclass(module = "ferroce.session", frozen)]
 pub(crate) struct ConnectInfo {
     inner: rs::ConnectInfo,
@@ -79,7 +79,7 @@ impl ConnectInfo {
     }
 }
 
-/// What the channel carries (seed 003's `ChannelDesc`); both sides establish the same.
+/// What the channel carries (Catalyst's `ChannelDesc`); both sides establish the same.
 #[pyclass(module = "ferroce.session", frozen, from_py_object)]
 #[derive(Clone, Copy)]
 pub(crate) struct ChannelDesc {
@@ -123,7 +123,7 @@ impl ChannelDesc {
     }
 }
 
-/// A registered region of a session (seed 003's `MemRegion`), as `alloc_memory` returns it.
+/// A registered region of a session (Catalyst's `MemRegion`), as `alloc_memory` returns it.
 #[pyclass(module = "ferroce.session", frozen)]
 pub(crate) struct MemRegion {
     inner: rs::MemRegion,
@@ -192,7 +192,7 @@ fn memory_kind(kind: &str) -> Result<rs::MemoryKind, Error> {
     }
 }
 
-/// The peer's region as `exchange_keys` learnt it (seed 003's `PeerRef`).
+/// The peer's region as `exchange_keys` learnt it (Catalyst's `PeerRef`).
 #[pyclass(module = "ferroce.session", frozen, get_all)]
 pub(crate) struct PeerRef {
     va: u64,
@@ -402,7 +402,7 @@ impl Drop for Shared {
     }
 }
 
-/// The controller (seed 003's `ControllerSession`): `connect`, `alloc_memory`,
+/// The controller (Catalyst's `ControllerSession`): `connect`, `alloc_memory`,
 /// `exchange_keys`, `establish_channel`, `start`, then `submit`/`collect`, then `stop`.
 #[pyclass(module = "ferroce.session", frozen)]
 pub(crate) struct Controller {
@@ -418,24 +418,24 @@ impl Controller {
         }
     }
 
-    /// Seed 003's `connect`: opens the NIC, dials the coprocessor (again and again within the
+    /// Catalyst's `connect`: opens the NIC, dials the coprocessor (again and again within the
     /// timeout) and takes the queue pair to RTS.
     fn connect(&self, py: Python<'_>, info: PyRef<'_, ConnectInfo>) -> PyResult<()> {
         self.shared.connect(py, &info)
     }
 
-    /// Seed 003's `alloc_memory`: `size` bytes of `kind` (`"host"` or `"cuda:N"`), registered.
+    /// Catalyst's `alloc_memory`: `size` bytes of `kind` (`"host"` or `"cuda:N"`), registered.
     #[pyo3(signature = (size, kind="host"))]
     fn alloc_memory(&self, py: Python<'_>, size: usize, kind: &str) -> PyResult<MemRegion> {
         self.shared.alloc_memory(py, size, kind)
     }
 
-    /// Seed 003's `exchange_keys`: advertises `local`, returns the peer's region.
+    /// Catalyst's `exchange_keys`: advertises `local`, returns the peer's region.
     fn exchange_keys(&self, py: Python<'_>, local: PyRef<'_, MemRegion>) -> PyResult<PeerRef> {
         self.shared.exchange_keys(py, &local)
     }
 
-    /// Seed 003's `establish_channel`.
+    /// Catalyst's `establish_channel`.
     fn establish_channel(
         &self,
         py: Python<'_>,
@@ -446,7 +446,7 @@ impl Controller {
         self.shared.establish_channel(py, desc, &local, &peer)
     }
 
-    /// Seed 003's `start`: returns at once.
+    /// Catalyst's `start`: returns at once.
     fn start(&self, py: Python<'_>) -> Result<(), Error> {
         self.shared.quick(py, |s| s.start())
     }
@@ -457,7 +457,7 @@ impl Controller {
         Ok(self.shared.quick(py, |s| s.submit(&bytes))?.0)
     }
 
-    /// Seed 003's `collect`: waits up to `timeout` seconds (`None`: for ever) for the oldest
+    /// Catalyst's `collect`: waits up to `timeout` seconds (`None`: for ever) for the oldest
     /// reply; returns `(request, reply_bytes)`.
     #[pyo3(signature = (timeout=None))]
     fn collect<'py>(
@@ -479,12 +479,12 @@ impl Controller {
         self.shared.collect_into(py, out, timeout)
     }
 
-    /// Seed 003's `stop`: idempotent.
+    /// Catalyst's `stop`: idempotent.
     fn stop(&self, py: Python<'_>) {
         self.shared.stop(py);
     }
 
-    /// Seed 003's `last_rtt_ns`.
+    /// Catalyst's `last_rtt_ns`.
     fn last_rtt_ns(&self, py: Python<'_>) -> u64 {
         self.shared.last_rtt_ns(py)
     }
@@ -506,7 +506,7 @@ impl Controller {
     }
 }
 
-/// The coprocessor (seed 003's `CoprocessorSession`): as the controller, with
+/// The coprocessor (Catalyst's `CoprocessorSession`): as the controller, with
 /// `set_coprocessor_fn` before `start`; its engine serves requests on a thread of its own.
 #[pyclass(module = "ferroce.session", frozen)]
 pub(crate) struct Coprocessor {
@@ -530,23 +530,23 @@ impl Coprocessor {
         }
     }
 
-    /// Seed 003's `connect`: opens the NIC and listens for the controller.
+    /// Catalyst's `connect`: opens the NIC and listens for the controller.
     fn connect(&self, py: Python<'_>, info: PyRef<'_, ConnectInfo>) -> PyResult<()> {
         self.shared.connect(py, &info)
     }
 
-    /// Seed 003's `alloc_memory`.
+    /// Catalyst's `alloc_memory`.
     #[pyo3(signature = (size, kind="host"))]
     fn alloc_memory(&self, py: Python<'_>, size: usize, kind: &str) -> PyResult<MemRegion> {
         self.shared.alloc_memory(py, size, kind)
     }
 
-    /// Seed 003's `exchange_keys`.
+    /// Catalyst's `exchange_keys`.
     fn exchange_keys(&self, py: Python<'_>, local: PyRef<'_, MemRegion>) -> PyResult<PeerRef> {
         self.shared.exchange_keys(py, &local)
     }
 
-    /// Seed 003's `establish_channel`.
+    /// Catalyst's `establish_channel`.
     fn establish_channel(
         &self,
         py: Python<'_>,
@@ -557,7 +557,7 @@ impl Coprocessor {
         self.shared.establish_channel(py, desc, &local, &peer)
     }
 
-    /// Seed 003's `set_coprocessor_fn`: `function(request: bytes) -> bytes-like` (or `None`
+    /// Catalyst's `set_coprocessor_fn`: `function(request: bytes) -> bytes-like` (or `None`
     /// for an empty reply), run on the engine's thread for every request. What it raises
     /// becomes the request's error reply (`CoprocessorFailed` at the controller), and the
     /// engine goes on serving.
@@ -592,12 +592,12 @@ impl Coprocessor {
         Ok(())
     }
 
-    /// Seed 003's `start`: starts the engine thread, which serves until `stop`.
+    /// Catalyst's `start`: starts the engine thread, which serves until `stop`.
     fn start(&self, py: Python<'_>) -> Result<(), Error> {
         self.shared.quick(py, |s| s.start())
     }
 
-    /// Seed 003's `collect` on the coprocessor: the next request served, as
+    /// Catalyst's `collect` on the coprocessor: the next request served, as
     /// `(request, reply_bytes)` (the reply it sent).
     #[pyo3(signature = (timeout=None))]
     fn collect<'py>(
@@ -619,12 +619,12 @@ impl Coprocessor {
         self.shared.collect_into(py, out, timeout)
     }
 
-    /// Seed 003's `stop`: stops the engine and joins it. Idempotent.
+    /// Catalyst's `stop`: stops the engine and joins it. Idempotent.
     fn stop(&self, py: Python<'_>) {
         self.shared.stop(py);
     }
 
-    /// Seed 003's `last_rtt_ns`.
+    /// Catalyst's `last_rtt_ns`.
     fn last_rtt_ns(&self, py: Python<'_>) -> u64 {
         self.shared.last_rtt_ns(py)
     }

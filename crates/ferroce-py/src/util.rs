@@ -3,6 +3,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use pyo3::prelude::*;
+
 use crate::errors::Error;
 
 /// An IP address from its text (`"127.0.1.1"`, `"::1"`).
@@ -24,6 +26,20 @@ pub(crate) fn socket_addr(text: &str, default_port: u16) -> Result<SocketAddr, E
             "{text:?} is not an address: write \"ip\" or \"ip:port\" (\"[v6]:port\" for IPv6)"
         ))),
     }
+}
+
+/// A RoCE address from Python: `(host, port)` as the socket module and `QpEndpoint.addr`
+/// write it, or text as [`socket_addr`] reads it (port 4791 when left out).
+pub(crate) fn addr_arg(obj: &Bound<'_, PyAny>) -> PyResult<SocketAddr> {
+    if let Ok(text) = obj.extract::<String>() {
+        return Ok(socket_addr(&text, ferroce::proto::wire::ROCE_PORT)?);
+    }
+    if let Ok((host, port)) = obj.extract::<(String, u16)>() {
+        return Ok(SocketAddr::new(ip(&host)?, port));
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(
+        "an address is a (host, port) tuple or a string (\"ip\", \"ip:port\")",
+    ))
 }
 
 /// `(host, port)`, as Python's socket module writes addresses.

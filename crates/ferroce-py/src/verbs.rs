@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use ferroce::proto::memory::WriteOrder as RustWriteOrder;
 use ferroce::proto::wire::Qpn;
 use ferroce::proto::Psn;
 use ferroce::qp::{self as rqp, Mtu};
 use ferroce::{ConnectOptions, RegionMemory};
 
+use crate::enums::{Access, Order, QpType};
 use crate::errors::Error;
 use crate::memory;
 use crate::nic::Nic;
@@ -20,55 +20,6 @@ use crate::wait;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// What peers may do to a region, and through a queue pair (seed 004's `access`).
-#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RegionAccess {
-    Local,
-    RemoteWrite,
-    RemoteRead,
-    RemoteAtomic,
-    Remote,
-}
-
-impl From<RegionAccess> for ferroce::RegionAccess {
-    fn from(a: RegionAccess) -> Self {
-        match a {
-            RegionAccess::Local => Self::Local,
-            RegionAccess::RemoteWrite => Self::RemoteWrite,
-            RegionAccess::RemoteRead => Self::RemoteRead,
-            RegionAccess::RemoteAtomic => Self::RemoteAtomic,
-            RegionAccess::Remote => Self::Remote,
-        }
-    }
-}
-
-/// The order in which the NIC's writes land in a region (seed 004's `order`).
-#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WriteOrder {
-    InOrder,
-    AnyOrder,
-}
-
-impl From<WriteOrder> for RustWriteOrder {
-    fn from(o: WriteOrder) -> Self {
-        match o {
-            WriteOrder::InOrder => Self::InOrder,
-            WriteOrder::AnyOrder => Self::AnyOrder,
-        }
-    }
-}
-
-/// A queue pair's transport service.
-#[pyclass(module = "ferroce", eq, eq_int, frozen, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QpType {
-    Rc,
-    Uc,
-    Ud,
 }
 
 /// One entry of a gather or scatter list: `len` bytes at `addr` of the region with `lkey`.
@@ -154,7 +105,7 @@ impl RemoteAddr {
     }
 }
 
-/// Registered memory (seed 004's `Region`).
+/// Registered memory (Rig_mlx5's `Region`).
 ///
 /// `Region(nic, obj)` registers the caller's own memory where it can, as NIXL's and
 /// Mooncake's `register_memory` do: a writable NumPy array (any object with a writable,
@@ -195,8 +146,8 @@ impl Region {
     fn register(
         py: Python<'_>,
         nic: &Nic,
-        access: RegionAccess,
-        order: WriteOrder,
+        access: Access,
+        order: Order,
         memory: RegionMemory,
     ) -> Result<Self, Error> {
         let nic = nic.get()?;
@@ -204,8 +155,7 @@ impl Region {
             RegionMemory::Mapped(m) => Some(m.clone()),
             _ => None,
         };
-        let region =
-            py.detach(|| ferroce::Region::register(&nic, access.into(), order.into(), memory))?;
+        let region = py.detach(|| ferroce::Region::register(&nic, access.0, order.0, memory))?;
         Ok(Self {
             inner: Mutex::new(Some(Arc::new(region))),
             mapped,
@@ -221,13 +171,16 @@ impl Region {
     /// place and needs no locked-memory allowance on the soft NIC; `pinned=True` takes host
     /// memory locked in RAM instead, which is never handed out (no views), and copies.
     #[new]
-    #[pyo3(signature = (nic, memory, access=RegionAccess::Remote, order=WriteOrder::InOrder, *, pinned=false, copy=false))]
+    #[pyo3(
+        signature = (nic, memory, access=Access::REMOTE, order=Order::IN_ORDER, *, pinned=false, copy=false),
+        text_signature = "(nic, memory, access='Remote', order='InOrder', *, pinned=False, copy=False)"
+    )]
     fn new(
         py: Python<'_>,
         nic: PyRef<'_, Nic>,
         memory: &Bound<'_, PyAny>,
-        access: RegionAccess,
-        order: WriteOrder,
+        access: Access,
+        order: Order,
         pinned: bool,
         copy: bool,
     ) -> PyResult<Self> {
@@ -290,15 +243,18 @@ impl Region {
     /// descriptor, such as a memfd) `fd`: the caller's own memory, not a copy. The
     /// descriptor may be closed once this returns.
     #[staticmethod]
-    #[pyo3(signature = (nic, fd, offset, length, access=RegionAccess::Remote, order=WriteOrder::InOrder))]
+    #[pyo3(
+        signature = (nic, fd, offset, length, access=Access::REMOTE, order=Order::IN_ORDER),
+        text_signature = "(nic, fd, offset, length, access='Remote', order='InOrder')"
+    )]
     fn from_dmabuf(
         py: Python<'_>,
         nic: PyRef<'_, Nic>,
         fd: i32,
         offset: u64,
         length: u64,
-        access: RegionAccess,
-        order: WriteOrder,
+        access: Access,
+        order: Order,
     ) -> Result<Self, Error> {
         Self::register(
             py,
@@ -333,8 +289,8 @@ impl Region {
         Ok(self.get()?.va())
     }
 
-    /// The `n` bytes at `at`, as this process's work requests name them (seed 004's
-    /// `local`); `n` defaults to the rest of the region.
+    /// The `n` bytes at `at`, as this process's work requests name them (Rig_mlx5's
+    /// `Region.local`); `n` defaults to the rest of the region.
     #[pyo3(signature = (at=0, n=None))]
     fn local(&self, at: u64, n: Option<u32>) -> Result<Sge, Error> {
         let r = self.get()?;
@@ -347,7 +303,7 @@ impl Region {
         })
     }
 
-    /// Offset `at`, as a peer's work requests name it (seed 004's `remote`).
+    /// Offset `at`, as a peer's work requests name it (Rig_mlx5's `Region.remote`).
     #[pyo3(signature = (at=0))]
     fn remote(&self, at: u64) -> Result<RemoteAddr, Error> {
         Ok(RemoteAddr {
@@ -387,7 +343,7 @@ impl Region {
         Ok(())
     }
 
-    /// Deregisters the region (seed 004's `deregister`): the NIC touches it no more. Returns
+    /// Deregisters the region (Rig_mlx5's `Region.deregister`): the NIC touches it no more. Returns
     /// its final bytes for host memory, `None` for a dma-buf. Later calls raise `Closed`.
     fn deregister<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let Some(region) = lock(&self.inner).take() else {
@@ -616,21 +572,25 @@ pub(crate) struct QpEndpoint {
     pub(crate) inner: rqp::QpEndpoint,
 }
 
-#[pymethods]
 impl QpEndpoint {
-    #[new]
-    fn new(qpn: u32, psn: u32, addr: &str) -> Result<Self, Error> {
+    fn build(qpn: u32, psn: u32, addr: std::net::SocketAddr) -> Result<Self, Error> {
         let qpn = Qpn::new(qpn)
             .ok_or_else(|| Error::invalid(format!("QPN {qpn:#x} needs more than 24 bits")))?;
         let psn = Psn::new(psn)
             .ok_or_else(|| Error::invalid(format!("PSN {psn:#x} needs more than 24 bits")))?;
         Ok(Self {
-            inner: rqp::QpEndpoint {
-                qpn,
-                psn,
-                addr: crate::nic::roce_addr(addr)?,
-            },
+            inner: rqp::QpEndpoint { qpn, psn, addr },
         })
+    }
+}
+
+#[pymethods]
+impl QpEndpoint {
+    /// `addr` is what `.addr` gives (`(host, port)`) or its text (`"ip"`, `"ip:port"`,
+    /// `"[v6]:port"`; port 4791 when left out).
+    #[new]
+    fn new(qpn: u32, psn: u32, addr: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Self::build(qpn, psn, util::addr_arg(addr)?)?)
     }
 
     #[getter]
@@ -678,7 +638,7 @@ impl QpEndpoint {
         };
         let qpn = q.parse().map_err(|_| bad())?;
         let psn = p.parse().map_err(|_| bad())?;
-        Self::new(qpn, psn, a)
+        Self::build(qpn, psn, crate::nic::roce_addr(a)?)
     }
 
     fn __repr__(&self) -> String {
@@ -885,11 +845,7 @@ impl Qp {
         max_inline: u32,
     ) -> Result<Self, Error> {
         let nic = nic.get()?;
-        let qp_type = match qp_type {
-            QpType::Rc => rqp::QpType::Rc,
-            QpType::Uc => rqp::QpType::Uc,
-            QpType::Ud => rqp::QpType::Ud,
-        };
+        let qp_type = qp_type.0;
         let caps = rqp::QpCaps {
             sq_depth,
             rq_depth,
@@ -929,14 +885,17 @@ impl Qp {
     }
 
     /// Connects to `peer`: INIT → RTR → RTS.
-    #[pyo3(signature = (peer, *, mtu=1024, access=RegionAccess::Remote, timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=12, max_rd_atomic=16))]
+    #[pyo3(
+        signature = (peer, *, mtu=1024, access=Access::REMOTE, timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=12, max_rd_atomic=16),
+        text_signature = "($self, peer, *, mtu=1024, access='Remote', timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=12, max_rd_atomic=16)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         &self,
         py: Python<'_>,
         peer: QpEndpoint,
         mtu: u32,
-        access: RegionAccess,
+        access: Access,
         timeout: u8,
         retry_cnt: u8,
         rnr_retry: u8,
@@ -948,7 +907,7 @@ impl Qp {
         })?;
         let options = ConnectOptions {
             mtu,
-            access: access.into(),
+            access: access.0,
             timeout,
             retry_cnt,
             rnr_retry,

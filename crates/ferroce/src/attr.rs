@@ -204,46 +204,163 @@ pub(crate) fn rnr_timer(value: u8) -> Result<RnrTimer, ModifyError> {
     })
 }
 
-/// What peers may do to a region (seed 004's `access`: `Local`, `Remote_write`, `Remote`), and
-/// through a queue pair ([`crate::ConnectOptions::access`]). The two single rights beyond the
-/// seed's are what perftest's `ib_read_*` and `ib_atomic_*` grant, and no more.
+/// What peers may do to a region (Rig_mlx5's `Region.access`: `Local`, `Remote_write`,
+/// `Remote`), and through a queue pair ([`crate::ConnectOptions::access`]): any set of the
+/// three remote rights, each set its own variant, so that what is granted is exactly what was
+/// asked for and never more.
+///
+/// The rights are also bit flags ([`RegionAccess::flags`], [`RegionAccess::from_flags`], `|`),
+/// the form the Python `RegionAccess` (an `enum.Flag`) and C's `FERROCE_ACCESS_*` take.
+///
+/// ```
+/// use ferroce::RegionAccess;
+/// let rw = RegionAccess::RemoteWrite | RegionAccess::RemoteRead;
+/// assert_eq!(rw, RegionAccess::RemoteWriteRead);
+/// assert_eq!(RegionAccess::from_flags(rw.flags()), Ok(rw));
+/// assert!(RegionAccess::from_flags(8).is_err());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RegionAccess {
     /// Peers neither read nor write (`Local`).
     Local,
-    /// Peers write (`Remote_write`).
+    /// Peers write, and nothing else (`Remote_write`).
     RemoteWrite,
     /// Peers read, and nothing else.
     RemoteRead,
     /// Peers run atomics, and nothing else.
     RemoteAtomic,
+    /// Peers write and read; no atomics.
+    RemoteWriteRead,
+    /// Peers write and run atomics; no READ.
+    RemoteWriteAtomic,
+    /// Peers read and run atomics; no WRITE.
+    RemoteReadAtomic,
     /// Peers read, write and run atomics (`Remote`).
     Remote,
 }
 
+/// Flag bits that are not a remote right, given to [`RegionAccess::from_flags`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "access flags {bits:#x} include unknown bits {unknown:#x} (known: remote write 0x1, \
+     remote read 0x2, remote atomic 0x4)"
+)]
+pub struct AccessFlagsError {
+    /// The flags as given.
+    pub bits: u32,
+    /// The bits that are not a right.
+    pub unknown: u32,
+}
+
 impl RegionAccess {
+    /// Peers may RDMA WRITE (the flag bit; C's `FERROCE_ACCESS_REMOTE_WRITE`).
+    pub const FLAG_REMOTE_WRITE: u32 = 1 << 0;
+    /// Peers may RDMA READ (C's `FERROCE_ACCESS_REMOTE_READ`).
+    pub const FLAG_REMOTE_READ: u32 = 1 << 1;
+    /// Peers may run atomics (C's `FERROCE_ACCESS_REMOTE_ATOMIC`).
+    pub const FLAG_REMOTE_ATOMIC: u32 = 1 << 2;
+    /// Every right: what [`RegionAccess::Remote`] is.
+    pub const FLAGS_ALL: u32 =
+        Self::FLAG_REMOTE_WRITE | Self::FLAG_REMOTE_READ | Self::FLAG_REMOTE_ATOMIC;
+
+    /// The rights as flag bits (0 for [`RegionAccess::Local`]).
+    #[must_use]
+    pub const fn flags(self) -> u32 {
+        const W: u32 = RegionAccess::FLAG_REMOTE_WRITE;
+        const R: u32 = RegionAccess::FLAG_REMOTE_READ;
+        const A: u32 = RegionAccess::FLAG_REMOTE_ATOMIC;
+        match self {
+            Self::Local => 0,
+            Self::RemoteWrite => W,
+            Self::RemoteRead => R,
+            Self::RemoteAtomic => A,
+            Self::RemoteWriteRead => W | R,
+            Self::RemoteWriteAtomic => W | A,
+            Self::RemoteReadAtomic => R | A,
+            Self::Remote => W | R | A,
+        }
+    }
+
+    /// The rights the flag bits `bits` name, exactly; an error for any other bit.
+    pub const fn from_flags(bits: u32) -> Result<Self, AccessFlagsError> {
+        if bits & !Self::FLAGS_ALL != 0 {
+            return Err(AccessFlagsError {
+                bits,
+                unknown: bits & !Self::FLAGS_ALL,
+            });
+        }
+        const W: u32 = RegionAccess::FLAG_REMOTE_WRITE;
+        const R: u32 = RegionAccess::FLAG_REMOTE_READ;
+        const A: u32 = RegionAccess::FLAG_REMOTE_ATOMIC;
+        Ok(match bits {
+            0 => Self::Local,
+            W => Self::RemoteWrite,
+            R => Self::RemoteRead,
+            A => Self::RemoteAtomic,
+            0b011 => Self::RemoteWriteRead,
+            0b101 => Self::RemoteWriteAtomic,
+            0b110 => Self::RemoteReadAtomic,
+            _ => Self::Remote,
+        })
+    }
+
+    /// Whether every right of `other` is granted.
+    #[must_use]
+    pub const fn contains(self, other: Self) -> bool {
+        self.flags() & other.flags() == other.flags()
+    }
+
     /// A region's rights: local write always, and what peers may do.
     pub(crate) fn rights(self) -> Access {
-        match self {
-            Self::Local => Access::LOCAL,
-            Self::RemoteWrite => Access::REMOTE_WRITE_ONLY,
-            Self::RemoteRead => Access::LOCAL.with(Access::REMOTE_READ),
-            Self::RemoteAtomic => Access::LOCAL.with(Access::REMOTE_ATOMIC),
-            Self::Remote => Access::REMOTE,
-        }
+        Access::LOCAL.with(self.qp_rights())
     }
 
     /// A queue pair's rights (`qp_access_flags`): only what peers may do through it.
     pub(crate) fn qp_rights(self) -> Access {
-        match self {
-            Self::Local => Access::NONE,
-            Self::RemoteWrite => Access::REMOTE_WRITE,
-            Self::RemoteRead => Access::REMOTE_READ,
-            Self::RemoteAtomic => Access::REMOTE_ATOMIC,
-            Self::Remote => Access::REMOTE_WRITE
-                .with(Access::REMOTE_READ)
-                .with(Access::REMOTE_ATOMIC),
+        let bits = self.flags();
+        let mut access = Access::NONE;
+        if bits & Self::FLAG_REMOTE_WRITE != 0 {
+            access = access.with(Access::REMOTE_WRITE);
         }
+        if bits & Self::FLAG_REMOTE_READ != 0 {
+            access = access.with(Access::REMOTE_READ);
+        }
+        if bits & Self::FLAG_REMOTE_ATOMIC != 0 {
+            access = access.with(Access::REMOTE_ATOMIC);
+        }
+        access
+    }
+}
+
+impl std::ops::BitOr for RegionAccess {
+    type Output = Self;
+
+    /// The union of two sets of rights (exact: every union is a variant).
+    fn bitor(self, other: Self) -> Self {
+        match Self::from_flags(self.flags() | other.flags()) {
+            Ok(access) => access,
+            Err(_) => unreachable!("the union of two sets of rights is a set of rights"),
+        }
+    }
+}
+
+impl std::ops::BitOrAssign for RegionAccess {
+    fn bitor_assign(&mut self, other: Self) {
+        *self = *self | other;
+    }
+}
+
+impl From<RegionAccess> for u32 {
+    fn from(access: RegionAccess) -> Self {
+        access.flags()
+    }
+}
+
+impl TryFrom<u32> for RegionAccess {
+    type Error = AccessFlagsError;
+
+    fn try_from(bits: u32) -> Result<Self, AccessFlagsError> {
+        Self::from_flags(bits)
     }
 }
 
@@ -390,4 +507,41 @@ pub struct DeviceInfo {
 #[must_use]
 pub fn active_mtu_on(ip: IpAddr) -> Mtu {
     sys::interface_mtu(ip).map_or(Mtu::M1024, Mtu::for_link)
+}
+
+#[cfg(test)]
+mod access_tests {
+    use super::*;
+
+    /// All eight sets of rights, as flags, and the `Access` each grants a region and a QP.
+    #[test]
+    fn every_combination_converts_exactly() {
+        for bits in 0..8u32 {
+            let access = RegionAccess::from_flags(bits).unwrap();
+            assert_eq!(access.flags(), bits);
+            assert_eq!(RegionAccess::try_from(bits), Ok(access));
+            assert_eq!(u32::from(access), bits);
+            let want = (if bits & 1 != 0 { 2 } else { 0 })
+                | (if bits & 2 != 0 { 4 } else { 0 })
+                | (if bits & 4 != 0 { 8 } else { 0 });
+            assert_eq!(access.qp_rights().ibv_bits(), want, "{access:?}");
+            assert_eq!(access.rights().ibv_bits(), want | 1, "{access:?}");
+            for other in 0..8u32 {
+                let union = access | RegionAccess::from_flags(other).unwrap();
+                assert_eq!(union.flags(), bits | other);
+                assert!(union.contains(access));
+            }
+        }
+        assert_eq!(RegionAccess::Local.rights(), Access::LOCAL);
+        assert_eq!(
+            RegionAccess::RemoteWrite.rights(),
+            Access::REMOTE_WRITE_ONLY
+        );
+        assert_eq!(RegionAccess::Remote.rights(), Access::REMOTE);
+        assert_eq!(RegionAccess::Remote.flags(), RegionAccess::FLAGS_ALL);
+        for bad in [8, 9, 0x10, 0x8000_0000, u32::MAX] {
+            let e = RegionAccess::from_flags(bad).unwrap_err();
+            assert_eq!(e.unknown, bad & !7);
+        }
+    }
 }

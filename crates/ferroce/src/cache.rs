@@ -1,4 +1,4 @@
-//! The registered-buffer cache (seed 002, neuray's `IRDMA_context`): a [`Context`] bound to one
+//! The registered-buffer cache (neuray's `IRDMA_context`): a [`Context`] bound to one
 //! connected remote host hands out registered buffers and sends them there.
 //!
 //! Registering memory is costly (the pages are locked and entered in the NIC's table), so a
@@ -6,7 +6,7 @@
 //! class (the next power of two, at least 64 bytes) and device, and the next request of that
 //! class takes it again. Registration is paid once per buffer, not per message.
 //!
-//! - [`Context::write_memory`] and [`Context::read_memory`] (the seed's `get_write_memory` and
+//! - [`Context::write_memory`] and [`Context::read_memory`] (neuray's `get_write_memory` and
 //!   `get_read_memory`) hand out buffers of host memory, or of a GPU by device id: CUDA
 //!   memory with the `cuda` feature, or what a [`DeviceAllocator`] given to
 //!   [`Context::connect_with_allocator`] allocates. Without one, or where the device does
@@ -23,7 +23,7 @@
 //!   [`Context::receive`]. Each context keeps [`ContextConfig::receive_depth`] read buffers of
 //!   [`ContextConfig::max_message`] bytes posted, and refuses to flush more than the remote's.
 //!
-//! The seed's return codes map to [`CacheError`]: 0 is `Ok`, -1 ("invalid parameters") is
+//! neuray's return codes map to [`CacheError`]: 0 is `Ok`, -1 ("invalid parameters") is
 //! [`CacheError::InvalidParameters`] and -2 ("not supported in this context") is
 //! [`CacheError::NotSupported`] ([`CacheError::seed_code`] gives the number back); where the
 //! seed returns NULL for an allocation failure, this returns [`CacheError::Allocation`].
@@ -60,7 +60,7 @@ pub const MIN_CLASS: usize = 64;
 /// The largest buffer: 2 GiB, the largest message RoCE carries.
 pub const MAX_BUFFER: usize = 1 << 31;
 
-/// Where a buffer's memory lives (the seed's `gpu_id`).
+/// Where a buffer's memory lives (neuray's `gpu_id`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Device {
     /// Main memory (`gpu_id` -1).
@@ -91,18 +91,18 @@ impl Device {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CacheError {
-    /// The seed's -1: a parameter is invalid (a size of zero or beyond [`MAX_BUFFER`], a
+    /// neuray's -1: a parameter is invalid (a size of zero or beyond [`MAX_BUFFER`], a
     /// buffer of another context, a range outside a buffer).
     #[error("invalid parameters: {0}")]
     InvalidParameters(String),
-    /// The seed's -2: not supported in this context (GPU memory without the `cuda` feature,
+    /// neuray's -2: not supported in this context (GPU memory without the `cuda` feature,
     /// without a driver, or on a device that does not exist).
     #[error("not supported in this context: {0}")]
     NotSupported(String),
     /// A GPU buffer's device memory refused a copy.
     #[error("device memory: {0}")]
     Device(#[from] DeviceError),
-    /// Where the seed returns NULL: the memory could not be allocated or registered.
+    /// Where neuray's API returns NULL: the memory could not be allocated or registered.
     #[error("cannot allocate a buffer of {size} bytes: {reason}")]
     Allocation {
         /// The size asked for.
@@ -169,8 +169,8 @@ pub enum CacheError {
 }
 
 impl CacheError {
-    /// The seed's return code for this error: -1 (invalid parameters) or -2 (not supported
-    /// in this context); `None` for failures the seed has no code for.
+    /// neuray's return code for this error: -1 (invalid parameters) or -2 (not supported
+    /// in this context); `None` for failures neuray's API has no code for.
     #[must_use]
     pub fn seed_code(&self) -> Option<i32> {
         match self {
@@ -430,7 +430,7 @@ fn register(nic: &Nic, mut bytes: Vec<u8>, len: usize) -> Result<Region, CacheEr
     })
 }
 
-/// A registered buffer of a [`Context`] (the seed's `IRDMA_buffer`). Dropping a buffer from
+/// A registered buffer of a [`Context`] (neuray's `IRDMA_buffer`). Dropping a buffer from
 /// the cache gives it back to the cache, still registered; a wrapped user buffer is
 /// deregistered.
 #[derive(Debug)]
@@ -667,7 +667,7 @@ struct ContextShared {
     _stream: TcpStream,
 }
 
-/// A context bound to one remote host (the seed's `IRDMA_context`). Cheap to clone; every
+/// A context bound to one remote host (neuray's `IRDMA_context`). Cheap to clone; every
 /// clone is the same context.
 #[derive(Clone, Debug)]
 pub struct Context {
@@ -894,14 +894,14 @@ impl Context {
         self.shared.qp.shutdown();
     }
 
-    /// The seed's `get_write_memory`: a buffer to write locally and for the remote host to
+    /// neuray's `get_write_memory`: a buffer to write locally and for the remote host to
     /// read, of `size` bytes on `device`, from the cache when one of its size class is there.
     ///
     /// # Errors
     ///
     /// [`CacheError::InvalidParameters`] for a size of 0 or above [`MAX_BUFFER`],
     /// [`CacheError::NotSupported`] for a GPU, [`CacheError::TooLargeForRemote`] above the
-    /// remote's read buffers (the seed returns NULL), [`CacheError::Allocation`] when the
+    /// remote's read buffers (neuray's API returns NULL), [`CacheError::Allocation`] when the
     /// memory cannot be had.
     pub fn write_memory(&self, size: usize, device: Device) -> Result<Buffer, CacheError> {
         if size > self.shared.remote_max {
@@ -913,7 +913,7 @@ impl Context {
         self.shared.pool.take(size, device)
     }
 
-    /// The seed's `get_read_memory`: a buffer to read locally what the remote host wrote, of
+    /// neuray's `get_read_memory`: a buffer to read locally what the remote host wrote, of
     /// `size` bytes on `device`, from the cache when one of its size class is there.
     ///
     /// # Errors
@@ -924,7 +924,7 @@ impl Context {
         self.shared.pool.take(size, device)
     }
 
-    /// The seed's `wrap_user_buffer`: registers the caller's bytes as a buffer (not cached;
+    /// neuray's `wrap_user_buffer`: registers the caller's bytes as a buffer (not cached;
     /// [`Buffer::into_user_buffer`] gives them back).
     ///
     /// # Errors
@@ -951,7 +951,7 @@ impl Context {
         })
     }
 
-    /// The seed's `wrap_user_buffer` for GPU memory: registers staging for `memory`, the
+    /// neuray's `wrap_user_buffer` for GPU memory: registers staging for `memory`, the
     /// application's memory on GPU `gpu`, as a buffer of its whole length (not cached).
     ///
     /// # Errors
@@ -977,7 +977,7 @@ impl Context {
         })
     }
 
-    /// The seed's `flush`: sends the buffer's `len()` bytes to the remote host and waits
+    /// neuray's `flush`: sends the buffer's `len()` bytes to the remote host and waits
     /// until its NIC acknowledged them; the remote takes them with [`Context::receive`].
     /// Safe to call from several threads at once.
     ///

@@ -89,8 +89,8 @@ fn new_stream(ordinal: u32) -> Result<Arc<CudaStream>, DeviceError> {
     )
 }
 
-/// An allocation on one CUDA device (the seed calls' `cu_buffer`, `MemKind` CUDA, `gpu_id`),
-/// owned ([`CudaMemory::alloc`], [`CudaMemory::from_slice`]) or borrowed from the caller
+/// An allocation on one CUDA device (Hololink's `cu_buffer`, Catalyst's `MemKind` CUDA, neuray's
+/// `gpu_id`), owned ([`CudaMemory::alloc`], [`CudaMemory::from_slice`]) or borrowed from the caller
 /// ([`CudaMemory::from_raw`]).
 pub struct CudaMemory {
     ordinal: u32,
@@ -143,7 +143,7 @@ impl CudaMemory {
 
     /// Borrows `size` bytes at `ptr`, a `CUdeviceptr` the caller allocated on device `ordinal`
     /// in its primary context (what CuPy, PyTorch and `cuMemAlloc` after
-    /// `cuDevicePrimaryCtxRetain` give): seed 000's `start(cu_buffer, cu_buffer_size, …)`.
+    /// `cuDevicePrimaryCtxRetain` give): Hololink's `start(cu_buffer, cu_buffer_size, …)`.
     /// Copies go through a stream of ferroce's own; dropping the value frees nothing.
     ///
     /// # Safety

@@ -20,7 +20,7 @@ pub trait DeviceMemory: Send + Sync + fmt::Debug {
     fn size(&self) -> u64;
 
     /// The device's address of its first byte (a `CUdeviceptr` for CUDA): what a kernel or
-    /// the seed's `cu_buffer` would use.
+    /// Hololink's `cu_buffer` would use.
     fn address(&self) -> u64;
 
     /// Where it lives, for messages: "CUDA device 0", say.
@@ -48,7 +48,7 @@ pub trait DeviceMemory: Send + Sync + fmt::Debug {
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), DeviceError>;
 }
 
-/// Allocates device memory by device number: how the cache gets GPU buffers (the seed's
+/// Allocates device memory by device number: how the cache gets GPU buffers (neuray's
 /// `gpu_id`). The `cuda` feature's `ferroce::cuda::CudaAllocator` allocates CUDA memory.
 pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// `size` bytes on device `device`.

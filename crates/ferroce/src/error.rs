@@ -198,7 +198,7 @@ fn list_or_none(found: &[String]) -> String {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegionError {
-    /// The memory has no bytes (seed 004 refuses it).
+    /// The memory has no bytes (Rig_mlx5's `Region` refuses it).
     #[error("a region needs at least one byte")]
     Empty,
     /// The kernel refused to map memory for [`MappedMemory::new`](crate::MappedMemory::new).

@@ -1,12 +1,12 @@
 //! ferroce: RDMA over Converged Ethernet v2 in Rust.
 //!
 //! This crate is what applications depend on: the soft [`Nic`] (the protocol engine of
-//! [`ferroce_proto`] over a UDP socket), registered [`Region`]s (seed 004), completion queues
-//! ([`Cq`]) and queue pairs ([`Qp`]), the same types on a kernel RDMA device through
-//! libibverbs loaded at run time ([`verbs`], [`Nic::open_device`]); and, for tools, reading packet captures ([`capture`]) and
-//! decoding their RoCEv2 packets ([`decode`]). Above them, the faces: sensor [`frames`] (seed
-//! 000), the request/reply [`session`] (seed 003) and the registered-buffer [`cache`] (seed
-//! 002).
+//! [`ferroce_proto`] over a UDP socket), registered [`Region`]s (Rig_mlx5's `Region`), completion
+//! queues ([`Cq`]) and queue pairs ([`Qp`]), the same types on a kernel RDMA device through
+//! libibverbs loaded at run time ([`verbs`], [`Nic::open_device`]); and, for tools, reading packet
+//! captures ([`capture`]) and decoding their RoCEv2 packets ([`decode`]). Above them, the faces:
+//! sensor [`frames`] (Hololink's `RoceReceiverInterfaceV2`), the request/reply [`session`]
+//! (Catalyst's `TransportSession`) and the registered-buffer [`cache`] (neuray's `IRDMA_context`).
 //!
 //! Under the soft NIC and the frame sender lies one datagram layer (`udp`, private): batched
 //! sends with UDP GSO where the path segments in software, each segment's ICRC sealed for the
@@ -61,7 +61,7 @@ pub use cq::Cq;
 pub use ferroce_proto as proto;
 pub use nic::{Faults, GsoStatus, Nic, NicCaps, NicConfig, NicError};
 pub use qp::{ConnectOptions, Qp, QpConfig, QpEndpoint};
-pub use region::{MappedMemory, Region, RegionAccess, RegionError, RegionMemory};
+pub use region::{AccessFlagsError, MappedMemory, Region, RegionAccess, RegionError, RegionMemory};
 pub use srq::Srq;
 pub use ud::AddressHandle;
 pub use verbs::{DeviceOptions, VerbsError};

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use crate::error::RegionError;
 use crate::sys;
 
-/// The memory to register (seed 004's `memory`).
+/// The memory to register (Rig_mlx5's `Region.register` `memory`).
 #[derive(Debug)]
 pub enum RegionMemory {
-    /// Host bytes; the region owns them until [`Region::deregister`](crate::Region::deregister) gives them back. They
-    /// are locked in RAM (`mlock`), as a NIC that DMAs into them needs.
+    /// Host bytes; the region owns them until [`Region::deregister`](crate::Region::deregister)
+    /// gives them back. They are locked in RAM (`mlock`), as a NIC that DMAs into them needs.
     Host(Vec<u8>),
     /// Host bytes that stay pageable: the soft backend copies into them under a lock and
     /// needs no pinning, so large buffers (frame rings, say) work without raising

@@ -1,4 +1,4 @@
-//! Registered memory (seed 004, `Rig_mlx5.Region`): bytes the NIC may read and write, with the
+//! Registered memory (Rig_mlx5's `Region`): bytes the NIC may read and write, with the
 //! access peers get and the order in which writes land.
 //!
 //! The region owns its bytes while registered; they are locked in RAM (`mlock`), so the
@@ -19,7 +19,7 @@
 use ferroce_proto::memory::{RegionInfo, WriteOrder};
 use ferroce_proto::qp::{RemoteAddr, Sge};
 
-pub use crate::attr::RegionAccess;
+pub use crate::attr::{AccessFlagsError, RegionAccess};
 use crate::backend;
 pub use crate::error::RegionError;
 pub use crate::memory::{MappedMemory, RegionMemory};
@@ -45,8 +45,8 @@ impl std::fmt::Debug for Region {
 }
 
 impl Region {
-    /// Registers `memory` with `nic` for `access` and write order `order` (seed 004's
-    /// `register`). Host bytes are locked in RAM. On a verbs device, `ibv_reg_mr` pins every
+    /// Registers `memory` with `nic` for `access` and write order `order` (Rig_mlx5's
+    /// `Region.register`). Host bytes are locked in RAM. On a verbs device, `ibv_reg_mr` pins every
     /// host region, [`RegionMemory::Pageable`] included, and a dma-buf goes to
     /// `ibv_reg_dmabuf_mr`; [`WriteOrder::AnyOrder`] asks for relaxed ordering.
     ///
@@ -100,13 +100,14 @@ impl Region {
         })
     }
 
-    /// Deregisters the region (seed 004's `deregister`): once this returns, the NIC reads and
-    /// writes it no more, and the memory comes back as it was registered: host bytes with
+    /// Deregisters the region (Rig_mlx5's `Region.deregister`): once this returns, the NIC reads
+    /// and writes it no more, and the memory comes back as it was registered: host bytes with
     /// what peers wrote, or the dma-buf's descriptor and range (now unmapped).
     ///
     /// # Errors
     ///
-    /// None today; the `Result` keeps the seed's contract for backends that can fail.
+    /// None today; the `Result` keeps Rig_mlx5's `Region.deregister` contract for backends
+    /// that can fail.
     pub fn deregister(mut self) -> Result<RegionMemory, RegionError> {
         Ok(self
             .backend
@@ -151,8 +152,8 @@ impl Region {
         Ok(())
     }
 
-    /// The `n` bytes at offset `at`, as this process's work requests name them (seed 004's
-    /// `local`).
+    /// The `n` bytes at offset `at`, as this process's work requests name them (Rig_mlx5's
+    /// `Region.local`).
     ///
     /// # Errors
     ///
@@ -166,7 +167,7 @@ impl Region {
         })
     }
 
-    /// Offset `at`, as a peer's work requests name it (seed 004's `remote`).
+    /// Offset `at`, as a peer's work requests name it (Rig_mlx5's `Region.remote`).
     ///
     /// # Errors
     ///

@@ -1,7 +1,7 @@
-//! The registered-buffer cache (seed 002) over real UDP sockets on loopback: two contexts in one
-//! process, bound to each other. Each test has its own addresses (127.0.0.78, 127.0.0.79) and
-//! UDP and TCP ports (19520 and up), so they run in parallel. GPU buffers come from a
-//! stand-in allocator whose device memory lives in host RAM.
+//! The registered-buffer cache (neuray's `IRDMA_context`) over real UDP sockets on loopback: two
+//! contexts in one process, bound to each other. Each test has its own addresses (127.0.0.78,
+//! 127.0.0.79) and UDP and TCP ports (19520 and up), so they run in parallel. GPU buffers come from
+//! a stand-in allocator whose device memory lives in host RAM.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -143,7 +143,7 @@ fn seed_codes_map_to_typed_errors() {
     assert_eq!(Device::from_seed_id(-1).unwrap(), Device::Host);
     assert_eq!(Device::from_seed_id(2).unwrap(), Device::Gpu(2));
     assert_eq!(Device::from_seed_id(-2).unwrap_err().seed_code(), Some(-1));
-    // Larger than the remote's read buffers: refused up front (the seed's NULL).
+    // Larger than the remote's read buffers: refused up front (neuray's NULL).
     assert!(matches!(
         a.write_memory(4097, Device::Host),
         Err(CacheError::TooLargeForRemote {
@@ -308,7 +308,7 @@ fn gpu_buffers_flush_from_and_receive_into_device_memory() {
     assert_eq!(allocator.allocations.load(Ordering::SeqCst), before);
     drop(again);
 
-    // A device the allocator does not have is the seed's -2, and no miss: nothing was
+    // A device the allocator does not have is neuray's -2, and no miss: nothing was
     // registered for it.
     let misses = b.stats().misses;
     let err = b.write_memory(64, Device::Gpu(9)).unwrap_err();

@@ -1,7 +1,7 @@
-//! The frame receiver and the device side over real sockets on loopback: every seed 000
-//! contract, drops when the application is slow, loss reported per frame, two streams on one
-//! port, a failed receive path and its restart, and hostile packets counted without a byte
-//! landing outside its page.
+//! The frame receiver and the device side over real sockets on loopback: every contract of
+//! Hololink's `RoceReceiverInterfaceV2`, drops when the application is slow, loss reported per
+//! frame, two streams on one port, a failed receive path and its restart, and hostile packets
+//! counted without a byte landing outside its page.
 //!
 //! Frames delivered into device memory use a stand-in device whose copies can fail.
 //!

@@ -1,6 +1,6 @@
-//! The request/reply session (seed 003) over real UDP sockets on loopback: a controller and a
-//! coprocessor in one process, each with its own soft NIC. Every test has its own addresses
-//! (127.0.0.60 and up) and out-of-band TCP port (19501 and up), so they run in parallel.
+//! The request/reply session (Catalyst's `TransportSession`) over real UDP sockets on loopback: a
+//! controller and a coprocessor in one process, each with its own soft NIC. Every test has its own
+//! addresses (127.0.0.60 and up) and out-of-band TCP port (19501 and up), so they run in parallel.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;

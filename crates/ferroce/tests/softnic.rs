@@ -551,3 +551,96 @@ fn reads_in_flight_survive_loss() {
     }
     assert_eq!(a.counters().retry_exceeded_err, 0);
 }
+
+/// Every set of remote rights a user can OR together (`RegionAccess::from_flags`, all eight)
+/// grants exactly that, on a region and on a queue pair: each of WRITE, READ and an atomic
+/// succeeds where its right is in the set and fails where it is not (a remote access error
+/// from the region, an invalid request from the QP), writing nothing. A failure is fatal to
+/// the pair, so each operation has its own, on 127.0.4.1 and 127.0.4.2.
+#[test]
+fn every_or_of_access_flags_grants_exactly_that() {
+    let nic4 = |host: u8, port: u16| {
+        Nic::open(&NicConfig {
+            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 4, host)), port),
+            ..NicConfig::default()
+        })
+        .expect("open a soft NIC on loopback")
+    };
+    let mut port = 25000u16;
+    for bits in 0..8u32 {
+        let grant = RegionAccess::from_flags(bits).unwrap();
+        assert_eq!(grant.flags(), bits);
+        // The same set built with `|` from the single rights.
+        let mut ored = RegionAccess::Local;
+        for (bit, single) in [
+            (1, RegionAccess::RemoteWrite),
+            (2, RegionAccess::RemoteRead),
+            (4, RegionAccess::RemoteAtomic),
+        ] {
+            if bits & bit != 0 {
+                ored |= single;
+            }
+        }
+        assert_eq!(ored, grant);
+        for (bit, op) in [(1u32, "write"), (2, "read"), (4, "atomic")] {
+            // Granted by the region (the QP grants everything), then by the QP (the region
+            // grants everything).
+            for on_qp in [false, true] {
+                port += 1;
+                let options = ConnectOptions {
+                    access: if on_qp { grant } else { RegionAccess::Remote },
+                    ..ConnectOptions::default()
+                };
+                let (a, b) = (nic4(1, port), nic4(2, port));
+                let side = |nic: &Nic| {
+                    let cq = Cq::new(nic, 64).unwrap();
+                    let qp = Qp::new(nic, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+                    (cq, qp)
+                };
+                let ((a_cq, a_qp), (_b_cq, b_qp)) = (side(&a), side(&b));
+                a_qp.connect(&b_qp.endpoint(), &options).unwrap();
+                b_qp.connect(&a_qp.endpoint(), &options).unwrap();
+                let local = region(&a, RegionAccess::Local, vec![9; 64]);
+                let region_grant = if on_qp { RegionAccess::Remote } else { grant };
+                let target = region(&b, region_grant, vec![0; 64]);
+                if region_grant == RegionAccess::Local {
+                    // No right, no key: nothing a peer could present.
+                    assert!(matches!(target.remote(0), Err(RegionError::NotRemote)));
+                    continue;
+                }
+                let remote = target.remote(0).unwrap();
+                let (send_op, len) = match op {
+                    "write" => (SendOp::Write(remote), 64),
+                    "read" => (SendOp::Read(remote), 64),
+                    _ => (SendOp::FetchAdd { remote, add: 1 }, 8),
+                };
+                a_qp.post_send(SendWr::new(
+                    1,
+                    send_op,
+                    Payload::Sge(local.local(0, len).unwrap()),
+                ))
+                .unwrap();
+                let status = a_cq
+                    .wait(Duration::from_secs(10))
+                    .expect("a completion within 10 s")
+                    .status;
+                let want = if bits & bit != 0 {
+                    WcStatus::Success
+                } else if on_qp {
+                    WcStatus::RemInvReqErr
+                } else {
+                    WcStatus::RemAccessErr
+                };
+                assert_eq!(status, want, "{grant:?} on the QP: {on_qp}, {op}");
+                let mut got = [1u8; 64];
+                target.read(0, &mut got).unwrap();
+                let changed = got != [0; 64];
+                assert_eq!(
+                    changed,
+                    want == WcStatus::Success && bit != 2,
+                    "{grant:?} on the QP: {on_qp}, {op}: written only when granted"
+                );
+            }
+        }
+    }
+}

@@ -88,8 +88,8 @@ pub(crate) enum PerfCommand {
     AtomicBw(PerfArgs),
     /// Atomic latency (`ib_atomic_lat`).
     AtomicLat(PerfArgs),
-    /// Request/reply session round trip (seed 003): a controller against an echoing
-    /// coprocessor, in the latency table of the other tests.
+    /// Request/reply session round trip (Catalyst's `TransportSession`): a controller against an
+    /// echoing coprocessor, in the latency table of the other tests.
     SessionLat(session::SessionLatArgs),
 }
 

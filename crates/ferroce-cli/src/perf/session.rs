@@ -1,8 +1,8 @@
-//! `ferroce perf session-lat`: the round trip of the request/reply session (seed 003), in the
-//! latency table of the other `perf` latency tests. The client is a controller, the server an
-//! echoing coprocessor; the client submits one request at a time and collects its reply. Each
-//! sample is one round trip, halved as perftest reports ping-pong latency; the session's own
-//! `last_rtt_ns` is checked against the round trip measured around it.
+//! `ferroce perf session-lat`: the round trip of the request/reply session (Catalyst's
+//! `TransportSession`), in the latency table of the other `perf` latency tests. The client is a
+//! controller, the server an echoing coprocessor; the client submits one request at a time and
+//! collects its reply. Each sample is one round trip, halved as perftest reports ping-pong latency;
+//! the session's own `last_rtt_ns` is checked against the round trip measured around it.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 
 import os
 import socket
-from enum import Enum
+from enum import Enum, Flag
 from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 __version__: str
@@ -110,12 +110,14 @@ class Nic:
 
 # ---- verbs -----------------------------------------------------------------------------
 
-class RegionAccess(Enum):
+class RegionAccess(Flag):
+    """Bit flags: `RemoteWrite | RemoteRead` grants exactly those two rights."""
+
     Local = 0
     RemoteWrite = 1
     RemoteRead = 2
-    RemoteAtomic = 3
-    Remote = 4
+    RemoteAtomic = 4
+    Remote = 7
 
 class WriteOrder(Enum):
     InOrder = 0
@@ -148,8 +150,8 @@ class Region:
         self,
         nic: Nic,
         memory: Union[int, Buffer_, tuple[int, int]],
-        access: RegionAccess = RegionAccess.Remote,
-        order: WriteOrder = WriteOrder.InOrder,
+        access: RegionAccess | str = RegionAccess.Remote,
+        order: WriteOrder | str = WriteOrder.InOrder,
         *,
         pinned: bool = False,
         copy: bool = False,
@@ -160,8 +162,8 @@ class Region:
         fd: int,
         offset: int,
         length: int,
-        access: RegionAccess = RegionAccess.Remote,
-        order: WriteOrder = WriteOrder.InOrder,
+        access: RegionAccess | str = RegionAccess.Remote,
+        order: WriteOrder | str = WriteOrder.InOrder,
     ) -> Region: ...
     def __len__(self) -> int: ...
     def len(self) -> int: ...
@@ -203,7 +205,7 @@ class Cq:
     def failure(self) -> Optional[str]: ...
 
 class QpEndpoint:
-    def __init__(self, qpn: int, psn: int, addr: str) -> None: ...
+    def __init__(self, qpn: int, psn: int, addr: str | tuple[str, int]) -> None: ...
     @property
     def qpn(self) -> int: ...
     @property
@@ -253,7 +255,7 @@ class Qp:
     def __init__(
         self,
         nic: Nic,
-        qp_type: QpType,
+        qp_type: QpType | str,
         send_cq: Cq,
         recv_cq: Cq,
         *,
@@ -271,7 +273,7 @@ class Qp:
         peer: QpEndpoint,
         *,
         mtu: int = 1024,
-        access: RegionAccess = RegionAccess.Remote,
+        access: RegionAccess | str = RegionAccess.Remote,
         timeout: int = 14,
         retry_cnt: int = 7,
         rnr_retry: int = 7,

@@ -1,4 +1,4 @@
-"""The registered-buffer cache (seed 002, neuray's ``IRDMA_context``).
+"""The registered-buffer cache (neuray's ``IRDMA_context``).
 
 A :class:`Context` is bound to one remote host: ``Context.connect(ContextConfig(...))`` on
 both sides, one listening on the out-of-band address and the other dialling it. It hands out
@@ -7,7 +7,7 @@ the remote host with :meth:`Context.flush`, and takes what the remote flushed wi
 :meth:`Context.receive`. A buffer given back (``release()``, a ``with`` block, garbage
 collection) returns to the cache still registered, so registration is paid once per buffer.
 
-The seed's return codes become exceptions: -1 is :class:`ferroce.InvalidArgument` and -2
+neuray's return codes become exceptions: -1 is :class:`ferroce.InvalidArgument` and -2
 :class:`ferroce.NotSupported`, each with ``seed_code`` set.
 """
 

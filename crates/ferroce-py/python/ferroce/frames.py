@@ -1,4 +1,4 @@
-"""Sensor frames (seed 000, Hololink's ``RoceReceiverInterfaceV2``).
+"""Sensor frames (Hololink's ``RoceReceiverInterfaceV2``).
 
 A :class:`Receiver` takes frames into a ring of pages; :meth:`Receiver.next_frame` hands each
 out as a :class:`Frame`, a zero-copy view of its page: ``numpy.asarray(frame)`` and

@@ -65,7 +65,7 @@ def _config(
 
 
 class _Base:
-    """What both receivers share: the run, frames and the seed's accessors."""
+    """What both receivers share: the run, frames and Hololink's accessors."""
 
     _rx: Receiver
     _last: Optional[FrameInfo]
@@ -199,7 +199,7 @@ class RoceReceiver(_Base):
         self.nic: Optional[Nic] = None
 
     def start(self) -> None:
-        """Brings the receiver up (seed 000's ``start``); again after a failed receive path."""
+        """Brings the receiver up (Hololink's ``start``); again after a failed receive path."""
         self.nic = self._rx.start_named(self._name, self._port, self._config)
 
 

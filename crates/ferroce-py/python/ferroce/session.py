@@ -1,4 +1,4 @@
-"""The request/reply session (seed 003, Catalyst's ``TransportSession``).
+"""The request/reply session (Catalyst's ``TransportSession``).
 
 Both roles walk the same lifecycle, in this order (a call out of order raises
 :class:`ferroce.OutOfOrder` naming the missing step):

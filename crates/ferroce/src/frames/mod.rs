@@ -1,8 +1,9 @@
-//! Frames from a sensor bridge (seed 000, Hololink `RoceReceiverInterfaceV2`): the receiver
+//! Frames from a sensor bridge (Hololink's `RoceReceiverInterfaceV2`): the receiver
 //! that takes frames into a ring of pages, the device side that sends them as a bridge does,
 //! and the bridge's control protocol that programs one for the other.
 //!
-//! - [`Receiver`] answers the seed: `start`, `blocking_monitor`, `close`, `next_frame`,
+//! - [`Receiver`] answers Hololink's `RoceReceiverInterfaceV2`: `start`, `blocking_monitor`,
+//!   `close`, `next_frame`,
 //!   `frames_ready`, `set_frame_ready`, `receive_path_failed` and the accessors. Unlike the
 //!   bridge's own software receivers it checks the ICRC, the queue pair, the key, the source
 //!   address and the page of every packet, counts each refusal by name, tells several streams

@@ -1,4 +1,4 @@
-//! The frame receiver (seed 000, `RoceReceiverInterfaceV2`): a UC queue pair whose region is
+//! The frame receiver (Hololink's `RoceReceiverInterfaceV2`): a UC queue pair whose region is
 //! a ring of pages, each holding one frame and its metadata block.
 //!
 //! The device writes every packet of a frame with its own RETH and ends the frame with a
@@ -36,7 +36,7 @@ const RECV_DEPTH: usize = 256;
 /// How often the monitor checks that the NIC's address still exists.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(200);
 
-/// How a [`Receiver`] is started: seed 000's `start` parameters, less the device name (the
+/// How a [`Receiver`] is started: Hololink's `start` parameters, less the device name (the
 /// [`Nic`] is passed instead).
 #[derive(Debug)]
 pub struct ReceiverConfig {
@@ -63,7 +63,7 @@ pub struct ReceiverConfig {
     /// How the immediate names the page (bridges from HSB IP 0x2603 on use
     /// [`ImmediateLayout::Page12`]).
     pub immediate: ImmediateLayout,
-    /// Device memory the frames are delivered into (the seed's `cu_buffer` as CUDA memory:
+    /// Device memory the frames are delivered into (Hololink's `cu_buffer` as CUDA memory:
     /// `ferroce::cuda::CudaMemory` with the `cuda` feature), or `None` for frames to stay in
     /// `memory`. With it, `memory` is the staging ring the NIC writes, and when a frame ends
     /// its data and metadata block are copied to the same offsets of the device memory
@@ -146,7 +146,7 @@ fn route_source(peer: IpAddr) -> std::io::Result<IpAddr> {
     Ok(probe.local_addr()?.ip())
 }
 
-/// Why a call needs [`Receiver::start`] first (seed 000 throws `std::runtime_error`).
+/// Why a call needs [`Receiver::start`] first (Hololink's receiver throws `std::runtime_error`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the receiver has not been started")]
 pub struct NotStarted;
@@ -163,7 +163,7 @@ pub enum MonitorError {
     Failed(String),
 }
 
-/// One completed frame (seed 000's `RoceReceiverFrameInfoV1`, with what ferroce adds).
+/// One completed frame (Hololink's `RoceReceiverFrameInfoV1`, with what ferroce adds).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FrameInfo {
     /// The page the frame is in; its data starts at `page × page_size` of the frame memory
@@ -465,7 +465,7 @@ struct ReceiverShared {
     counters: Arc<AtomicCounters>,
 }
 
-/// A sensor-frame receiver (seed 000, `RoceReceiverInterfaceV2`). Cheap to clone: every
+/// A sensor-frame receiver (Hololink's `RoceReceiverInterfaceV2`). Cheap to clone: every
 /// clone is the same receiver, so one thread can run [`Receiver::blocking_monitor`] while
 /// another takes frames and a third calls [`Receiver::close`].
 #[derive(Clone, Default)]
@@ -589,10 +589,10 @@ impl Receiver {
         Self::default()
     }
 
-    /// Brings the receiver up on the device called `ibv_name`, port `ibv_port` (seed 000's
-    /// `start(ibv_name, ibv_port, …)`): `ferroce0` is the soft NIC, any other name a verbs
-    /// device (a RoCE NIC, or kernel rxe) whose RoCE v2 GID is that of the local address the
-    /// route to `config.peer_ip` leaves from, as Hololink finds its device for a peer.
+    /// Brings the receiver up on the device called `ibv_name`, port `ibv_port` (Hololink's
+    /// `RoceReceiverInterfaceV2::start(ibv_name, ibv_port, …)`): `ferroce0` is the soft NIC, any
+    /// other name a verbs device (a RoCE NIC, or kernel rxe) whose RoCE v2 GID is that of the local
+    /// address the route to `config.peer_ip` leaves from, as Hololink finds its device for a peer.
     /// Returns the NIC, whose address the device is to send to.
     ///
     /// # Errors
@@ -620,7 +620,7 @@ impl Receiver {
         Ok(nic)
     }
 
-    /// Brings the receiver up on `nic` (seed 000's `start`): registers the frame memory for
+    /// Brings the receiver up on `nic` (Hololink's `start`): registers the frame memory for
     /// remote writes, creates a UC queue pair that takes writes only from `peer_ip`, and
     /// posts its receive requests. Frames arrive once [`Receiver::blocking_monitor`] runs.
     /// After `close`, or after the receive path failed, `start` brings up a fresh run; the
@@ -742,7 +742,7 @@ impl Receiver {
         lock(&self.shared.run).clone().ok_or(NotStarted)
     }
 
-    /// Runs the receive path on this thread until [`Receiver::close`] (seed 000's
+    /// Runs the receive path on this thread until [`Receiver::close`] (Hololink's
     /// `blocking_monitor`): it receives the stream's packets, completes frames, queues them
     /// and runs the frame-ready callback. Give it a thread of its own.
     ///
@@ -907,7 +907,7 @@ impl Receiver {
         Ok(())
     }
 
-    /// Ends the run, returning [`Receiver::blocking_monitor`] to its caller (seed 000's
+    /// Ends the run, returning [`Receiver::blocking_monitor`] to its caller (Hololink's
     /// `close`). Callable from any thread and more than once; does nothing before `start`.
     pub fn close(&self) {
         if let Some(run) = lock(&self.shared.run).as_ref() {
@@ -917,7 +917,7 @@ impl Receiver {
         self.shared.arrived.notify_all();
     }
 
-    /// Takes the next completed frame, waiting up to `timeout` (seed 000's
+    /// Takes the next completed frame, waiting up to `timeout` (Hololink's
     /// `get_next_frame`). Frames come in the order they completed.
     ///
     /// Returns `Ok(None)` when the timeout passed first, and at once when the receive path
@@ -950,7 +950,7 @@ impl Receiver {
         }
     }
 
-    /// Whether [`Receiver::next_frame`] would return at once (seed 000's `frames_ready`):
+    /// Whether [`Receiver::next_frame`] would return at once (Hololink's `frames_ready`):
     /// a frame is waiting, or the receive path has failed.
     #[must_use]
     pub fn frames_ready(&self) -> bool {
@@ -959,13 +959,13 @@ impl Receiver {
     }
 
     /// Sets the callback run on the monitor's thread each time a frame becomes available
-    /// (seed 000's `set_frame_ready`); `None` removes it. It is kept across `start`s. A
+    /// (Hololink's `set_frame_ready`); `None` removes it. It is kept across `start`s. A
     /// callback that panics fails the receive path.
     pub fn set_frame_ready(&self, callback: Option<impl Fn() + Send + Sync + 'static>) {
         *lock(&self.shared.callback) = callback.map(|c| Arc::new(c) as Callback);
     }
 
-    /// Whether a fatal event has stopped the receive path (seed 000's
+    /// Whether a fatal event has stopped the receive path (Hololink's
     /// `receive_path_failed`); `start` again to recover.
     #[must_use]
     pub fn receive_path_failed(&self) -> bool {
@@ -978,7 +978,7 @@ impl Receiver {
         lock(&self.shared.ready).failed.clone()
     }
 
-    /// The queue pair the device sends to (seed 000's `get_qp_number`).
+    /// The queue pair the device sends to (Hololink's `get_qp_number`).
     ///
     /// # Errors
     ///
@@ -987,7 +987,7 @@ impl Receiver {
         Ok(self.run()?.qp.qpn().value())
     }
 
-    /// The key the device presents (seed 000's `get_rkey`).
+    /// The key the device presents (Hololink's `get_rkey`).
     ///
     /// # Errors
     ///
@@ -996,7 +996,7 @@ impl Receiver {
         Ok(self.run()?.region.rkey())
     }
 
-    /// Where page 0 begins in the device's view of the frame memory (seed 000's
+    /// Where page 0 begins in the device's view of the frame memory (Hololink's
     /// `external_frame_memory`): page n is at this address plus n × `page_size`.
     ///
     /// # Errors

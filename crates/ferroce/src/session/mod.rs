@@ -1,7 +1,7 @@
-//! The request/reply session (seed 003, Catalyst's `TransportSession`): a controller offloads
+//! The request/reply session (Catalyst's `TransportSession`): a controller offloads
 //! requests to a coprocessor and lives by the round-trip time.
 //!
-//! Both roles walk the seed's lifecycle, in this order:
+//! Both roles walk Catalyst's lifecycle, in this order:
 //!
 //! 1. `connect` — the out-of-band TCP connection (the controller dials, the coprocessor
 //!    listens), a versioned hello, the queue pairs' endpoints, and the queue pair to RTS;
@@ -119,7 +119,7 @@ pub trait Session: Send {
     /// This session's role.
     fn role(&self) -> Role;
 
-    /// Seed 003's `connect`: opens the NIC on `info.nic`, the out-of-band connection, and
+    /// Catalyst's `connect`: opens the NIC on `info.nic`, the out-of-band connection, and
     /// takes the queue pair to RTS.
     ///
     /// # Errors
@@ -129,7 +129,7 @@ pub trait Session: Send {
     /// [`SessionError::RoleMismatch`] and the I/O errors otherwise.
     fn connect(&mut self, info: &ConnectInfo) -> Result<(), SessionError>;
 
-    /// Seed 003's `alloc_memory`: `size` bytes of `kind`, registered.
+    /// Catalyst's `alloc_memory`: `size` bytes of `kind`, registered.
     ///
     /// # Errors
     ///
@@ -149,7 +149,7 @@ pub trait Session: Send {
         memory: std::sync::Arc<dyn DeviceMemory>,
     ) -> Result<MemRegion, SessionError>;
 
-    /// Seed 003's `exchange_keys`: advertises `local`, returns the peer's region.
+    /// Catalyst's `exchange_keys`: advertises `local`, returns the peer's region.
     ///
     /// # Errors
     ///
@@ -157,7 +157,7 @@ pub trait Session: Send {
     /// [`SessionError::TooLate`] after `establish_channel`, and the exchange's errors.
     fn exchange_keys(&mut self, local: &MemRegion) -> Result<PeerRef, SessionError>;
 
-    /// Seed 003's `establish_channel`: posts the receives, agrees on `desc` with the peer and
+    /// Catalyst's `establish_channel`: posts the receives, agrees on `desc` with the peer and
     /// starts the heartbeats.
     ///
     /// # Errors
@@ -172,7 +172,7 @@ pub trait Session: Send {
         peer: &PeerRef,
     ) -> Result<(), SessionError>;
 
-    /// Seed 003's `set_coprocessor_fn`, before `start`.
+    /// Catalyst's `set_coprocessor_fn`, before `start`.
     ///
     /// # Errors
     ///
@@ -192,7 +192,7 @@ pub trait Session: Send {
         function: Box<DeviceCoprocessorFn>,
     ) -> Result<(), SessionError>;
 
-    /// Seed 003's `start`: returns at once; the coprocessor's serving thread serves until
+    /// Catalyst's `start`: returns at once; the coprocessor's serving thread serves until
     /// `stop`.
     ///
     /// # Errors
@@ -210,7 +210,7 @@ pub trait Session: Send {
     /// [`SessionError::PeerGone`], [`SessionError::Transport`].
     fn submit(&mut self, request: &[u8]) -> Result<RequestId, SessionError>;
 
-    /// Seed 003's `collect`: waits for a result and scatters it over `replies`, in order;
+    /// Catalyst's `collect`: waits for a result and scatters it over `replies`, in order;
     /// returns the bytes written. On the controller, the oldest reply that has arrived; on
     /// the coprocessor, the next request served, with the reply it sent (the last 64 are
     /// kept).
@@ -223,11 +223,11 @@ pub trait Session: Send {
     /// [`SessionError::PeerGone`]; [`SessionError::OutOfOrder`] before `start`.
     fn collect(&mut self, replies: &mut [&mut [u8]]) -> Result<Collected, SessionError>;
 
-    /// Seed 003's `stop`: stops the serving thread, says bye to the peer and joins.
+    /// Catalyst's `stop`: stops the serving thread, says bye to the peer and joins.
     /// Idempotent.
     fn stop(&mut self);
 
-    /// Seed 003's `last_rtt_ns`: on the controller, from posting the last collected request
+    /// Catalyst's `last_rtt_ns`: on the controller, from posting the last collected request
     /// to its reply's arrival; on the coprocessor, from posting the last reply to its
     /// acknowledgement. 0 before the first.
     fn last_rtt_ns(&self) -> u64;
@@ -380,7 +380,7 @@ use state::{Allocated, Connected, Established, Keyed, New, Ready, Running};
 macro_rules! common_steps {
     ($ty:ident) => {
         impl $ty<New> {
-            /// Seed 003's `connect`: opens the NIC on `info.nic`, the out-of-band connection,
+            /// Catalyst's `connect`: opens the NIC on `info.nic`, the out-of-band connection,
             /// and takes the queue pair to RTS.
             ///
             /// # Errors
@@ -394,7 +394,7 @@ macro_rules! common_steps {
         }
 
         impl $ty<Connected> {
-            /// Seed 003's `alloc_memory`: `size` bytes of `kind`, registered.
+            /// Catalyst's `alloc_memory`: `size` bytes of `kind`, registered.
             ///
             /// # Errors
             ///
@@ -427,7 +427,7 @@ macro_rules! common_steps {
         }
 
         impl $ty<Allocated> {
-            /// Seed 003's `exchange_keys`: advertises `local`, returns the peer's region.
+            /// Catalyst's `exchange_keys`: advertises `local`, returns the peer's region.
             ///
             /// # Errors
             ///
@@ -442,7 +442,7 @@ macro_rules! common_steps {
         }
 
         impl $ty<Keyed> {
-            /// Seed 003's `establish_channel`: posts the receives, agrees on `desc` with the
+            /// Catalyst's `establish_channel`: posts the receives, agrees on `desc` with the
             /// peer and starts the heartbeats.
             ///
             /// # Errors
@@ -468,7 +468,7 @@ macro_rules! common_steps {
                 }
             }
 
-            /// Seed 003's `last_rtt_ns` (see [`Session::last_rtt_ns`]).
+            /// Catalyst's `last_rtt_ns` (see [`Session::last_rtt_ns`]).
             #[must_use]
             pub fn last_rtt_ns(&self) -> u64 {
                 self.session.last_rtt_ns()
@@ -482,7 +482,7 @@ macro_rules! common_steps {
         }
 
         impl $ty<Running> {
-            /// Seed 003's `collect`: waits for a result and scatters it over `replies`;
+            /// Catalyst's `collect`: waits for a result and scatters it over `replies`;
             /// returns which request and the bytes written (see [`Session::collect`]).
             ///
             /// # Errors
@@ -510,7 +510,7 @@ macro_rules! common_steps {
                 self.session.collect(replies, Some(timeout))
             }
 
-            /// Seed 003's `stop`: stops the serving thread, says bye to the peer and joins.
+            /// Catalyst's `stop`: stops the serving thread, says bye to the peer and joins.
             /// Idempotent; dropping the session stops it too.
             pub fn stop(&mut self) {
                 self.session.stop();
@@ -525,14 +525,14 @@ macro_rules! common_steps {
     };
 }
 
-/// The controller (seed 003's `ControllerSession`), in typestate `S`.
+/// The controller (Catalyst's `ControllerSession`), in typestate `S`.
 #[derive(Debug)]
 pub struct Controller<S = New> {
     session: CheckedSession,
     state: std::marker::PhantomData<S>,
 }
 
-/// The coprocessor (seed 003's `CoprocessorSession`), in typestate `S`.
+/// The coprocessor (Catalyst's `CoprocessorSession`), in typestate `S`.
 #[derive(Debug)]
 pub struct Coprocessor<S = New> {
     session: CheckedSession,
@@ -554,12 +554,12 @@ impl Controller<New> {
 }
 
 impl Controller<Established> {
-    /// Seed 003's `start`: returns at once. The controller needs no thread of its own: the
+    /// Catalyst's `start`: returns at once. The controller needs no thread of its own: the
     /// NIC's progress thread and the caller's own polling in `collect` move its requests.
     ///
     /// # Errors
     ///
-    /// None in practice; the `Result` keeps the seed's shape.
+    /// None in practice; the `Result` keeps Catalyst's shape.
     pub fn start(mut self) -> Result<Controller<Running>, SessionError> {
         self.session.start()?;
         Ok(self.next())
@@ -591,11 +591,11 @@ impl Coprocessor<New> {
 }
 
 impl Coprocessor<Established> {
-    /// Seed 003's `set_coprocessor_fn`: the function that turns each request into a reply.
+    /// Catalyst's `set_coprocessor_fn`: the function that turns each request into a reply.
     ///
     /// # Errors
     ///
-    /// None in practice; the `Result` keeps the seed's shape.
+    /// None in practice; the `Result` keeps Catalyst's shape.
     pub fn set_coprocessor_fn<F>(mut self, function: F) -> Result<Coprocessor<Ready>, SessionError>
     where
         F: FnMut(&[u8], &mut [u8]) -> Result<usize, String> + Send + 'static,
@@ -626,7 +626,7 @@ impl Coprocessor<Established> {
 }
 
 impl Coprocessor<Ready> {
-    /// Seed 003's `start`: starts the serving thread, which serves requests until `stop`.
+    /// Catalyst's `start`: starts the serving thread, which serves requests until `stop`.
     ///
     /// # Errors
     ///

@@ -23,9 +23,9 @@ pub const MAX_MESSAGE: u32 = 1 << 30;
 /// The two roles of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// Submits requests and collects replies (seed 003's `ControllerSession`).
+    /// Submits requests and collects replies (Catalyst's `ControllerSession`).
     Controller,
-    /// Turns each request into a reply with its function (seed 003's `CoprocessorSession`).
+    /// Turns each request into a reply with its function (Catalyst's `CoprocessorSession`).
     Coprocessor,
 }
 
@@ -90,7 +90,7 @@ impl fmt::Display for Step {
     }
 }
 
-/// Where the peer is and how long to wait for it (seed 003's `ConnectInfo`).
+/// Where the peer is and how long to wait for it (Catalyst's `ConnectInfo`).
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ConnectInfo {
@@ -185,7 +185,7 @@ impl ConnectInfo {
     }
 }
 
-/// The kind of memory `alloc_memory` allocates (seed 003's `MemKind`).
+/// The kind of memory `alloc_memory` allocates (Catalyst's `MemKind`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MemoryKind {
@@ -206,7 +206,7 @@ pub enum MemoryKind {
     Device,
 }
 
-/// A registered region of a session (seed 003's `MemRegion`), as `alloc_memory` returns it.
+/// A registered region of a session (Catalyst's `MemRegion`), as `alloc_memory` returns it.
 /// Cheap to clone; the session keeps the region alive while its channel uses it.
 #[derive(Clone, Debug)]
 pub struct MemRegion {
@@ -255,7 +255,7 @@ impl MemRegion {
     }
 }
 
-/// The peer's region as `exchange_keys` learnt it (seed 003's `PeerRef`).
+/// The peer's region as `exchange_keys` learnt it (Catalyst's `PeerRef`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerRef {
     /// The address of its first byte.
@@ -266,7 +266,7 @@ pub struct PeerRef {
     pub len: u64,
 }
 
-/// What the channel carries (seed 003's `ChannelDesc`). Both sides must establish the same
+/// What the channel carries (Catalyst's `ChannelDesc`). Both sides must establish the same
 /// description.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ChannelDesc {
@@ -384,8 +384,8 @@ impl fmt::Display for RequestId {
     }
 }
 
-/// What `collect` delivered: which request, and how many bytes it wrote into the buffers (the
-/// seed's return value).
+/// What `collect` delivered: which request, and how many bytes it wrote into the buffers
+/// (Catalyst's `collect` return value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Collected {
     /// The request the reply answers.
@@ -394,7 +394,7 @@ pub struct Collected {
     pub bytes: usize,
 }
 
-/// The coprocessor's function (seed 003's coprocessor function): gets a request and the
+/// The coprocessor's function (Catalyst's coprocessor function): gets a request and the
 /// reply slot (`reply_bytes` long; its content is unspecified), writes the reply at its start
 /// and returns its length. An `Err` (its message) or a panic becomes an error reply.
 pub type CoprocessorFn = dyn FnMut(&[u8], &mut [u8]) -> Result<usize, String> + Send + 'static;
