@@ -20,9 +20,8 @@ const ROCE_PORT: u16 = 4791;
 ///
 /// A ferroce region always lets the local NIC write into it, so `IBV_ACCESS_LOCAL_WRITE` is
 /// implied (a region registered without it is a superset of what was asked: receives and
-/// READ responses may land in it). Remote rights map exactly where one right or none is
-/// asked (`RemoteWrite`, `RemoteRead`, `RemoteAtomic`, `Local`); two or three of them give
-/// `Remote`, the smallest ferroce right that holds them. `IBV_ACCESS_RELAXED_ORDERING` gives
+/// READ responses may land in it). Remote rights map exactly, each set of them to its own
+/// [`RegionAccess`] (`RegionAccess::from_flags`). `IBV_ACCESS_RELAXED_ORDERING` gives
 /// [`WriteOrder::AnyOrder`]; the other optional flags are hints and are ignored.
 ///
 /// # Errors
@@ -37,13 +36,12 @@ pub(crate) fn region_access(access: c_uint) -> Result<(RegionAccess, WriteOrder)
     {
         return Err(libc::EINVAL);
     }
-    let rights = match remote {
-        0 => RegionAccess::Local,
-        IBV_ACCESS_REMOTE_WRITE => RegionAccess::RemoteWrite,
-        IBV_ACCESS_REMOTE_READ => RegionAccess::RemoteRead,
-        IBV_ACCESS_REMOTE_ATOMIC => RegionAccess::RemoteAtomic,
-        _ => RegionAccess::Remote,
-    };
+    let flag = |ibv, ours| if remote & ibv != 0 { ours } else { 0 };
+    let bits = flag(IBV_ACCESS_REMOTE_WRITE, RegionAccess::FLAG_REMOTE_WRITE)
+        | flag(IBV_ACCESS_REMOTE_READ, RegionAccess::FLAG_REMOTE_READ)
+        | flag(IBV_ACCESS_REMOTE_ATOMIC, RegionAccess::FLAG_REMOTE_ATOMIC);
+    // Only the three known bits are set: every set of them is a right.
+    let rights = RegionAccess::from_flags(bits).map_err(|_| libc::EINVAL)?;
     let order = if access & IBV_ACCESS_RELAXED_ORDERING != 0 {
         WriteOrder::AnyOrder
     } else {
@@ -255,7 +253,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     #[test]
-    fn region_rights_are_exact_or_the_smallest_superset() {
+    fn region_rights_are_exact() {
         let lw = IBV_ACCESS_LOCAL_WRITE;
         assert_eq!(region_access(0).unwrap().0, RegionAccess::Local);
         assert_eq!(region_access(lw).unwrap().0, RegionAccess::Local);
@@ -273,7 +271,21 @@ mod tests {
         );
         assert_eq!(
             region_access(lw | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ).unwrap(),
-            (RegionAccess::Remote, WriteOrder::InOrder)
+            (RegionAccess::RemoteWriteRead, WriteOrder::InOrder)
+        );
+        assert_eq!(
+            region_access(lw | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
+                .unwrap()
+                .0,
+            RegionAccess::RemoteReadAtomic
+        );
+        assert_eq!(
+            region_access(
+                lw | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
+            )
+            .unwrap()
+            .0,
+            RegionAccess::Remote
         );
         assert_eq!(
             region_access(lw | IBV_ACCESS_RELAXED_ORDERING).unwrap().1,
