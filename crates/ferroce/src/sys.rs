@@ -447,6 +447,23 @@ pub(crate) fn wait_either(
     poll_readable([socket.as_raw_fd(), doorbell.as_raw_fd()], timeout)
 }
 
+/// Waits up to `timeout`, to the microsecond (`ppoll(2)`; `poll(2)` counts in milliseconds),
+/// for `fd` to be readable; whether it is. An interrupted wait reads as not readable.
+pub(crate) fn nap_on(fd: RawFd, timeout: std::time::Duration) -> bool {
+    let mut polled = [libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: one pollfd on this stack frame and a live timespec; no signal mask is given.
+    let rc = unsafe { libc::ppoll(polled.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+    rc > 0 && polled[0].revents != 0
+}
+
 /// `poll(2)` for readability on `N` descriptors; an interrupted wait reads as a timeout.
 pub(crate) fn poll_readable<const N: usize>(
     fds: [RawFd; N],

@@ -150,8 +150,6 @@ impl Cq {
             if now >= deadline {
                 return None;
             }
-            // A thread that sleeps here is not polling: the progress thread receives for it.
-            driver.release_poller();
             // Counted while holding the lock, so a completion queued after the check above
             // cannot be announced to nobody: its producer takes the lock first.
             driver.waiters.fetch_add(1, Ordering::SeqCst);

@@ -19,8 +19,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long after its last poll an application is taken to be still polling.
-const POLLER_GRACE: Duration = Duration::from_millis(2);
+/// How long after its last poll an application is taken to be still polling: a busy poller
+/// polls again within microseconds, and one that stops (to sleep, or to spin on memory a peer
+/// writes, as `ib_write_lat` does) gets the progress thread back this soon.
+const POLLER_GRACE: Duration = Duration::from_micros(100);
 
 /// Packets handled between two looks at what the engine has to send while a receive batch is
 /// handled: half the send window of the tools' requesters (128 packets), so that ACKs leave at
@@ -369,7 +371,7 @@ impl Driver {
                 // Asleep on the doorbell alone, so that a poller that stops polling to wait
                 // (`release_poller`) or a close gets the thread back at once.
                 let nap = wait.map_or(poller_left, |w| w.min(poller_left));
-                if let Ok([true]) = sys::poll_readable([self.bell_rx.as_raw_fd()], Some(nap)) {
+                if sys::nap_on(self.bell_rx.as_raw_fd(), nap) {
                     self.answer_bell();
                 }
                 continue;
