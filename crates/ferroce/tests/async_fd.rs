@@ -2,36 +2,24 @@
 //! readable while an event waits for `Nic::poll_event`, and no longer once the last is taken.
 //! Two soft NICs on 127.0.3.31 and 127.0.3.32; the event is an SRQ falling below its limit.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd};
+mod poll;
+mod support;
+
+use poll::readable;
+use support::{host_region, soft_nic};
+
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use ferroce::proto::memory::WriteOrder;
 use ferroce::qp::{AsyncEvent, Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
-use ferroce::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory, Srq};
-
-fn nic(host: u8) -> Nic {
-    Nic::open(&NicConfig {
-        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 3, host)), 4791),
-        ..NicConfig::default()
-    })
-    .expect("open a soft NIC on loopback")
-}
-
-fn readable(fd: BorrowedFd<'_>, within: Duration) -> bool {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, for the length given.
-    let n = unsafe { libc::poll(&mut p, 1, within.as_millis() as i32) };
-    n == 1 && p.revents & libc::POLLIN != 0
-}
+use ferroce::{ConnectOptions, Cq, Qp, RegionAccess, Srq};
 
 #[test]
 fn the_async_descriptor_is_readable_while_an_event_waits() {
-    let (a, b) = (nic(31), nic(32));
+    let (a, b) = (
+        soft_nic(Ipv4Addr::new(127, 0, 3, 31)),
+        soft_nic(Ipv4Addr::new(127, 0, 3, 32)),
+    );
     assert!(!readable(b.async_fd(), Duration::ZERO), "nothing yet");
     let cq_a = Cq::new(&a, 16).unwrap();
     let cq_b = Cq::new(&b, 16).unwrap();
@@ -42,20 +30,8 @@ fn the_async_descriptor_is_readable_while_an_event_waits() {
         .unwrap();
     qb.connect(&qa.endpoint(), &ConnectOptions::default())
         .unwrap();
-    let src = Region::register(
-        &a,
-        RegionAccess::Local,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![3; 64]),
-    )
-    .unwrap();
-    let sink = Region::register(
-        &b,
-        RegionAccess::Local,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![0; 64 * 4]),
-    )
-    .unwrap();
+    let src = host_region(&a, RegionAccess::Local, vec![3; 64]);
+    let sink = host_region(&b, RegionAccess::Local, vec![0; 64 * 4]);
     for i in 0..4 {
         srq.post_recv(RecvWr {
             wr_id: i,

@@ -3,34 +3,19 @@
 //! solicited or failed one, once per arming, as `ibv_req_notify_cq` and `ibv_get_cq_event`
 //! behave. Two soft NICs on 127.0.3.21 and 127.0.3.22.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd};
+mod poll;
+mod support;
+
+use poll::readable;
+use support::{host_region, soft_nic};
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 use ferroce::cq::{WcOpcode, WcStatus};
-use ferroce::proto::memory::WriteOrder;
 use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
-use ferroce::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
-
-fn nic(host: u8) -> Nic {
-    Nic::open(&NicConfig {
-        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 3, host)), 4791),
-        ..NicConfig::default()
-    })
-    .expect("open a soft NIC on loopback")
-}
-
-/// Whether `fd` turns readable within `within`, by poll(2), as an event loop would wait.
-fn readable(fd: &impl AsFd, within: Duration) -> bool {
-    let mut p = libc::pollfd {
-        fd: fd.as_fd().as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, for the length given.
-    let n = unsafe { libc::poll(&mut p, 1, within.as_millis() as i32) };
-    n == 1 && p.revents & libc::POLLIN != 0
-}
+use ferroce::{ConnectOptions, Cq, Qp, Region, RegionAccess};
 
 /// A send of 8 bytes, solicited or not.
 fn send(qp: &Qp, src: &Region, id: u64, solicited: bool) {
@@ -43,7 +28,10 @@ fn send(qp: &Qp, src: &Region, id: u64, solicited: bool) {
 
 #[test]
 fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_failed_one() {
-    let (a, b) = (nic(21), nic(22));
+    let (a, b) = (
+        soft_nic(Ipv4Addr::new(127, 0, 3, 21)),
+        soft_nic(Ipv4Addr::new(127, 0, 3, 22)),
+    );
     let cq_a = Cq::new(&a, 64).unwrap();
     let send_b = Cq::new(&b, 64).unwrap();
     let recv_b = Cq::new(&b, 64).unwrap();
@@ -53,20 +41,8 @@ fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_faile
         .unwrap();
     qb.connect(&qa.endpoint(), &ConnectOptions::default())
         .unwrap();
-    let src = Region::register(
-        &a,
-        RegionAccess::Local,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![1; 64]),
-    )
-    .unwrap();
-    let sink = Region::register(
-        &b,
-        RegionAccess::Local,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![0; 64 * 8]),
-    )
-    .unwrap();
+    let src = host_region(&a, RegionAccess::Local, vec![1; 64]);
+    let sink = host_region(&b, RegionAccess::Local, vec![0; 64 * 8]);
     for i in 0..8 {
         qb.post_recv(RecvWr {
             wr_id: i,
@@ -80,14 +56,14 @@ fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_faile
     assert!(cq_a.wait(Duration::from_secs(10)).is_some());
     let got = recv_b.wait(Duration::from_secs(10)).expect("the receive");
     assert_eq!(got.opcode, WcOpcode::Recv);
-    assert!(!readable(&recv_b, Duration::from_millis(50)));
+    assert!(!readable(recv_b.as_fd(), Duration::from_millis(50)));
     assert_eq!(recv_b.take_events(), 0);
 
     // Armed for any: the next receive fires it, once.
     recv_b.req_notify(false).unwrap();
     send(&qa, &src, 2, false);
     assert!(
-        readable(&recv_b, Duration::from_secs(10)),
+        readable(recv_b.as_fd(), Duration::from_secs(10)),
         "the channel fires"
     );
     assert_eq!(recv_b.take_events(), 1);
@@ -100,7 +76,7 @@ fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_faile
     assert!(cq_a.wait(Duration::from_secs(10)).is_some());
     assert!(recv_b.wait(Duration::from_secs(10)).is_some());
     assert!(
-        !readable(&recv_b, Duration::from_millis(50)),
+        !readable(recv_b.as_fd(), Duration::from_millis(50)),
         "a fired arming does not fire again"
     );
 
@@ -109,10 +85,10 @@ fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_faile
     send(&qa, &src, 4, false);
     assert!(cq_a.wait(Duration::from_secs(10)).is_some());
     assert!(recv_b.wait(Duration::from_secs(10)).is_some());
-    assert!(!readable(&recv_b, Duration::from_millis(50)));
+    assert!(!readable(recv_b.as_fd(), Duration::from_millis(50)));
     send(&qa, &src, 5, true);
     assert!(
-        readable(&recv_b, Duration::from_secs(10)),
+        readable(recv_b.as_fd(), Duration::from_secs(10)),
         "the solicited one fires"
     );
     assert_eq!(recv_b.take_events(), 1);
@@ -121,7 +97,10 @@ fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_faile
     // Armed for solicited ones: a failed completion fires it too (the QP flushed).
     recv_b.req_notify(true).unwrap();
     qb.shutdown();
-    assert!(readable(&recv_b, Duration::from_secs(10)), "a flush fires");
+    assert!(
+        readable(recv_b.as_fd(), Duration::from_secs(10)),
+        "a flush fires"
+    );
     assert_eq!(recv_b.take_events(), 1);
     let flushed = recv_b.poll().expect("a flushed receive");
     assert_eq!(flushed.status, WcStatus::WrFlushErr);
@@ -130,16 +109,10 @@ fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_faile
 /// `Cq::resize` (`ibv_resize_cq`): a CQ grows and shrinks, but not below what it holds.
 #[test]
 fn a_cq_resizes_but_not_below_what_it_holds() {
-    let a = nic(23);
+    let a = soft_nic(Ipv4Addr::new(127, 0, 3, 23));
     let cq = Cq::new(&a, 4).unwrap();
     let qp = Qp::new(&a, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
-    let sink = Region::register(
-        &a,
-        RegionAccess::Local,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![0; 64]),
-    )
-    .unwrap();
+    let sink = host_region(&a, RegionAccess::Local, vec![0; 64]);
     for i in 0..3 {
         qp.post_recv(RecvWr {
             wr_id: i,

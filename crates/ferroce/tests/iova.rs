@@ -3,27 +3,24 @@
 //! name the first byte by the IOVA, and the bytes still land where they are. Two soft NICs on
 //! 127.0.3.11 and 127.0.3.12.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+mod support;
+
+use support::soft_nic;
+
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ferroce::cq::WcStatus;
 use ferroce::proto::memory::WriteOrder;
 use ferroce::qp::{Payload, QpCaps, QpType, SendOp, SendWr};
-use ferroce::{
-    ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionError, RegionMemory,
-};
-
-fn nic(host: u8) -> Nic {
-    Nic::open(&NicConfig {
-        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 3, host)), 4791),
-        ..NicConfig::default()
-    })
-    .expect("open a soft NIC on loopback")
-}
+use ferroce::{ConnectOptions, Cq, Qp, Region, RegionAccess, RegionError, RegionMemory};
 
 #[test]
 fn a_write_to_iova_zero_lands_at_the_regions_first_byte() {
-    let (a, b) = (nic(11), nic(12));
+    let (a, b) = (
+        soft_nic(Ipv4Addr::new(127, 0, 3, 11)),
+        soft_nic(Ipv4Addr::new(127, 0, 3, 12)),
+    );
     let (cq_a, cq_b) = (Cq::new(&a, 16).unwrap(), Cq::new(&b, 16).unwrap());
     let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
     let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
@@ -103,7 +100,7 @@ fn a_write_to_iova_zero_lands_at_the_regions_first_byte() {
 
 #[test]
 fn an_iova_range_past_the_end_of_the_address_space_is_refused() {
-    let a = nic(13);
+    let a = soft_nic(Ipv4Addr::new(127, 0, 3, 13));
     let r = Region::register_at(
         &a,
         RegionAccess::Remote,

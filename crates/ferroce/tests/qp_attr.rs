@@ -2,23 +2,19 @@
 //! do it: RESET → INIT → RTR → RTS in separate calls, each checked as the providers check it,
 //! between two soft NICs on 127.0.3.1 and 127.0.3.2.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+mod support;
+
+use support::{host_region, soft_nic};
+
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ferroce::cq::WcStatus;
-use ferroce::proto::memory::{Access, WriteOrder};
+use ferroce::proto::memory::Access;
 use ferroce::proto::wire::RnrTimer;
 use ferroce::proto::Psn;
 use ferroce::qp::{ModifyError, Mtu, Payload, QpAttr, QpCaps, QpState, QpType, SendOp, SendWr};
-use ferroce::{Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
-
-fn nic(host: u8) -> Nic {
-    Nic::open(&NicConfig {
-        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 3, host)), 4791),
-        ..NicConfig::default()
-    })
-    .expect("open a soft NIC on loopback")
-}
+use ferroce::{Cq, Qp, RegionAccess};
 
 /// The RTR attributes toward `peer`, as `ibv_rc_pingpong` sets them.
 fn rtr(peer: &Qp) -> QpAttr {
@@ -50,7 +46,10 @@ fn rts(qp: &Qp) -> QpAttr {
 
 #[test]
 fn a_queue_pair_brought_up_step_by_step_carries_a_write_and_reports_its_attributes() {
-    let (a, b) = (nic(1), nic(2));
+    let (a, b) = (
+        soft_nic(Ipv4Addr::new(127, 0, 3, 1)),
+        soft_nic(Ipv4Addr::new(127, 0, 3, 2)),
+    );
     let cq_a = Cq::new(&a, 64).unwrap();
     let cq_b = Cq::new(&b, 64).unwrap();
     let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
@@ -113,20 +112,8 @@ fn a_queue_pair_brought_up_step_by_step_carries_a_write_and_reports_its_attribut
     assert_eq!(q.min_rnr_timer, RnrTimer::new(12));
 
     // The QP works: a WRITE lands, and the requester's next PSN moved past it.
-    let src = Region::register(
-        &a,
-        RegionAccess::Local,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![0x5a; 3000]),
-    )
-    .unwrap();
-    let dst = Region::register(
-        &b,
-        RegionAccess::RemoteWrite,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![0; 3000]),
-    )
-    .unwrap();
+    let src = host_region(&a, RegionAccess::Local, vec![0x5a; 3000]);
+    let dst = host_region(&b, RegionAccess::RemoteWrite, vec![0; 3000]);
     qa.post_send(SendWr::new(
         1,
         SendOp::Write(dst.remote(0).unwrap()),
@@ -165,24 +152,15 @@ fn a_queue_pair_brought_up_step_by_step_carries_a_write_and_reports_its_attribut
 /// not (only the signaled one after it does).
 #[test]
 fn sq_sig_all_makes_every_send_complete() {
-    let (a, b) = (nic(3), nic(4));
+    let (a, b) = (
+        soft_nic(Ipv4Addr::new(127, 0, 3, 3)),
+        soft_nic(Ipv4Addr::new(127, 0, 3, 4)),
+    );
     let cq_a = Cq::new(&a, 16).unwrap();
     let cq_b = Cq::new(&b, 16).unwrap();
     let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
-    let dst = Region::register(
-        &b,
-        RegionAccess::RemoteWrite,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![0; 64]),
-    )
-    .unwrap();
-    let src = Region::register(
-        &a,
-        RegionAccess::Local,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![9; 64]),
-    )
-    .unwrap();
+    let dst = host_region(&b, RegionAccess::RemoteWrite, vec![0; 64]);
+    let src = host_region(&a, RegionAccess::Local, vec![9; 64]);
     for sig_all in [true, false] {
         let qa = Qp::create(
             &a,

@@ -4,6 +4,8 @@
 //! fake refuse the post or complete it wrongly), `bad_wr`, and the open errors that need a
 //! device list. The real library on a real device is tests/verbs_device.rs, in the guests.
 
+mod poll;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -291,19 +293,6 @@ fn a_cq_grows_when_its_queues_could_overrun_it_and_polls_in_batches() {
     assert_eq!(cq.poll_into(&mut out), 0);
 }
 
-/// Whether the NIC's async descriptor is readable now, by poll(2).
-fn async_readable(nic: &Nic) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd {
-        fd: nic.async_fd().as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, for the length given.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n == 1 && p.revents & libc::POLLIN != 0
-}
-
 /// Waits up to 2 s for `f` to say yes (the event thread runs on its own).
 fn eventually(what: &str, f: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
@@ -332,13 +321,19 @@ fn async_events_reach_the_qp_the_cq_and_the_nic() {
     raise(&qp, MAGIC | 0xdead);
     eventually("QP_FATAL", || qp.failure().is_some());
     // The NIC's async descriptor says an event was handled, until poll_event clears it.
-    assert!(async_readable(&nic), "the async descriptor is readable");
+    assert!(
+        poll::readable(nic.async_fd(), Duration::ZERO),
+        "the async descriptor is readable"
+    );
     assert_eq!(
         nic.poll_event(),
         None,
         "a verbs device's events are handled by ferroce"
     );
-    assert!(!async_readable(&nic), "and no longer once taken");
+    assert!(
+        !poll::readable(nic.async_fd(), Duration::ZERO),
+        "and no longer once taken"
+    );
     assert!(qp.failure().unwrap().contains("QP fatal"));
     assert_eq!(qp.state(), Some(ferroce::qp::QpState::Err));
     assert_eq!(bystander.failure(), None);

@@ -128,3 +128,28 @@ pub(crate) fn established_coprocessor(
     let (s, peer) = s.exchange_keys(&mem)?;
     Ok((s.establish_channel(desc, &mem, &peer)?, mem))
 }
+
+/// A soft NIC on `ip`, port 4791: each test file takes addresses of its own, so the files can
+/// run at once.
+pub(crate) fn soft_nic(ip: std::net::Ipv4Addr) -> ferroce::Nic {
+    ferroce::Nic::open(&ferroce::NicConfig {
+        addr: std::net::SocketAddr::new(ip.into(), 4791),
+        ..ferroce::NicConfig::default()
+    })
+    .expect("open a soft NIC on loopback")
+}
+
+/// `bytes` registered in RAM on `nic` with `access`, writes in order.
+pub(crate) fn host_region(
+    nic: &ferroce::Nic,
+    access: ferroce::RegionAccess,
+    bytes: Vec<u8>,
+) -> ferroce::Region {
+    ferroce::Region::register(
+        nic,
+        access,
+        ferroce::proto::memory::WriteOrder::InOrder,
+        ferroce::RegionMemory::Host(bytes),
+    )
+    .expect("register host memory")
+}
