@@ -424,6 +424,12 @@ impl Engine {
         id
     }
 
+    /// How many completions `cq` holds at most; `None` for an unknown CQ.
+    #[must_use]
+    pub fn cq_depth(&self, cq: CqId) -> Option<usize> {
+        self.dev.cqs.get(&cq).map(|cq| cq.depth)
+    }
+
     /// Changes how many completions `cq` holds (`ibv_resize_cq`). Refused (`false`) for an
     /// unknown CQ, or a depth below the completions it holds now (rxe says EINVAL there too).
     pub fn resize_cq(&mut self, cq: CqId, depth: usize) -> bool {

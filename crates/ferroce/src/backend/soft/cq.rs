@@ -17,7 +17,6 @@ use crate::sys::EventFd;
 /// report to it).
 pub(crate) struct Cq {
     id: CqId,
-    depth: std::sync::atomic::AtomicUsize,
     driver: Arc<Driver>,
     /// Its completion channel: signalled by the driver when the armed CQ fires.
     channel: Arc<EventFd>,
@@ -37,7 +36,6 @@ impl Cq {
         drop(state);
         Ok(Self {
             id,
-            depth: depth.into(),
             driver: Arc::clone(driver),
             channel,
         })
@@ -70,17 +68,16 @@ impl Cq {
 
     /// As asked at creation or by the last resize: the engine takes any depth.
     pub(crate) fn depth(&self) -> usize {
-        self.depth.load(Ordering::Relaxed)
+        self.driver
+            .lock()
+            .engine
+            .cq_depth(self.id)
+            .unwrap_or_default()
     }
 
     /// `ibv_resize_cq`: `false` when the CQ holds more completions than `depth` now.
     pub(crate) fn resize(&self, depth: usize) -> bool {
-        let mut state = self.driver.lock();
-        let done = state.engine.resize_cq(self.id, depth);
-        if done {
-            self.depth.store(depth.max(1), Ordering::Relaxed);
-        }
-        done
+        self.driver.lock().engine.resize_cq(self.id, depth)
     }
 
     /// The oldest completion; when there is none, drives the engine here first.
