@@ -295,7 +295,7 @@ unsafe fn sges(list: *const ibv_sge, n: c_int, max: u32) -> Result<Vec<Sge>, c_i
 unsafe fn send_wr(wr: &ibv_send_wr, state: &QpState) -> Result<SendWr, c_int> {
     // SAFETY: the caller vouches for the list.
     let list = unsafe { sges(wr.sg_list, wr.num_sge, state.cap.max_send_sge)? };
-    let words = wr.wr_words;
+    let words = wr.wr;
     // The `wr` union on a little-endian 64-bit ABI: rdma {remote_addr, rkey}, atomic
     // {remote_addr, compare_add, swap, rkey}, ud {ah, remote_qpn, remote_qkey}.
     let low = |w: u64| w as u32;

@@ -166,7 +166,7 @@ pub fn describe(name: &str) -> Result<DeviceInfo, VerbsError> {
     let g = attr.node_guid.to_ne_bytes();
     Ok(DeviceInfo {
         name: name.to_owned(),
-        fw_ver: String::from_utf8_lossy(&attr.fw_ver[..fw_end]).into_owned(),
+        fw_ver: String::from_utf8_lossy(&attr.fw_ver.map(|c| c as u8)[..fw_end]).into_owned(),
         node_guid: format!(
             "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
             g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]

@@ -132,12 +132,12 @@ impl Qp {
         Ok(qp)
     }
 
-    fn to_init(&self, access: i32) -> io::Result<()> {
+    fn to_init(&self, access: u32) -> io::Result<()> {
         let attr = ibv_qp_attr {
             qp_state: IBV_QPS_INIT,
             pkey_index: 0,
             port_num: self.device.port,
-            qp_access_flags: access as u32,
+            qp_access_flags: access,
             ..ibv_qp_attr::default()
         };
         self.raw.modify(
@@ -196,7 +196,7 @@ impl Qp {
     /// INIT → RTR → RTS, with `ibv_rc_pingpong`'s attributes (UC: only the PSNs).
     pub(crate) fn connect(&self, a: &ConnectAttrs) -> Result<(), ModifyError> {
         // UC has no READ or atomics: asking for them is refused by some providers.
-        let mut access = i32::from(a.access.ibv_bits());
+        let mut access = u32::from(a.access.ibv_bits());
         if self.qp_type == QpType::Uc {
             access &= IBV_ACCESS_REMOTE_WRITE;
         }

@@ -155,7 +155,7 @@ fn register_dmabuf(
     offset: u64,
     bytes: u64,
     iova: u64,
-    flags: i32,
+    flags: u32,
 ) -> Result<Mr, RegionError> {
     if bytes == 0 {
         return Err(RegionError::Empty);
@@ -202,12 +202,12 @@ fn pin_refused(device: &Device, len: usize, source: std::io::Error) -> RegionErr
 
 /// The access flags of a region: the local write every region gets, what peers may do, and
 /// relaxed ordering (optional: ignored by a device without it) for [`WriteOrder::AnyOrder`].
-fn region_access(access: RegionAccess, order: WriteOrder) -> i32 {
+fn region_access(access: RegionAccess, order: WriteOrder) -> u32 {
     let relaxed = match order {
         WriteOrder::AnyOrder => IBV_ACCESS_RELAXED_ORDERING,
         WriteOrder::InOrder => 0,
     };
-    i32::from(access.rights().ibv_bits()) | relaxed
+    u32::from(access.rights().ibv_bits()) | relaxed
 }
 
 #[cfg(test)]
@@ -233,7 +233,7 @@ mod tests {
         );
         // A QP's rights carry no local write.
         assert_eq!(
-            i32::from(RegionAccess::Remote.qp_rights().ibv_bits()),
+            u32::from(RegionAccess::Remote.qp_rights().ibv_bits()),
             IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
         );
         assert_eq!(RegionAccess::Local.qp_rights().ibv_bits(), 0);

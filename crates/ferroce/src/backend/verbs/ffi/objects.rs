@@ -236,12 +236,13 @@ impl Pd {
         addr: *mut c_void,
         len: usize,
         iova: Option<u64>,
-        access: c_int,
+        access: c_uint,
     ) -> io::Result<*mut ibv_mr> {
         match iova {
             None => {
-                // SAFETY: a live PD; the caller keeps the range mapped.
-                Ok(unsafe { (self.ctx.lib.reg_mr)(self.pd.as_ptr(), addr, len, access) })
+                // SAFETY: a live PD; the caller keeps the range mapped. `ibv_reg_mr` takes the
+                // access flags as an `int`: the same bits.
+                Ok(unsafe { (self.ctx.lib.reg_mr)(self.pd.as_ptr(), addr, len, access as c_int) })
             }
             Some(iova) => {
                 let reg = self
@@ -250,7 +251,7 @@ impl Pd {
                     .reg_mr_iova2
                     .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
                 // SAFETY: as above; the access flags are the same bits.
-                Ok(unsafe { reg(self.pd.as_ptr(), addr, len, iova, access as c_uint) })
+                Ok(unsafe { reg(self.pd.as_ptr(), addr, len, iova, access) })
             }
         }
     }
@@ -265,7 +266,7 @@ impl Pd {
         self: &Arc<Self>,
         bytes: Box<[u8]>,
         iova: Option<u64>,
-        access: c_int,
+        access: c_uint,
     ) -> Result<Mr, (io::Error, Box<[u8]>)> {
         let host = HostBytes::new(bytes);
         // SAFETY: `host.len` bytes at `host.ptr` that the MR will own, so they outlive the
@@ -301,7 +302,7 @@ impl Pd {
         offset: u64,
         len: usize,
         iova: u64,
-        access: c_int,
+        access: c_uint,
     ) -> io::Result<Mr> {
         let reg = self
             .ctx
@@ -310,7 +311,7 @@ impl Pd {
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
         // SAFETY: a live PD; the kernel checks the descriptor and the range itself and takes
         // its own reference to the dma-buf.
-        let mr = unsafe { reg(self.pd.as_ptr(), offset, len, iova, fd, access) };
+        let mr = unsafe { reg(self.pd.as_ptr(), offset, len, iova, fd, access as c_int) };
         Ok(Mr {
             pd: Arc::clone(self),
             mr: Some(NonNull::new(mr).ok_or_else(errno)?),
@@ -329,7 +330,7 @@ impl Pd {
         self: &Arc<Self>,
         map: Arc<crate::sys::Mapping>,
         iova: Option<u64>,
-        access: c_int,
+        access: c_uint,
     ) -> io::Result<Mr> {
         // SAFETY: `map.len()` mapped bytes at `map.addr()`, kept mapped by the Arc the MR
         // holds until after it deregisters (see Drop).
