@@ -211,7 +211,12 @@ pub(crate) fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> 
 }
 
 /// The `ibv_wc` of a completion: `imm_data` in network order as `verbs.h` keeps it
-/// (`__be32`), `IBV_WC_GRH` and `src_qp` for a UD receive, SLID and SL zero (RoCE).
+/// (`__be32`), `IBV_WC_GRH` and `src_qp` for a UD receive, SLID zero (RoCE has no LIDs).
+///
+/// RoCE carries no service level either, so a UD receive's `sl` says what the GRH area
+/// holds, as ConnectX reports it (the L3 header type of mlx5's CQE): [`SL_ROCE_IPV4`] or
+/// [`SL_ROCE_IPV6`]. UCX 1.13's `ud_verbs` reads it to find the destination address in the
+/// GRH area, and drops every datagram when it is zero (openucx/ucx#10209).
 pub(crate) fn wc(c: &Completion) -> ibv_wc {
     let opcode = match c.opcode {
         WcOpcode::Send => IBV_WC_SEND,
@@ -241,10 +246,19 @@ pub(crate) fn wc(c: &Completion) -> ibv_wc {
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: c.ud.map_or(0, |u| match u.ip {
+            IpAddr::V4(_) => SL_ROCE_IPV4,
+            IpAddr::V6(_) => SL_ROCE_IPV6,
+        }),
         dlid_path_bits: 0,
     }
 }
+
+/// `ibv_wc.sl` of a UD receive that arrived over IPv4: the IPv4 header fills the GRH
+/// area's last 20 bytes.
+pub(crate) const SL_ROCE_IPV4: u8 = 2;
+/// `ibv_wc.sl` of a UD receive that arrived over IPv6: the IPv6 header fills the GRH area.
+pub(crate) const SL_ROCE_IPV6: u8 = 1;
 
 #[cfg(test)]
 mod tests {
@@ -381,5 +395,16 @@ mod tests {
         );
         assert_eq!(w.wc_flags, IBV_WC_GRH | IBV_WC_WITH_IMM);
         assert_eq!((w.qp_num, w.src_qp), (0x11, 0x22));
+        assert_eq!(w.sl, SL_ROCE_IPV4, "the GRH area holds an IPv4 header");
+        let v6 = Completion {
+            ud: Some(UdSource {
+                qpn: Qpn::new(0x22).unwrap(),
+                ip: IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            }),
+            ..c
+        };
+        assert_eq!(wc(&v6).sl, SL_ROCE_IPV6);
+        let rc = Completion { ud: None, ..c };
+        assert_eq!(wc(&rc).sl, 0, "an RC completion has no GRH to describe");
     }
 }
