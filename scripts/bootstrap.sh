@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs what ferroce's build and tests need on a fresh Debian 12 machine: a C and C++
 # toolchain (which also builds the verbs tests' stand-in libibverbs and the C bindings'
-# examples), Python's venv and headers (the Python package), libibverbs itself, rdma-core's
-# tools, headers and perftest (run on the drop-in libibverbs), iproute2 and
-# nftables (the namespace tests), tshark (the tests compare `ferroce decode` with
-# Wireshark's dissector), and Rust by rustup when cargo is missing. Safe to run again: it
-# installs only what is absent.
+# examples), Python's venv and headers (the Python package), libibverbs itself, and what runs
+# on the drop-in libibverbs (rdma-core's tools and headers, perftest, UCX, Open MPI), iproute2
+# and nftables (the namespace tests), tshark (the tests compare `ferroce decode` with
+# Wireshark's dissector), and Rust by rustup when cargo is missing; as root it also gives UCX
+# the device node it looks for (below). Safe to run again: it installs only what is absent.
 set -euo pipefail
 
 sudo=""
@@ -31,13 +31,18 @@ command -v ibv_devinfo >/dev/null || packages+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null || packages+=(perftest)
 # …and a C test built against rdma-core's headers, whose inline functions it must satisfy.
 [ -e /usr/include/infiniband/verbs.h ] || packages+=(libibverbs-dev)
+# UCX's tools and Open MPI (built with UCX), with mpicc for the MPI test program, run on the
+# drop-in too (scripts/test-ucx.sh).
+command -v ucx_perftest >/dev/null || packages+=(ucx-utils)
+command -v mpirun >/dev/null || packages+=(openmpi-bin)
+command -v mpicc >/dev/null || packages+=(libopenmpi-dev)
 # The Python package (crates/ferroce-py) builds in a virtual environment, and its Rust crate
 # links libpython when cargo tests it; the C bindings' tests need a C++ compiler too.
 command -v python3 >/dev/null || packages+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 command -v python3-config >/dev/null || packages+=(python3-dev)
 command -v c++ >/dev/null || packages+=(g++)
-checked="a C and C++ toolchain, curl, tshark, pkg-config, iproute2, nftables, binutils, libibverbs, Python 3 with venv and headers"
+checked="a C and C++ toolchain, curl, tshark, pkg-config, iproute2, nftables, binutils, libibverbs, rdma-core's tools, perftest, UCX, Open MPI, Python 3 with venv and headers"
 if [ ${#packages[@]} -eq 0 ]; then
     echo "bootstrap: checked $checked: all installed, nothing to do"
 else
@@ -58,4 +63,16 @@ else
         curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c rustfmt,clippy
         echo "bootstrap: run 'source ~/.cargo/env' (or open a new shell) to put cargo on PATH"
     fi
+fi
+
+# UCX lists a verbs device only where /dev/infiniband/<its dev_name> is a character device it
+# may read and write; it never opens it. The drop-in libibverbs is dev_name ferroce_verbs0:
+# give UCX /dev/null under that name (README.md, "Run an existing RDMA program on ferroce").
+node=/dev/infiniband/ferroce_verbs0
+if [ -c "$node" ]; then
+    echo "bootstrap: checked $node: present"
+else
+    $sudo mkdir -p /dev/infiniband
+    $sudo ln -sfn /dev/null "$node"
+    echo "bootstrap: linked $node to /dev/null, for UCX"
 fi

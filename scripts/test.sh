@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 export FERROCE_REQUIRE_TSHARK=1
 # So are ibverbs-utils and perftest: the drop-in libibverbs test fails rather than skips.
 export FERROCE_REQUIRE_IBVERBS_UTILS=1
+# And UCX, Open MPI and UCX's device node: the UCX and MPI test fails rather than skips.
+export FERROCE_REQUIRE_UCX=1
 if [ "$(id -u)" -eq 0 ]; then
     export FERROCE_REQUIRE_NETNS=1
 fi
@@ -37,5 +39,7 @@ echo "== the Python package: pip install and pytest (scripts/test-python.sh)"
 scripts/test-python.sh
 echo "== the drop-in libibverbs.so.1 under Debian's ibv_devices, ibv_devinfo, perftest (scripts/test-dropin.sh)"
 scripts/test-dropin.sh
+echo "== UCX and Open MPI on the drop-in libibverbs.so.1 (scripts/test-ucx.sh)"
+scripts/test-ucx.sh
 echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"
 interop/run.sh
