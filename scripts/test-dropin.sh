@@ -11,7 +11,11 @@
 #   5. a C program built against rdma-core's own headers and library (so verbs.h's inline
 #      functions run as in any program) finds what it expects, errors included
 #      (crates/ferroce-ibverbs/tests/c/stage0.c);
-#   6. stage 1, the data path: a C program (crates/ferroce-ibverbs/tests/c/stage1.c) posts
+#   6. the other ways in: a stand-in for NCCL's loader finds every verb it needs by
+#      dlopen(NCCL_IBVERBS_LIB) and dlvsym at IBVERBS_1.1 (crates/ferroce-ibverbs/tests/c/
+#      nccl_load.c); a program that carries its own libibverbs.so.1 (DT_RPATH) is not reached
+#      by LD_LIBRARY_PATH, and is by LD_PRELOAD;
+#   7. stage 1, the data path: a C program (crates/ferroce-ibverbs/tests/c/stage1.c) posts
 #      and polls through verbs.h's inline functions, bad input included (past a queue's
 #      depth, a wrong lkey, an unknown rkey); and ibv_rc_pingpong (also -e, completion channels),
 #      ibv_uc_pingpong, ibv_ud_pingpong and ibv_srq_pingpong, and perftest's ib_write_bw,
@@ -167,6 +171,30 @@ on 127.0.0.65 timeout 60 "$out_dir/stage0"
 cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage1.c -libverbs \
     -o "$out_dir/stage1"
 on 127.0.0.81 timeout 60 "$out_dir/stage1"
+
+echo "== the other ways in: NCCL_IBVERBS_LIB, and LD_PRELOAD for a program with its own copy"
+# NCCL's loader: dlopen(NCCL_IBVERBS_LIB), dlvsym(…, "IBVERBS_1.1"); no LD_LIBRARY_PATH.
+cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/nccl_load.c -ldl \
+    -o "$out_dir/nccl_load"
+env -u LD_LIBRARY_PATH NCCL_IBVERBS_LIB="$lib" FERROCE_ADDR=127.0.0.67 timeout 60 "$out_dir/nccl_load"
+# A program that carries rdma-core's libibverbs.so.1 in a directory of its own, named by
+# DT_RPATH (which the loader searches before LD_LIBRARY_PATH), as vendored and conda
+# installs do: LD_LIBRARY_PATH does not reach it, LD_PRELOAD does.
+[ -n "$real" ] || fail "no rdma-core libibverbs.so.1 to carry (scripts/bootstrap.sh installs libibverbs1)"
+mkdir -p "$out_dir/private"
+cp -L "$real" "$out_dir/private/libibverbs.so.1"
+cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/stage0.c \
+    -libverbs -lmlx5 -Wl,--disable-new-dtags,-rpath,'$ORIGIN/private' -o "$out_dir/carries_its_own"
+carried="$(LD_LIBRARY_PATH="$dir" ldd "$out_dir/carries_its_own" | awk '$1 == "libibverbs.so.1" { print $3 }')"
+[ "$carried" -ef "$out_dir/private/libibverbs.so.1" ] ||
+    fail "the program with DT_RPATH found libibverbs.so.1 at '$carried', not its own copy"
+if out="$(on 127.0.0.65 timeout 60 "$out_dir/carries_its_own" 2>&1)"; then
+    fail "LD_LIBRARY_PATH reached a program that carries its own libibverbs.so.1"
+fi
+echo "    LD_LIBRARY_PATH: its own copy answers, without ferroce0: $(tail -1 <<<"$out")"
+# stage0 expects the address it is given in scripts/test-dropin.sh above.
+env -u LD_LIBRARY_PATH LD_PRELOAD="$lib" FERROCE_ADDR=127.0.0.65 timeout 60 "$out_dir/carries_its_own"
+echo "    LD_PRELOAD: the drop-in answers, and stage0 passes"
 
 # Run a server and its client on their own addresses, both bounded in time: run_pair WHAT
 # SRV_ADDR CLI_ADDR SRV_CMD CLI_CMD PATTERN... where SRV_CMD and CLI_CMD name arrays (the
