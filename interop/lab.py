@@ -537,6 +537,10 @@ class Lab:
         self.guest_names = guests
         self.mtu = mtu
         self.binary = binary
+        # ferroce's drop-in libibverbs.so.1 (scripts/build-dropin.sh), when the run.sh that
+        # started us built it: a snapshot of it goes here, for the host's stock tools
+        self.dropin = os.environ.get("FERROCE_DROPIN") or None
+        self.dropin_dir = os.path.join(self.rundir, "dropin") if self.dropin else None
         self.procs = []  # (Popen, what): everything we started, killed by PID at teardown
         self.guests = {}
         self.ns_made = False
@@ -613,6 +617,9 @@ class Lab:
         if self.binary:
             # a snapshot of the binary: a concurrent cargo build cannot change it under the guests
             shutil.copy2(self.binary, os.path.join(self.export, "ferroce"))
+        if self.dropin:
+            os.makedirs(self.dropin_dir)
+            shutil.copy2(self.dropin, os.path.join(self.dropin_dir, "libibverbs.so.1"))
         log(f"namespace {self.ns}: bridge {BRIDGE} {HOST_ADDR}/24, guests {', '.join(self.guest_names)}")
         run(["ip", "netns", "add", self.ns], what="ip netns add")
         self.ns_made = True

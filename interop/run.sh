@@ -41,6 +41,11 @@ echo "interop: building the ferroce release binary"
 nice -n 19 cargo build --release --locked -p ferroce-cli
 export FERROCE_BIN="${CARGO_TARGET_DIR:-target}/release/ferroce"
 FERROCE_BIN=$(realpath "$FERROCE_BIN")
+# The drop-in libibverbs.so.1, which the host's stock ibv_rc_pingpong and ibv_ud_pingpong load
+# against the guests' rxe (the dropin-* runs).
+echo "interop: building the drop-in libibverbs.so.1"
+FERROCE_DROPIN=$(realpath "$(nice -n 19 scripts/build-dropin.sh)")
+export FERROCE_DROPIN
 if [ "$mode" = test ]; then
     # The verbs backend's device tests (crates/ferroce/tests/verbs_device.rs) run in a guest
     # against rxe0; cargo prints where it put the test binary.

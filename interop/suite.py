@@ -59,15 +59,20 @@ def iters(n):
 
 class Endpoint:
     """One side of a run: where it runs (host or a guest) and what: rxe's tools ("rxe"),
-    ferroce's soft NIC ("ferroce"), or ferroce as a verbs user of the guest's rxe0 ("verbs")."""
+    ferroce's soft NIC ("ferroce"), ferroce as a verbs user of the guest's rxe0 ("verbs"), or
+    rdma-core's stock tools on the host with ferroce's drop-in libibverbs.so.1 ("dropin",
+    device ferroce0, its one GID at index 0)."""
 
     def __init__(self, lab, where, impl, events=False):
         self.lab, self.where, self.impl = lab, where, impl
         self.events = events
         self.addr = HOST_ADDR if where == "host" else GUEST_ADDRS[where]
         if where == "host":
-            assert impl == "ferroce", "the host kernel has no rxe"
+            assert impl in ("ferroce", "dropin"), "the host kernel has no rxe"
             self.bin = os.path.join(lab.export, "ferroce")
+            # the stock tools, finding the drop-in first on the library path
+            self.stock = (f"env LD_LIBRARY_PATH={lab.dropin_dir} FERROCE_ADDR={self.addr} "
+                          if impl == "dropin" else None)
         else:
             self.bin = GUEST_BIN
 
@@ -77,6 +82,8 @@ class Endpoint:
     def pingpong(self, size, mtu, n, server=None):
         if self.impl == "rxe":
             cmd = f"ibv_rc_pingpong -d rxe0 -g 1 -s {size} -m {mtu} -n {n} -c"
+        elif self.impl == "dropin":
+            cmd = f"{self.stock}ibv_rc_pingpong -d ferroce0 -g 0 -s {size} -m {mtu} -n {n} -c"
         elif self.impl == "verbs":
             cmd = f"{self.bin} pingpong -d rxe0 -g 1 -s {size} -m {mtu} -n {n} -c"
         else:
@@ -88,6 +95,8 @@ class Endpoint:
     def ud_pingpong(self, size, n, server=None):
         if self.impl == "rxe":
             cmd = f"ibv_ud_pingpong -d rxe0 -g 1 -s {size} -n {n}"
+        elif self.impl == "dropin":
+            cmd = f"{self.stock}ibv_ud_pingpong -d ferroce0 -g 0 -s {size} -n {n}"
         else:
             cmd = f"{self.bin} ud-pingpong --local {self.addr} -g 1 -s {size} -n {n}"
         return cmd + (f" {server}" if server else "")
@@ -550,6 +559,20 @@ def interop_plan(lab):
         role = "ferroce-client" if client is host else "ferroce-server"
         plan.append((f"udaddy-{role}", "cm", server, client, server.cmatose("udaddy", "-S 512"),
                      client.cmatose("udaddy", "-S 512", server.addr), 60, 0, 1024))
+    # rdma-core's own ibv_rc_pingpong and ibv_ud_pingpong on the host, unmodified, on the
+    # drop-in libibverbs.so.1 (device ferroce0), against the same tools on the guest's rxe0
+    if lab.dropin_dir:
+        stock = Endpoint(lab, "host", "dropin")
+        for server, client in ((vm, stock), (stock, vm)):
+            role = "dropin-client" if client is stock else "dropin-server"
+            for size in (1, 4096):
+                n = pingpong_iters(size)
+                plan.append((f"dropin-pingpong-{size}B-{role}", "pingpong", server, client,
+                             server.pingpong(size, 1024, n), client.pingpong(size, 1024, n, server.addr),
+                             40, 0, 1024))
+            n = pingpong_iters(1024)
+            plan.append((f"dropin-ud-pingpong-1024B-{role}", "pingpong", server, client,
+                         server.ud_pingpong(1024, n), client.ud_pingpong(1024, n, server.addr), 40, 0, 1024))
     # a READ longer than the requester's largest window: ferroce asks for 1 MiB as eight READ
     # requests of 128 response packets, which rxe must serve within max_rd_atomic, with and
     # without loss
