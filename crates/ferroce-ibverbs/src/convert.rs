@@ -399,7 +399,7 @@ mod tests {
         let v6 = Completion {
             ud: Some(UdSource {
                 qpn: Qpn::new(0x22).unwrap(),
-                ip: IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+                ip: IpAddr::V6(Ipv6Addr::LOCALHOST),
             }),
             ..c
         };

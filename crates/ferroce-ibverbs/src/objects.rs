@@ -178,12 +178,11 @@ pub(crate) struct QpState {
     pub(crate) verbs: Mutex<QpVerbs>,
 }
 
-/// The verbs-side state of a queue pair.
+/// What a queue pair's attributes hold that ferroce keeps in its own terms: the flags and
+/// Q_Key as the program gave them, for `ibv_query_qp`. Its state is the engine's own
+/// ([`ferroce::Qp::query`]), since the QP is created in RESET as verbs creates it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct QpVerbs {
-    /// `enum ibv_qp_state` as the program sees it: ferroce creates a QP in INIT, verbs in
-    /// RESET, so it is RESET until the program's first modify to INIT.
-    pub(crate) state: c_uint,
     /// `qp_access_flags` as given.
     pub(crate) access_flags: c_uint,
     /// `qkey` as given (UD).

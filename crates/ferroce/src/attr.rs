@@ -186,13 +186,15 @@ impl ConnectAttrs {
 }
 
 /// What a backend creates a queue pair with, besides its CQs and SRQ: `ibv_qp_init_attr`'s
-/// type, capacities and `sq_sig_all`, and the first PSN ferroce chose.
+/// type, capacities and `sq_sig_all`, the first PSN ferroce chose, and whether it stays in
+/// RESET (`ibv_create_qp`'s state) rather than moving to INIT at once.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct QpSetup {
     pub(crate) qp_type: ferroce_proto::qp::QpType,
     pub(crate) caps: ferroce_proto::qp::QpCaps,
     pub(crate) sq_sig_all: bool,
     pub(crate) psn: Psn,
+    pub(crate) in_reset: bool,
 }
 
 /// The RNR timer code `value` (`min_rnr_timer`, 0 to 31), or the error that says so.

@@ -36,6 +36,10 @@ pub struct QpConfig<'a> {
     pub caps: QpCaps,
     /// Every send completes with a completion, signaled or not (`sq_sig_all`).
     pub sq_sig_all: bool,
+    /// Leave it in RESET, as `ibv_create_qp` does, for a caller that brings it up attribute
+    /// by attribute with [`Qp::modify`] (RESET → INIT names the access, or a UD Q_Key);
+    /// otherwise it is created in INIT, ready for receives and for [`Qp::connect`].
+    pub in_reset: bool,
 }
 
 /// A queue pair of a [`Nic`].
@@ -82,6 +86,7 @@ impl Qp {
                 srq: None,
                 caps,
                 sq_sig_all: false,
+                in_reset: false,
             },
         )
     }
@@ -109,6 +114,7 @@ impl Qp {
                 srq: Some(srq),
                 caps,
                 sq_sig_all: false,
+                in_reset: false,
             },
         )
     }
@@ -127,6 +133,7 @@ impl Qp {
             srq,
             caps,
             sq_sig_all,
+            in_reset,
         } = *config;
         if !nic.same(&send_cq.nic) || !nic.same(&recv_cq.nic) {
             return Err(NicError::OtherNic("a completion queue"));
@@ -144,6 +151,7 @@ impl Qp {
             caps,
             sq_sig_all,
             psn: Psn::from_low_bits(seed),
+            in_reset,
         };
         let backend = nic.backend.create_qp(
             setup,

@@ -1,6 +1,6 @@
 //! Queue pairs brought up attribute by attribute (`Qp::modify`, `Qp::query`), as verbs programs
 //! do it: RESET → INIT → RTR → RTS in separate calls, each checked as the providers check it,
-//! between two soft NICs on 127.0.3.1 and 127.0.3.2.
+//! between two soft NICs on 127.0.3.1 and 127.0.3.2 (and 127.0.3.3–5).
 
 mod support;
 
@@ -171,6 +171,7 @@ fn sq_sig_all_makes_every_send_complete() {
                 srq: None,
                 caps: QpCaps::default(),
                 sq_sig_all: sig_all,
+                in_reset: false,
             },
         )
         .unwrap();
@@ -210,4 +211,81 @@ fn sq_sig_all_makes_every_send_complete() {
         })
         .unwrap();
     }
+}
+
+/// `QpConfig::in_reset`: the queue pair starts in RESET, as `ibv_create_qp` leaves it, takes
+/// no receives there, and RESET → INIT asks what the kernel asks: access flags for RC, a Q_Key
+/// (and no access flags) for UD.
+#[test]
+fn a_queue_pair_created_in_reset_takes_what_the_kernel_requires_to_reach_init() {
+    let nic = soft_nic(Ipv4Addr::new(127, 0, 3, 5));
+    let cq = Cq::new(&nic, 16).unwrap();
+    let region = host_region(&nic, RegionAccess::Local, vec![0; 64]);
+    let create = |qp_type| {
+        Qp::create(
+            &nic,
+            &ferroce::QpConfig {
+                qp_type,
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+                in_reset: true,
+            },
+        )
+        .unwrap()
+    };
+    let rc = create(QpType::Rc);
+    assert_eq!(rc.query().state, Some(QpState::Reset));
+    let recv = || ferroce::qp::RecvWr {
+        wr_id: 1,
+        sges: vec![region.local(0, 64).unwrap()],
+    };
+    assert!(
+        matches!(
+            rc.post_recv(recv()),
+            Err(ferroce::qp::PostError::InvalidState(QpState::Reset))
+        ),
+        "a receive in RESET"
+    );
+    let to_init = QpAttr {
+        state: Some(QpState::Init),
+        ..QpAttr::default()
+    };
+    assert!(
+        matches!(
+            rc.modify(&to_init),
+            Err(ModifyError::Missing { attr: "access", .. })
+        ),
+        "RC needs its access flags"
+    );
+    assert_eq!(rc.query().state, Some(QpState::Reset), "unchanged");
+    rc.modify(&QpAttr {
+        access: Some(Access::REMOTE_WRITE),
+        ..to_init
+    })
+    .unwrap();
+    assert_eq!(rc.query().state, Some(QpState::Init));
+    rc.post_recv(recv()).unwrap();
+
+    let ud = create(QpType::Ud);
+    assert!(
+        matches!(
+            ud.modify(&to_init),
+            Err(ModifyError::Missing { attr: "qkey", .. })
+        ),
+        "UD needs its Q_Key"
+    );
+    ud.modify(&QpAttr {
+        qkey: Some(0x1111_1111),
+        ..to_init
+    })
+    .unwrap();
+    assert_eq!(
+        ud.query().state,
+        Some(QpState::Init),
+        "with no access flags"
+    );
+    assert_eq!(ud.query().qkey, Some(0x1111_1111));
 }

@@ -2,10 +2,9 @@
 //! context's `post_send` and `post_recv` operations (work requests are read from the C chains
 //! into ferroce's [`SendWr`] and [`RecvWr`]).
 //!
-//! ferroce creates a QP in INIT, verbs in RESET: the QP's verbs state (`crate::objects::QpVerbs`)
-//! is RESET until the program's first move to INIT, which ferroce takes as INIT → INIT with
-//! the access flags. Each `ibv_modify_qp` is checked against the kernel's table of required
-//! attributes first (`crate::convert::required_mask`), then against ferroce's own.
+//! A QP is created in RESET, as verbs creates it, and its state is the engine's. Each
+//! `ibv_modify_qp` is checked against the kernel's table of required attributes first
+//! (`crate::convert::required_mask`), then against ferroce's own.
 //!
 //! Posting: a chain is read up to the first request that cannot be expressed (an unknown
 //! opcode, too many scatter entries, an unknown address handle), the requests before it are
@@ -16,7 +15,6 @@ use std::ffi::c_int;
 use std::ptr;
 use std::sync::{Arc, Mutex};
 
-use ferroce::proto::memory::Access;
 use ferroce::proto::qp::{
     Payload, PostError, QpCaps, QpType, RecvWr, RemoteAddr, SendOp, SendWr, Sge,
 };
@@ -91,6 +89,7 @@ pub(crate) unsafe extern "C" fn create_qp(
                 srq: srq.as_ref().map(|s| &s.srq),
                 caps,
                 sq_sig_all: init.sq_sig_all != 0,
+                in_reset: true,
             },
         )
         .map_err(|_| libc::ENOMEM)?;
@@ -131,7 +130,6 @@ pub(crate) unsafe extern "C" fn create_qp(
                 cap,
                 sq_sig_all: init.sq_sig_all != 0,
                 verbs: Mutex::new(QpVerbs {
-                    state: IBV_QPS_RESET,
                     access_flags: 0,
                     qkey: 0,
                 }),
@@ -160,7 +158,11 @@ pub(crate) unsafe extern "C" fn modify_qp(
             .verbs
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let from = verbs.state;
+        let from = state
+            .qp
+            .query()
+            .state
+            .map_or(IBV_QPS_RESET, convert::ibv_qp_state);
         let to = if mask & IBV_QP_STATE != 0 {
             attr.qp_state
         } else {
@@ -172,12 +174,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
         }
         let mut ours = convert::qp_attr(&attr, mask)?;
         ours.state = Some(convert::qp_state(to).ok_or(libc::EINVAL)?);
-        if from == IBV_QPS_RESET && to == IBV_QPS_INIT && ours.access.is_none() {
-            // UD names no access flags; ferroce's INIT wants some.
-            ours.access = Some(Access::NONE);
-        }
         state.qp.modify(&ours).map_err(|_| libc::EINVAL)?;
-        verbs.state = to;
         if mask & IBV_QP_ACCESS_FLAGS != 0 {
             verbs.access_flags = attr.qp_access_flags;
         }
@@ -208,11 +205,7 @@ pub(crate) unsafe extern "C" fn query_qp(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let q = state.qp.query();
-        let qp_state = if verbs.state == IBV_QPS_RESET {
-            IBV_QPS_RESET
-        } else {
-            q.state.map_or(verbs.state, convert::ibv_qp_state)
-        };
+        let qp_state = q.state.map_or(IBV_QPS_RESET, convert::ibv_qp_state);
         let value = ibv_qp_attr {
             qp_state,
             cur_qp_state: qp_state,

@@ -679,12 +679,10 @@ impl Engine {
         };
         if from != to {
             match to {
-                QpState::Init => {
-                    need(attr.access.is_some(), "access")?;
-                    if ud {
-                        need(attr.qkey.is_some(), "qkey")?;
-                    }
-                }
+                // As the kernel's table (`qp_state_table`): access flags for RC and UC, a
+                // Q_Key for UD, which has no remote access to grant.
+                QpState::Init if ud => need(attr.qkey.is_some(), "qkey")?,
+                QpState::Init => need(attr.access.is_some(), "access")?,
                 QpState::Rtr if ud => {}
                 QpState::Rtr => {
                     need(attr.peer.is_some(), "peer")?;

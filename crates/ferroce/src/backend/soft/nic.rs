@@ -284,6 +284,7 @@ impl Nic {
             caps,
             sq_sig_all,
             psn,
+            in_reset,
         } = setup;
         let init = QpInit {
             qp_type,
@@ -299,16 +300,18 @@ impl Nic {
             .engine
             .create_qp(init)
             .map_err(|_| NicError::OtherNic("a shared receive queue"))?;
-        // INIT at once, so receives can be posted before connecting (as ibv_rc_pingpong does);
-        // the access peers get is set by `connect`, a UD QP's Q_Key by `ready_ud`. RESET →
-        // INIT with an access (and for UD a Q_Key) cannot fail.
-        let init = QpAttr {
-            state: Some(QpState::Init),
-            access: Some(ferroce_proto::memory::Access::NONE),
-            qkey: (qp_type == QpType::Ud).then_some(0),
-            ..QpAttr::default()
-        };
-        let _ = state.engine.modify_qp(qpn, &init);
+        // INIT at once unless asked for RESET, so receives can be posted before connecting
+        // (as ibv_rc_pingpong does); the access peers get is set by `connect`, a UD QP's
+        // Q_Key by `ready_ud`. RESET → INIT with an access and a Q_Key cannot fail.
+        if !in_reset {
+            let init = QpAttr {
+                state: Some(QpState::Init),
+                access: Some(ferroce_proto::memory::Access::NONE),
+                qkey: (qp_type == QpType::Ud).then_some(0),
+                ..QpAttr::default()
+            };
+            let _ = state.engine.modify_qp(qpn, &init);
+        }
         drop(state);
         Ok(Qp::new(
             &self.driver,

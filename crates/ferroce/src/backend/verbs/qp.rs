@@ -67,6 +67,7 @@ impl Qp {
             caps,
             sq_sig_all,
             psn,
+            in_reset,
         } = setup;
         let max_sge = u32::try_from(device.attr.max_sge)
             .unwrap_or(1)
@@ -125,10 +126,12 @@ impl Qp {
                 ..QpAttr::default()
             })),
         };
-        // INIT at once, so receives may be posted before connecting, as on the soft NIC;
-        // `connect` sets the access peers get.
-        qp.to_init(0)
-            .map_err(|e| device.error("ibv_modify_qp(INIT)", e, None))?;
+        // INIT at once unless asked for RESET, so receives may be posted before connecting,
+        // as on the soft NIC; `connect` sets the access peers get.
+        if !in_reset {
+            qp.to_init(0)
+                .map_err(|e| device.error("ibv_modify_qp(INIT)", e, None))?;
+        }
         Ok(qp)
     }
 
