@@ -644,3 +644,53 @@ fn every_or_of_access_flags_grants_exactly_that() {
         }
     }
 }
+
+/// A receiver that takes its completion and closes at once has still acknowledged what it
+/// took. A polling receiver holds its ACK back a few microseconds, to leave with its next
+/// packet; that ACK must go out when the QP or the NIC goes, or the sender resends to a peer
+/// that is gone (kernel rxe resent `ibv_rc_pingpong`'s last message for as long as it ran).
+#[test]
+fn a_receiver_that_closes_right_after_its_completion_has_acknowledged() {
+    // One retry after 4.096 µs × 2^10 ≈ 4 ms: a lost ACK ends in RETRY_EXC_ERR within 10 ms.
+    let options = ConnectOptions {
+        timeout: 10,
+        retry_cnt: 1,
+        ..ConnectOptions::default()
+    };
+    for round in 0..20u8 {
+        let (a, b) = pair(24831, QpType::Rc, &options);
+        let dst = region(&b.nic, RegionAccess::Local, vec![0; 8]);
+        b.qp.post_recv(RecvWr {
+            wr_id: 7,
+            sges: vec![dst.local(0, 8).unwrap()],
+        })
+        .unwrap();
+        let src = region(&a.nic, RegionAccess::Local, vec![round; 8]);
+        a.qp.post_send(SendWr::new(
+            1,
+            SendOp::Send,
+            Payload::Sges(vec![src.local(0, 8).unwrap()]),
+        ))
+        .unwrap();
+        // Poll, as ibv_rc_pingpong does, and close the moment the receive completes: the
+        // QP first, then the NIC, as ibv_destroy_qp and ibv_close_device do.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let got = loop {
+            if let Some(c) = b.cq.poll() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "round {round}: no receive");
+        };
+        let Side { nic, cq, qp } = b;
+        drop(qp);
+        drop(cq);
+        drop(dst);
+        drop(nic);
+        assert_eq!((got.wr_id, got.status), (7, WcStatus::Success));
+        assert_eq!(
+            wait(&a.cq).status,
+            WcStatus::Success,
+            "round {round}: the SEND was acknowledged"
+        );
+    }
+}

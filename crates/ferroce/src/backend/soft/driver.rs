@@ -273,10 +273,15 @@ impl Driver {
         Ok(())
     }
 
-    /// Stops and joins the progress thread, and flushes the capture. Idempotent.
+    /// Sends what is held back (ACKs waiting for the application's next packet), stops and
+    /// joins the progress thread, and flushes the capture. Idempotent.
     pub(crate) fn stop(&self) {
-        if self.lock().link.flush_capture().is_err() {
-            udp::UdpCounters::add(&self.port.counters.pcap_errors, 1);
+        {
+            let mut state = self.lock();
+            self.transmit_ready(&mut state, Instant::now(), false);
+            if state.link.flush_capture().is_err() {
+                udp::UdpCounters::add(&self.port.counters.pcap_errors, 1);
+            }
         }
         self.stop.store(true, Ordering::SeqCst);
         self.ring();

@@ -196,6 +196,11 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        self.driver.lock().engine.destroy_qp(self.qpn);
+        let mut state = self.driver.lock();
+        state.engine.destroy_qp(self.qpn);
+        // What the QP already owes its peer leaves now, an ACK held back for the polling
+        // application's next packet above all: a program that destroys the QP the moment
+        // its last receive completes (ibv_rc_pingpong) has acknowledged that receive.
+        self.driver.after_command(state);
     }
 }
