@@ -32,6 +32,10 @@ use serde_json::json;
 /// A 4K RAW12 frame: 3840 × 2160 pixels of 12 bits.
 pub(crate) const FRAME_4K_RAW12: usize = 3840 * 2160 * 3 / 2;
 
+/// `stream recv --frames N`'s idle limit unless `--idle` says otherwise: seconds without a
+/// frame after which a stream that stopped short ends.
+const DEFAULT_IDLE: f64 = 5.0;
+
 /// `ferroce stream`'s two ends.
 #[derive(Subcommand)]
 pub(crate) enum StreamCommand {
@@ -76,12 +80,14 @@ pub(crate) struct RecvArgs {
     /// `--device`): 1408 bytes at 1500, 4096 from 4170 (jumbo frames, loopback).
     #[arg(long, default_value_t = 1500)]
     mtu: usize,
-    /// Exit after this many frames (0: run until the stream stops for `--idle` seconds).
+    /// Exit after this many frames (0: run until the stream stops for `--idle` seconds). A
+    /// stream that stops short ends after `--idle` with what arrived, and exit status 1.
     #[arg(long, default_value_t = 0)]
     frames: u64,
-    /// Exit when no frame came for this many seconds (0: never).
-    #[arg(long, default_value_t = 0.0)]
-    idle: f64,
+    /// Exit when no frame came for this many seconds (0: never). Default: 5 with `--frames`,
+    /// so that a sender that stops early cannot leave the receiver waiting; never without.
+    #[arg(long)]
+    idle: Option<f64>,
     /// Print JSON: a description of the receiver, one object per frame, then a summary.
     #[arg(long)]
     json: bool,
@@ -511,11 +517,14 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
     let mut last_print = Instant::now();
     let mut last_frame = Instant::now();
     let mut out = io::stdout().lock();
+    let idle = args
+        .idle
+        .unwrap_or(if args.frames > 0 { DEFAULT_IDLE } else { 0.0 });
     loop {
         if args.frames > 0 && tally.frames >= args.frames {
             break;
         }
-        if args.idle > 0.0 && last_frame.elapsed().as_secs_f64() > args.idle {
+        if idle > 0.0 && last_frame.elapsed().as_secs_f64() > idle {
             break;
         }
         if rx.receive_path_failed() {
@@ -573,7 +582,14 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
     if args.stats {
         eprintln!("{}", nic.statistics_line(nic.device_name()));
     }
-    Ok(if tally.content_errors > 0 {
+    let short = args.frames > 0 && tally.frames < args.frames;
+    if short {
+        eprintln!(
+            "stream recv: the stream stopped after {} of {} frames (none for {idle} s)",
+            tally.frames, args.frames
+        );
+    }
+    Ok(if tally.content_errors > 0 || short {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

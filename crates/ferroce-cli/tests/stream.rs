@@ -343,3 +343,39 @@ fn frames_delivered_into_cuda_memory_are_checked_from_there() {
     assert_eq!(lines.last().unwrap()["content_errors"], 0);
     assert!(device.0.wait().unwrap().success());
 }
+
+/// `stream recv --frames N` whose sender stops short ends on its own (after 5 s without a
+/// frame, the default with `--frames`), reports what arrived and exits 1. Addresses
+/// 127.0.8.1 and 127.0.8.2.
+#[test]
+fn a_receiver_whose_sender_stops_short_ends_and_says_what_arrived() {
+    let mut device = device("127.0.8.2", "200", "10");
+    let recv = ferroce(&[
+        "stream",
+        "recv",
+        "--local",
+        "127.0.8.1",
+        "--device",
+        "127.0.8.2",
+        "--frame-size",
+        "10000",
+        "--pages",
+        "4",
+        "--frames",
+        "20",
+        "--json",
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&recv.stderr);
+    assert_eq!(recv.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the stream stopped after 10 of 20 frames (none for 5 s)"),
+        "{stderr}"
+    );
+    let lines = json_lines(&recv.stdout);
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["frames"], 10);
+    assert_eq!(summary["content_errors"], 0);
+    assert!(device.0.wait().unwrap().success());
+}
