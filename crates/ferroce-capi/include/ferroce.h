@@ -1095,6 +1095,17 @@ enum ferroce_result ferroce_cq_wait(const struct ferroce_cq *cq,
                                     uint32_t timeout_ms,
                                     struct ferroce_completion *wc);
 
+// rdma-core's text for a completion's `status` (`ibv_wc_status_str`), such as `"remote
+// access error"`: a static string, never NULL (`"unknown status"` past
+// `enum ibv_wc_status`).
+const char *ferroce_wc_status_str(uint32_t status);
+
+// What most often causes a completion's `status`, and where to look, as a sentence (for
+// `REM_ACCESS_ERR`: the rkey, the range inside the peer's region, the rights it grants; for
+// `RETRY_EXC_ERR`: the peer's NIC, its QP's connection, the UDP port): a static string, or
+// NULL for a status whose text says enough (success among them).
+const char *ferroce_wc_status_hint(uint32_t status);
+
 // Frees the CQ handle; NULL does nothing. Queue pairs using it keep it alive.
 //
 // # Safety

@@ -5,10 +5,11 @@
 //! completions polled from a CQ. Numbers follow libibverbs where C users look for them: the
 //! completion's `status` is `enum ibv_wc_status`, its `opcode` `enum ibv_wc_opcode`.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, CString};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use ferroce::proto::qp::{Completion, ModifyError, WcOpcode};
+use ferroce::proto::qp::{Completion, ModifyError, WcOpcode, WcStatus};
 use ferroce::proto::wire::Qpn;
 use ferroce::proto::Psn;
 use ferroce::qp::{
@@ -284,6 +285,47 @@ pub unsafe extern "C" fn ferroce_cq_wait(
                 format_args!("no completion within {timeout_ms} ms"),
             )),
         }
+    })
+}
+
+/// The completion statuses' texts, made once: `(ibv_wc_status_str, hint)` for each value of
+/// `enum ibv_wc_status` (0 to 21).
+fn status_texts() -> &'static [(CString, Option<CString>)] {
+    static TEXTS: OnceLock<Vec<(CString, Option<CString>)>> = OnceLock::new();
+    TEXTS.get_or_init(|| {
+        (0..=21)
+            .map(|v| {
+                let status = WcStatus::from_ibv_value(v);
+                let text = |t: &str| CString::new(t).unwrap_or_default();
+                (text(&status.to_string()), status.hint().map(text))
+            })
+            .collect()
+    })
+}
+
+/// rdma-core's text for a completion's `status` (`ibv_wc_status_str`), such as `"remote
+/// access error"`: a static string, never NULL (`"unknown status"` past
+/// `enum ibv_wc_status`).
+#[no_mangle]
+pub extern "C" fn ferroce_wc_status_str(status: u32) -> *const c_char {
+    fence("ferroce_wc_status_str", || {
+        status_texts()
+            .get(status as usize)
+            .map_or(c"unknown status".as_ptr(), |(text, _)| text.as_ptr())
+    })
+}
+
+/// What most often causes a completion's `status`, and where to look, as a sentence (for
+/// `REM_ACCESS_ERR`: the rkey, the range inside the peer's region, the rights it grants; for
+/// `RETRY_EXC_ERR`: the peer's NIC, its QP's connection, the UDP port): a static string, or
+/// NULL for a status whose text says enough (success among them).
+#[no_mangle]
+pub extern "C" fn ferroce_wc_status_hint(status: u32) -> *const c_char {
+    fence("ferroce_wc_status_hint", || {
+        status_texts()
+            .get(status as usize)
+            .and_then(|(_, hint)| hint.as_ref())
+            .map_or(std::ptr::null(), |hint| hint.as_ptr())
     })
 }
 

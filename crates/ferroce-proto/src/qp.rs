@@ -590,6 +590,56 @@ impl WcStatus {
     }
 }
 
+impl WcStatus {
+    /// What most often causes this status, and where to look: a sentence for a person, for
+    /// the statuses whose rdma-core text names the symptom but not the cause. `None` for
+    /// success and for statuses that say enough.
+    ///
+    /// ```
+    /// use ferroce_proto::qp::WcStatus;
+    /// assert!(WcStatus::RetryExcErr.hint().unwrap().contains("answered"));
+    /// assert_eq!(WcStatus::Success.hint(), None);
+    /// ```
+    #[must_use]
+    pub const fn hint(self) -> Option<&'static str> {
+        Some(match self {
+            Self::LocLenErr => {
+                "a message was longer than the receive buffer posted for it, or a scatter \
+                 list's lengths do not add up"
+            }
+            Self::LocProtErr | Self::LocAccessErr => {
+                "a scatter entry names no live region of this NIC (its lkey), or runs past the \
+                 region's end"
+            }
+            Self::WrFlushErr => {
+                "the QP moved to the error state before this request ran: look at the first \
+                 completion that failed before it, or at a disconnect"
+            }
+            Self::RemInvReqErr => {
+                "the peer's QP refused the operation itself: one its type does not take (READ \
+                 or an atomic on UC), an unaligned atomic, or a message longer than it allows"
+            }
+            Self::RemAccessErr => {
+                "the peer refused the remote address: check that the rkey is one the peer \
+                 registered and still holds, that address plus length lies inside that region, \
+                 and that the region and the peer's QP grant this access (remote write, read \
+                 or atomic)"
+            }
+            Self::RemOpErr => "the peer could not carry out the request (its memory failed)",
+            Self::RetryExcErr => {
+                "nothing answered after every retry: is the peer's NIC up at the address \
+                 given, is its QP connected to this one (this QPN and PSN, RTR at least), and \
+                 does UDP port 4791 reach it?"
+            }
+            Self::RnrRetryExcErr => {
+                "the peer had no receive posted for a SEND after every RNR retry: post \
+                 receives before the sender sends, or raise rnr_retry (7 retries without limit)"
+            }
+            Self::Success | Self::BadRespErr | Self::LocQpOpErr | Self::Other(_) => return None,
+        })
+    }
+}
+
 impl fmt::Display for WcStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Self::Other(value) = self {

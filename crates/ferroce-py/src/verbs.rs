@@ -437,14 +437,17 @@ impl Region {
 }
 
 /// A work completion (`struct ibv_wc`). `status` and `opcode` are the Rust variants' names
-/// (`"Success"`, `"RdmaWrite"`); `status_code` is `enum ibv_wc_status`'s value and
-/// `status_message` rdma-core's text for it.
+/// (`"Success"`, `"RdmaWrite"`); `status_code` is `enum ibv_wc_status`'s value,
+/// `status_message` rdma-core's text for it, and `hint` what most often causes a failure
+/// whose text names only the symptom (`RemAccessErr`: the rkey, the range, the rights;
+/// `RetryExcErr`: nobody answering), or `None`.
 #[pyclass(module = "ferroce", frozen, get_all)]
 pub(crate) struct Completion {
     wr_id: u64,
     status: String,
     status_code: u32,
     status_message: String,
+    hint: Option<&'static str>,
     opcode: String,
     byte_len: u32,
     imm: Option<u32>,
@@ -462,6 +465,7 @@ impl From<ferroce::cq::Completion> for Completion {
             status,
             status_code: c.status.ibv_value(),
             status_message: c.status.to_string(),
+            hint: c.status.hint(),
             opcode: format!("{:?}", c.opcode),
             byte_len: c.byte_len,
             imm: c.imm,

@@ -80,6 +80,9 @@ def test_every_or_grants_exactly_that(grant):
             assert c.ok == granted, (grant, op, c.status)
             if not granted:
                 assert c.status == "RemAccessErr", (grant, op)
+                assert "rkey" in c.hint and "grant" in c.hint, c.hint
+            else:
+                assert c.hint is None, "a success needs no hint"
             assert changed == (granted and op != "read")
         # Granted by the QP; the region grants everything.
         c, changed = op_status(A.Remote, grant, op)

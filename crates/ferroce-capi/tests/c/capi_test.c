@@ -99,6 +99,16 @@ static void bad_arguments_are_refused_with_a_reason(void) {
     CHECK(!ferroce_receiver_frames_ready(NULL));
     CHECK(strcmp(ferroce_result_name(FERROCE_RESULT_TIMEOUT), "FERROCE_RESULT_TIMEOUT") == 0);
     CHECK(strcmp(ferroce_version(), FERROCE_VERSION) == 0);
+    /* A completion's status as text (ibv_wc_status_str), and the likely cause where the text
+     * names only the symptom. */
+    CHECK(strcmp(ferroce_wc_status_str(0), "success") == 0);
+    CHECK(strcmp(ferroce_wc_status_str(10), "remote access error") == 0);
+    CHECK(strcmp(ferroce_wc_status_str(12), "transport retry counter exceeded") == 0);
+    CHECK(strcmp(ferroce_wc_status_str(99), "unknown status") == 0);
+    CHECK(ferroce_wc_status_hint(0) == NULL);
+    CHECK(ferroce_wc_status_hint(99) == NULL);
+    CHECK(strstr(ferroce_wc_status_hint(10), "rkey") != NULL);
+    CHECK(strstr(ferroce_wc_status_hint(12), "4791") != NULL);
 }
 
 static void a_panic_comes_back_as_a_code(void) {

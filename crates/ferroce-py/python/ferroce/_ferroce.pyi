@@ -188,6 +188,7 @@ class Completion:
     status: str
     status_code: int
     status_message: str
+    hint: Optional[str]
     opcode: str
     byte_len: int
     imm: Optional[int]
