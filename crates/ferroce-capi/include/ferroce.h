@@ -1004,6 +1004,18 @@ enum ferroce_result ferroce_receiver_program_device(const struct ferroce_receive
                                                     const char *device,
                                                     size_t payload);
 
+// The devices this host can open (`ibv_get_device_list`): their names, one per line,
+// `"ferroce0"` (the soft NIC, always there) first, then each RDMA device libibverbs lists
+// (this API opens the soft NIC; ferroce's Rust and Python APIs open the others). Copied into `buf` as `snprintf` does, NUL-terminated
+// and cut to `len - 1` bytes; returns the text's full length, so a call with `len` 0 (and
+// `buf` NULL) sizes the buffer.
+//
+// # Safety
+//
+// `buf` is NULL or valid for writes of `len` bytes.
+size_t ferroce_devices(char *buf,
+                       size_t len);
+
 // Opens the soft NIC on `addr` (`"127.0.0.2"`, or `"127.0.0.2:4791"` for another port) and
 // starts its progress thread; `*out` receives the NIC.
 //

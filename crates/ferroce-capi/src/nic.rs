@@ -100,6 +100,24 @@ unsafe fn nic_config(
     Ok(out)
 }
 
+/// The devices this host can open (`ibv_get_device_list`): their names, one per line,
+/// `"ferroce0"` (the soft NIC, always there) first, then each RDMA device libibverbs lists
+/// (this API opens the soft NIC; ferroce's Rust and Python APIs open the others). Copied into `buf` as `snprintf` does, NUL-terminated
+/// and cut to `len - 1` bytes; returns the text's full length, so a call with `len` 0 (and
+/// `buf` NULL) sizes the buffer.
+///
+/// # Safety
+///
+/// `buf` is NULL or valid for writes of `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_devices(buf: *mut c_char, len: usize) -> usize {
+    fence("ferroce_devices", || {
+        let names = Nic::device_names().join("\n");
+        // SAFETY: the caller's promise about `buf` and `len` is copy_text's.
+        unsafe { copy_text(&names, buf, len) }
+    })
+}
+
 /// Opens the soft NIC on `addr` (`"127.0.0.2"`, or `"127.0.0.2:4791"` for another port) and
 /// starts its progress thread; `*out` receives the NIC.
 ///

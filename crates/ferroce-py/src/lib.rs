@@ -35,6 +35,7 @@ fn _ferroce(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<nic::Nic>()?;
+    m.add_function(wrap_pyfunction!(nic::devices, m)?)?;
     m.add_class::<nic::Faults>()?;
     enums::register(m)?;
     m.add_class::<verbs::Region>()?;

@@ -12,6 +12,14 @@ use ferroce::{DeviceOptions, NicConfig};
 use crate::errors::Error;
 use crate::util;
 
+/// The devices this host can open (``ibv_get_device_list``), as names: ``"ferroce0"``, the soft
+/// NIC, always first, then each RDMA device libibverbs lists (``Nic.open_device`` opens one).
+/// A host without libibverbs or without RDMA in its kernel lists ``["ferroce0"]`` alone.
+#[pyfunction]
+pub(crate) fn devices() -> Vec<String> {
+    ferroce::Nic::device_names()
+}
+
 /// Faults to inject into every packet sent (`--fault`): probabilities of loss, duplication,
 /// reordering and corruption, a delay, and the generator's seed.
 #[pyclass(module = "ferroce", frozen, from_py_object)]

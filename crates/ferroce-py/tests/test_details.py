@@ -100,3 +100,11 @@ def test_address_errors_carry_errno():
         with pytest.raises(ferroce.AddressInUse) as in_use:
             ferroce.Nic("127.0.4.23")
         assert in_use.value.errno == errno.EADDRINUSE
+
+
+def test_devices_lists_the_soft_nic_first():
+    """``ferroce.devices()`` (``ibv_get_device_list``): the soft NIC, always there, first."""
+    names = ferroce.devices()
+    assert names[0] == "ferroce0"
+    assert len(names) == len(set(names))
+    assert all(isinstance(n, str) and n for n in names)

@@ -16,6 +16,22 @@ use crate::nic::Nic;
 use crate::udp::tap::Faults;
 
 impl Nic {
+    /// The devices this host can open (`ibv_get_device_list`): the soft NIC,
+    /// [`SOFT_DEVICE`], which is always there, then each verbs device libibverbs lists, for
+    /// [`Nic::open_device`]. A host without libibverbs or without RDMA in its kernel lists
+    /// the soft NIC alone; [`crate::verbs::devices`] says why.
+    ///
+    /// ```
+    /// let names = ferroce::Nic::device_names();
+    /// assert_eq!(names[0], ferroce::verbs::SOFT_DEVICE);
+    /// ```
+    #[must_use]
+    pub fn device_names() -> Vec<String> {
+        std::iter::once(SOFT_DEVICE.to_owned())
+            .chain(verbs::devices().unwrap_or_default())
+            .collect()
+    }
+
     /// Opens the soft NIC on `config.addr` and starts its progress thread.
     ///
     /// # Errors

@@ -109,6 +109,14 @@ static void bad_arguments_are_refused_with_a_reason(void) {
     CHECK(ferroce_wc_status_hint(99) == NULL);
     CHECK(strstr(ferroce_wc_status_hint(10), "rkey") != NULL);
     CHECK(strstr(ferroce_wc_status_hint(12), "4791") != NULL);
+    /* The device list: the soft NIC first, sized by a call with no buffer, cut to fit. */
+    char names[256];
+    size_t names_len = ferroce_devices(NULL, 0);
+    CHECK(names_len >= strlen("ferroce0"));
+    CHECK(ferroce_devices(names, sizeof names) == names_len);
+    CHECK(strncmp(names, "ferroce0", 8) == 0 && (names[8] == '\0' || names[8] == '\n'));
+    char cut[4];
+    CHECK(ferroce_devices(cut, sizeof cut) == names_len && strcmp(cut, "fer") == 0);
 }
 
 static void a_panic_comes_back_as_a_code(void) {

@@ -46,6 +46,7 @@ from ._ferroce import (
     TransportError,
     WriteOrder,
     __version__,
+    devices,
 )
 
 from . import cache, frames, session  # noqa: E402  (the faces, by module)
@@ -86,6 +87,7 @@ __all__ = [
     "Timeout",
     "TransportError",
     "WriteOrder",
+    "devices",
     "__version__",
     "cache",
     "frames",

@@ -67,6 +67,8 @@ class Faults:
 
 FaultsArg = Union[Faults, str, None]
 
+def devices() -> list[str]: ...
+
 class Nic:
     def __init__(
         self,
