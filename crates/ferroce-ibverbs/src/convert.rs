@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_uint};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use ferroce::proto::memory::{Access, WriteOrder};
-use ferroce::proto::qp::{Completion, Mtu, QpAttr, QpState, WcOpcode};
+use ferroce::proto::qp::{Completion, Mtu, QpAttr, WcOpcode};
 use ferroce::proto::wire::{Qpn, RnrTimer};
 use ferroce::proto::Psn;
 use ferroce::RegionAccess;
@@ -63,31 +63,6 @@ pub(crate) fn qp_access(flags: c_uint) -> Access {
         access = access.with(Access::REMOTE_ATOMIC);
     }
     access
-}
-
-/// The state of an `enum ibv_qp_state` value; `None` for SQE and unknown values.
-pub(crate) fn qp_state(value: c_uint) -> Option<QpState> {
-    Some(match value {
-        IBV_QPS_RESET => QpState::Reset,
-        IBV_QPS_INIT => QpState::Init,
-        IBV_QPS_RTR => QpState::Rtr,
-        IBV_QPS_RTS => QpState::Rts,
-        IBV_QPS_SQD => QpState::Sqd,
-        IBV_QPS_ERR => QpState::Err,
-        _ => return None,
-    })
-}
-
-/// The `enum ibv_qp_state` value of a state.
-pub(crate) fn ibv_qp_state(state: QpState) -> c_uint {
-    match state {
-        QpState::Reset => IBV_QPS_RESET,
-        QpState::Init => IBV_QPS_INIT,
-        QpState::Rtr => IBV_QPS_RTR,
-        QpState::Rts => IBV_QPS_RTS,
-        QpState::Sqd => IBV_QPS_SQD,
-        QpState::Err => IBV_QPS_ERR,
-    }
 }
 
 /// The address a GID names: the IPv4 address of an IPv4-mapped GID, else the IPv6 address.

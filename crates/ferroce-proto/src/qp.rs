@@ -84,6 +84,44 @@ pub enum QpState {
     Err,
 }
 
+impl QpState {
+    /// The `enum ibv_qp_state` value (RESET 0 … ERR 6).
+    #[must_use]
+    pub const fn ibv_value(self) -> u32 {
+        match self {
+            Self::Reset => 0,
+            Self::Init => 1,
+            Self::Rtr => 2,
+            Self::Rts => 3,
+            Self::Sqd => 4,
+            Self::Err => 6,
+        }
+    }
+
+    /// The state of an `enum ibv_qp_state` value: the inverse of [`QpState::ibv_value`];
+    /// `None` for SQE (5), which ferroce never enters, and for unknown values.
+    ///
+    /// ```
+    /// use ferroce_proto::qp::QpState;
+    /// for v in [0, 1, 2, 3, 4, 6] {
+    ///     assert_eq!(QpState::from_ibv_value(v).unwrap().ibv_value(), v);
+    /// }
+    /// assert_eq!(QpState::from_ibv_value(5), None);
+    /// ```
+    #[must_use]
+    pub const fn from_ibv_value(value: u32) -> Option<Self> {
+        Some(match value {
+            0 => Self::Reset,
+            1 => Self::Init,
+            2 => Self::Rtr,
+            3 => Self::Rts,
+            4 => Self::Sqd,
+            6 => Self::Err,
+            _ => return None,
+        })
+    }
+}
+
 /// A path MTU (`enum ibv_mtu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mtu {

@@ -162,7 +162,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
             .qp
             .query()
             .state
-            .map_or(IBV_QPS_RESET, convert::ibv_qp_state);
+            .map_or(IBV_QPS_RESET, ferroce::qp::QpState::ibv_value);
         let to = if mask & IBV_QP_STATE != 0 {
             attr.qp_state
         } else {
@@ -173,7 +173,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
             return Err(libc::EINVAL);
         }
         let mut ours = convert::qp_attr(&attr, mask)?;
-        ours.state = Some(convert::qp_state(to).ok_or(libc::EINVAL)?);
+        ours.state = Some(ferroce::qp::QpState::from_ibv_value(to).ok_or(libc::EINVAL)?);
         state.qp.modify(&ours).map_err(|_| libc::EINVAL)?;
         if mask & IBV_QP_ACCESS_FLAGS != 0 {
             verbs.access_flags = attr.qp_access_flags;
@@ -205,7 +205,9 @@ pub(crate) unsafe extern "C" fn query_qp(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let q = state.qp.query();
-        let qp_state = q.state.map_or(IBV_QPS_RESET, convert::ibv_qp_state);
+        let qp_state = q
+            .state
+            .map_or(IBV_QPS_RESET, ferroce::qp::QpState::ibv_value);
         let value = ibv_qp_attr {
             qp_state,
             cur_qp_state: qp_state,

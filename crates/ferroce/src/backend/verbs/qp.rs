@@ -251,14 +251,7 @@ impl Qp {
         let mut mask = 0;
         let from = self.state().unwrap_or(QpState::Reset);
         if let Some(state) = attr.state {
-            ibv.qp_state = match state {
-                QpState::Reset => IBV_QPS_RESET,
-                QpState::Init => IBV_QPS_INIT,
-                QpState::Rtr => IBV_QPS_RTR,
-                QpState::Rts => IBV_QPS_RTS,
-                QpState::Sqd => IBV_QPS_SQD,
-                QpState::Err => IBV_QPS_ERR,
-            };
+            ibv.qp_state = state.ibv_value();
             mask |= IBV_QP_STATE;
             if state == QpState::Init && from == QpState::Reset {
                 ibv.port_num = self.device.port;
