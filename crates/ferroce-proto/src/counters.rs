@@ -30,6 +30,11 @@ counters! {
     duplicate_request,
     /// Requests ahead of the expected PSN: answered with one sequence NAK, dropped (rxe).
     out_of_seq_request,
+    /// Packets ahead of the PSN their queue pair expected, held until the rest of their
+    /// receive batch was handled ([`crate::Engine::set_batch_holding`]): a receiving kernel's
+    /// GRO may hand over one UDP flow's packets before another's. Counted once each, whatever
+    /// became of them (most land in order; one still ahead is then handled as ever).
+    held_ahead,
     /// RNR NAKs received by a requester (rxe).
     rcvd_rnr_err,
     /// RNR NAKs sent by a responder: a SEND arrived with no receive posted (rxe).

@@ -270,6 +270,27 @@ pub struct Engine {
     next_cq: u32,
     next_srq: u32,
     next_pd: u32,
+    /// Whether packets ahead of sequence are held to the end of the batch
+    /// ([`Engine::set_batch_holding`]), and those held now.
+    holding: bool,
+    held: Vec<Held>,
+}
+
+/// The most packets held at once ([`Engine::set_batch_holding`]): a GRO flush of one peer's
+/// train is at most 64 segments; past this, packets are handled as they come.
+pub const MAX_HELD: usize = 128;
+
+/// A packet held until the end of its receive batch: where it came from and its bytes.
+#[derive(Debug)]
+struct Held {
+    src: SocketAddr,
+    dst: IpAddr,
+    index: u16,
+    qpn: u32,
+    /// A READ response (the requester's sequence) rather than a request.
+    response: bool,
+    psn: Psn,
+    bytes: Vec<u8>,
 }
 
 /// How many of each object an engine holds ([`Engine::census`]).
@@ -326,6 +347,8 @@ impl Engine {
             next_cq: 1,
             next_srq: 1,
             next_pd: 1,
+            holding: false,
+            held: Vec::new(),
         }
     }
 
@@ -980,8 +1003,67 @@ impl Engine {
         index: u16,
         mem: &mut dyn Memory,
     ) {
+        self.dev.counters.rcvd_pkts += 1;
+        self.handle_received(now, src, dst, bytes, index, mem, self.holding);
+    }
+
+    /// Holds packets that arrive ahead of sequence until [`Engine::end_batch`], when `on`;
+    /// otherwise (the default) each packet is handled as it comes. A receiving kernel's UDP
+    /// GRO coalesces one flow's packets and passes another's meanwhile, so a peer whose
+    /// message leaves in two flows (a FIRST from one socket, the rest as a GSO train from
+    /// another) can be handed the train first; handled as it came, the train would draw a
+    /// sequence NAK and be resent whole. Held, it lands in order once the FIRST, later in
+    /// the same batch, has been handled, and is acknowledged as rxe acknowledges it. What is
+    /// held: RC and UC requests ahead of the PSN their responder expects, and READ responses
+    /// ahead of the one their requester expects, up to [`MAX_HELD`] packets (each copied);
+    /// each is counted as `held_ahead`. A driver that turns this on calls `end_batch` after
+    /// every receive batch (one `recvmmsg`, or a few in a row), before it sends.
+    pub fn set_batch_holding(&mut self, on: bool) {
+        self.holding = on;
+    }
+
+    /// Handles the packets held since the last call ([`Engine::set_batch_holding`]), each
+    /// queue pair's in PSN order; one still ahead of sequence is handled as it would have
+    /// been on arrival (a request draws its sequence NAK). Returns how many there were.
+    pub fn end_batch(&mut self, now: Instant, mem: &mut dyn Memory) -> usize {
+        if self.held.is_empty() {
+            return 0;
+        }
+        let mut held = std::mem::take(&mut self.held);
+        let n = held.len();
+        // A QP's requests (its responder's PSNs) and its READ responses (its requester's) are
+        // two sequences; each is put in order by distance from its first packet held, which
+        // wraps with the 24-bit PSN as the packets do.
+        let mut first: HashMap<(u32, bool), Psn> = HashMap::new();
+        for h in &held {
+            first.entry((h.qpn, h.response)).or_insert(h.psn);
+        }
+        held.sort_by_key(|h| {
+            let key = (h.qpn, h.response);
+            (key, first[&key].distance_to(h.psn))
+        });
+        for h in held.drain(..) {
+            self.handle_received(now, h.src, h.dst, &h.bytes, h.index, mem, false);
+        }
+        // Keep the allocation for the next batch.
+        self.held = held;
+        n
+    }
+
+    /// [`Engine::handle_segment`] after the packet was counted as received; `hold` when a
+    /// packet ahead of sequence may be held for [`Engine::end_batch`].
+    #[allow(clippy::too_many_arguments)]
+    fn handle_received(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        dst: IpAddr,
+        bytes: &[u8],
+        index: u16,
+        mem: &mut dyn Memory,
+        hold: bool,
+    ) {
         let counters = &mut self.dev.counters;
-        counters.rcvd_pkts += 1;
         let Ok(packet) = Packet::new_checked(bytes) else {
             counters.malformed_pkts += 1;
             return;
@@ -1064,6 +1146,19 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn).expect("checked above");
         if qp.is_ud() {
             qp.handle_datagram(&packet, &ip, &mut self.dev, mem);
+            return;
+        }
+        if hold && self.held.len() < MAX_HELD && qp.is_ahead(&packet) {
+            self.dev.counters.held_ahead += 1;
+            self.held.push(Held {
+                src,
+                dst,
+                index,
+                qpn,
+                response: opcode.is_response(),
+                psn: packet.psn(),
+                bytes: bytes.to_vec(),
+            });
             return;
         }
         if opcode.is_response() {

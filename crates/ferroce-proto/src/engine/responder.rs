@@ -102,6 +102,26 @@ impl OpcodeExt for Opcode {
 }
 
 impl Qp {
+    /// Whether `packet` (for this RC or UC queue pair) is ahead of what it expects: a request
+    /// past the responder's expected PSN, or a READ response past the one the requester
+    /// waits for and within what it asked. Handled now, the first would draw a sequence NAK
+    /// (RC) or abandon the message (UC), the second a resend of the READ.
+    pub(super) fn is_ahead(&self, packet: &Packet<&[u8]>) -> bool {
+        let psn = packet.psn();
+        let opcode = packet.opcode();
+        if !opcode.is_response() {
+            return self.resp.epsn.precedes(psn);
+        }
+        matches!(
+            opcode.operation(),
+            Operation::RdmaReadResponseFirst
+                | Operation::RdmaReadResponseMiddle
+                | Operation::RdmaReadResponseLast
+                | Operation::RdmaReadResponseOnly
+        ) && self.comp_psn.precedes(psn)
+            && psn.precedes(self.req_psn)
+    }
+
     /// A request reached the responder.
     pub(super) fn handle_request(
         &mut self,

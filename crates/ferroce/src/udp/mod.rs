@@ -4,10 +4,12 @@
 //! the frames face both stand on it; neither touches a socket but through it.
 //!
 //! A [`Port`] is the sockets: the one bound to the endpoint's address (port 4791 for a NIC),
-//! which receives and sends plain datagrams with zero UDP checksums as rxe does, and, when GSO
-//! is on, a send-only socket on another source port of the same address with checksums on (the
-//! kernel refuses GSO without them, gso.md §2). Peers answer to 4791 whatever port a request
-//! came from. A [`Link`] is what one sender owns around a port: the batch being built, the
+//! which receives everything, and, when GSO is on, a send-only socket on another source port
+//! of the same address with checksums on (the kernel refuses GSO without them, gso.md §2).
+//! While GSO is on every packet leaves from that socket, runs and lone packets alike, so that
+//! a peer sees one flow and its kernel's GRO cannot reorder it; otherwise packets leave the
+//! endpoint's socket with zero UDP checksums, as rxe's do. Peers answer to 4791 whatever port
+//! a request came from. A [`Link`] is what one sender owns around a port: the batch being built, the
 //! receive buffers, and the taps.
 //!
 //! GSO sends change two things the ICRC covers: the UDP source port, and the IPv4 ID, which
@@ -235,13 +237,17 @@ impl Port {
         while at < batch.packets.len() {
             let end = (at + TX_BATCH).min(batch.packets.len());
             let gso = match &self.gso {
-                Some((socket, addr)) if self.gso_on.load(Ordering::Relaxed) && end - at > 1 => {
+                Some((socket, addr)) if self.gso_on.load(Ordering::Relaxed) => {
                     Some((socket, *addr))
                 }
                 _ => None,
             };
             let mut plain_from = at;
             if let Some((socket, addr)) = gso {
+                // Everything leaves from the GSO socket while GSO is on, a lone ACK too: one
+                // flow to each peer, so that a receiving kernel's GRO, which holds back one
+                // flow's packets to coalesce them while another's pass, cannot hand a
+                // message's train to the peer before the FIRST that left alone earlier.
                 batch.groups.clear();
                 let packets = &batch.packets[at..end];
                 gso::plan(
@@ -252,11 +258,7 @@ impl Port {
                 for g in &mut batch.groups {
                     g.first += at;
                 }
-                if batch.groups.iter().any(|g| g.count > 1) {
-                    plain_from = self.send_gso(batch, ext, socket, addr, pcap.as_deref_mut());
-                } else {
-                    batch.groups.clear();
-                }
+                plain_from = self.send_gso(batch, ext, socket, addr, pcap.as_deref_mut());
             }
             if plain_from < end {
                 self.send_plain(batch, plain_from..end, ext, pcap.as_deref_mut());
@@ -283,6 +285,31 @@ impl Port {
         let groups = std::mem::take(&mut batch.groups);
         for g in &groups {
             batch.reseal_group(g, port_xor);
+        }
+        // One packet held whole in the batch (a latency-bound exchange): a plain sendto
+        // costs less than setting up a batch.
+        if let [g] = groups[..] {
+            let p = batch.packets[g.first];
+            if let (1, Some(bytes)) = (g.count, batch.contiguous(&p)) {
+                let sent = loop {
+                    match socket.send_to(bytes, p.dst) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                        other => break other,
+                    }
+                };
+                match sent {
+                    Err(e) if is_gso_refusal(&e) => {
+                        batch.reseal_group(&g, port_xor);
+                        self.fall_back(&e);
+                        batch.groups = groups;
+                        return g.first;
+                    }
+                    Err(e) => self.refused(e),
+                    Ok(_) => self.record_groups(batch, &groups, ext, addr, pcap),
+                }
+                batch.groups = groups;
+                return end;
+            }
         }
         let mut done = 0;
         while done < groups.len() {
@@ -1134,6 +1161,37 @@ mod tests {
         }
         assert_eq!(tx.counters.gso_sends.load(Ordering::Relaxed), 2);
         assert_eq!(tx.counters.gso_segments.load(Ordering::Relaxed), 42);
+    }
+
+    /// A FIRST sent alone and its train sent later leave from one socket: two flows could be
+    /// reordered by the receiver's GRO (issue 26). With GSO off, both leave the endpoint's
+    /// socket.
+    #[test]
+    fn a_lone_packet_leaves_from_the_gso_socket_while_gso_is_on() {
+        for gso in [true, false] {
+            let tx = Port::open(SocketAddr::new(LO, 0), options(gso, false)).unwrap();
+            let rx = Port::open(SocketAddr::new(LO, 0), options(false, true)).unwrap();
+            let (mut link, mut rx_link) = (Link::new(None, None), Link::new(None, None));
+            let packets = message(tx.local(), rx.local());
+            link.tx.push_copy(rx.local(), &packets[0]);
+            link.transmit(&tx, Instant::now(), &[]);
+            for p in &packets[1..] {
+                link.tx.push_copy(rx.local(), p);
+            }
+            link.transmit(&tx, Instant::now(), &[]);
+            let got = collect(&mut rx_link, &rx, packets.len());
+            assert_eq!(got.len(), packets.len(), "GSO {gso}");
+            let from = if gso {
+                tx.gso.as_ref().unwrap().1
+            } else {
+                tx.local()
+            };
+            for (k, (sender, bytes, index)) in got.iter().enumerate() {
+                assert_eq!(*sender, from, "packet {k}, GSO {gso}");
+                let id = if gso { *index } else { 0 };
+                assert!(verifies(*sender, rx.local(), id, bytes), "packet {k}");
+            }
+        }
     }
 
     #[test]

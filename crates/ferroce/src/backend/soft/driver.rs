@@ -299,7 +299,9 @@ impl Driver {
     }
 
     /// Handles up to two batches of datagrams that have already arrived, without blocking.
-    /// The caller holds the lock, so datagrams are handled in the order they arrived. With
+    /// The caller holds the lock, so datagrams are handled in the order they arrived, except
+    /// that one ahead of sequence waits for the rest of the batches (GRO may reorder two
+    /// flows; `Engine::set_batch_holding`). With
     /// GRO one batch can hold thousands of packets: every [`ACK_EVERY`] packets handled, or
     /// [`ACK_WITHIN`], what the engine has to send (ACKs, READ responses) goes out, so that a
     /// peer's window keeps moving while the rest is handled; `hold_acks` as for
@@ -328,6 +330,10 @@ impl Driver {
                 break;
             }
         }
+        // What arrived ahead of sequence was held for the rest of the batch, in case GRO
+        // handed it over before what it follows (`Engine::set_batch_holding`).
+        let Locked { engine, mem, .. } = &mut *state;
+        engine.end_batch(now, mem);
         handled
     }
 

@@ -108,6 +108,8 @@ impl Nic {
         });
         engine.set_local_port(local.port());
         engine.set_port_mtu(active_mtu_on(local.ip()));
+        // The driver ends every receive batch with `end_batch` (driver.rs `drain`).
+        engine.set_batch_holding(true);
         // Keys and QP numbers from the OS's CSPRNG, which is tried here once: a host where it
         // fails gets no NIC rather than guessable keys.
         sys::random_u64().map_err(|source| NicError::Socket { addr, source })?;
