@@ -628,6 +628,45 @@ fn a_needless_early_resend_costs_a_probe_not_a_window() {
     );
 }
 
+/// A ping-pong of one-packet WRITEs whose peer stalls for milliseconds at a time (a busy
+/// host): each stall outlasts the early-resend delay, and the probe resends the one packet
+/// the peer already has. The ACK that ends the stall cannot tell original from probe, but the
+/// peer answers the duplicate with a second ACK; that shows the resend was needless, so later
+/// stalls wait longer and the resends stop, where each stall used to cost one or more.
+#[test]
+fn a_peer_that_acks_the_probe_twice_teaches_the_requester_to_wait() {
+    let mut f = Fabric::new(2, 33);
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 64, Access::LOCAL, 0x5a);
+    let dst = f.region(1, 64, Access::REMOTE, 0);
+    let write = |f: &mut Fabric, id: u64| {
+        let wr = SendWr::new(id, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8));
+        post_and_complete(f, qa, wr);
+    };
+    for id in 0..20 {
+        write(&mut f, id);
+    }
+    // Now every round trip stalls for 3 ms each way, 200 times.
+    f.link.delay = Duration::from_millis(3);
+    for id in 20..220 {
+        write(&mut f, id);
+    }
+    let a = f.nodes[0].engine.counters();
+    let b = f.nodes[1].engine.counters();
+    assert!(a.early_needless >= 1, "no needless resend found: {a:?}");
+    assert_eq!(a.completer_retry_err, 0);
+    assert!(
+        a.early_resends <= 10,
+        "{} early resends for 200 stalled round trips ({} duplicates at the peer)",
+        a.early_resends,
+        b.duplicate_request
+    );
+}
+
 /// An RNR NAK is the responder asking the requester to wait, not a loss: the stall while the
 /// RNR timer runs starts no early resend.
 #[test]
@@ -1379,4 +1418,36 @@ fn a_train_handed_over_before_its_first_is_acked_without_a_nak() {
     );
     let b = f.nodes[1].engine.counters();
     assert_eq!((b.held_ahead, b.out_of_seq_request), (7, 7));
+}
+
+/// A responder handed a request and its resend together (it was descheduled while the
+/// requester's early resend went out) acknowledges twice, not once coalesced: the second ACK
+/// is what tells the requester its resend was needless. A third copy draws no third ACK.
+#[test]
+fn a_request_and_its_duplicate_in_one_batch_draw_two_acks() {
+    let mut f = Fabric::new(2, 34);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 64, Access::LOCAL, 0x5a);
+    let dst = f.region(1, 64, Access::REMOTE, 0);
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8)),
+        )
+        .unwrap();
+    let now = f.now;
+    let node = &mut f.nodes[0];
+    let mut buf = vec![0; ferroce_proto::engine::MAX_PACKET];
+    let t = node.engine.poll_transmit(now, &node.mem, &mut buf).unwrap();
+    let write = buf[..t.len].to_vec();
+    let acks = |answers: &[Syndrome]| {
+        answers
+            .iter()
+            .filter(|s| matches!(s, Syndrome::Ack { .. }))
+            .count()
+    };
+    assert_eq!(acks(&deliver_batch(&mut f, &[&write, &write])), 2);
+    assert_eq!(f.nodes[1].engine.counters().duplicate_request, 1);
+    assert_eq!(acks(&deliver_batch(&mut f, &[&write, &write, &write])), 2);
 }

@@ -85,6 +85,25 @@ impl Qp {
                 self.early_read_watch = false;
                 self.early_was_needless(dev);
             }
+            if let Some(watch) = &mut self.early_ack_watch {
+                let ack = packet
+                    .aeth()
+                    .is_some_and(|a| matches!(a.syndrome, Syndrome::Ack { .. }));
+                if ack && watch.psn == psn {
+                    watch.more -= 1;
+                }
+                if watch.more == 0 {
+                    // The peer acknowledged what the probes resent once more than there were
+                    // probes: it had the original (a one-packet message in a ping-pong, held
+                    // up by a descheduled peer).
+                    let halved = watch.halved;
+                    self.early_ack_watch = None;
+                    if halved {
+                        self.backoff.not_a_loss();
+                    }
+                    self.early_was_needless(dev);
+                }
+            }
             return;
         }
         match packet.opcode().operation() {
@@ -220,7 +239,22 @@ impl Qp {
                     self.early_was_needless(dev);
                     self.rewind(self.sent_psn);
                 } else {
-                    self.backoff.found_loss();
+                    let halved = self.backoff.found_loss();
+                    if self.comp_psn == self.req_psn && self.sq.is_empty() {
+                        // Answered through all the probe resent, and no further, and
+                        // nothing more to send: the last message of a burst, or a ping-pong's
+                        // one, where the original or a probe got through. Taken for a loss
+                        // until as many more ACKs for the same PSN as there were probes say
+                        // otherwise. (Amid go-back-N under loss a second ACK for a PSN has
+                        // other causes; the simulated fabric's losses drew them.) (Answered through part of it,
+                        // the rest was lost, and a second ACK may answer a duplicate among
+                        // what the probe resent before the loss.)
+                        self.early_ack_watch = Some(AckWatch {
+                            psn: self.comp_psn.sub(1),
+                            more: self.early_copies,
+                            halved,
+                        });
+                    }
                 }
             }
         }

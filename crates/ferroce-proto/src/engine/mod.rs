@@ -88,7 +88,7 @@ mod wqe;
 
 use schedule::Schedule;
 
-use qp::{Qp, Timers};
+use qp::{AckWatch, Qp, Timers};
 use recovery::*;
 use responder::*;
 pub use responder::{InboundWrite, WriteFilter};

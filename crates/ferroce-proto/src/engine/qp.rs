@@ -59,6 +59,12 @@ pub(super) struct Qp {
     /// A READ early resend asked again for responses that may still have been on their
     /// way: a copy of one arriving twice shows it was needless.
     pub(super) early_read_watch: bool,
+    /// How many early resends in a row have probed from `early_probe`.
+    pub(super) early_copies: u32,
+    /// A probe was answered by an ACK that covers what it resent and no more, which the
+    /// original could have drawn as well as the probe; it was taken for a loss, until the
+    /// ACKs that follow say otherwise.
+    pub(super) early_ack_watch: Option<AckWatch>,
     /// How much later than the estimate the next early resend waits.
     pub(super) backoff: Backoff,
 
@@ -132,6 +138,19 @@ impl Timers {
     }
 }
 
+/// What a requester listens for after an ambiguous probe ([`Qp::early_ack_watch`]): the peer
+/// answers each copy of a request it already has with one more ACK, so an ACK for the last
+/// PSN the probes resent, once per probe, shows the original had arrived.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AckWatch {
+    /// The PSN the ambiguous ACK acknowledged.
+    pub(super) psn: Psn,
+    /// ACKs for it still to come before the resend counts as needless.
+    pub(super) more: u32,
+    /// Whether taking the probe for a loss shortened the backoff (undone if it was not one).
+    pub(super) halved: bool,
+}
+
 impl Qp {
     pub(super) fn new(qpn: Qpn, init: QpInit) -> Self {
         Self {
@@ -166,6 +185,8 @@ impl Qp {
             rtt_sample: None,
             early_probe: None,
             early_read_watch: false,
+            early_copies: 0,
+            early_ack_watch: None,
             backoff: Backoff::default(),
             timers: Timers::default(),
             sched: schedule::Sched::default(),

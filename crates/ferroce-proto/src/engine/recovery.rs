@@ -116,9 +116,17 @@ impl Backoff {
         self.learnt = (self.learnt + 1).min(MAX_EARLY_SHIFT);
     }
 
-    /// An early resend found a real loss: later ones wait half as long again.
-    pub(super) fn found_loss(&mut self) {
+    /// An early resend found a real loss: later ones wait half as long again. Returns
+    /// whether they do (not when they already wait no longer than the estimate).
+    pub(super) fn found_loss(&mut self) -> bool {
+        let halved = self.learnt > 0;
         self.learnt = self.learnt.saturating_sub(1);
+        halved
+    }
+
+    /// Takes back a [`Backoff::found_loss`] that halved the wait.
+    pub(super) fn not_a_loss(&mut self) {
+        self.learnt = (self.learnt + 1).min(MAX_EARLY_SHIFT);
     }
 }
 
@@ -160,6 +168,7 @@ impl Qp {
         // retry is the answer.
         self.early_probe = None;
         self.early_read_watch = false;
+        self.early_ack_watch = None;
         if self.retries_left == 0 {
             dev.counters.retry_exceeded_err += 1;
             self.fail_front(dev, WcStatus::RetryExcErr);
@@ -244,6 +253,11 @@ impl Qp {
             .sq
             .front()
             .is_some_and(|w| matches!(w.op, SendOp::Read(_)) && w.contains(from));
+        self.early_copies = if self.early_probe == Some(from) {
+            self.early_copies + 1
+        } else {
+            1
+        };
         self.early_probe = (!read).then_some(from);
         self.early_read_watch = read;
         self.probing = !read;

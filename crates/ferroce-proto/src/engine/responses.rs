@@ -24,16 +24,27 @@ pub(super) struct Nak(pub(super) NakCode);
 impl Qp {
     pub(super) fn push_ack(&mut self, psn: Psn) {
         let msn = self.resp.msn;
+        let pending = self.resp.responses.len();
+        let twice = pending >= 2
+            && matches!(
+                self.resp.responses.get(pending - 2),
+                Some(Response::Ack { psn: p, syndrome: Syndrome::Ack { .. }, .. }) if *p == psn
+            );
         if let Some(Response::Ack {
             psn: last,
             syndrome: Syndrome::Ack { .. },
             msn: m,
         }) = self.resp.responses.back_mut()
         {
-            // Coalesce: a later cumulative ACK supersedes one not yet sent.
-            *last = psn;
-            *m = msn;
-            return;
+            // Coalesce: a later cumulative ACK supersedes one not yet sent. An ACK for the
+            // same PSN again answers a duplicate, and goes as a second ACK (once): it is how
+            // the requester learns that its early resend was needless, the original having
+            // arrived, when both reach a responder that was descheduled meanwhile.
+            if *last != psn || twice {
+                *last = psn;
+                *m = msn;
+                return;
+            }
         }
         self.resp.responses.push_back(Response::Ack {
             psn,
