@@ -229,7 +229,10 @@ impl ConnectRequest {
     /// first data) comes: `wait_established()`. Raises `InvalidArgument` for too much
     /// private data, `ModifyError` when the QP cannot be brought up (the request is then
     /// rejected), `Closed` when the request was answered already or the peer gave up.
-    #[pyo3(signature = (qp, private_data=b"".as_slice(), *, responder_resources=1, initiator_depth=1, retry_count=7, rnr_retry_count=7, mtu=4096, min_rnr_timer=12))]
+    #[pyo3(
+        signature = (qp, private_data=b"".as_slice(), *, responder_resources=1, initiator_depth=1, retry_count=7, rnr_retry_count=7, mtu=4096, min_rnr_timer=12),
+        text_signature = "($self, qp, private_data=b'', *, responder_resources=1, initiator_depth=1, retry_count=7, rnr_retry_count=7, mtu=4096, min_rnr_timer=12)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn accept(
         &self,
@@ -262,7 +265,10 @@ impl ConnectRequest {
     /// Refuses (`rdma_reject`): a REJ with reason 28 (consumer defined) and `private_data`
     /// (at most 148 bytes), which the peer's `connect` raises as `Rejected`. Raises
     /// `InvalidArgument` for too much private data, `Closed` when answered already.
-    #[pyo3(signature = (private_data=b"".as_slice()))]
+    #[pyo3(
+        signature = (private_data=b"".as_slice()),
+        text_signature = "($self, private_data=b'')"
+    )]
     fn reject(&self, py: Python<'_>, private_data: &[u8]) -> Result<(), Error> {
         if private_data.len() > rcm::MAX_REJ_PRIVATE {
             return Err(CmError::PrivateData {
@@ -318,7 +324,10 @@ impl Connection {
     /// `InvalidArgument` for too much private data, `ModifyError`, `NotSupported` on a verbs
     /// device.
     #[staticmethod]
-    #[pyo3(signature = (nic, qp, addr, port, private_data=b"".as_slice(), *, timeout=None, responder_resources=1, initiator_depth=1, retry_count=7, rnr_retry_count=7, mtu=4096, min_rnr_timer=12))]
+    #[pyo3(
+        signature = (nic, qp, addr, port, private_data=b"".as_slice(), *, timeout=None, responder_resources=1, initiator_depth=1, retry_count=7, rnr_retry_count=7, mtu=4096, min_rnr_timer=12),
+        text_signature = "(nic, qp, addr, port, private_data=b'', *, timeout=None, responder_resources=1, initiator_depth=1, retry_count=7, rnr_retry_count=7, mtu=4096, min_rnr_timer=12)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -455,7 +464,10 @@ impl SidrRequest {
     /// Answers with `qp`, a UD queue pair, and its Q_Key (`rdma_accept` on a UD id): the
     /// peer's `resolve_ud` returns them. Raises `Closed` when answered already or no longer
     /// known.
-    #[pyo3(signature = (qp, qkey=ferroce::ud::RDMA_UDP_QKEY))]
+    #[pyo3(
+        signature = (qp, qkey=ferroce::ud::RDMA_UDP_QKEY),
+        text_signature = "($self, qp, qkey=0x1234567)"
+    )]
     fn accept(&self, py: Python<'_>, qp: PyRef<'_, Qp>, qkey: u32) -> Result<(), Error> {
         let req = self.take()?;
         let q = Arc::clone(&qp.inner);
@@ -532,7 +544,10 @@ impl UdPeer {
 /// with a failure status (`reason` `"Unsupported"`: nobody listens; `"Reject"`: refused),
 /// `Unreachable`, `Timeout`, `InvalidArgument`, `NotSupported` on a verbs device.
 #[pyfunction]
-#[pyo3(signature = (nic, addr, port, private_data=b"".as_slice(), *, timeout=5.0))]
+#[pyo3(
+    signature = (nic, addr, port, private_data=b"".as_slice(), *, timeout=5.0),
+    text_signature = "(nic, addr, port, private_data=b'', *, timeout=5.0)"
+)]
 pub(crate) fn resolve_ud(
     py: Python<'_>,
     nic: PyRef<'_, Nic>,

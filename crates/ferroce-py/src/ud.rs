@@ -49,7 +49,10 @@ impl AddressHandle {
 
     /// The destination of a UD send to queue pair `qpn` behind this handle with Q_Key
     /// `qkey` (a value with the top bit set sends the sending QP's own Q_Key, as verbs does).
-    #[pyo3(signature = (qpn, qkey=ferroce::ud::RDMA_UDP_QKEY))]
+    #[pyo3(
+        signature = (qpn, qkey=ferroce::ud::RDMA_UDP_QKEY),
+        text_signature = "($self, qpn, qkey=0x1234567)"
+    )]
     fn dest(&self, qpn: u32, qkey: u32) -> Result<UdDest, Error> {
         Ok(UdDest {
             inner: self.inner.dest(qpn_arg(qpn)?, qkey),
@@ -86,7 +89,10 @@ pub(crate) struct UdDest {
 impl UdDest {
     /// The destination `qpn` with `qkey` at the peer NIC `ah`.
     #[new]
-    #[pyo3(signature = (ah, qpn, qkey=ferroce::ud::RDMA_UDP_QKEY))]
+    #[pyo3(
+        signature = (ah, qpn, qkey=ferroce::ud::RDMA_UDP_QKEY),
+        text_signature = "(ah, qpn, qkey=0x1234567)"
+    )]
     fn new(ah: AddressHandle, qpn: u32, qkey: u32) -> Result<Self, Error> {
         ah.dest(qpn, qkey)
     }

@@ -1100,7 +1100,10 @@ impl Qp {
     /// name their destination (`SendWr(..., dest=...)`), and every receive buffer begins
     /// with the 40-byte GRH (`UD_GRH_LEN`) before the payload. Raises `ModifyError` when
     /// the queue pair is not a UD one in INIT.
-    #[pyo3(signature = (qkey=ferroce::ud::RDMA_UDP_QKEY))]
+    #[pyo3(
+        signature = (qkey=ferroce::ud::RDMA_UDP_QKEY),
+        text_signature = "($self, qkey=0x1234567)"
+    )]
     fn ready_ud(&self, py: Python<'_>, qkey: u32) -> Result<(), Error> {
         py.detach(|| self.inner.ready_ud(qkey))?;
         Ok(())
