@@ -9,9 +9,11 @@ bounded and nothing asserts on timing."""
 import asyncio
 import concurrent.futures
 import copy
+import gc
 import pickle
 import select
 import struct
+import threading
 
 import pytest
 
@@ -222,6 +224,39 @@ def test_cm_argument_and_timeout_errors_are_typed():
             listener.get_request(timeout=0.1)
         # Closed, the port is free again.
         ferroce.Listener(ns, 7000).close()
+
+
+def test_a_dropped_connection_disconnects_and_waits_release_the_gil():
+    ns, nc, cs, cc, qs, qc = cm_nics(16, 17)
+    with ns, nc, ferroce.Listener(ns, 7471) as listener, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # Another Python thread runs while get_request waits.
+        ticks = []
+        stop = threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks.append(1)
+                stop.wait(0.01)
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
+        with pytest.raises(ferroce.Timeout):
+            listener.get_request(timeout=0.5)
+        stop.set()
+        ticker.join()
+        assert len(ticks) > 1
+
+        dialing = pool.submit(ferroce.Connection.connect, nc, qc, ip(16), 7471, timeout=20.0)
+        server = listener.get_request(timeout=20.0).accept(qs)
+        client = dialing.result(timeout=30)
+        server.wait_established(timeout=20.0)
+        assert client.private_data == bytes(196)  # an empty REP, zero-padded
+        # The last reference going disconnects, as rdma_destroy_id does.
+        del client, dialing
+        gc.collect()
+        server.wait_disconnected(timeout=20.0)
+        assert qs.state() == "Err"
+        server.disconnect()  # closed by the peer already: returns at once
 
 
 # ---- UD and SIDR ------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """ferroce: RoCEv2 in Rust, from Python.
 
-The NIC and verbs objects live here; the faces live in submodules:
+The NIC and verbs objects live here (with shared receive queues, UD address handles,
+connection management with private data, and descriptors for select/asyncio: ``Cq.fileno``,
+``Nic.fileno``); the faces live in submodules:
 :mod:`ferroce.frames` (sensor frames, zero-copy), :mod:`ferroce.cache` (a registered-buffer
 cache bound to one remote host) and :mod:`ferroce.session` (controller and coprocessor).
 
