@@ -45,6 +45,9 @@ pub(crate) enum Class {
     PeerGone,
     CoprocessorFailed,
     CacheError,
+    CmError,
+    Rejected,
+    Unreachable,
 }
 
 /// A class: what it means, its name, its parent (`None`: `FerroceError` itself), a builtin
@@ -78,6 +81,9 @@ const CLASSES: &[ClassRow] = &[
     (Class::PeerGone, "PeerGone", Some(Class::SessionError), None, "The session's peer stopped, closed its connection or fell silent."),
     (Class::CoprocessorFailed, "CoprocessorFailed", Some(Class::SessionError), None, "The coprocessor function raised, returned an error or panicked."),
     (Class::CacheError, "CacheError", Some(Class::Base), None, "A cache context call failed."),
+    (Class::CmError, "CmError", Some(Class::Base), None, "A connection-management call (Listener, ConnectRequest, Connection, resolve_ud) failed."),
+    (Class::Rejected, "Rejected", Some(Class::CmError), Some("ConnectionRefusedError"), "The peer refused (a REJ, or a SIDR reply with a failure status); `reason` names why, `reason_code` is its number and `private_data` the bytes the peer sent with it (also a builtin ConnectionRefusedError)."),
+    (Class::Unreachable, "Unreachable", Some(Class::CmError), Some("ConnectionError"), "The peer did not answer through every retry (also a builtin ConnectionError)."),
 ];
 
 static TYPES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -127,6 +133,16 @@ pub(crate) struct Error {
     message: String,
     errno: Option<i32>,
     seed_code: Option<i32>,
+    /// Further attributes of the instance, by name (a rejection's reason and private data).
+    extra: Vec<(&'static str, Extra)>,
+}
+
+/// The value of an extra attribute, made into a Python object when the exception is.
+#[derive(Debug)]
+pub(crate) enum Extra {
+    Bytes(Vec<u8>),
+    Int(i64),
+    Str(String),
 }
 
 impl Error {
@@ -137,7 +153,14 @@ impl Error {
             message: message.into(),
             errno: None,
             seed_code: None,
+            extra: Vec::new(),
         }
+    }
+
+    /// The error with attribute `name` set to `value` on the exception.
+    pub(crate) fn with(mut self, name: &'static str, value: Extra) -> Self {
+        self.extra.push((name, value));
+        self
     }
 
     fn with_errno(mut self, source: Option<&std::io::Error>) -> Self {
@@ -169,6 +192,13 @@ impl Error {
             e.setattr("kind", self.kind)?;
             e.setattr("errno", self.errno)?;
             e.setattr("seed_code", self.seed_code)?;
+            for (name, value) in &self.extra {
+                match value {
+                    Extra::Bytes(b) => e.setattr(*name, pyo3::types::PyBytes::new(py, b))?,
+                    Extra::Int(i) => e.setattr(*name, *i)?,
+                    Extra::Str(t) => e.setattr(*name, t.as_str())?,
+                }
+            }
             Ok(e)
         });
         match made {
@@ -480,5 +510,49 @@ impl From<ferroce::nic::FaultsError> for Error {
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
         Self::new(Class::Base, "io::Error", e.to_string()).with_errno(Some(&e))
+    }
+}
+
+impl From<ferroce::cm::CmError> for Error {
+    fn from(e: ferroce::cm::CmError) -> Self {
+        use ferroce::cm::CmError as E;
+        let message = e.to_string();
+        match e {
+            E::Nic(n) => Self {
+                message,
+                ..Self::from(n)
+            },
+            E::NotSoft(_) => Self::new(Class::NotSupported, "CmError::NotSoft", message),
+            E::InUse(_) => {
+                let mut e = Self::new(Class::AddressInUse, "CmError::InUse", message);
+                e.errno = Some(libc::EADDRINUSE);
+                e
+            }
+            E::Rejected {
+                reason,
+                private_data,
+            } => Self::new(Class::Rejected, "CmError::Rejected", message)
+                .with("reason", Extra::Str(format!("{reason:?}")))
+                .with("reason_code", Extra::Int(i64::from(reason.code())))
+                .with("private_data", Extra::Bytes(private_data)),
+            E::Unreachable => Self::new(Class::Unreachable, "CmError::Unreachable", message),
+            E::Sidr(status) => Self::new(Class::Rejected, "CmError::Sidr", message)
+                .with("reason", Extra::Str(format!("{status:?}")))
+                .with("reason_code", Extra::Int(i64::from(status.code())))
+                .with("private_data", Extra::Bytes(Vec::new())),
+            E::Timeout { .. } => Self::new(Class::Timeout, "CmError::Timeout", message),
+            E::Modify(_) => Self::new(Class::ModifyError, "CmError::Modify", message),
+            E::PrivateData { .. } => {
+                Self::new(Class::InvalidArgument, "CmError::PrivateData", message)
+            }
+            E::Closed => Self::new(Class::Closed, "CmError::Closed", message),
+            _ => Self::new(Class::CmError, "CmError", message),
+        }
+    }
+}
+
+impl From<ferroce::srq::SrqError> for Error {
+    fn from(e: ferroce::srq::SrqError) -> Self {
+        Self::new(Class::InvalidArgument, "SrqError", e.to_string())
     }
 }

@@ -17,12 +17,15 @@
 #![deny(unsafe_code)]
 
 mod cache;
+mod cm;
 mod enums;
 mod errors;
 mod frames;
 mod memory;
 mod nic;
 mod session;
+mod srq;
+mod ud;
 mod util;
 mod verbs;
 mod wait;
@@ -48,6 +51,18 @@ fn _ferroce(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<verbs::SendWr>()?;
     m.add_class::<verbs::RecvWr>()?;
     m.add_class::<verbs::Qp>()?;
+    m.add_class::<srq::Srq>()?;
+    m.add_class::<srq::AsyncEvent>()?;
+    m.add_class::<ud::AddressHandle>()?;
+    m.add_class::<ud::UdDest>()?;
+    m.add("UD_GRH_LEN", ferroce::ud::UD_GRH_LEN)?;
+    m.add("RDMA_UDP_QKEY", ferroce::ud::RDMA_UDP_QKEY)?;
+    m.add_class::<cm::Listener>()?;
+    m.add_class::<cm::ConnectRequest>()?;
+    m.add_class::<cm::Connection>()?;
+    m.add_class::<cm::SidrRequest>()?;
+    m.add_class::<cm::UdPeer>()?;
+    m.add_function(wrap_pyfunction!(cm::resolve_ud, m)?)?;
     m.add_class::<frames::Metadata>()?;
     m.add_class::<frames::FrameInfo>()?;
     m.add_class::<frames::FrameCounters>()?;

@@ -334,6 +334,30 @@ impl Nic {
         Ok(self.get()?.address_gone())
     }
 
+    /// The async-event file descriptor (`ibv_context.async_fd`, non-blocking), for `select`,
+    /// `selectors`, `epoll` or asyncio's `loop.add_reader`: readable while an event waits
+    /// for `poll_event()`, which clears it with the last one. It belongs to the NIC: valid
+    /// until `close()`, never to be closed by the caller. Raises `Closed` after `close()`.
+    fn fileno(&self) -> Result<i32, Error> {
+        use std::os::fd::AsRawFd;
+        Ok(self.get()?.async_fd().as_raw_fd())
+    }
+
+    /// The same descriptor as `fileno()` (libibverbs' name for it).
+    fn async_fd(&self) -> Result<i32, Error> {
+        self.fileno()
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`, acknowledged at once): an
+    /// `AsyncEvent` (an SRQ below its armed limit, a QP on an SRQ that took its last
+    /// receive), or `None` when none waits; never blocks. A verbs device's own events are
+    /// handled by ferroce and show in the `failure()`s: there this returns `None`, after
+    /// clearing the descriptor. Raises `Closed` after `close()`.
+    fn poll_event(&self, py: Python<'_>) -> Result<Option<crate::srq::AsyncEvent>, Error> {
+        let nic = self.get()?;
+        Ok(py.detach(|| nic.poll_event()).map(Into::into))
+    }
+
     /// Stops the NIC (its progress thread and socket); idempotent. Objects made on it
     /// (regions, queue pairs, receivers) stay safe to use and to drop: their calls answer
     /// errors or nothing.

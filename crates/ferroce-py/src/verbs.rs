@@ -1,6 +1,7 @@
 //! The verbs objects: `Region`, `Cq`, `Qp` and the work requests and completions between
 //! them, one to one with `ferroce::{Region, Cq, Qp}`.
 
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::prelude::*;
@@ -62,10 +63,44 @@ impl Sge {
 }
 
 /// A peer's buffer: an address in its region and the key that grants it.
+///
+/// `bytes(remote)` (or `remote.to_bytes()`) is its fixed 16-byte form, all big-endian, for any
+/// out-of-band channel: byte 0 the layout's version (1), bytes 1-3 zero, 4-7 the rkey, 8-15
+/// the virtual address. `RemoteAddr.from_bytes` reads it back; `pickle` and `copy` keep it.
 #[pyclass(module = "ferroce", frozen, from_py_object)]
 #[derive(Clone, Copy)]
 pub(crate) struct RemoteAddr {
     pub(crate) inner: rqp::RemoteAddr,
+}
+
+/// The version byte that opens `RemoteAddr`'s and `QpEndpoint`'s bytes.
+const WIRE_VERSION: u8 = 1;
+/// The length of `bytes(RemoteAddr)`.
+pub(crate) const REMOTE_ADDR_LEN: usize = 16;
+/// The length of `bytes(QpEndpoint)`.
+pub(crate) const QP_ENDPOINT_LEN: usize = 28;
+
+/// Checks the length and version of `data`, the bytes of a `what` of `len` bytes.
+fn check_wire(data: &[u8], len: usize, what: &str) -> Result<(), Error> {
+    if data.len() != len {
+        return Err(Error::invalid(format!(
+            "a {what} is {len} bytes, not {}",
+            data.len()
+        )));
+    }
+    if data[0] != WIRE_VERSION {
+        return Err(Error::invalid(format!(
+            "{what} bytes of version {} (this ferroce reads version {WIRE_VERSION})",
+            data[0]
+        )));
+    }
+    Ok(())
+}
+
+fn be_u32(data: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&data[at..at + 4]);
+    u32::from_be_bytes(b)
 }
 
 #[pymethods]
@@ -95,6 +130,48 @@ impl RemoteAddr {
                 rkey: self.inner.rkey,
             },
         }
+    }
+
+    /// The 16 bytes of the class doc: version 1, three zero bytes, the rkey and the
+    /// virtual address, big-endian.
+    #[allow(clippy::wrong_self_convention)] // a Python method: pyo3 takes `&self`
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let mut out = [0u8; REMOTE_ADDR_LEN];
+        out[0] = WIRE_VERSION;
+        out[4..8].copy_from_slice(&self.inner.rkey.to_be_bytes());
+        out[8..16].copy_from_slice(&self.inner.va.to_be_bytes());
+        PyBytes::new(py, &out)
+    }
+
+    /// `to_bytes()`.
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        self.to_bytes(py)
+    }
+
+    /// The remote buffer `to_bytes()` wrote. Raises `InvalidArgument` (a `ValueError`) for
+    /// a length other than 16 or a version other than 1.
+    #[staticmethod]
+    fn from_bytes(data: &[u8]) -> Result<Self, Error> {
+        check_wire(data, REMOTE_ADDR_LEN, "RemoteAddr")?;
+        let mut va = [0u8; 8];
+        va.copy_from_slice(&data[8..16]);
+        Ok(Self::new(u64::from_be_bytes(va), be_u32(data, 4)))
+    }
+
+    /// For `pickle` and `copy`: `RemoteAddr(va, rkey)`.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (u64, u32))> {
+        let me = slf.get();
+        Ok((slf.get_type().into_any(), (me.inner.va, me.inner.rkey)))
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<Self>()
+            .is_ok_and(|o| o.get().inner == self.inner)
+    }
+
+    fn __hash__(&self) -> u64 {
+        self.inner.va ^ (u64::from(self.inner.rkey) << 17).rotate_left(23)
     }
 
     fn __repr__(&self) -> String {
@@ -440,7 +517,9 @@ impl Region {
 /// (`"Success"`, `"RdmaWrite"`); `status_code` is `enum ibv_wc_status`'s value,
 /// `status_message` rdma-core's text for it, and `hint` what most often causes a failure
 /// whose text names only the symptom (`RemAccessErr`: the rkey, the range, the rights;
-/// `RetryExcErr`: nobody answering), or `None`.
+/// `RetryExcErr`: nobody answering), or `None`. For a UD receive, `src_qp` and `src_addr`
+/// say who sent the datagram (`ibv_wc.src_qp` and the GRH's source address; `None`
+/// otherwise), and `AddressHandle.from_completion` answers it.
 #[pyclass(module = "ferroce", frozen, get_all)]
 pub(crate) struct Completion {
     wr_id: u64,
@@ -452,6 +531,15 @@ pub(crate) struct Completion {
     byte_len: u32,
     imm: Option<u32>,
     qpn: u32,
+    src_qp: Option<u32>,
+    src_addr: Option<String>,
+}
+
+impl Completion {
+    /// The sender's address, for a UD receive.
+    pub(crate) fn src_ip(&self) -> Option<IpAddr> {
+        self.src_addr.as_deref().and_then(|a| a.parse().ok())
+    }
 }
 
 impl From<ferroce::cq::Completion> for Completion {
@@ -470,6 +558,8 @@ impl From<ferroce::cq::Completion> for Completion {
             byte_len: c.byte_len,
             imm: c.imm,
             qpn: c.qpn.value(),
+            src_qp: c.ud.map(|u| u.qpn.value()),
+            src_addr: c.ud.map(|u| u.ip.to_string()),
         }
     }
 }
@@ -554,6 +644,32 @@ impl Cq {
     fn failure(&self) -> Option<String> {
         self.inner.failure()
     }
+
+    /// The completion channel's file descriptor (`ibv_comp_channel.fd`, non-blocking), for
+    /// `select`, `selectors`, `epoll` or asyncio's `loop.add_reader`: readable once an event
+    /// waits, after `req_notify()` armed the CQ. Read it only through `take_events()`. It
+    /// belongs to the CQ: valid while the CQ lives, never to be closed by the caller.
+    fn fileno(&self) -> i32 {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.inner.as_fd().as_raw_fd()
+    }
+
+    /// Arms the completion channel (`ibv_req_notify_cq`): at the CQ's next completion (with
+    /// `solicited_only`, its next receive the sender marked solicited, or its next failed
+    /// one) the channel gets one event and `fileno()` turns readable. It fires once: after
+    /// `take_events()`, arm again, then poll the CQ dry, since completions that came before
+    /// arming raise nothing. Returns `None`; raises `FerroceError` (with `errno`) if a verbs
+    /// device refuses.
+    #[pyo3(signature = (solicited_only=false))]
+    fn req_notify(&self, solicited_only: bool) -> Result<(), Error> {
+        Ok(self.inner.req_notify(solicited_only)?)
+    }
+
+    /// Takes the channel's events (`ibv_get_cq_event`, acknowledged as `ibv_ack_cq_events`
+    /// does): how many arrived since the last take, 0 when none did. Never blocks.
+    fn take_events(&self) -> u64 {
+        self.inner.take_events()
+    }
 }
 
 fn empty_completion() -> ferroce::cq::Completion {
@@ -569,7 +685,12 @@ fn empty_completion() -> ferroce::cq::Completion {
 }
 
 /// What a peer needs to reach a queue pair: its number, its first PSN and its NIC's address.
-/// `bytes(endpoint)` and `QpEndpoint.from_bytes` carry it over any out-of-band channel.
+///
+/// `bytes(endpoint)` (or `endpoint.to_bytes()`) is its fixed 28-byte form, all big-endian,
+/// for any out-of-band channel: byte 0 the layout's version (1), byte 1 zero, 2-3 the UDP
+/// port, 4-7 the QPN, 8-11 the first PSN, 12-27 the NIC's IP address as a GID holds it (an
+/// IPv4 address IPv4-mapped, `::ffff:a.b.c.d`). `QpEndpoint.from_bytes` reads it back;
+/// `pickle` and `copy` keep it.
 #[pyclass(module = "ferroce", frozen, from_py_object)]
 #[derive(Clone, Copy)]
 pub(crate) struct QpEndpoint {
@@ -577,7 +698,7 @@ pub(crate) struct QpEndpoint {
 }
 
 impl QpEndpoint {
-    fn build(qpn: u32, psn: u32, addr: std::net::SocketAddr) -> Result<Self, Error> {
+    fn build(qpn: u32, psn: u32, addr: SocketAddr) -> Result<Self, Error> {
         let qpn = Qpn::new(qpn)
             .ok_or_else(|| Error::invalid(format!("QPN {qpn:#x} needs more than 24 bits")))?;
         let psn = Psn::new(psn)
@@ -613,36 +734,67 @@ impl QpEndpoint {
         util::addr_tuple(self.inner.addr)
     }
 
-    /// `b"qpn psn ip:port"`.
-    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let text = format!(
-            "{} {} {}",
-            self.inner.qpn.value(),
-            self.inner.psn.value(),
-            self.inner.addr
-        );
-        PyBytes::new(py, text.as_bytes())
+    /// The 28 bytes of the class doc: version 1, a zero byte, the UDP port, the QPN, the
+    /// PSN and the 16-byte address, big-endian.
+    #[allow(clippy::wrong_self_convention)] // a Python method: pyo3 takes `&self`
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let e = &self.inner;
+        let mut out = [0u8; QP_ENDPOINT_LEN];
+        out[0] = WIRE_VERSION;
+        out[2..4].copy_from_slice(&e.addr.port().to_be_bytes());
+        out[4..8].copy_from_slice(&e.qpn.value().to_be_bytes());
+        out[8..12].copy_from_slice(&e.psn.value().to_be_bytes());
+        let ip = match e.addr.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        out[12..28].copy_from_slice(&ip.octets());
+        PyBytes::new(py, &out)
     }
 
-    /// The endpoint `bytes(endpoint)` wrote.
+    /// `to_bytes()`.
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        self.to_bytes(py)
+    }
+
+    /// The endpoint `to_bytes()` wrote. Raises `InvalidArgument` (a `ValueError`) for a
+    /// length other than 28, a version other than 1, or a QPN or PSN over 24 bits.
     #[staticmethod]
     fn from_bytes(data: &[u8]) -> Result<Self, Error> {
-        let bad = || {
-            Error::invalid(format!(
-                "{:?} is not an endpoint (\"qpn psn ip:port\")",
-                String::from_utf8_lossy(data)
-            ))
-        };
-        let text = std::str::from_utf8(data).map_err(|_| bad())?;
-        let mut words = text.split_whitespace();
-        let (Some(q), Some(p), Some(a), None) =
-            (words.next(), words.next(), words.next(), words.next())
-        else {
-            return Err(bad());
-        };
-        let qpn = q.parse().map_err(|_| bad())?;
-        let psn = p.parse().map_err(|_| bad())?;
-        Self::build(qpn, psn, crate::nic::roce_addr(a)?)
+        check_wire(data, QP_ENDPOINT_LEN, "QpEndpoint")?;
+        let port = u16::from_be_bytes([data[2], data[3]]);
+        let mut octets = [0u8; 16];
+        octets.copy_from_slice(&data[12..28]);
+        let v6 = Ipv6Addr::from(octets);
+        let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+        Self::build(be_u32(data, 4), be_u32(data, 8), SocketAddr::new(ip, port))
+    }
+
+    /// For `pickle` and `copy`: `QpEndpoint(qpn, psn, (host, port))`.
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (u32, u32, (String, u16)))> {
+        let e = slf.get().inner;
+        Ok((
+            slf.get_type().into_any(),
+            (e.qpn.value(), e.psn.value(), util::addr_tuple(e.addr)),
+        ))
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<Self>()
+            .is_ok_and(|o| o.get().inner == self.inner)
+    }
+
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.inner.qpn.value().hash(&mut h);
+        self.inner.psn.value().hash(&mut h);
+        self.inner.addr.hash(&mut h);
+        h.finish()
     }
 
     fn __repr__(&self) -> String {
@@ -762,8 +914,11 @@ pub(crate) struct SendWr {
 
 #[pymethods]
 impl SendWr {
+    /// `dest` is where a UD queue pair sends it (`ibv_send_wr.wr.ud`: an
+    /// `AddressHandle.dest(qpn, qkey)` or a `UdPeer` that `resolve_ud` found); required on
+    /// UD, refused on RC and UC when posted.
     #[new]
-    #[pyo3(signature = (wr_id, op, local=None, *, signaled=true, fence=false, solicited=false))]
+    #[pyo3(signature = (wr_id, op, local=None, *, signaled=true, fence=false, solicited=false, dest=None))]
     fn new(
         wr_id: u64,
         op: SendOp,
@@ -771,6 +926,7 @@ impl SendWr {
         signaled: bool,
         fence: bool,
         solicited: bool,
+        dest: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let local = match local {
             Some(l) => payload(l)?,
@@ -780,6 +936,10 @@ impl SendWr {
         wr.signaled = signaled;
         wr.fence = fence;
         wr.solicited = solicited;
+        wr.dest = match dest {
+            Some(d) if !d.is_none() => Some(crate::ud::dest_arg(d)?),
+            _ => None,
+        };
         Ok(Self { inner: wr })
     }
 
@@ -796,7 +956,7 @@ impl SendWr {
 /// A receive work request (`struct ibv_recv_wr`).
 #[pyclass(module = "ferroce", frozen)]
 pub(crate) struct RecvWr {
-    inner: rqp::RecvWr,
+    pub(crate) inner: rqp::RecvWr,
 }
 
 #[pymethods]
@@ -827,16 +987,20 @@ impl RecvWr {
     }
 }
 
-/// A queue pair (`ibv_create_qp`), in INIT until `connect`.
+/// A queue pair (`ibv_create_qp`), in INIT until `connect` (RC, UC), `ready_ud` (UD) or a
+/// connection manager's `accept`/`Connection.connect`. Created with `srq=`, it takes its
+/// receives from that shared receive queue (`ibv_qp_init_attr.srq`).
 #[pyclass(module = "ferroce", frozen)]
 pub(crate) struct Qp {
-    inner: ferroce::Qp,
+    pub(crate) inner: Arc<ferroce::Qp>,
+    /// Whether it takes its receives from a shared receive queue.
+    pub(crate) on_srq: bool,
 }
 
 #[pymethods]
 impl Qp {
     #[new]
-    #[pyo3(signature = (nic, qp_type, send_cq, recv_cq, *, sq_depth=128, rq_depth=128, max_inline=400))]
+    #[pyo3(signature = (nic, qp_type, send_cq, recv_cq, *, sq_depth=128, rq_depth=128, max_inline=400, srq=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -847,6 +1011,7 @@ impl Qp {
         sq_depth: u32,
         rq_depth: u32,
         max_inline: u32,
+        srq: Option<PyRef<'_, crate::srq::Srq>>,
     ) -> Result<Self, Error> {
         let nic = nic.get()?;
         let qp_type = qp_type.0;
@@ -856,8 +1021,16 @@ impl Qp {
             max_inline,
         };
         let (s, r) = (&send_cq.inner, &recv_cq.inner);
-        let inner = py.detach(|| ferroce::Qp::new(&nic, qp_type, s, r, caps))?;
-        Ok(Self { inner })
+        let srq = srq.map(|q| q.inner.clone());
+        let on_srq = srq.is_some();
+        let inner = py.detach(|| match &srq {
+            Some(q) => ferroce::Qp::with_srq(&nic, qp_type, s, r, q, caps),
+            None => ferroce::Qp::new(&nic, qp_type, s, r, caps),
+        })?;
+        Ok(Self {
+            inner: Arc::new(inner),
+            on_srq,
+        })
     }
 
     /// This queue pair's endpoint, for the peer.
@@ -919,6 +1092,20 @@ impl Qp {
             max_rd_atomic,
         };
         py.detach(|| self.inner.connect(&peer.inner, &options))?;
+        Ok(())
+    }
+
+    /// Brings a UD queue pair up to send and receive datagrams with Q_Key `qkey`: INIT →
+    /// RTR → RTS (`ibv_modify_qp` three times, as `ibv_ud_pingpong` does). Its sends then
+    /// name their destination (`SendWr(..., dest=...)`), and every receive buffer begins
+    /// with the 40-byte GRH (`UD_GRH_LEN`) before the payload. Raises `ModifyError` when
+    /// the queue pair is not a UD one in INIT.
+    #[pyo3(
+        signature = (qkey=ferroce::ud::RDMA_UDP_QKEY),
+        text_signature = "($self, qkey=0x1234567)"
+    )]
+    fn ready_ud(&self, py: Python<'_>, qkey: u32) -> Result<(), Error> {
+        py.detach(|| self.inner.ready_ud(qkey))?;
         Ok(())
     }
 

@@ -2,7 +2,8 @@
 
 Every test runs against the real engine on loopback. Each test module owns a block of
 addresses in 127.0.1.1-127.0.1.120 (one NIC per address, port 4791), so no two tests share a
-socket; waits are bounded and no assertion depends on timing.
+socket; test_cm_ud_srq.py and the package README's blocks use 127.0.9.1-127.0.9.90 instead.
+Waits are bounded and no assertion depends on timing.
 """
 
 import os
