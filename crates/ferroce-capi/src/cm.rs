@@ -219,37 +219,48 @@ unsafe fn conn_param(param: *const ferroce_conn_param) -> Result<ConnParam, Fail
     Ok(out)
 }
 
-/// Fills `rejected` (when not NULL) from a refusal.
+/// Checks the caller's `rejected` before anything is sent, so that a refusal is never lost
+/// to a struct too small for it: its `struct_size`, or `None` for NULL.
 ///
 /// # Safety
 ///
-/// `rejected` is NULL or a `ferroce_cm_reject` whose `struct_size` is set, writable for that
-/// many bytes.
-unsafe fn report_reject(e: &CmError, rejected: *mut ferroce_cm_reject) -> Result<(), Failure> {
+/// `rejected` is NULL or a `ferroce_cm_reject` whose `struct_size` is set.
+unsafe fn reject_slot(rejected: *const ferroce_cm_reject) -> Result<Option<u32>, Failure> {
     if rejected.is_null() {
-        return Ok(());
+        return Ok(None);
     }
+    // SAFETY: not NULL; the caller promises struct_size is set.
+    let given = unsafe { struct_size_of(rejected, "rejected") }?;
+    check_struct_size("ferroce_cm_reject", given, size_of::<ferroce_cm_reject>())?;
+    Ok(Some(given))
+}
+
+/// Fills `rejected` from a refusal; other failures leave it as it was.
+///
+/// # Safety
+///
+/// `rejected` is NULL (then `given` is `None`) or a `ferroce_cm_reject` writable for its
+/// `given` bytes, at least a whole struct ([`reject_slot`] checked).
+unsafe fn report_reject(e: &CmError, rejected: *mut ferroce_cm_reject, given: Option<u32>) {
+    let Some(given) = given else { return };
     let (reason, data): (u32, &[u8]) = match e {
         CmError::Rejected {
             reason,
             private_data,
         } => (reason.code().into(), private_data),
         CmError::Sidr(status) => (status.code().into(), &[]),
-        _ => return Ok(()),
+        _ => return,
     };
-    // SAFETY: the caller promises struct_size is set.
-    let given = unsafe { struct_size_of(rejected, "rejected") }?;
-    check_struct_size("ferroce_cm_reject", given, size_of::<ferroce_cm_reject>())?;
+    let n = data.len().min(cm::MAX_REJ_PRIVATE);
     let mut value = ferroce_cm_reject {
         struct_size: given,
         reason,
-        private_data_len: data.len().min(148) as u32,
-        private_data: [0; 148],
+        private_data_len: n as u32,
+        private_data: [0; cm::MAX_REJ_PRIVATE],
     };
-    value.private_data[..data.len().min(148)].copy_from_slice(&data[..data.len().min(148)]);
-    // SAFETY: not NULL, and at least a whole struct is writable (checked).
+    value.private_data[..n].copy_from_slice(&data[..n]);
+    // SAFETY: not NULL (given is Some), and at least a whole struct is writable.
     unsafe { rejected.write(value) };
-    Ok(())
 }
 
 fn ip_text(ip: IpAddr) -> String {
@@ -545,12 +556,14 @@ pub unsafe extern "C" fn ferroce_cm_connect(
         })?;
         // SAFETY: the caller's promise about param.
         let param = unsafe { conn_param(param) }?;
+        // SAFETY: the caller's promise about rejected.
+        let slot = unsafe { reject_slot(rejected) }?;
         match Connection::connect(&nic.nic, &qp.qp, to, port, &param) {
             // SAFETY: checked not NULL; the caller promises it is writable.
             Ok(conn) => unsafe { write_out(out, into_handle(ferroce_connection { conn }), "out") },
             Err(e) => {
-                // SAFETY: the caller's promise about rejected.
-                unsafe { report_reject(&e, rejected) }?;
+                // SAFETY: reject_slot checked `rejected` for `slot`.
+                unsafe { report_reject(&e, rejected, slot) };
                 Err(cm_failure(&e))
             }
         }
@@ -734,6 +747,8 @@ pub unsafe extern "C" fn ferroce_cm_resolve_ud(
         })?;
         // SAFETY: the caller's promise about data and len.
         let data = unsafe { bytes_arg(data, len, "data") }?;
+        // SAFETY: the caller's promise about rejected.
+        let slot = unsafe { reject_slot(rejected) }?;
         match cm::resolve_ud(&nic.nic, to, port, data, millis(timeout_ms)) {
             Ok(peer) => {
                 let value = ferroce_ud_peer {
@@ -747,8 +762,8 @@ pub unsafe extern "C" fn ferroce_cm_resolve_ud(
                 Ok(())
             }
             Err(e) => {
-                // SAFETY: the caller's promise about rejected.
-                unsafe { report_reject(&e, rejected) }?;
+                // SAFETY: reject_slot checked `rejected` for `slot`.
+                unsafe { report_reject(&e, rejected, slot) };
                 Err(cm_failure(&e))
             }
         }

@@ -58,7 +58,7 @@ pub struct ferroce_send_request {
     /// Returned in the completion.
     pub wr_id: u64,
     /// The next request of the chain, or NULL (`wr->next`).
-    pub next: *const ferroce_send_request,
+    pub next: *const Self,
     /// The local bytes, gathered in order for SEND and WRITE, scattered for READ
     /// (`sg_list`); NULL when `num_sge` is 0.
     pub sg_list: *const ferroce_sge,
@@ -94,7 +94,7 @@ pub struct ferroce_recv_request {
     /// Returned in the completion.
     pub wr_id: u64,
     /// The next request of the chain, or NULL (`wr->next`).
-    pub next: *const ferroce_recv_request,
+    pub next: *const Self,
     /// Where an incoming SEND's bytes go, filled in order; NULL when `num_sge` is 0.
     pub sg_list: *const ferroce_sge,
 }
