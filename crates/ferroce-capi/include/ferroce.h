@@ -1758,10 +1758,13 @@ const char *ferroce_wc_status_hint(uint32_t status);
 // `cq` is NULL or a CQ from this library not freed before, which no other thread uses.
 void ferroce_cq_free(struct ferroce_cq *cq);
 
-// A queue pair of `qp_type` (`FERROCE_QP_RC`, `FERROCE_QP_UC` or `FERROCE_QP_UD`) on `nic`, completing to
-// `send_cq` and `recv_cq`, in INIT: receives may be posted before `ferroce_qp_connect` (or,
-// for UD, `ferroce_qp_ready_ud`).
-// `caps` may be NULL (128 sends, 128 receives, 400 inline bytes).
+// A queue pair of `qp_type` (`FERROCE_QP_RC`, `FERROCE_QP_UC` or `FERROCE_QP_UD`) on `nic`
+// (`ibv_create_qp`, then INIT), completing to `send_cq` and `recv_cq`: receives may be
+// posted before `ferroce_qp_connect` (or, for UD, `ferroce_qp_ready_ud`). `caps` may be NULL
+// (128 sends, 128 receives, 400 inline bytes).
+//
+// `INVALID` for an unknown `qp_type` or a CQ of another NIC; `UNSUPPORTED` for UD on a
+// verbs device (the soft NIC's so far); `DEVICE` when a verbs device refuses the QP.
 //
 // # Safety
 //
@@ -2090,8 +2093,8 @@ void ferroce_session_free(struct ferroce_session *session);
 // (`ibv_create_srq`); `limit` 0 leaves its limit disarmed, another value arms it as
 // `ferroce_srq_arm` does. `*out` receives it.
 //
-// `INVALID` for `max_wr` 0 or a `limit` not below `max_wr`; `FAILED` on a NIC that has no
-// shared receive queues (a verbs device, so far; the soft NIC never refuses one).
+// `INVALID` for `max_wr` 0 or a `limit` not below `max_wr`; `UNSUPPORTED` on a verbs
+// device (shared receive queues are the soft NIC's so far, and it never refuses one).
 //
 // # Safety
 //
@@ -2139,7 +2142,8 @@ enum ferroce_result ferroce_srq_post_recv(const struct ferroce_srq *srq,
 
 // A queue pair as `ferroce_qp_new` makes it, taking its receives from `srq`
 // (`ibv_qp_init_attr.srq`); posting receives to the queue pair itself is then `INVALID`.
-// `INVALID` also when the SRQ or a CQ belongs to another NIC.
+// `INVALID` also when the SRQ or a CQ belongs to another NIC; `UNSUPPORTED` on a verbs
+// device.
 //
 // # Safety
 //

@@ -379,19 +379,26 @@ pub(crate) unsafe fn caps_arg(caps: *const ferroce_qp_caps) -> Result<QpCaps, Fa
     })
 }
 
-/// A failure to create a queue pair: a CQ or SRQ of another NIC is the caller's mistake.
+/// A failure to create a queue pair or SRQ: a CQ or SRQ of another NIC is the caller's
+/// mistake (`INVALID`); UD and SRQs on a verbs device are `UNSUPPORTED` (the soft NIC's so
+/// far).
 pub(crate) fn qp_failure(e: &ferroce::NicError) -> Failure {
     let mut f = nic_failure(e);
-    if matches!(e, ferroce::NicError::OtherNic(_)) {
-        f.code = ferroce_result::Invalid;
+    match e {
+        ferroce::NicError::OtherNic(_) => f.code = ferroce_result::Invalid,
+        ferroce::NicError::SoftOnly(_) => f.code = ferroce_result::Unsupported,
+        _ => {}
     }
     f
 }
 
-/// A queue pair of `qp_type` (`FERROCE_QP_RC`, `FERROCE_QP_UC` or `FERROCE_QP_UD`) on `nic`, completing to
-/// `send_cq` and `recv_cq`, in INIT: receives may be posted before `ferroce_qp_connect` (or,
-/// for UD, `ferroce_qp_ready_ud`).
-/// `caps` may be NULL (128 sends, 128 receives, 400 inline bytes).
+/// A queue pair of `qp_type` (`FERROCE_QP_RC`, `FERROCE_QP_UC` or `FERROCE_QP_UD`) on `nic`
+/// (`ibv_create_qp`, then INIT), completing to `send_cq` and `recv_cq`: receives may be
+/// posted before `ferroce_qp_connect` (or, for UD, `ferroce_qp_ready_ud`). `caps` may be NULL
+/// (128 sends, 128 receives, 400 inline bytes).
+///
+/// `INVALID` for an unknown `qp_type` or a CQ of another NIC; `UNSUPPORTED` for UD on a
+/// verbs device (the soft NIC's so far); `DEVICE` when a verbs device refuses the QP.
 ///
 /// # Safety
 ///

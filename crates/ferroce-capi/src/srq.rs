@@ -12,7 +12,7 @@ use ferroce::{Qp, Srq};
 
 use crate::fence::{fence, fence_result, free_handle, handle, into_handle, write_out, Failure};
 use crate::ferroce_result;
-use crate::nic::{ferroce_nic, nic_failure};
+use crate::nic::ferroce_nic;
 use crate::qp::{
     caps_arg, ferroce_cq, ferroce_qp, ferroce_qp_caps, post_failure, qp_failure, qp_type_arg,
 };
@@ -31,8 +31,8 @@ fn arm(srq: &Srq, limit: u32) -> Result<(), Failure> {
 /// (`ibv_create_srq`); `limit` 0 leaves its limit disarmed, another value arms it as
 /// `ferroce_srq_arm` does. `*out` receives it.
 ///
-/// `INVALID` for `max_wr` 0 or a `limit` not below `max_wr`; `FAILED` on a NIC that has no
-/// shared receive queues (a verbs device, so far; the soft NIC never refuses one).
+/// `INVALID` for `max_wr` 0 or a `limit` not below `max_wr`; `UNSUPPORTED` on a verbs
+/// device (shared receive queues are the soft NIC's so far, and it never refuses one).
 ///
 /// # Safety
 ///
@@ -55,7 +55,7 @@ pub unsafe extern "C" fn ferroce_srq_new(
                 "max_wr is 0: an SRQ holds at least one receive",
             ));
         }
-        let srq = Srq::new(&nic.nic, max_wr).map_err(|e| nic_failure(&e))?;
+        let srq = Srq::new(&nic.nic, max_wr).map_err(|e| qp_failure(&e))?;
         if limit != 0 {
             arm(&srq, limit)?;
         }
@@ -137,7 +137,8 @@ pub unsafe extern "C" fn ferroce_srq_post_recv(
 
 /// A queue pair as `ferroce_qp_new` makes it, taking its receives from `srq`
 /// (`ibv_qp_init_attr.srq`); posting receives to the queue pair itself is then `INVALID`.
-/// `INVALID` also when the SRQ or a CQ belongs to another NIC.
+/// `INVALID` also when the SRQ or a CQ belongs to another NIC; `UNSUPPORTED` on a verbs
+/// device.
 ///
 /// # Safety
 ///
