@@ -310,3 +310,74 @@ pub unsafe extern "C" fn ferroce_endpoint_from_bytes(
         unsafe { write_out(out, value, "out") }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(addr: &str, qpn: u32, psn: u32) -> ferroce_endpoint {
+        ferroce_endpoint {
+            qpn,
+            psn,
+            addr: addr_text(addr.parse().unwrap()),
+        }
+    }
+
+    fn text(e: &ferroce_endpoint) -> String {
+        let bytes: Vec<u8> = e
+            .addr
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_endpoint_round_trips_in_its_documented_layout() {
+        let e = endpoint("[fd00::1:2]:4791", 0x12_3456, 0xab_cdef);
+        let mut buf = [0xff; FERROCE_ENDPOINT_BYTES];
+        // SAFETY: `e` is readable and `buf` holds the layout's bytes.
+        let r = unsafe { ferroce_endpoint_to_bytes(&e, buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(r, ferroce_result::Ok);
+        assert_eq!(
+            &buf[..12],
+            &[b'E', 1, 0x12, 0xb7, 0, 0x12, 0x34, 0x56, 0, 0xab, 0xcd, 0xef]
+        );
+        assert_eq!(
+            buf[12..28],
+            "fd00::1:2".parse::<Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!(buf[28..], [0; 4]);
+        let mut back = endpoint("127.0.0.1:1", 0, 0);
+        // SAFETY: `buf` is readable for its length; `back` is writable.
+        let r = unsafe { ferroce_endpoint_from_bytes(buf.as_ptr(), buf.len(), &mut back) };
+        assert_eq!(r, ferroce_result::Ok);
+        assert_eq!((back.qpn, back.psn), (e.qpn, e.psn));
+        assert_eq!(text(&back), "[fd00::1:2]:4791");
+    }
+
+    #[test]
+    fn a_remote_round_trips_and_nonzero_reserved_bytes_are_refused() {
+        let remote = ferroce_remote {
+            addr: 0x0102_0304_0506_0708,
+            len: 0x1122_3344_5566_7788,
+            rkey: 0xdead_beef,
+        };
+        let mut buf = [0; FERROCE_REMOTE_BYTES];
+        // SAFETY: `remote` is readable and `buf` holds the layout's bytes.
+        let r = unsafe { ferroce_remote_to_bytes(&remote, buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(r, ferroce_result::Ok);
+        assert_eq!(buf[..8], [b'R', 1, 0, 0, 0xde, 0xad, 0xbe, 0xef]);
+        assert_eq!(buf[8..16], remote.addr.to_be_bytes());
+        assert_eq!(buf[16..], remote.len.to_be_bytes());
+        let mut back = ferroce_remote::default();
+        // SAFETY: `buf` is readable for its length; `back` is writable.
+        let r = unsafe { ferroce_remote_from_bytes(buf.as_ptr(), buf.len(), &mut back) };
+        assert_eq!((r, back), (ferroce_result::Ok, remote));
+        buf[3] = 1;
+        // SAFETY: as above.
+        let r = unsafe { ferroce_remote_from_bytes(buf.as_ptr(), buf.len(), &mut back) };
+        assert_eq!(r, ferroce_result::Invalid);
+    }
+}
