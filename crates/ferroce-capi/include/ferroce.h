@@ -2194,6 +2194,19 @@ enum ferroce_result ferroce_ah_new(const struct ferroce_nic *nic,
                                    const char *addr,
                                    struct ferroce_ah **out);
 
+// An address handle to answer the sender of a UD receive (`ibv_create_ah_from_wc`): its
+// NIC's address from `wc->src_gid`, on the RoCE port 4791. `*out` receives it.
+//
+// `INVALID` when `wc` is not a UD receive (no `FERROCE_WC_GRH` in `wc->flags`) or its
+// sender is not of `nic`'s address family.
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC; `wc` is NULL or readable; `out` is NULL or writable.
+enum ferroce_result ferroce_ah_from_completion(const struct ferroce_nic *nic,
+                                               const struct ferroce_completion_ex *wc,
+                                               struct ferroce_ah **out);
+
 // Frees the address handle (`ibv_destroy_ah`); NULL does nothing.
 //
 // # Safety

@@ -8,7 +8,7 @@
 //! `byte_len` counts both; `ferroce_cq_poll_ex` gives the sender's queue pair. Nothing is
 //! acknowledged or resent: a datagram that finds no receive posted is dropped.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use ferroce::ud::AddressHandle;
 
@@ -17,6 +17,7 @@ use crate::fence::{
 };
 use crate::ferroce_result;
 use crate::nic::{ferroce_nic, parse_addr};
+use crate::post::{ferroce_completion_ex, FERROCE_WC_GRH};
 use crate::qp::{ferroce_qp, modify_failure};
 
 /// The Q_Key rdma_cm gives UD queue pairs (`RDMA_UDP_QKEY`), which `udaddy` and perftest use.
@@ -76,6 +77,46 @@ pub unsafe extern "C" fn ferroce_ah_new(
             )));
         }
         let ah = AddressHandle::with_port(peer);
+        // SAFETY: checked not NULL; the caller promises it is writable.
+        unsafe { write_out(out, into_handle(ferroce_ah { ah }), "out") }
+    })
+}
+
+/// An address handle to answer the sender of a UD receive (`ibv_create_ah_from_wc`): its
+/// NIC's address from `wc->src_gid`, on the RoCE port 4791. `*out` receives it.
+///
+/// `INVALID` when `wc` is not a UD receive (no `FERROCE_WC_GRH` in `wc->flags`) or its
+/// sender is not of `nic`'s address family.
+///
+/// # Safety
+///
+/// `nic` is NULL or a live NIC; `wc` is NULL or readable; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_ah_from_completion(
+    nic: *const ferroce_nic,
+    wc: *const ferroce_completion_ex,
+    out: *mut *mut ferroce_ah,
+) -> ferroce_result {
+    fence_result("ferroce_ah_from_completion", || {
+        // SAFETY: the caller promises NULL or live / readable.
+        let (nic, wc) = unsafe { (handle(nic, "nic")?, handle(wc, "wc")?) };
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        if wc.flags & FERROCE_WC_GRH == 0 {
+            return Err(Failure::invalid(
+                "wc is not a UD receive (its flags lack FERROCE_WC_GRH)",
+            ));
+        }
+        let v6 = Ipv6Addr::from(wc.src_gid);
+        let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+        if ip.is_ipv4() != nic.nic.addr().is_ipv4() {
+            return Err(Failure::invalid(format_args!(
+                "the sender {ip} is not of the NIC's address family ({})",
+                nic.nic.addr()
+            )));
+        }
+        let ah = AddressHandle::new(ip);
         // SAFETY: checked not NULL; the caller promises it is writable.
         unsafe { write_out(out, into_handle(ferroce_ah { ah }), "out") }
     })

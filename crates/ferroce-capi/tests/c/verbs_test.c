@@ -476,6 +476,27 @@ static void ud_datagram_with_grh_found_by_sidr(void) {
     CHECK(memcmp(got + 32, src_ip, 4) == 0); /* the IPv4 header's source, in the GRH */
     CHECK(memcmp(got + FERROCE_UD_GRH_LEN, "datagram", 8) == 0);
 
+    /* b answers the sender through an address handle made from the completion. */
+    ferroce_ah *back = NULL;
+    OK(ferroce_ah_from_completion(b, &wc, &back));
+    OK(ferroce_qp_post_recv(qa, 62, ferroce_region_addr(ra) + 1024, FERROCE_UD_GRH_LEN + 64,
+                            ferroce_region_lkey(ra)));
+    memcpy(ferroce_region_host_pointer(rb) + 2048, "reply", 5);
+    ferroce_sge rs = sge(rb, 2048, 5);
+    ferroce_send_request reply = send_request(FERROCE_WR_SEND, 63, &rs, 1);
+    reply.ah = back;
+    reply.remote_qpn = wc.src_qp;
+    reply.remote_qkey = 0x11111111;
+    OK(ferroce_qp_post_send_list(qb, &reply, NULL));
+    CHECK(wait_ok(cb).wc.wr_id == 63);
+    ferroce_completion_ex answer = wait_ok(ca);
+    CHECK(answer.wc.wr_id == 62 && answer.src_qp == ferroce_qp_qpn(qb));
+    CHECK(memcmp(ferroce_region_host_pointer(ra) + 1024 + FERROCE_UD_GRH_LEN, "reply", 5) == 0);
+    ferroce_ah_free(back);
+    ferroce_completion_ex not_ud;
+    memset(&not_ud, 0, sizeof not_ud);
+    EXPECT(ferroce_ah_from_completion(b, &not_ud, &back), FERROCE_RESULT_INVALID);
+
     /* Nobody listens on this UDP-space port: the SIDR answer is a failure status. */
     ferroce_cm_reject rejected;
     memset(&rejected, 0, sizeof rejected);
