@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The C ABI outside cargo test: builds the release library (libferroce_capi.a and .so), then
-# compiles the C and C++ examples against crates/ferroce-capi/include/ferroce.h the way a
-# C or C++ project would (static; the shared library is tried as installed, below)
+# compiles the C and C++ examples (and tests/c/verbs_test.c, the verbs and rdma_cm calls)
+# against crates/ferroce-capi/include/ferroce.h the way a C or C++ project would (static; the shared library is tried as installed, below)
 # and runs each on loopback. `cargo test -p ferroce-capi` covers the same ground against the
 # debug library, plus the C test with its panic hook; this script checks the release
 # artifacts a user links. Last, it installs the library into a temporary prefix with
@@ -29,6 +29,11 @@ echo "== C example, static"
 "$cc" -std=c11 "${warn[@]}" -I crates/ferroce-capi/include examples/c/receive_frames.c \
     "$lib/libferroce_capi.a" "${libs[@]}" -o "$out/receive_frames"
 timeout 120 "$out/receive_frames" --frames 50
+
+echo "== C verbs and rdma_cm calls (tests/c/verbs_test.c), static"
+"$cc" -std=c11 "${warn[@]}" -I crates/ferroce-capi/include crates/ferroce-capi/tests/c/verbs_test.c \
+    "$lib/libferroce_capi.a" "${libs[@]}" -o "$out/verbs_test"
+timeout 120 "$out/verbs_test"
 
 echo "== C++ example (RoceReceiverInterfaceV2 shape), static"
 "$cxx" -std=c++17 "${warn[@]}" -I crates/ferroce-capi/include examples/cpp/hololink_receiver.cpp \

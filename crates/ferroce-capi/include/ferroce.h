@@ -17,6 +17,27 @@
 #define FERROCE_VERSION "0.1.0"
 
 
+// The most private-data bytes a REQ carries (`ferroce_cm_connect`).
+#define FERROCE_CM_REQ_PRIVATE 56
+
+// The most private-data bytes a REP carries (`ferroce_conn_request_accept`).
+#define FERROCE_CM_REP_PRIVATE 196
+
+// The most private-data bytes a REJ carries (`ferroce_conn_request_reject`).
+#define FERROCE_CM_REJ_PRIVATE 148
+
+// The most private-data bytes a SIDR request carries (`ferroce_cm_resolve_ud`).
+#define FERROCE_CM_SIDR_PRIVATE 180
+
+// `ferroce_async_event.event_type`: an armed SRQ fell below its limit
+// (`IBV_EVENT_SRQ_LIMIT_REACHED`, the same value); `srq` names it, and its limit is now
+// disarmed.
+#define FERROCE_EVENT_SRQ_LIMIT_REACHED 15
+
+// `ferroce_async_event.event_type`: a queue pair on an SRQ entered ERR and takes no more of
+// its receives (`IBV_EVENT_QP_LAST_WQE_REACHED`, the same value); `qpn` names it.
+#define FERROCE_EVENT_QP_LAST_WQE_REACHED 16
+
 // `immediate_layout`: HSB IP 0x2603 and later, `psn[19:0] << 12 | page[11:0]` (the default).
 #define FERROCE_IMMEDIATE_PAGE12 0
 
@@ -39,11 +60,31 @@
 // `ferroce_nic_config.flags`: receive without UDP GRO.
 #define FERROCE_NIC_NO_GRO 2
 
+// The most scatter/gather entries one request may carry.
+#define FERROCE_MAX_SGE 32
+
+// The most requests one chain may hold (a longer one, or a cycle, is refused as `INVALID`).
+#define FERROCE_MAX_CHAIN 65536
+
+// The bytes at the start of every UD receive buffer, before the payload: the Global Route
+// Header as rxe writes it, 20 zero bytes then the sender's IPv4 header (its source address
+// at bytes 32 to 35), or the IPv6 header.
+#define FERROCE_UD_GRH_LEN 40
+
+// `ferroce_completion_ex.flags`: the receive buffer begins with the 40-byte GRH
+// (`IBV_WC_GRH`), and `src_qp`/`src_addr` say who sent it.
+#define FERROCE_WC_GRH 2
+
 // `ferroce_qp_new`'s `qp_type`: Reliable Connected (every verb, acknowledged).
 #define FERROCE_QP_RC 0
 
 // `ferroce_qp_new`'s `qp_type`: Unreliable Connected (SEND and WRITE, no acknowledgements).
 #define FERROCE_QP_UC 1
+
+// `ferroce_qp_new`'s `qp_type`: Unreliable Datagram (`IBV_QPT_UD`): one packet per SEND to
+// the queue pair each request names, brought up with `ferroce_qp_ready_ud`; every receive
+// buffer begins with the 40-byte GRH (`FERROCE_UD_GRH_LEN`).
+#define FERROCE_QP_UD 2
 
 // `ferroce_send_wr.opcode`: SEND.
 #define FERROCE_WR_SEND 0
@@ -109,6 +150,18 @@
 // `CoprocessorSession`).
 #define FERROCE_ROLE_COPROCESSOR 1
 
+// The Q_Key rdma_cm gives UD queue pairs (`RDMA_UDP_QKEY`), which `udaddy` and perftest use.
+#define FERROCE_RDMA_UDP_QKEY 19088743
+
+// The bytes `ferroce_remote_to_bytes` writes and `ferroce_remote_from_bytes` takes.
+#define FERROCE_REMOTE_BYTES 24
+
+// The bytes `ferroce_endpoint_to_bytes` writes and `ferroce_endpoint_from_bytes` takes.
+#define FERROCE_ENDPOINT_BYTES 32
+
+// The layout version both write (byte 1).
+#define FERROCE_WIRE_VERSION 1
+
 // What a call returns (rustls-ffi's `rustls_result`, libgit2's error codes). `OK` is 0, so
 // `if (ferroce_x(...))` tests for failure; [`ferroce_last_error`] says what went wrong.
 typedef enum ferroce_result {
@@ -141,11 +194,29 @@ typedef enum ferroce_result {
     // What was asked is not supported in this build or on this host (GPU memory without
     // the `cuda` feature, say).
     FERROCE_RESULT_UNSUPPORTED = 10,
+    // The peer refused: a connection request answered with a REJ (`RDMA_CM_EVENT_REJECTED`),
+    // or a SIDR request with a status other than success; the reason and the peer's
+    // private data come back where the call says.
+    FERROCE_RESULT_REJECTED = 11,
+    // The peer never answered a connection-management message through all its retries
+    // (`RDMA_CM_EVENT_UNREACHABLE`): no NIC at that address, or its CM is gone.
+    FERROCE_RESULT_UNREACHABLE = 12,
 } ferroce_result;
+
+// Where datagrams go: a peer NIC's address (`struct ibv_ah`). Thread-safe and immutable.
+typedef struct ferroce_ah ferroce_ah;
 
 // A registered buffer of a context (neuray's `IRDMA_buffer`). Calls on one buffer are
 // serialised.
 typedef struct ferroce_buffer ferroce_buffer;
+
+// A connection request waiting for an answer (`RDMA_CM_EVENT_CONNECT_REQUEST`). Freed
+// unanswered, it is rejected.
+typedef struct ferroce_conn_request ferroce_conn_request;
+
+// An established (or establishing) connection; its queue pair is the caller's. Freed while
+// established, it disconnects. Thread-safe.
+typedef struct ferroce_connection ferroce_connection;
 
 // A context bound to one remote host (neuray's `IRDMA_context`). Thread-safe.
 typedef struct ferroce_context ferroce_context;
@@ -156,6 +227,10 @@ typedef struct ferroce_cq ferroce_cq;
 // A frame where it landed (`ferroce_receiver_frame_view`): its memory stays valid, at the
 // same address, until `ferroce_frame_free`, even after the receiver is closed or freed.
 typedef struct ferroce_frame ferroce_frame;
+
+// Listens on a port of a soft NIC (`rdma_listen`). Freed, it stops: later requests are
+// refused with REJ 8 (no such service).
+typedef struct ferroce_listener ferroce_listener;
 
 // A registered region of a session (Catalyst's `MemRegion`), as `alloc_memory` returns it.
 // The session keeps the region alive while its channel uses it, so the handle may be freed
@@ -184,6 +259,13 @@ typedef struct ferroce_sender ferroce_sender;
 // serialised.
 typedef struct ferroce_session ferroce_session;
 
+// A SIDR request waiting for an answer; freed unanswered, it is refused.
+typedef struct ferroce_sidr_request ferroce_sidr_request;
+
+// A shared receive queue. Thread-safe; queue pairs on it keep it alive after
+// `ferroce_srq_free`.
+typedef struct ferroce_srq ferroce_srq;
+
 // How to bind a context to its remote host. Versioned: set `struct_size` to `sizeof`.
 typedef struct ferroce_context_config {
     // `sizeof(ferroce_context_config)`.
@@ -202,6 +284,76 @@ typedef struct ferroce_context_config {
     // Whether this side listens on `oob` (one side listens, the other dials).
     bool listen;
 } ferroce_context_config;
+
+// Options of a connection (`struct rdma_conn_param`). Versioned: set `struct_size` to
+// `sizeof`. A NULL pointer takes the defaults: 1 READ each way, 7 retries, MTU 4096 (capped
+// at the link's), no private data, a 10 s timeout.
+typedef struct ferroce_conn_param {
+    // `sizeof(ferroce_conn_param)`.
+    uint32_t struct_size;
+    // READs and atomics this side serves at once; 0 grants the peer no READ or atomics
+    // (`responder_resources`).
+    uint8_t responder_resources;
+    // READs and atomics this side issues at once (`initiator_depth`).
+    uint8_t initiator_depth;
+    // Retries after timeouts (`retry_count`, 0 to 7).
+    uint8_t retry_count;
+    // Retries after RNR NAKs (`rnr_retry_count`, 7: forever).
+    uint8_t rnr_retry_count;
+    // Path MTU asked for by the active side: 256 to 4096, or 0 for 4096.
+    uint32_t mtu;
+    // How long `ferroce_cm_connect` waits for the whole exchange, in ms; 0 for 10 s.
+    uint32_t timeout_ms;
+    // The application's private data (`private_data`), or NULL when `private_data_len` is
+    // 0: at most `FERROCE_CM_REQ_PRIVATE` bytes when connecting, `FERROCE_CM_REP_PRIVATE`
+    // when accepting.
+    const uint8_t *private_data;
+    // Its length (`private_data_len`).
+    size_t private_data_len;
+} ferroce_conn_param;
+
+// Why a peer refused (`RDMA_CM_EVENT_REJECTED`), filled when a call returns `REJECTED`.
+// Versioned: set `struct_size` to `sizeof`; the call fills the rest.
+typedef struct ferroce_cm_reject {
+    // `sizeof(ferroce_cm_reject)`.
+    uint32_t struct_size;
+    // The REJ's reason (IBTA Vol. 1 Table 112: 8 nobody listens on that port, 28 the
+    // application refused, as `ferroce_conn_request_reject` does); for a SIDR request, its
+    // status (1 nobody listens, 2 refused).
+    uint32_t reason;
+    // How many bytes of `private_data` the peer's message carried (148 for a REJ, 0 for a
+    // SIDR answer).
+    uint32_t private_data_len;
+    // The peer's private data; what it did not fill is zero.
+    uint8_t private_data[148];
+} ferroce_cm_reject;
+
+// A UD peer found by SIDR: where to send and with which Q_Key. Versioned: set
+// `struct_size` to `sizeof`; the call fills the rest.
+typedef struct ferroce_ud_peer {
+    // `sizeof(ferroce_ud_peer)`.
+    uint32_t struct_size;
+    // Its UD queue pair (`remote_qpn`).
+    uint32_t qpn;
+    // Its Q_Key (`remote_qkey`).
+    uint32_t qkey;
+    // Its NIC's address and port as NUL-terminated text, for `ferroce_ah_new`.
+    char addr[64];
+} ferroce_ud_peer;
+
+// An asynchronous event of the NIC (`struct ibv_async_event`). Versioned: set
+// `struct_size` to `sizeof`; the call fills the rest.
+typedef struct ferroce_async_event {
+    // `sizeof(ferroce_async_event)`.
+    uint32_t struct_size;
+    // `FERROCE_EVENT_*`: which event.
+    uint32_t event_type;
+    // For `FERROCE_EVENT_QP_LAST_WQE_REACHED`: the queue pair's number; 0 otherwise.
+    uint32_t qpn;
+    // For `FERROCE_EVENT_SRQ_LIMIT_REACHED`: the SRQ's number (`ferroce_srq_id`); 0
+    // otherwise.
+    uint32_t srq;
+} ferroce_async_event;
 
 // How to start a receiver: Hololink's `start` parameters, less the device name (the NIC is
 // passed instead). Versioned: set `struct_size` to `sizeof`. The library allocates the
@@ -390,6 +542,66 @@ typedef struct ferroce_nic_config {
     const char *pcap_path;
 } ferroce_nic_config;
 
+// One scatter/gather entry (`struct ibv_sge`): `length` bytes at `addr` of the region with
+// `lkey`.
+typedef struct ferroce_sge {
+    // The bytes' address in a region (`ferroce_region_addr` + offset).
+    uint64_t addr;
+    // Their length.
+    uint32_t length;
+    // The region's key (`ferroce_region_lkey`).
+    uint32_t lkey;
+} ferroce_sge;
+
+// A send work request with a gather list, in a chain (`struct ibv_send_wr`). Versioned: set
+// `struct_size` to `sizeof` in every request of the chain.
+typedef struct ferroce_send_request {
+    // `sizeof(ferroce_send_request)`.
+    uint32_t struct_size;
+    // `FERROCE_WR_*`.
+    uint32_t opcode;
+    // Returned in the completion.
+    uint64_t wr_id;
+    // The next request of the chain, or NULL (`wr->next`).
+    const struct ferroce_send_request *next;
+    // The local bytes, gathered in order for SEND and WRITE, scattered for READ
+    // (`sg_list`); NULL when `num_sge` is 0.
+    const struct ferroce_sge *sg_list;
+    // How many entries `sg_list` holds, 0 to `FERROCE_MAX_SGE` (`num_sge`).
+    uint32_t num_sge;
+    // `FERROCE_SEND_*` flags.
+    uint32_t flags;
+    // For WRITE and READ: the peer's address.
+    uint64_t remote_addr;
+    // For WRITE and READ: the peer's key.
+    uint32_t rkey;
+    // For the `_WITH_IMM` opcodes: the immediate data.
+    uint32_t imm;
+    // For a UD queue pair: where the datagram goes (`wr.ud.ah`); NULL on RC and UC.
+    const struct ferroce_ah *ah;
+    // For a UD queue pair: the destination queue pair (`wr.ud.remote_qpn`).
+    uint32_t remote_qpn;
+    // For a UD queue pair: the Q_Key to send (`wr.ud.remote_qkey`); a value with the top
+    // bit set sends the queue pair's own.
+    uint32_t remote_qkey;
+} ferroce_send_request;
+
+// A receive work request with a scatter list, in a chain (`struct ibv_recv_wr`). Versioned:
+// set `struct_size` to `sizeof` in every request of the chain.
+typedef struct ferroce_recv_request {
+    // `sizeof(ferroce_recv_request)`.
+    uint32_t struct_size;
+    // How many entries `sg_list` holds, 0 to `FERROCE_MAX_SGE` (0 for WRITE with
+    // immediate, which lands no bytes here).
+    uint32_t num_sge;
+    // Returned in the completion.
+    uint64_t wr_id;
+    // The next request of the chain, or NULL (`wr->next`).
+    const struct ferroce_recv_request *next;
+    // Where an incoming SEND's bytes go, filled in order; NULL when `num_sge` is 0.
+    const struct ferroce_sge *sg_list;
+} ferroce_recv_request;
+
 // A work completion (`struct ibv_wc`, its common fields).
 typedef struct ferroce_completion {
     // The work request's id.
@@ -408,6 +620,19 @@ typedef struct ferroce_completion {
     // `FERROCE_WC_*` flags.
     uint32_t flags;
 } ferroce_completion;
+
+// A work completion with what a UD receive adds (`ibv_wc.src_qp`, `IBV_WC_GRH`).
+typedef struct ferroce_completion_ex {
+    // The common fields, as `ferroce_cq_poll` gives them.
+    struct ferroce_completion wc;
+    // For a UD receive: the sending queue pair (`src_qp`); 0 otherwise.
+    uint32_t src_qp;
+    // `FERROCE_WC_*` flags: `FERROCE_WC_GRH` for a UD receive.
+    uint32_t flags;
+    // For a UD receive: the sender's address as a GID (`sgid`): IPv6, or IPv4 mapped
+    // (`::ffff:a.b.c.d`); zero otherwise.
+    uint8_t src_gid[16];
+} ferroce_completion_ex;
 
 // A queue pair's capacities. Versioned: set `struct_size` to `sizeof`.
 typedef struct ferroce_qp_caps {
@@ -530,6 +755,17 @@ typedef struct ferroce_collected {
     uint64_t bytes;
 } ferroce_collected;
 
+// A buffer a peer may reach by RDMA WRITE or READ: Rig_mlx5's `Region.remote`, what
+// `ferroce_send_request.remote_addr` and `rkey` name.
+typedef struct ferroce_remote {
+    // The buffer's first byte, in the owner's region addresses (`ferroce_region_addr`).
+    uint64_t addr;
+    // Its length in bytes.
+    uint64_t len;
+    // The key the owner's region grants (`ferroce_region_rkey`).
+    uint32_t rkey;
+} ferroce_remote;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -651,6 +887,334 @@ enum ferroce_result ferroce_buffer_set_len(const struct ferroce_buffer *buffer, 
 // `buffer` is NULL or a buffer from this library not freed before, which no other thread
 // uses.
 void ferroce_buffer_free(struct ferroce_buffer *buffer);
+
+// Listens on `port` of `nic` for RC connection requests, in rdma_cm's TCP port space
+// (`rdma_bind_addr` and `rdma_listen` on an `RDMA_PS_TCP` id); `*out` receives the listener.
+//
+// `ADDRESS_IN_USE` when another listener holds the port on this NIC; `UNSUPPORTED` on a
+// verbs device.
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC; `out` is NULL or writable.
+enum ferroce_result ferroce_cm_listen(const struct ferroce_nic *nic,
+                                      uint16_t port,
+                                      struct ferroce_listener **out);
+
+// Listens on `port` of `nic` for SIDR requests of UD peers, in rdma_cm's UDP port space
+// (`rdma_listen` on an `RDMA_PS_UDP` id); as `ferroce_cm_listen` otherwise.
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC; `out` is NULL or writable.
+enum ferroce_result ferroce_cm_listen_udp(const struct ferroce_nic *nic,
+                                          uint16_t port,
+                                          struct ferroce_listener **out);
+
+// The next connection request on the listener (`rdma_get_request`), waiting up to
+// `timeout_ms`; `*out` receives it. Answer it with `ferroce_conn_request_accept` or
+// `_reject`, then free it. `TIMEOUT` when none came.
+//
+// # Safety
+//
+// `listener` is NULL or a live listener; `out` is NULL or writable.
+enum ferroce_result ferroce_listener_get_request(const struct ferroce_listener *listener,
+                                                 uint32_t timeout_ms,
+                                                 struct ferroce_conn_request **out);
+
+// The request's private data (after rdma_cm's header: `FERROCE_CM_REQ_PRIVATE` bytes, zero
+// past what the peer wrote), copied into `buf` up to `len` bytes; returns its full length,
+// so a call with `len` 0 sizes the buffer. 0 for a NULL `request`.
+//
+// # Safety
+//
+// `request` is NULL or a live request; `buf` is NULL or valid for writes of `len` bytes.
+size_t ferroce_conn_request_private_data(const struct ferroce_conn_request *request,
+                                         uint8_t *buf,
+                                         size_t len);
+
+// The requesting NIC's IP address as text (`"127.0.0.2"`), copied into `buf` as `snprintf`
+// does; returns its full length, 0 for a NULL `request`.
+//
+// # Safety
+//
+// `request` is NULL or a live request; `buf` is NULL or valid for writes of `len` bytes.
+size_t ferroce_conn_request_peer(const struct ferroce_conn_request *request, char *buf, size_t len);
+
+// Accepts the request with `qp` (`rdma_accept`): brings `qp` (an RC queue pair in INIT, its
+// receives posted as wanted) to RTS with what the REQ and `param` settle, and sends the REP
+// with `param`'s private data (at most `FERROCE_CM_REP_PRIVATE` bytes). `*out` receives the
+// connection, established once the peer's RTU (or first data) comes:
+// `ferroce_connection_wait_established`. `param` may be NULL.
+//
+// `INVALID` for too much private data or a queue pair that cannot be brought up (the
+// request is then rejected), `CLOSED` when the request was answered already or the peer
+// gave up.
+//
+// # Safety
+//
+// `request` and `qp` are NULL or live; `param` is NULL or a `ferroce_conn_param` of at
+// least its `struct_size` bytes with `private_data_len` bytes at `private_data`; `out` is
+// NULL or writable.
+enum ferroce_result ferroce_conn_request_accept(const struct ferroce_conn_request *request,
+                                                const struct ferroce_qp *qp,
+                                                const struct ferroce_conn_param *param,
+                                                struct ferroce_connection **out);
+
+// Refuses the request (`rdma_reject`): REJ reason 28 (consumer defined) carrying `len`
+// bytes of private data at `data` (at most `FERROCE_CM_REJ_PRIVATE`; `data` may be NULL
+// when `len` is 0). The peer's `ferroce_cm_connect` returns `REJECTED` with them.
+//
+// `INVALID` for more than 148 bytes (the request stays unanswered), `CLOSED` when it was
+// answered already or the peer gave up.
+//
+// # Safety
+//
+// `request` is NULL or live; `data` is NULL or valid for reads of `len` bytes.
+enum ferroce_result ferroce_conn_request_reject(const struct ferroce_conn_request *request,
+                                                const uint8_t *data,
+                                                size_t len);
+
+// Frees the request; one left unanswered is rejected (REJ 28, no private data). NULL does
+// nothing.
+//
+// # Safety
+//
+// `request` is NULL or a request from this library not freed before, which no other thread
+// uses.
+void ferroce_conn_request_free(struct ferroce_conn_request *request);
+
+// Connects `qp` (an RC queue pair in INIT, its receives posted as wanted) to the listener on
+// `port` at `addr` (`rdma_resolve_addr`, `rdma_resolve_route`, `rdma_connect`): sends the REQ
+// with `param`'s private data (at most `FERROCE_CM_REQ_PRIVATE` bytes), and on the REP brings
+// `qp` to RTS and sends the RTU. Returns once established (`RDMA_CM_EVENT_ESTABLISHED`),
+// within `param->timeout_ms`; `*out` receives the connection, whose
+// `ferroce_connection_private_data` is the REP's. `param` may be NULL.
+//
+// `REJECTED` when the peer refused: when `rejected` is not NULL it receives the reason (8:
+// nobody listens on `port`; 28: the application refused) and the REJ's private data.
+// `UNREACHABLE` when no answer came through the retries, `TIMEOUT` after `timeout_ms`,
+// `INVALID` for a bad address, too much private data or a queue pair that cannot be brought
+// up, `UNSUPPORTED` on a verbs device.
+//
+// # Safety
+//
+// `nic` and `qp` are NULL or live; `addr` is NULL or a NUL-terminated string; `param` is
+// NULL or a `ferroce_conn_param` of at least its `struct_size` bytes with
+// `private_data_len` bytes at `private_data`; `rejected` is NULL or a `ferroce_cm_reject`
+// whose `struct_size` is set, writable for that many bytes; `out` is NULL or writable.
+enum ferroce_result ferroce_cm_connect(const struct ferroce_nic *nic,
+                                       const struct ferroce_qp *qp,
+                                       const char *addr,
+                                       uint16_t port,
+                                       const struct ferroce_conn_param *param,
+                                       struct ferroce_cm_reject *rejected,
+                                       struct ferroce_connection **out);
+
+// The private data of the peer's REP (the active side: `FERROCE_CM_REP_PRIVATE` bytes, zero
+// past what the peer wrote; none on the passive side), copied into `buf` up to `len` bytes;
+// returns its full length. 0 for a NULL `conn`.
+//
+// # Safety
+//
+// `conn` is NULL or a live connection; `buf` is NULL or valid for writes of `len` bytes.
+size_t ferroce_connection_private_data(const struct ferroce_connection *conn,
+                                       uint8_t *buf,
+                                       size_t len);
+
+// The peer NIC's IP address as text, copied into `buf` as `snprintf` does; returns its full
+// length, 0 for a NULL `conn`.
+//
+// # Safety
+//
+// `conn` is NULL or a live connection; `buf` is NULL or valid for writes of `len` bytes.
+size_t ferroce_connection_peer(const struct ferroce_connection *conn, char *buf, size_t len);
+
+// Waits up to `timeout_ms` until the connection is established (`RDMA_CM_EVENT_ESTABLISHED`
+// on the passive side; at once on the active side). `TIMEOUT`; `REJECTED` when the active
+// side refused the REP; `UNREACHABLE` when no RTU or data ever came; `CLOSED` when it was
+// closed.
+//
+// # Safety
+//
+// `conn` is NULL or a live connection.
+enum ferroce_result ferroce_connection_wait_established(const struct ferroce_connection *conn,
+                                                        uint32_t timeout_ms);
+
+// Disconnects (`rdma_disconnect`): the queue pair goes to ERR (its outstanding work
+// flushed), then the DREQ; waits up to `timeout_ms` for the peer's DREP. A connection the
+// peer closed already returns `OK` at once. `TIMEOUT` when the DREP did not come in time (the
+// DREQ is still resent).
+//
+// # Safety
+//
+// `conn` is NULL or a live connection.
+enum ferroce_result ferroce_connection_disconnect(const struct ferroce_connection *conn,
+                                                  uint32_t timeout_ms);
+
+// Waits up to `timeout_ms` for the peer to disconnect (`RDMA_CM_EVENT_DISCONNECTED`); the
+// queue pair is in ERR after. `TIMEOUT` when the peer kept the connection.
+//
+// # Safety
+//
+// `conn` is NULL or a live connection.
+enum ferroce_result ferroce_connection_wait_disconnected(const struct ferroce_connection *conn,
+                                                         uint32_t timeout_ms);
+
+// Frees the connection; one still established is disconnected (the DREQ goes out, nobody
+// waits for the DREP). NULL does nothing. The queue pair is the caller's to free.
+//
+// # Safety
+//
+// `conn` is NULL or a connection from this library not freed before, which no other thread
+// uses.
+void ferroce_connection_free(struct ferroce_connection *conn);
+
+// Frees the listener (`rdma_destroy_id`): later requests to its port are refused. NULL does
+// nothing.
+//
+// # Safety
+//
+// `listener` is NULL or a listener from this library not freed before, which no other
+// thread uses.
+void ferroce_listener_free(struct ferroce_listener *listener);
+
+// Resolves the UD queue pair listening on `port` at `addr` by SIDR (`rdma_connect` on an
+// `RDMA_PS_UDP` id, then `RDMA_CM_EVENT_ESTABLISHED`'s `ud` parameters): sends a SIDR
+// request with `len` bytes of private data at `data` (at most `FERROCE_CM_SIDR_PRIVATE`),
+// waits up to `timeout_ms` for the answer; `*out` receives the peer's queue pair, Q_Key and
+// address (for `ferroce_ah_new`).
+//
+// `REJECTED` when the peer answered with a failure status (`rejected->reason` 1: nobody
+// listens; 2: refused), `UNREACHABLE`, `TIMEOUT`, `INVALID` for a bad address or too much
+// private data; `INVALID` also when `out->struct_size` is too small.
+//
+// # Safety
+//
+// `nic` is NULL or live; `addr` is NULL or a NUL-terminated string; `data` is NULL or valid
+// for reads of `len` bytes; `rejected` is NULL or a `ferroce_cm_reject` whose `struct_size`
+// is set; `out` is NULL or a `ferroce_ud_peer` whose `struct_size` is set, writable for that
+// many bytes.
+enum ferroce_result ferroce_cm_resolve_ud(const struct ferroce_nic *nic,
+                                          const char *addr,
+                                          uint16_t port,
+                                          const uint8_t *data,
+                                          size_t len,
+                                          uint32_t timeout_ms,
+                                          struct ferroce_cm_reject *rejected,
+                                          struct ferroce_ud_peer *out);
+
+// The next SIDR request on a listener from `ferroce_cm_listen_udp`, waiting up to
+// `timeout_ms`; `*out` receives it. Answer it with `ferroce_sidr_request_accept` or
+// `_reject`, then free it. `TIMEOUT` when none came. (Connection requests reaching a UDP
+// listener are refused.)
+//
+// # Safety
+//
+// `listener` is NULL or a live listener; `out` is NULL or writable.
+enum ferroce_result ferroce_listener_get_sidr_request(const struct ferroce_listener *listener,
+                                                      uint32_t timeout_ms,
+                                                      struct ferroce_sidr_request **out);
+
+// The SIDR request's private data (after rdma_cm's header, `FERROCE_CM_SIDR_PRIVATE` bytes,
+// zero past what the peer wrote), copied into `buf` up to `len` bytes; returns its full
+// length, 0 for a NULL `request`.
+//
+// # Safety
+//
+// `request` is NULL or a live request; `buf` is NULL or valid for writes of `len` bytes.
+size_t ferroce_sidr_request_private_data(const struct ferroce_sidr_request *request,
+                                         uint8_t *buf,
+                                         size_t len);
+
+// The requesting NIC's IP address as text, copied into `buf` as `snprintf` does; returns
+// its full length, 0 for a NULL `request`.
+//
+// # Safety
+//
+// `request` is NULL or a live request; `buf` is NULL or valid for writes of `len` bytes.
+size_t ferroce_sidr_request_peer(const struct ferroce_sidr_request *request, char *buf, size_t len);
+
+// Answers the SIDR request with our UD queue pair `qp` and its Q_Key `qkey` (`rdma_accept`
+// on a UD id). `CLOSED` when it was answered already or is no longer known.
+//
+// # Safety
+//
+// `request` and `qp` are NULL or live.
+enum ferroce_result ferroce_sidr_request_accept(const struct ferroce_sidr_request *request,
+                                                const struct ferroce_qp *qp,
+                                                uint32_t qkey);
+
+// Refuses the SIDR request (status 2, rejected): the peer's `ferroce_cm_resolve_ud` returns
+// `REJECTED`. `CLOSED` when it was answered already.
+//
+// # Safety
+//
+// `request` is NULL or live.
+enum ferroce_result ferroce_sidr_request_reject(const struct ferroce_sidr_request *request);
+
+// Frees the SIDR request; one left unanswered is refused. NULL does nothing.
+//
+// # Safety
+//
+// `request` is NULL or a request from this library not freed before, which no other thread
+// uses.
+void ferroce_sidr_request_free(struct ferroce_sidr_request *request);
+
+// Arms the CQ's completion channel (`ibv_req_notify_cq`): at its next completion, or with
+// `solicited_only` its next receive the sender marked `FERROCE_SEND_SOLICITED` (or its next
+// failed one), the channel gets one event and `ferroce_cq_fd` turns readable. It fires
+// once: take the events, arm again, then poll the CQ dry, since completions that came
+// before arming raise nothing.
+//
+// `DEVICE` when a verbs device refuses (never on the soft NIC).
+//
+// # Safety
+//
+// `cq` is NULL or a live CQ.
+enum ferroce_result ferroce_cq_req_notify(const struct ferroce_cq *cq, bool solicited_only);
+
+// The CQ's completion-channel descriptor (`ibv_comp_channel.fd`): readable (`POLLIN`) while
+// an event waits for `ferroce_cq_take_events`. -1 for a NULL `cq`. The library owns it: do
+// not read or close it.
+//
+// # Safety
+//
+// `cq` is NULL or a live CQ.
+int32_t ferroce_cq_fd(const struct ferroce_cq *cq);
+
+// Takes the channel's events (`ibv_get_cq_event`, acknowledged as `ibv_ack_cq_events`
+// does): how many arrived since the last take, 0 when none did (or `cq` is NULL). It never
+// blocks; the descriptor is not readable after it until the channel fires again.
+//
+// # Safety
+//
+// `cq` is NULL or a live CQ.
+uint64_t ferroce_cq_take_events(const struct ferroce_cq *cq);
+
+// The NIC's async-event descriptor (`ibv_context.async_fd`): readable (`POLLIN`) while an
+// event waits for `ferroce_nic_poll_event`, which clears it with the last one. -1 for a NULL
+// `nic`. The library owns it: do not read or close it.
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC.
+int32_t ferroce_nic_async_fd(const struct ferroce_nic *nic);
+
+// The NIC's next asynchronous event (`ibv_get_async_event`, acknowledged at once as
+// `ibv_ack_async_event` does), waiting up to `timeout_ms` for one (0: only look); `*out`
+// receives it.
+//
+// `TIMEOUT` when none came; `INVALID` when `out->struct_size` is smaller than this
+// version's struct.
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC; `out` is NULL or a `ferroce_async_event` whose `struct_size`
+// is set and which is writable for that many bytes.
+enum ferroce_result ferroce_nic_poll_event(const struct ferroce_nic *nic,
+                                           uint32_t timeout_ms,
+                                           struct ferroce_async_event *out);
 
 // The text of the most recent call on this thread that did not return
 // `FERROCE_RESULT_OK` (libgit2's `git_error_last`): copied into `buf` as `snprintf` does,
@@ -1075,6 +1639,75 @@ uint16_t ferroce_nic_port(const struct ferroce_nic *nic);
 // `nic` is NULL or a NIC from this library not freed before, which no other thread uses.
 void ferroce_nic_free(struct ferroce_nic *nic);
 
+// Posts a chain of send requests (`ibv_post_send` with `wr->next`): each with its gather
+// list, their packets leaving together once all are queued. On a UD queue pair each names
+// its destination (`ah`, `remote_qpn`, `remote_qkey`); on RC and UC `ah` is NULL. The local
+// bytes must stay registered until each completes.
+//
+// On failure `*bad_wr` (when `bad_wr` is not NULL) is the request that was not posted: every
+// one before it was, none from it on; the last error names its index. `INVALID` for a
+// malformed request (unknown opcode or flags, more than `FERROCE_MAX_SGE` entries, a UD
+// request without `ah` or an RC one with it, a queue pair not ready), `FAILED` when the send
+// queue is full, `NULL_PARAMETER` for a NULL `qp` or `first` (then `*bad_wr` is `first`).
+//
+// # Safety
+//
+// `qp` is NULL or a live queue pair; every request of the chain is a
+// `ferroce_send_request` of at least its `struct_size` bytes, whose `sg_list` holds
+// `num_sge` entries and whose `ah` is NULL or live; `bad_wr` is NULL or writable.
+enum ferroce_result ferroce_qp_post_send_list(const struct ferroce_qp *qp,
+                                              const struct ferroce_send_request *first,
+                                              const struct ferroce_send_request **bad_wr);
+
+// Posts a chain of receive requests (`ibv_post_recv` with `wr->next`), each filling its
+// scatter list in order.
+//
+// On failure `*bad_wr` (when `bad_wr` is not NULL) is the request that was not posted: every
+// one before it was, none from it on. `INVALID` for a malformed request or a queue pair on a
+// shared receive queue (post there), `FAILED` when the receive queue is full.
+//
+// # Safety
+//
+// `qp` is NULL or a live queue pair; every request of the chain is a
+// `ferroce_recv_request` of at least its `struct_size` bytes whose `sg_list` holds `num_sge`
+// entries; `bad_wr` is NULL or writable.
+enum ferroce_result ferroce_qp_post_recv_list(const struct ferroce_qp *qp,
+                                              const struct ferroce_recv_request *first,
+                                              const struct ferroce_recv_request **bad_wr);
+
+// Posts a chain of receive requests to a shared receive queue (`ibv_post_srq_recv`), for
+// any queue pair on it to take; as `ferroce_qp_post_recv_list` otherwise.
+//
+// # Safety
+//
+// `srq` is NULL or a live shared receive queue; the chain and `bad_wr` as
+// `ferroce_qp_post_recv_list`'s.
+enum ferroce_result ferroce_srq_post_recv_list(const struct ferroce_srq *srq,
+                                               const struct ferroce_recv_request *first,
+                                               const struct ferroce_recv_request **bad_wr);
+
+// As `ferroce_cq_poll` (`ibv_poll_cq`), with what a UD receive adds: who sent it
+// (`src_qp`, `src_gid`) and `FERROCE_WC_GRH`.
+//
+// # Safety
+//
+// `cq` is NULL or a live CQ; `wc` is NULL or valid for writes of `n` completions; `polled`
+// is NULL or writable.
+enum ferroce_result ferroce_cq_poll_ex(const struct ferroce_cq *cq,
+                                       struct ferroce_completion_ex *wc,
+                                       size_t n,
+                                       size_t *polled);
+
+// As `ferroce_cq_wait`, filling a `ferroce_completion_ex`: waits up to `timeout_ms` for one
+// completion, making progress on this thread meanwhile; `TIMEOUT` when none came.
+//
+// # Safety
+//
+// `cq` is NULL or a live CQ; `wc` is NULL or writable.
+enum ferroce_result ferroce_cq_wait_ex(const struct ferroce_cq *cq,
+                                       uint32_t timeout_ms,
+                                       struct ferroce_completion_ex *wc);
+
 // A completion queue of `nic` holding at least `depth` completions (`ibv_create_cq`).
 //
 // # Safety
@@ -1125,9 +1758,13 @@ const char *ferroce_wc_status_hint(uint32_t status);
 // `cq` is NULL or a CQ from this library not freed before, which no other thread uses.
 void ferroce_cq_free(struct ferroce_cq *cq);
 
-// A queue pair of `qp_type` (`FERROCE_QP_RC` or `FERROCE_QP_UC`) on `nic`, completing to
-// `send_cq` and `recv_cq`, in INIT: receives may be posted before `ferroce_qp_connect`.
-// `caps` may be NULL (128 sends, 128 receives, 400 inline bytes).
+// A queue pair of `qp_type` (`FERROCE_QP_RC`, `FERROCE_QP_UC` or `FERROCE_QP_UD`) on `nic`
+// (`ibv_create_qp`, then INIT), completing to `send_cq` and `recv_cq`: receives may be
+// posted before `ferroce_qp_connect` (or, for UD, `ferroce_qp_ready_ud`). `caps` may be NULL
+// (128 sends, 128 receives, 400 inline bytes).
+//
+// `INVALID` for an unknown `qp_type` or a CQ of another NIC; `UNSUPPORTED` for UD on a
+// verbs device (the soft NIC's so far); `DEVICE` when a verbs device refuses the QP.
 //
 // # Safety
 //
@@ -1452,12 +2089,184 @@ uint64_t ferroce_session_last_rtt_ns(const struct ferroce_session *session);
 // thread uses.
 void ferroce_session_free(struct ferroce_session *session);
 
+// A shared receive queue of `nic` holding up to `max_wr` receive requests
+// (`ibv_create_srq`); `limit` 0 leaves its limit disarmed, another value arms it as
+// `ferroce_srq_arm` does. `*out` receives it.
+//
+// `INVALID` for `max_wr` 0 or a `limit` not below `max_wr`; `UNSUPPORTED` on a verbs
+// device (shared receive queues are the soft NIC's so far, and it never refuses one).
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC; `out` is NULL or writable.
+enum ferroce_result ferroce_srq_new(const struct ferroce_nic *nic,
+                                    uint32_t max_wr,
+                                    uint32_t limit,
+                                    struct ferroce_srq **out);
+
+// Arms the limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the first time taking a receive
+// leaves fewer than `limit` queued, the NIC raises `FERROCE_EVENT_SRQ_LIMIT_REACHED` once
+// and disarms it. 0 disarms it. `INVALID` when `limit` is not below the queue's size.
+//
+// # Safety
+//
+// `srq` is NULL or a live shared receive queue.
+enum ferroce_result ferroce_srq_arm(const struct ferroce_srq *srq, uint32_t limit);
+
+// The SRQ's number on its NIC, as `ferroce_async_event.srq` names it; 0 for NULL.
+//
+// # Safety
+//
+// `srq` is NULL or a live shared receive queue.
+uint32_t ferroce_srq_id(const struct ferroce_srq *srq);
+
+// The receive requests queued in the pool now (`ibv_query_srq`); 0 for NULL.
+//
+// # Safety
+//
+// `srq` is NULL or a live shared receive queue.
+uint32_t ferroce_srq_queued(const struct ferroce_srq *srq);
+
+// Posts one receive of one scatter entry to the pool (`ibv_post_srq_recv`): `len` bytes at
+// `addr` of the region with `lkey` (`len` 0: no entry). `FAILED` when `max_wr` wait already.
+// `ferroce_srq_post_recv_list` posts chains with scatter lists.
+//
+// # Safety
+//
+// `srq` is NULL or a live shared receive queue.
+enum ferroce_result ferroce_srq_post_recv(const struct ferroce_srq *srq,
+                                          uint64_t wr_id,
+                                          uint64_t addr,
+                                          uint32_t len,
+                                          uint32_t lkey);
+
+// A queue pair as `ferroce_qp_new` makes it, taking its receives from `srq`
+// (`ibv_qp_init_attr.srq`); posting receives to the queue pair itself is then `INVALID`.
+// `INVALID` also when the SRQ or a CQ belongs to another NIC; `UNSUPPORTED` on a verbs
+// device.
+//
+// # Safety
+//
+// `nic`, `send_cq`, `recv_cq`, `srq` are NULL or live; `caps` is NULL or a
+// `ferroce_qp_caps` of at least its `struct_size` bytes; `out` is NULL or writable.
+enum ferroce_result ferroce_qp_new_with_srq(const struct ferroce_nic *nic,
+                                            uint32_t qp_type,
+                                            const struct ferroce_cq *send_cq,
+                                            const struct ferroce_cq *recv_cq,
+                                            const struct ferroce_srq *srq,
+                                            const struct ferroce_qp_caps *caps,
+                                            struct ferroce_qp **out);
+
+// Frees the SRQ handle; NULL does nothing. Queue pairs on it keep it alive.
+//
+// # Safety
+//
+// `srq` is NULL or an SRQ from this library not freed before, which no other thread uses.
+void ferroce_srq_free(struct ferroce_srq *srq);
+
 #if defined(FERROCE_TEST_HOOKS)
 // Panics inside the library when `panic` is true (`FERROCE_RESULT_PANIC` comes back, with
 // the panic's message as the last error); returns `FERROCE_RESULT_INVALID` with a message
 // otherwise. Only in a library built with the `test-hooks` feature.
 enum ferroce_result ferroce_test_panic(bool panic);
 #endif
+
+// Brings a UD queue pair up to send and receive datagrams with `qkey`: INIT → RTR → RTS
+// (`ibv_modify_qp` three times, as `ibv_ud_pingpong` does). Datagrams arriving with another
+// Q_Key are dropped. `INVALID` when the queue pair is not a UD one in INIT.
+//
+// # Safety
+//
+// `qp` is NULL or a live queue pair.
+enum ferroce_result ferroce_qp_ready_ud(const struct ferroce_qp *qp, uint32_t qkey);
+
+// An address handle to the NIC at `addr` (`ibv_create_ah`): `"127.0.0.2"` for a NIC on the
+// RoCE port 4791, `"127.0.0.2:5000"` for a soft NIC opened on another port. `*out` receives
+// it; free it with `ferroce_ah_free` after the sends naming it have completed.
+//
+// `INVALID` when `addr` is not an address or not of `nic`'s family (IPv4 or IPv6).
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC; `addr` is NULL or a NUL-terminated string; `out` is NULL or
+// writable.
+enum ferroce_result ferroce_ah_new(const struct ferroce_nic *nic,
+                                   const char *addr,
+                                   struct ferroce_ah **out);
+
+// An address handle to answer the sender of a UD receive (`ibv_create_ah_from_wc`): its
+// NIC's address from `wc->src_gid`, on the RoCE port 4791. `*out` receives it.
+//
+// `INVALID` when `wc` is not a UD receive (no `FERROCE_WC_GRH` in `wc->flags`) or its
+// sender is not of `nic`'s address family.
+//
+// # Safety
+//
+// `nic` is NULL or a live NIC; `wc` is NULL or readable; `out` is NULL or writable.
+enum ferroce_result ferroce_ah_from_completion(const struct ferroce_nic *nic,
+                                               const struct ferroce_completion_ex *wc,
+                                               struct ferroce_ah **out);
+
+// Frees the address handle (`ibv_destroy_ah`); NULL does nothing.
+//
+// # Safety
+//
+// `ah` is NULL or an address handle from this library not freed before, which no other
+// thread uses and no outstanding send names.
+void ferroce_ah_free(struct ferroce_ah *ah);
+
+// The whole of `region` as a remote buffer: its address, length and rkey. `INVALID` for a
+// `FERROCE_ACCESS_LOCAL` region, which peers cannot reach.
+//
+// # Safety
+//
+// `region` is NULL or a live region; `out` is NULL or writable.
+enum ferroce_result ferroce_region_remote(const struct ferroce_region *region,
+                                          struct ferroce_remote *out);
+
+// Writes `remote` as its `FERROCE_REMOTE_BYTES` big-endian bytes into `buf` (which holds
+// `len` bytes, at least that many). `INVALID` when `len` is smaller.
+//
+// # Safety
+//
+// `remote` is NULL or readable; `buf` is NULL or valid for writes of `len` bytes.
+enum ferroce_result ferroce_remote_to_bytes(const struct ferroce_remote *remote,
+                                            uint8_t *buf,
+                                            size_t len);
+
+// Reads a `ferroce_remote` from exactly `FERROCE_REMOTE_BYTES` bytes that
+// `ferroce_remote_to_bytes` wrote; `*out` receives it. `INVALID` for another length, kind
+// or version, or non-zero reserved bytes.
+//
+// # Safety
+//
+// `buf` is NULL or valid for reads of `len` bytes; `out` is NULL or writable.
+enum ferroce_result ferroce_remote_from_bytes(const uint8_t *buf,
+                                              size_t len,
+                                              struct ferroce_remote *out);
+
+// Writes `endpoint` as its `FERROCE_ENDPOINT_BYTES` big-endian bytes into `buf` (which
+// holds `len` bytes, at least that many). `INVALID` when `len` is smaller, or the endpoint's
+// `addr` is not an address and port or its `qpn`/`psn` exceed 24 bits.
+//
+// # Safety
+//
+// `endpoint` is NULL or readable; `buf` is NULL or valid for writes of `len` bytes.
+enum ferroce_result ferroce_endpoint_to_bytes(const struct ferroce_endpoint *endpoint,
+                                              uint8_t *buf,
+                                              size_t len);
+
+// Reads a `ferroce_endpoint` from exactly `FERROCE_ENDPOINT_BYTES` bytes that
+// `ferroce_endpoint_to_bytes` wrote; `*out` receives it, ready for `ferroce_qp_connect`.
+// `INVALID` for another length, kind or version, non-zero reserved bytes, or a `qpn`/`psn`
+// past 24 bits.
+//
+// # Safety
+//
+// `buf` is NULL or valid for reads of `len` bytes; `out` is NULL or writable.
+enum ferroce_result ferroce_endpoint_from_bytes(const uint8_t *buf,
+                                                size_t len,
+                                                struct ferroce_endpoint *out);
 
 #ifdef __cplusplus
 }  // extern "C"

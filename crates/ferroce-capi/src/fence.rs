@@ -49,6 +49,13 @@ pub enum ferroce_result {
     /// What was asked is not supported in this build or on this host (GPU memory without
     /// the `cuda` feature, say).
     Unsupported = 10,
+    /// The peer refused: a connection request answered with a REJ (`RDMA_CM_EVENT_REJECTED`),
+    /// or a SIDR request with a status other than success; the reason and the peer's
+    /// private data come back where the call says.
+    Rejected = 11,
+    /// The peer never answered a connection-management message through all its retries
+    /// (`RDMA_CM_EVENT_UNREACHABLE`): no NIC at that address, or its CM is gone.
+    Unreachable = 12,
 }
 
 /// A failed call's code and text, on its way to the caller.
@@ -129,6 +136,13 @@ impl OnPanic for () {
 impl OnPanic for bool {
     fn on_panic() -> Self {
         false
+    }
+}
+
+/// A descriptor: -1, no descriptor.
+impl OnPanic for i32 {
+    fn on_panic() -> Self {
+        -1
     }
 }
 
@@ -345,6 +359,8 @@ pub extern "C" fn ferroce_result_name(result: u32) -> *const c_char {
             8 => c"FERROCE_RESULT_PANIC",
             9 => c"FERROCE_RESULT_CLOSED",
             10 => c"FERROCE_RESULT_UNSUPPORTED",
+            11 => c"FERROCE_RESULT_REJECTED",
+            12 => c"FERROCE_RESULT_UNREACHABLE",
             _ => c"FERROCE_RESULT_UNKNOWN",
         };
         name.as_ptr()

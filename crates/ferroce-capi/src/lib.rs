@@ -6,6 +6,13 @@
 //! - [`nic`]: the soft NIC, opened on an address or on a bound UDP socket;
 //! - [`region`]: registered memory (Rig_mlx5's `Region`);
 //! - [`qp`]: queue pairs and completion queues, the verbs under the faces;
+//! - [`post`]: work requests as libibverbs shapes them: scatter/gather lists, chains with
+//!   `bad_wr`, UD destinations, completions that name a datagram's sender;
+//! - [`events`]: a CQ's completion channel and the NIC's async events, as descriptors;
+//! - [`cm`]: connection management with private data, as librdmacm does it, and SIDR;
+//! - [`ud`]: UD queue pairs' address handles and Q_Keys;
+//! - [`srq`]: shared receive queues;
+//! - [`wire`]: a remote buffer and an endpoint as fixed big-endian bytes;
 //! - [`frames`]: the sensor-frame receiver (Hololink's `RoceReceiverInterfaceV2`),
 //!   zero-copy frame views, and the device-side sender;
 //! - [`session`]: the controller/coprocessor session (Catalyst's `TransportSession`);
@@ -32,14 +39,20 @@
 use std::ffi::c_char;
 
 pub mod cache;
+pub mod cm;
+pub mod events;
 pub mod fence;
 pub mod frames;
 pub mod nic;
+pub mod post;
 pub mod qp;
 pub mod region;
 pub mod session;
+pub mod srq;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
+pub mod ud;
+pub mod wire;
 
 pub use fence::ferroce_result;
 

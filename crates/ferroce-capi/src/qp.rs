@@ -6,6 +6,7 @@
 //! completion's `status` is `enum ibv_wc_status`, its `opcode` `enum ibv_wc_opcode`.
 
 use std::ffi::{c_char, CString};
+use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -26,18 +27,22 @@ use crate::region::access_arg;
 
 /// A completion queue. Thread-safe.
 pub struct ferroce_cq {
-    cq: Cq,
+    pub(crate) cq: Cq,
 }
 
 /// A queue pair. Thread-safe: work may be posted from several threads.
 pub struct ferroce_qp {
-    qp: Qp,
+    pub(crate) qp: Qp,
 }
 
 /// `ferroce_qp_new`'s `qp_type`: Reliable Connected (every verb, acknowledged).
 pub const FERROCE_QP_RC: u32 = 0;
 /// `ferroce_qp_new`'s `qp_type`: Unreliable Connected (SEND and WRITE, no acknowledgements).
 pub const FERROCE_QP_UC: u32 = 1;
+/// `ferroce_qp_new`'s `qp_type`: Unreliable Datagram (`IBV_QPT_UD`): one packet per SEND to
+/// the queue pair each request names, brought up with `ferroce_qp_ready_ud`; every receive
+/// buffer begins with the 40-byte GRH (`FERROCE_UD_GRH_LEN`).
+pub const FERROCE_QP_UD: u32 = 2;
 
 /// `ferroce_send_wr.opcode`: SEND.
 pub const FERROCE_WR_SEND: u32 = 0;
@@ -155,7 +160,7 @@ pub struct ferroce_completion {
     pub flags: u32,
 }
 
-fn completion(c: &Completion) -> ferroce_completion {
+pub(crate) fn completion(c: &Completion) -> ferroce_completion {
     let opcode = match c.opcode {
         WcOpcode::Send => 0,
         WcOpcode::RdmaWrite => 1,
@@ -180,7 +185,7 @@ fn completion(c: &Completion) -> ferroce_completion {
     }
 }
 
-fn post_failure(e: &PostError) -> Failure {
+pub(crate) fn post_failure(e: &PostError) -> Failure {
     match e {
         PostError::Device(_) => Failure::new(ferroce_result::Device, e),
         PostError::QueueFull(_) => Failure::failed(e),
@@ -188,7 +193,7 @@ fn post_failure(e: &PostError) -> Failure {
     }
 }
 
-fn modify_failure(e: &ModifyError) -> Failure {
+pub(crate) fn modify_failure(e: &ModifyError) -> Failure {
     match e {
         ModifyError::Device(_) => Failure::new(ferroce_result::Device, e),
         _ => Failure::invalid(e),
@@ -340,9 +345,60 @@ pub unsafe extern "C" fn ferroce_cq_free(cq: *mut ferroce_cq) {
     fence("ferroce_cq_free", || unsafe { free_handle(cq) });
 }
 
-/// A queue pair of `qp_type` (`FERROCE_QP_RC` or `FERROCE_QP_UC`) on `nic`, completing to
-/// `send_cq` and `recv_cq`, in INIT: receives may be posted before `ferroce_qp_connect`.
-/// `caps` may be NULL (128 sends, 128 receives, 400 inline bytes).
+pub(crate) fn qp_type_arg(qp_type: u32) -> Result<QpType, Failure> {
+    match qp_type {
+        FERROCE_QP_RC => Ok(QpType::Rc),
+        FERROCE_QP_UC => Ok(QpType::Uc),
+        FERROCE_QP_UD => Ok(QpType::Ud),
+        other => Err(Failure::invalid(format_args!(
+            "qp_type {other} is not FERROCE_QP_RC (0), FERROCE_QP_UC (1) or FERROCE_QP_UD (2)"
+        ))),
+    }
+}
+
+/// The capacities behind `caps`, or the defaults for NULL.
+///
+/// # Safety
+///
+/// `caps` is NULL or a `ferroce_qp_caps` of at least its `struct_size` bytes.
+pub(crate) unsafe fn caps_arg(caps: *const ferroce_qp_caps) -> Result<QpCaps, Failure> {
+    if caps.is_null() {
+        return Ok(QpCaps::default());
+    }
+    // SAFETY: not NULL; the caller promises a struct of at least its struct_size.
+    let c = unsafe { versioned(caps, "caps", "ferroce_qp_caps") }?;
+    if c.sq_depth == 0 || c.rq_depth == 0 {
+        return Err(Failure::invalid(
+            "ferroce_qp_caps: sq_depth and rq_depth must be at least 1",
+        ));
+    }
+    Ok(QpCaps {
+        sq_depth: c.sq_depth,
+        rq_depth: c.rq_depth,
+        max_inline: c.max_inline,
+    })
+}
+
+/// A failure to create a queue pair or SRQ: a CQ or SRQ of another NIC is the caller's
+/// mistake (`INVALID`); UD and SRQs on a verbs device are `UNSUPPORTED` (the soft NIC's so
+/// far).
+pub(crate) fn qp_failure(e: &ferroce::NicError) -> Failure {
+    let mut f = nic_failure(e);
+    match e {
+        ferroce::NicError::OtherNic(_) => f.code = ferroce_result::Invalid,
+        ferroce::NicError::SoftOnly(_) => f.code = ferroce_result::Unsupported,
+        _ => {}
+    }
+    f
+}
+
+/// A queue pair of `qp_type` (`FERROCE_QP_RC`, `FERROCE_QP_UC` or `FERROCE_QP_UD`) on `nic`
+/// (`ibv_create_qp`, then INIT), completing to `send_cq` and `recv_cq`: receives may be
+/// posted before `ferroce_qp_connect` (or, for UD, `ferroce_qp_ready_ud`). `caps` may be NULL
+/// (128 sends, 128 receives, 400 inline bytes).
+///
+/// `INVALID` for an unknown `qp_type` or a CQ of another NIC; `UNSUPPORTED` for UD on a
+/// verbs device (the soft NIC's so far); `DEVICE` when a verbs device refuses the QP.
 ///
 /// # Safety
 ///
@@ -369,40 +425,10 @@ pub unsafe extern "C" fn ferroce_qp_new(
         if out.is_null() {
             return Err(Failure::null("out"));
         }
-        let qp_type = match qp_type {
-            FERROCE_QP_RC => QpType::Rc,
-            FERROCE_QP_UC => QpType::Uc,
-            other => {
-                return Err(Failure::invalid(format_args!(
-                    "qp_type {other} is not FERROCE_QP_RC (0) or FERROCE_QP_UC (1)"
-                )))
-            }
-        };
+        let qp_type = qp_type_arg(qp_type)?;
         // SAFETY: the caller promises NULL or a struct of at least its struct_size.
-        let caps = match (!caps.is_null()).then_some(caps) {
-            None => QpCaps::default(),
-            Some(c) => {
-                // SAFETY: as above.
-                let c = unsafe { versioned(c, "caps", "ferroce_qp_caps") }?;
-                if c.sq_depth == 0 || c.rq_depth == 0 {
-                    return Err(Failure::invalid(
-                        "ferroce_qp_caps: sq_depth and rq_depth must be at least 1",
-                    ));
-                }
-                QpCaps {
-                    sq_depth: c.sq_depth,
-                    rq_depth: c.rq_depth,
-                    max_inline: c.max_inline,
-                }
-            }
-        };
-        let qp = Qp::new(&nic.nic, qp_type, &scq.cq, &rcq.cq, caps).map_err(|e| {
-            let mut f = nic_failure(&e);
-            if matches!(e, ferroce::NicError::OtherNic(_)) {
-                f.code = ferroce_result::Invalid;
-            }
-            f
-        })?;
+        let caps = unsafe { caps_arg(caps) }?;
+        let qp = Qp::new(&nic.nic, qp_type, &scq.cq, &rcq.cq, caps).map_err(|e| qp_failure(&e))?;
         // SAFETY: checked not NULL; the caller promises it is writable.
         unsafe { write_out(out, into_handle(ferroce_qp { qp }), "out") }
     })
@@ -435,15 +461,10 @@ pub unsafe extern "C" fn ferroce_qp_endpoint(
         // SAFETY: the caller promises NULL or a live QP.
         let qp = unsafe { handle(qp, "qp") }?;
         let e = qp.qp.endpoint();
-        let mut addr = [0 as c_char; 64];
-        // A socket address's text is at most 47 bytes ("[v6%scope]:port"), so it fits.
-        for (slot, byte) in addr.iter_mut().zip(e.addr.to_string().bytes().take(63)) {
-            *slot = byte as c_char;
-        }
         let value = ferroce_endpoint {
             qpn: e.qpn.value(),
             psn: e.psn.value(),
-            addr,
+            addr: addr_text(e.addr),
         };
         // SAFETY: the caller promises NULL or writable.
         unsafe { write_out(out, value, "out") }
@@ -466,13 +487,7 @@ pub unsafe extern "C" fn ferroce_qp_connect(
     fence_result("ferroce_qp_connect", || {
         // SAFETY: the caller promises NULL or live / readable.
         let (qp, peer) = unsafe { (handle(qp, "qp")?, handle(peer, "peer")?) };
-        let len = peer.addr.iter().position(|&c| c == 0).ok_or_else(|| {
-            Failure::invalid("peer.addr is not NUL-terminated within its 64 bytes")
-        })?;
-        let text: Vec<u8> = peer.addr[..len].iter().map(|&c| c as u8).collect();
-        let text =
-            std::str::from_utf8(&text).map_err(|_| Failure::invalid("peer.addr is not UTF-8"))?;
-        let addr = parse_addr(text, "peer.addr")?;
+        let addr = endpoint_addr(peer, "peer")?;
         let (Some(qpn), Some(psn)) = (Qpn::new(peer.qpn), Psn::new(peer.psn)) else {
             return Err(Failure::invalid(format_args!(
                 "peer.qpn {:#x} and peer.psn {:#x} must fit 24 bits",
@@ -509,6 +524,66 @@ pub unsafe extern "C" fn ferroce_qp_connect(
     })
 }
 
+/// Refuses `FERROCE_SEND_*` flags with unknown bits.
+pub(crate) fn send_flags(flags: u32, name: &str) -> Result<(), Failure> {
+    let known = FERROCE_SEND_SIGNALED | FERROCE_SEND_FENCE | FERROCE_SEND_SOLICITED;
+    if flags & !known != 0 {
+        return Err(Failure::invalid(format_args!(
+            "{name}.flags {flags:#x} has unknown bits"
+        )));
+    }
+    Ok(())
+}
+
+/// The operation a `FERROCE_WR_*` opcode names, with its remote address and immediate data.
+pub(crate) fn send_op(
+    opcode: u32,
+    remote_addr: u64,
+    rkey: u32,
+    imm: u32,
+    name: &str,
+) -> Result<SendOp, Failure> {
+    let remote = RemoteAddr {
+        va: remote_addr,
+        rkey,
+    };
+    Ok(match opcode {
+        FERROCE_WR_SEND => SendOp::Send,
+        FERROCE_WR_SEND_WITH_IMM => SendOp::SendWithImm(imm),
+        FERROCE_WR_WRITE => SendOp::Write(remote),
+        FERROCE_WR_WRITE_WITH_IMM => SendOp::WriteWithImm(remote, imm),
+        FERROCE_WR_READ => SendOp::Read(remote),
+        other => {
+            return Err(Failure::invalid(format_args!(
+                "{name}.opcode {other} is not a FERROCE_WR_* value (0 to 4)"
+            )))
+        }
+    })
+}
+
+/// The socket address in an endpoint's NUL-terminated `addr` text.
+pub(crate) fn endpoint_addr(e: &ferroce_endpoint, name: &str) -> Result<SocketAddr, Failure> {
+    let len = e.addr.iter().position(|&c| c == 0).ok_or_else(|| {
+        Failure::invalid(format_args!(
+            "{name}.addr is not NUL-terminated within its 64 bytes"
+        ))
+    })?;
+    let text: Vec<u8> = e.addr[..len].iter().map(|&c| c as u8).collect();
+    let text = std::str::from_utf8(&text)
+        .map_err(|_| Failure::invalid(format_args!("{name}.addr is not UTF-8")))?;
+    parse_addr(text, &format!("{name}.addr"))
+}
+
+/// An endpoint's `addr` field holding `addr` as text.
+pub(crate) fn addr_text(addr: SocketAddr) -> [c_char; 64] {
+    let mut out = [0 as c_char; 64];
+    // A socket address's text is at most 47 bytes ("[v6%scope]:port"), so it fits.
+    for (slot, byte) in out.iter_mut().zip(addr.to_string().bytes().take(63)) {
+        *slot = byte as c_char;
+    }
+    out
+}
+
 /// Posts a send work request (`ibv_post_send`). The local bytes must stay registered until
 /// it completes.
 ///
@@ -524,29 +599,8 @@ pub unsafe extern "C" fn ferroce_qp_post_send(
     fence_result("ferroce_qp_post_send", || {
         // SAFETY: the caller promises NULL or live / readable.
         let (qp, wr) = unsafe { (handle(qp, "qp")?, versioned(wr, "wr", "ferroce_send_wr")?) };
-        let known = FERROCE_SEND_SIGNALED | FERROCE_SEND_FENCE | FERROCE_SEND_SOLICITED;
-        if wr.flags & !known != 0 {
-            return Err(Failure::invalid(format_args!(
-                "wr.flags {:#x} has unknown bits",
-                wr.flags
-            )));
-        }
-        let remote = RemoteAddr {
-            va: wr.remote_addr,
-            rkey: wr.rkey,
-        };
-        let op = match wr.opcode {
-            FERROCE_WR_SEND => SendOp::Send,
-            FERROCE_WR_SEND_WITH_IMM => SendOp::SendWithImm(wr.imm),
-            FERROCE_WR_WRITE => SendOp::Write(remote),
-            FERROCE_WR_WRITE_WITH_IMM => SendOp::WriteWithImm(remote, wr.imm),
-            FERROCE_WR_READ => SendOp::Read(remote),
-            other => {
-                return Err(Failure::invalid(format_args!(
-                    "wr.opcode {other} is not a FERROCE_WR_* value (0 to 4)"
-                )))
-            }
-        };
+        send_flags(wr.flags, "wr")?;
+        let op = send_op(wr.opcode, wr.remote_addr, wr.rkey, wr.imm, "wr")?;
         let local = if wr.length == 0 {
             Payload::Sges(Vec::new())
         } else {

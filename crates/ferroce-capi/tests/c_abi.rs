@@ -1,5 +1,5 @@
 //! The C ABI from C and C++: builds the static library (with the `test-hooks` feature, for
-//! `ferroce_test_panic`), compiles `tests/c/capi_test.c` and the two examples against it and
+//! `ferroce_test_panic`), compiles `tests/c/capi_test.c`, `tests/c/verbs_test.c` and the two examples against it and
 //! `include/ferroce.h`, and runs each on loopback. The examples are built here so that they
 //! cannot drift from the header.
 //!
@@ -136,6 +136,17 @@ fn the_c_test_receives_frames_and_survives_a_panic() {
         &["-std=c11", "-DFERROCE_TEST_HOOKS"],
         &crate_dir().join("tests/c/capi_test.c"),
         "capi_test",
+    );
+    run(&program, &[]);
+}
+
+#[test]
+fn the_c_verbs_test_posts_lists_connects_and_sends_datagrams() {
+    let program = compile(
+        &cc(),
+        &["-std=c11"],
+        &crate_dir().join("tests/c/verbs_test.c"),
+        "verbs_test",
     );
     run(&program, &[]);
 }
