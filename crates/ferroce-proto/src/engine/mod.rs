@@ -499,6 +499,13 @@ impl Engine {
         }
     }
 
+    /// How many completions `cq` holds now (0 for an unknown CQ): whether a thread waiting
+    /// on it has something to take.
+    #[must_use]
+    pub fn cq_pending(&self, cq: CqId) -> usize {
+        self.dev.cqs.get(&cq).map_or(0, |cq| cq.entries.len())
+    }
+
     /// The next completion of `cq`, oldest first.
     pub fn poll_completion(&mut self, cq: CqId) -> Option<Completion> {
         self.dev.cqs.get_mut(&cq)?.entries.pop_front()

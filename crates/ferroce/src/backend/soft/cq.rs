@@ -1,10 +1,10 @@
 //! A soft completion queue: a number in the engine, polled under the NIC's lock. Polling drives
-//! the engine on the caller's thread when nothing is there; waiting sleeps on the driver's
-//! condition variable, or on the socket itself (`drive`).
+//! the engine on the caller's thread when nothing is there; waiting sleeps on the CQ's own
+//! condition variable, which the driver signals only when this CQ holds a completion, or on the
+//! socket itself (`drive`).
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Condvar, PoisonError};
 use std::time::{Duration, Instant};
 
 use ferroce_proto::qp::{Completion, CqId};
@@ -20,6 +20,8 @@ pub(crate) struct Cq {
     driver: Arc<Driver>,
     /// Its completion channel: signalled by the driver when the armed CQ fires.
     channel: Arc<EventFd>,
+    /// What threads blocked in [`Cq::wait`] on this CQ sleep on (`Locked::waiting`).
+    wake: Arc<Condvar>,
 }
 
 impl Cq {
@@ -38,6 +40,7 @@ impl Cq {
             id,
             driver: Arc::clone(driver),
             channel,
+            wake: Arc::new(Condvar::new()),
         })
     }
 
@@ -132,8 +135,8 @@ impl Cq {
         }
     }
 
-    /// Waits on the driver's condition variable, which the progress thread and posting
-    /// threads signal after handling packets.
+    /// Waits on the CQ's condition variable, which the progress thread, posting threads and
+    /// polling threads signal when they leave a completion on this CQ.
     pub(crate) fn wait(&self, timeout: Duration) -> Option<Completion> {
         let deadline = Instant::now() + timeout;
         let driver = &self.driver;
@@ -147,22 +150,28 @@ impl Cq {
             if now >= deadline {
                 return None;
             }
-            // Counted while holding the lock, so a completion queued after the check above
+            // Registered while holding the lock, so a completion queued after the check above
             // cannot be announced to nobody: its producer takes the lock first.
-            driver.waiters.fetch_add(1, Ordering::SeqCst);
-            state = driver
-                .completions
+            state.waiting.push((self.id, Arc::clone(&self.wake)));
+            state = self
+                .wake
                 .wait_timeout(state, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
-            driver.waiters.fetch_sub(1, Ordering::SeqCst);
+            if let Some(at) = state
+                .waiting
+                .iter()
+                .position(|(id, wake)| *id == self.id && Arc::ptr_eq(wake, &self.wake))
+            {
+                state.waiting.swap_remove(at);
+            }
         }
     }
 
     /// Wakes every thread waiting on any CQ of the NIC (to see a stop flag).
     pub(crate) fn wake_waiters(&self) {
-        let _state = self.driver.lock();
-        self.driver.wake_waiters();
+        let state = self.driver.lock();
+        self.driver.wake_all(&state);
     }
 }
 

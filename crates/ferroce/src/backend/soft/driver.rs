@@ -57,6 +57,10 @@ pub(crate) struct Locked {
     pub(crate) cq_channels: HashMap<CqId, Arc<EventFd>>,
     /// How many events the engine held when last looked at: more now means a new one.
     pub(crate) events_seen: usize,
+    /// The threads blocked in `Cq::wait`: the CQ each waits on and its condition variable,
+    /// once per thread. Only a CQ that holds a completion has its waiters woken, so a thread
+    /// waiting on one CQ (the CM's, on QP 1's) sleeps through the traffic of the others.
+    pub(crate) waiting: Vec<(CqId, Arc<Condvar>)>,
     link: udp::Link,
     /// While ACKs wait in the link for the application's next packet: when they go anyway.
     acks_due: Option<Instant>,
@@ -80,13 +84,10 @@ impl Locked {
 /// NIC; every soft object holds an `Arc` of it.
 pub(crate) struct Driver {
     state: Mutex<Locked>,
-    pub(crate) completions: Condvar,
     /// The time base of `poller_until`.
     epoch: Instant,
     /// Until when (nanoseconds after `epoch`) an application is taken to be polling.
     poller_until: AtomicU64,
-    /// Threads blocked in `Cq::wait`: without any, waking costs a system call for nothing.
-    pub(crate) waiters: std::sync::atomic::AtomicUsize,
     /// The sockets: everything is received on `port.socket()`.
     pub(crate) port: udp::Port,
     pub(crate) local: SocketAddr,
@@ -123,11 +124,10 @@ impl Driver {
                 mem: HostMemory::default(),
                 cq_channels: HashMap::new(),
                 events_seen: 0,
+                waiting: Vec::new(),
                 link: udp::Link::new(faults, pcap),
                 acks_due: None,
             }),
-            completions: Condvar::new(),
-            waiters: std::sync::atomic::AtomicUsize::new(0),
             epoch: Instant::now(),
             poller_until: AtomicU64::new(0),
             local: port.local(),
@@ -143,10 +143,21 @@ impl Driver {
         }))
     }
 
-    /// Wakes threads blocked on a CQ, if there are any.
-    pub(crate) fn wake_waiters(&self) {
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.completions.notify_all();
+    /// Wakes the threads blocked on a CQ that now holds a completion. Called under the lock
+    /// after anything that may have completed work, so that a waiter, which registers under
+    /// the lock before it sleeps, cannot miss it.
+    pub(crate) fn wake_waiters(&self, state: &Locked) {
+        for (id, wake) in &state.waiting {
+            if state.engine.cq_pending(*id) > 0 {
+                wake.notify_all();
+            }
+        }
+    }
+
+    /// Wakes every thread blocked on a CQ, to see that the NIC or its client stops.
+    pub(crate) fn wake_all(&self, state: &Locked) {
+        for (_, wake) in &state.waiting {
+            wake.notify_all();
         }
     }
 
@@ -211,8 +222,8 @@ impl Driver {
         let now = Instant::now();
         self.transmit_ready(&mut state, now, false);
         let next = state.next_due();
+        self.wake_waiters(&state);
         drop(state);
-        self.wake_waiters();
         let sleeping = *self
             .sleeping_until
             .lock()
@@ -295,7 +306,7 @@ impl Driver {
                 let _ = handle.join();
             }
         }
-        self.wake_waiters();
+        self.wake_all(&self.lock());
     }
 
     /// Handles up to two batches of datagrams that have already arrived, without blocking.
@@ -350,6 +361,8 @@ impl Driver {
         self.drain(state, now, true);
         state.engine.handle_timeout(now);
         self.transmit_ready(state, now, true);
+        // What this thread received may complete another thread's wait (the CM's, say).
+        self.wake_waiters(state);
     }
 
     /// The application has stopped polling (it arms a CQ's channel, or blocks in
@@ -371,9 +384,9 @@ impl Driver {
                 let mut state = self.lock();
                 state.engine.handle_timeout(now);
                 self.transmit_ready(&mut state, now, false);
+                self.wake_waiters(&state);
                 state.next_due()
             };
-            self.wake_waiters();
             *self
                 .sleeping_until
                 .lock()
@@ -407,8 +420,8 @@ impl Driver {
                     let mut state = self.lock();
                     self.drain(&mut state, now, false);
                     self.transmit_ready(&mut state, now, false);
+                    self.wake_waiters(&state);
                     drop(state);
-                    self.wake_waiters();
                 }
                 Err(e) => {
                     udp::UdpCounters::add(&self.port.counters.recv_errors, 1);
