@@ -38,6 +38,10 @@ fail() {
 
 mount -t 9p -o trans=virtio,version=9p2000.L,cache=none,msize=262144 jobs /jobs || fail "cannot mount the job share"
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 ferroce /ferroce || fail "cannot mount the ferroce share"
+# The ferroce binary runs from the guest's memory, as rxe's tools do: run from the share, its
+# first packet paid a 9p round trip for each page of code it touched first (tens of ms under
+# emulation).
+mkdir -p /usr/local/bin && cp /ferroce/ferroce /usr/local/bin/ferroce || fail "cannot copy the ferroce binary"
 
 ip link set lo up
 [ -n "$ip" ] || fail "no fi.ip= on the kernel command line"
