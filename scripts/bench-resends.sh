@@ -8,6 +8,7 @@
 #
 #   scripts/bench-resends.sh [ITERS] [ROUNDS]      defaults 50000 and 3
 #   FERROCE_BASE=/path/to/older/ferroce scripts/bench-resends.sh   adds that build's rows
+#   LOADS=loaded scripts/bench-resends.sh          only one of the two (default: quiet loaded)
 #
 # Needs sockperf (apt-get install sockperf) and a release build (cargo build --release).
 set -euo pipefail
@@ -64,7 +65,7 @@ sockperf_lat() {
 
 echo "| load | build | round | write-lat p50 / p99 µs | sockperf p50 / p99 µs | p99 ratio | early resends | found needless | duplicates | stale answers |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-for load in quiet loaded; do
+for load in ${LOADS:-quiet loaded}; do
     if [[ $load == loaded ]]; then
         for _ in 1 2; do
             sh -c 'while :; do :; done' &
