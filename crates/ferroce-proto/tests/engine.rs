@@ -1332,17 +1332,19 @@ fn queue_pair_numbers_are_not_sequential() {
     );
 }
 
-/// Node 0's packets for one 8 KiB RDMA WRITE (eight at MTU 1024), taken as they would leave.
-fn write_packets(f: &mut Fabric) -> (Vec<Vec<u8>>, ferroce_proto::memory::RegionInfo) {
+/// Node 0's packets for one RDMA WRITE of `len` bytes (at MTU 1024), taken as they would
+/// leave, and node 1's region it writes.
+fn write_packets(f: &mut Fabric, len: u32) -> (Vec<Vec<u8>>, ferroce_proto::memory::RegionInfo) {
     let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
-    let src = f.region(0, 8192, Access::LOCAL, 0);
-    let dst = f.region(1, 8192, Access::REMOTE, 0);
-    f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, 7));
+    let src = f.region(0, len as usize, Access::LOCAL, 0);
+    let dst = f.region(1, len as usize, Access::REMOTE, 0);
+    f.bytes_mut(0, &src)
+        .copy_from_slice(&pattern(len as usize, 7));
     f.nodes[0]
         .engine
         .post_send(
             qa,
-            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8192)),
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, len)),
         )
         .unwrap();
     let now = f.now;
@@ -1352,7 +1354,7 @@ fn write_packets(f: &mut Fabric) -> (Vec<Vec<u8>>, ferroce_proto::memory::Region
     while let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut buf) {
         packets.push(buf[..t.len].to_vec());
     }
-    assert_eq!(packets.len(), 8);
+    assert_eq!(packets.len(), len.div_ceil(1024) as usize);
     (packets, dst)
 }
 
@@ -1384,7 +1386,7 @@ fn a_train_handed_over_before_its_first_is_acked_without_a_nak() {
     let is_nak = |s: &Syndrome| matches!(s, Syndrome::Nak(NakCode::PsnSequenceError));
 
     let mut f = Fabric::new(2, 31);
-    let (packets, dst) = write_packets(&mut f);
+    let (packets, dst) = write_packets(&mut f, 8192);
     f.nodes[1].engine.set_batch_holding(true);
     let mut reordered: Vec<&[u8]> = packets[1..].iter().map(Vec::as_slice).collect();
     reordered.push(&packets[0]);
@@ -1397,7 +1399,7 @@ fn a_train_handed_over_before_its_first_is_acked_without_a_nak() {
 
     // The same order without holding: the train draws a sequence NAK.
     let mut f = Fabric::new(2, 31);
-    let (packets, _) = write_packets(&mut f);
+    let (packets, _) = write_packets(&mut f, 8192);
     let mut reordered: Vec<&[u8]> = packets[1..].iter().map(Vec::as_slice).collect();
     reordered.push(&packets[0]);
     let answers = deliver_batch(&mut f, &reordered);
@@ -1407,7 +1409,7 @@ fn a_train_handed_over_before_its_first_is_acked_without_a_nak() {
     // Holding, but the FIRST never comes in this batch: what was held is then handled as it
     // would have been, one sequence NAK for the gap.
     let mut f = Fabric::new(2, 31);
-    let (packets, _) = write_packets(&mut f);
+    let (packets, _) = write_packets(&mut f, 8192);
     f.nodes[1].engine.set_batch_holding(true);
     let train: Vec<&[u8]> = packets[1..].iter().map(Vec::as_slice).collect();
     let answers = deliver_batch(&mut f, &train);
@@ -1426,28 +1428,15 @@ fn a_train_handed_over_before_its_first_is_acked_without_a_nak() {
 #[test]
 fn a_request_and_its_duplicate_in_one_batch_draw_two_acks() {
     let mut f = Fabric::new(2, 34);
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
-    let src = f.region(0, 64, Access::LOCAL, 0x5a);
-    let dst = f.region(1, 64, Access::REMOTE, 0);
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8)),
-        )
-        .unwrap();
-    let now = f.now;
-    let node = &mut f.nodes[0];
-    let mut buf = vec![0; ferroce_proto::engine::MAX_PACKET];
-    let t = node.engine.poll_transmit(now, &node.mem, &mut buf).unwrap();
-    let write = buf[..t.len].to_vec();
+    let (packets, _) = write_packets(&mut f, 8);
+    let write = &packets[0];
     let acks = |answers: &[Syndrome]| {
         answers
             .iter()
             .filter(|s| matches!(s, Syndrome::Ack { .. }))
             .count()
     };
-    assert_eq!(acks(&deliver_batch(&mut f, &[&write, &write])), 2);
+    assert_eq!(acks(&deliver_batch(&mut f, &[write, write])), 2);
     assert_eq!(f.nodes[1].engine.counters().duplicate_request, 1);
-    assert_eq!(acks(&deliver_batch(&mut f, &[&write, &write, &write])), 2);
+    assert_eq!(acks(&deliver_batch(&mut f, &[write, write, write])), 2);
 }
