@@ -7,14 +7,13 @@
 //! none from it on. A malformed request (an unknown opcode, too many entries) stops the
 //! chain there as a refused one does.
 
-use std::time::Duration;
-
 use ferroce::qp::{Payload, RecvWr, SendWr, Sge};
 
-use crate::fence::{fence_result, handle, write_out, Failure, Outcome};
+use crate::fence::{fence_result, handle, Failure, Outcome};
 use crate::ferroce_result;
 use crate::qp::{
-    completion, ferroce_completion, ferroce_cq, ferroce_qp, post_failure, send_flags, send_op,
+    completion, ferroce_completion, ferroce_cq, ferroce_qp, poll_into, post_failure, send_flags,
+    send_op, wait_into,
 };
 use crate::srq::ferroce_srq;
 use crate::ud::ferroce_ah;
@@ -417,23 +416,8 @@ pub unsafe extern "C" fn ferroce_cq_poll_ex(
     polled: *mut usize,
 ) -> ferroce_result {
     fence_result("ferroce_cq_poll_ex", || {
-        // SAFETY: the caller promises NULL or a live CQ.
-        let cq = unsafe { handle(cq, "cq") }?;
-        if wc.is_null() {
-            return Err(Failure::null("wc"));
-        }
-        if polled.is_null() {
-            return Err(Failure::null("polled"));
-        }
-        let mut got = 0;
-        while got < n {
-            let Some(c) = cq.cq.poll() else { break };
-            // SAFETY: got < n, and the caller promises `n` writable completions at `wc`.
-            unsafe { wc.add(got).write(completion_ex(&c)) };
-            got += 1;
-        }
-        // SAFETY: checked not NULL; the caller promises it is writable.
-        unsafe { write_out(polled, got, "polled") }
+        // SAFETY: the caller promises what `poll_into` asks of `cq`, `wc`, `n` and `polled`.
+        unsafe { poll_into(cq, wc, n, polled, completion_ex) }
     })
 }
 
@@ -450,18 +434,7 @@ pub unsafe extern "C" fn ferroce_cq_wait_ex(
     wc: *mut ferroce_completion_ex,
 ) -> ferroce_result {
     fence_result("ferroce_cq_wait_ex", || {
-        // SAFETY: the caller promises NULL or a live CQ.
-        let cq = unsafe { handle(cq, "cq") }?;
-        if wc.is_null() {
-            return Err(Failure::null("wc"));
-        }
-        match cq.cq.drive(Duration::from_millis(timeout_ms.into())) {
-            // SAFETY: checked not NULL; the caller promises it is writable.
-            Some(c) => unsafe { write_out(wc, completion_ex(&c), "wc") },
-            None => Err(Failure::new(
-                ferroce_result::Timeout,
-                format_args!("no completion within {timeout_ms} ms"),
-            )),
-        }
+        // SAFETY: the caller promises what `wait_into` asks of `cq` and `wc`.
+        unsafe { wait_into(cq, timeout_ms, wc, completion_ex) }
     })
 }

@@ -19,7 +19,7 @@ use ferroce::qp::{
 use ferroce::{ConnectOptions, Cq, Qp, QpEndpoint};
 
 use crate::fence::{
-    fence, fence_result, free_handle, handle, into_handle, versioned, write_out, Failure,
+    fence, fence_result, free_handle, handle, into_handle, versioned, write_out, Failure, Outcome,
 };
 use crate::ferroce_result;
 use crate::nic::{ferroce_nic, nic_failure, parse_addr};
@@ -244,24 +244,42 @@ pub unsafe extern "C" fn ferroce_cq_poll(
     polled: *mut usize,
 ) -> ferroce_result {
     fence_result("ferroce_cq_poll", || {
-        // SAFETY: the caller promises NULL or a live CQ.
-        let cq = unsafe { handle(cq, "cq") }?;
-        if wc.is_null() {
-            return Err(Failure::null("wc"));
-        }
-        if polled.is_null() {
-            return Err(Failure::null("polled"));
-        }
-        let mut got = 0;
-        while got < n {
-            let Some(c) = cq.cq.poll() else { break };
-            // SAFETY: got < n, and the caller promises `n` writable completions at `wc`.
-            unsafe { wc.add(got).write(completion(&c)) };
-            got += 1;
-        }
-        // SAFETY: checked not NULL; the caller promises it is writable.
-        unsafe { write_out(polled, got, "polled") }
+        // SAFETY: the caller promises what `poll_into` asks of `cq`, `wc`, `n` and `polled`.
+        unsafe { poll_into(cq, wc, n, polled, completion) }
     })
+}
+
+/// The body of `ferroce_cq_poll` and `ferroce_cq_poll_ex`: takes up to `n` completions of
+/// `cq`, each shaped by `shape`, into `wc`; `*polled` receives how many.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ; `wc` is NULL or valid for writes of `n` values of `T`; `polled`
+/// is NULL or writable.
+pub(crate) unsafe fn poll_into<T>(
+    cq: *const ferroce_cq,
+    wc: *mut T,
+    n: usize,
+    polled: *mut usize,
+    shape: fn(&Completion) -> T,
+) -> Outcome {
+    // SAFETY: the caller promises NULL or a live CQ.
+    let cq = unsafe { handle(cq, "cq") }?;
+    if wc.is_null() {
+        return Err(Failure::null("wc"));
+    }
+    if polled.is_null() {
+        return Err(Failure::null("polled"));
+    }
+    let mut got = 0;
+    while got < n {
+        let Some(c) = cq.cq.poll() else { break };
+        // SAFETY: got < n, and the caller promises `n` writable values at `wc`.
+        unsafe { wc.add(got).write(shape(&c)) };
+        got += 1;
+    }
+    // SAFETY: checked not NULL; the caller promises it is writable.
+    unsafe { write_out(polled, got, "polled") }
 }
 
 /// Waits up to `timeout_ms` for one completion, making progress on this thread meanwhile;
@@ -277,20 +295,37 @@ pub unsafe extern "C" fn ferroce_cq_wait(
     wc: *mut ferroce_completion,
 ) -> ferroce_result {
     fence_result("ferroce_cq_wait", || {
-        // SAFETY: the caller promises NULL or a live CQ.
-        let cq = unsafe { handle(cq, "cq") }?;
-        if wc.is_null() {
-            return Err(Failure::null("wc"));
-        }
-        match cq.cq.drive(Duration::from_millis(timeout_ms.into())) {
-            // SAFETY: checked not NULL; the caller promises it is writable.
-            Some(c) => unsafe { write_out(wc, completion(&c), "wc") },
-            None => Err(Failure::new(
-                ferroce_result::Timeout,
-                format_args!("no completion within {timeout_ms} ms"),
-            )),
-        }
+        // SAFETY: the caller promises what `wait_into` asks of `cq` and `wc`.
+        unsafe { wait_into(cq, timeout_ms, wc, completion) }
     })
+}
+
+/// The body of `ferroce_cq_wait` and `ferroce_cq_wait_ex`: waits up to `timeout_ms` for one
+/// completion of `cq`, making progress on this thread meanwhile, and writes it to `*wc` as
+/// `shape` makes it; `TIMEOUT` when none came.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ; `wc` is NULL or writable.
+pub(crate) unsafe fn wait_into<T>(
+    cq: *const ferroce_cq,
+    timeout_ms: u32,
+    wc: *mut T,
+    shape: fn(&Completion) -> T,
+) -> Outcome {
+    // SAFETY: the caller promises NULL or a live CQ.
+    let cq = unsafe { handle(cq, "cq") }?;
+    if wc.is_null() {
+        return Err(Failure::null("wc"));
+    }
+    match cq.cq.drive(Duration::from_millis(timeout_ms.into())) {
+        // SAFETY: checked not NULL; the caller promises it is writable.
+        Some(c) => unsafe { write_out(wc, shape(&c), "wc") },
+        None => Err(Failure::new(
+            ferroce_result::Timeout,
+            format_args!("no completion within {timeout_ms} ms"),
+        )),
+    }
 }
 
 /// The completion statuses' texts, made once: `(ibv_wc_status_str, hint)` for each value of

@@ -43,8 +43,23 @@ pub const FERROCE_ENDPOINT_BYTES: usize = 32;
 /// The layout version both write (byte 1).
 pub const FERROCE_WIRE_VERSION: u8 = 1;
 
-const REMOTE_KIND: u8 = b'R';
-const ENDPOINT_KIND: u8 = b'E';
+/// One of the two layouts: its length, its kind (byte 0) and the struct it carries.
+struct Layout {
+    len: usize,
+    kind: u8,
+    what: &'static str,
+}
+
+const REMOTE: Layout = Layout {
+    len: FERROCE_REMOTE_BYTES,
+    kind: b'R',
+    what: "ferroce_remote",
+};
+const ENDPOINT: Layout = Layout {
+    len: FERROCE_ENDPOINT_BYTES,
+    kind: b'E',
+    what: "ferroce_endpoint",
+};
 
 /// A buffer a peer may reach by RDMA WRITE or READ: Rig_mlx5's `Region.remote`, what
 /// `ferroce_send_request.remote_addr` and `rkey` name.
@@ -89,12 +104,18 @@ pub unsafe extern "C" fn ferroce_region_remote(
     })
 }
 
-/// The caller's output buffer, once it holds at least `need` bytes.
+/// The caller's output buffer, once it holds at least the layout's bytes: those first bytes,
+/// zeroed but for the header, the layout's kind and version 1.
 ///
 /// # Safety
 ///
 /// `buf` is NULL or valid for writes of `len` bytes.
-unsafe fn out_bytes<'a>(buf: *mut u8, len: usize, need: usize) -> Result<&'a mut [u8], Failure> {
+unsafe fn out_bytes<'a>(
+    buf: *mut u8,
+    len: usize,
+    layout: &Layout,
+) -> Result<&'a mut [u8], Failure> {
+    let need = layout.len;
     if buf.is_null() {
         return Err(Failure::null("buf"));
     }
@@ -104,21 +125,33 @@ unsafe fn out_bytes<'a>(buf: *mut u8, len: usize, need: usize) -> Result<&'a mut
         )));
     }
     // SAFETY: not NULL; the caller promises `len` >= `need` writable bytes.
-    Ok(unsafe { std::slice::from_raw_parts_mut(buf, need) })
+    let out = unsafe { std::slice::from_raw_parts_mut(buf, need) };
+    out.fill(0);
+    out[0] = layout.kind;
+    out[1] = FERROCE_WIRE_VERSION;
+    Ok(out)
 }
 
-/// The caller's input bytes, once they are exactly `need` and of `kind`, version 1.
+/// The caller's input bytes for a `_from_bytes` call writing to `out`: once `out` is not NULL
+/// and the bytes are exactly the layout's, of its kind, version 1.
 ///
 /// # Safety
 ///
 /// `buf` is NULL or valid for reads of `len` bytes.
-unsafe fn in_bytes<'a>(
+unsafe fn in_bytes<'a, T>(
     buf: *const u8,
     len: usize,
-    need: usize,
-    kind: u8,
-    what: &str,
+    out: *mut T,
+    layout: &Layout,
 ) -> Result<&'a [u8], Failure> {
+    let Layout {
+        len: need,
+        kind,
+        what,
+    } = *layout;
+    if out.is_null() {
+        return Err(Failure::null("out"));
+    }
     if buf.is_null() {
         return Err(Failure::null("buf"));
     }
@@ -168,10 +201,7 @@ pub unsafe extern "C" fn ferroce_remote_to_bytes(
         // SAFETY: the caller promises NULL or readable.
         let r = unsafe { handle(remote, "remote") }?;
         // SAFETY: the caller's promise about buf and len.
-        let out = unsafe { out_bytes(buf, len, FERROCE_REMOTE_BYTES) }?;
-        out.fill(0);
-        out[0] = REMOTE_KIND;
-        out[1] = FERROCE_WIRE_VERSION;
+        let out = unsafe { out_bytes(buf, len, &REMOTE) }?;
         out[4..8].copy_from_slice(&r.rkey.to_be_bytes());
         out[8..16].copy_from_slice(&r.addr.to_be_bytes());
         out[16..24].copy_from_slice(&r.len.to_be_bytes());
@@ -193,19 +223,8 @@ pub unsafe extern "C" fn ferroce_remote_from_bytes(
     out: *mut ferroce_remote,
 ) -> ferroce_result {
     fence_result("ferroce_remote_from_bytes", || {
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
         // SAFETY: the caller's promise about buf and len.
-        let b = unsafe {
-            in_bytes(
-                buf,
-                len,
-                FERROCE_REMOTE_BYTES,
-                REMOTE_KIND,
-                "ferroce_remote",
-            )
-        }?;
+        let b = unsafe { in_bytes(buf, len, out, &REMOTE) }?;
         if b[2..4] != [0, 0] {
             return Err(Failure::invalid("reserved bytes 2..4 are not zero"));
         }
@@ -214,7 +233,7 @@ pub unsafe extern "C" fn ferroce_remote_from_bytes(
             addr: be64(b, 8),
             len: be64(b, 16),
         };
-        // SAFETY: checked not NULL; the caller promises it is writable.
+        // SAFETY: in_bytes checked it is not NULL; the caller promises it is writable.
         unsafe { write_out(out, value, "out") }
     })
 }
@@ -243,10 +262,7 @@ pub unsafe extern "C" fn ferroce_endpoint_to_bytes(
             )));
         }
         // SAFETY: the caller's promise about buf and len.
-        let out = unsafe { out_bytes(buf, len, FERROCE_ENDPOINT_BYTES) }?;
-        out.fill(0);
-        out[0] = ENDPOINT_KIND;
-        out[1] = FERROCE_WIRE_VERSION;
+        let out = unsafe { out_bytes(buf, len, &ENDPOINT) }?;
         out[2..4].copy_from_slice(&addr.port().to_be_bytes());
         out[4..8].copy_from_slice(&e.qpn.to_be_bytes());
         out[8..12].copy_from_slice(&e.psn.to_be_bytes());
@@ -274,19 +290,8 @@ pub unsafe extern "C" fn ferroce_endpoint_from_bytes(
     out: *mut ferroce_endpoint,
 ) -> ferroce_result {
     fence_result("ferroce_endpoint_from_bytes", || {
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
         // SAFETY: the caller's promise about buf and len.
-        let b = unsafe {
-            in_bytes(
-                buf,
-                len,
-                FERROCE_ENDPOINT_BYTES,
-                ENDPOINT_KIND,
-                "ferroce_endpoint",
-            )
-        }?;
+        let b = unsafe { in_bytes(buf, len, out, &ENDPOINT) }?;
         if b[28..32] != [0; 4] {
             return Err(Failure::invalid("reserved bytes 28..32 are not zero"));
         }
@@ -306,7 +311,7 @@ pub unsafe extern "C" fn ferroce_endpoint_from_bytes(
             psn,
             addr: addr_text(SocketAddr::new(ip, port)),
         };
-        // SAFETY: checked not NULL; the caller promises it is writable.
+        // SAFETY: in_bytes checked it is not NULL; the caller promises it is writable.
         unsafe { write_out(out, value, "out") }
     })
 }

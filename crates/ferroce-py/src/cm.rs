@@ -82,6 +82,31 @@ impl Listener {
     }
 }
 
+/// The next request `get` takes from `listener`, waited for in slices up to `timeout`
+/// seconds (`None`: for ever); `Timeout`, naming `what`, when none came.
+fn next_request<T: Send>(
+    py: Python<'_>,
+    listener: &rcm::Listener,
+    timeout: Option<f64>,
+    what: &'static str,
+    get: fn(&rcm::Listener, Duration) -> Result<T, CmError>,
+) -> PyResult<T> {
+    let t = wait::timeout(timeout)?;
+    let got = wait::sliced(py, t, |slice| match get(listener, slice) {
+        Err(CmError::Timeout { .. }) => None,
+        other => Some(other),
+    })?;
+    match got {
+        Some(Ok(req)) => Ok(req),
+        Some(Err(e)) => Err(Error::from(e).into()),
+        None => Err(Error::from(CmError::Timeout {
+            what,
+            after: t.unwrap_or_default(),
+        })
+        .into()),
+    }
+}
+
 #[pymethods]
 impl Listener {
     #[new]
@@ -114,20 +139,14 @@ impl Listener {
     #[pyo3(signature = (timeout=None))]
     fn get_request(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<ConnectRequest> {
         let listener = self.get()?;
-        let t = wait::timeout(timeout)?;
-        let got = wait::sliced(py, t, |slice| match listener.get_request(slice) {
-            Err(CmError::Timeout { .. }) => None,
-            other => Some(other),
-        })?;
-        match got {
-            Some(Ok(req)) => Ok(ConnectRequest::wrap(req)),
-            Some(Err(e)) => Err(Error::from(e).into()),
-            None => Err(Error::from(CmError::Timeout {
-                what: "connection request",
-                after: t.unwrap_or_default(),
-            })
-            .into()),
-        }
+        let req = next_request(
+            py,
+            &listener,
+            timeout,
+            "connection request",
+            rcm::Listener::get_request,
+        )?;
+        Ok(ConnectRequest::wrap(req))
     }
 
     /// The next SIDR request of a UD peer on a `udp=True` listener (its `resolve_ud`),
@@ -142,20 +161,14 @@ impl Listener {
             )
             .into());
         }
-        let t = wait::timeout(timeout)?;
-        let got = wait::sliced(py, t, |slice| match listener.get_sidr_request(slice) {
-            Err(CmError::Timeout { .. }) => None,
-            other => Some(other),
-        })?;
-        match got {
-            Some(Ok(req)) => Ok(SidrRequest::wrap(req)),
-            Some(Err(e)) => Err(Error::from(e).into()),
-            None => Err(Error::from(CmError::Timeout {
-                what: "SIDR request",
-                after: t.unwrap_or_default(),
-            })
-            .into()),
-        }
+        let req = next_request(
+            py,
+            &listener,
+            timeout,
+            "SIDR request",
+            rcm::Listener::get_sidr_request,
+        )?;
+        Ok(SidrRequest::wrap(req))
     }
 
     /// Stops listening; idempotent.
@@ -187,24 +200,57 @@ impl Listener {
 /// unanswered, it is rejected.
 #[pyclass(module = "ferroce", frozen)]
 pub(crate) struct ConnectRequest {
-    inner: Mutex<Option<rcm::ConnectRequest>>,
-    from: IpAddr,
-    private: Vec<u8>,
+    pending: Pending<rcm::ConnectRequest>,
 }
 
 impl ConnectRequest {
     fn wrap(req: rcm::ConnectRequest) -> Self {
+        let (from, private) = (req.from(), req.private_data().to_vec());
         Self {
-            from: req.from(),
-            private: req.private_data().to_vec(),
-            inner: Mutex::new(Some(req)),
+            pending: Pending::new(req, from, private),
         }
     }
 
     fn take(&self) -> Result<rcm::ConnectRequest, Error> {
-        lock(&self.inner)
+        self.pending
+            .take("the connection request was answered already")
+    }
+}
+
+/// A request waiting for its one answer, as `ConnectRequest` and `SidrRequest` hold it: the
+/// request until it is answered, and who sent it with what private data.
+struct Pending<T> {
+    request: Mutex<Option<T>>,
+    from: IpAddr,
+    private: Vec<u8>,
+}
+
+impl<T> Pending<T> {
+    fn new(request: T, from: IpAddr, private: Vec<u8>) -> Self {
+        Self {
+            request: Mutex::new(Some(request)),
+            from,
+            private,
+        }
+    }
+
+    /// The request, to answer; `Closed`, saying `answered`, when it was answered already.
+    fn take(&self, answered: &'static str) -> Result<T, Error> {
+        lock(&self.request)
             .take()
-            .ok_or_else(|| Error::closed("the connection request was answered already"))
+            .ok_or_else(|| Error::closed(answered))
+    }
+
+    fn answered(&self) -> bool {
+        lock(&self.request).is_none()
+    }
+
+    fn peer(&self) -> String {
+        self.from.to_string()
+    }
+
+    fn private_data<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.private)
     }
 }
 
@@ -213,14 +259,14 @@ impl ConnectRequest {
     /// The requesting NIC's IP address.
     #[getter]
     fn peer(&self) -> String {
-        self.from.to_string()
+        self.pending.peer()
     }
 
     /// The application's private data of the REQ (what the peer's `Connection.connect`
     /// gave, zero-padded to the 56 bytes a REQ carries).
     #[getter]
     fn private_data<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.private)
+        self.pending.private_data(py)
     }
 
     /// Accepts (`rdma_accept`): brings `qp` (an RC queue pair in INIT) to RTS with the
@@ -286,11 +332,11 @@ impl ConnectRequest {
     /// Whether `accept` or `reject` was called.
     #[getter]
     fn answered(&self) -> bool {
-        lock(&self.inner).is_none()
+        self.pending.answered()
     }
 
     fn __repr__(&self) -> String {
-        format!("<ferroce.ConnectRequest from {}>", self.from)
+        format!("<ferroce.ConnectRequest from {}>", self.pending.from)
     }
 }
 
@@ -426,24 +472,19 @@ impl Connection {
 /// or `reject`; dropped unanswered, it is refused.
 #[pyclass(module = "ferroce", frozen)]
 pub(crate) struct SidrRequest {
-    inner: Mutex<Option<rcm::SidrRequest>>,
-    from: IpAddr,
-    private: Vec<u8>,
+    pending: Pending<rcm::SidrRequest>,
 }
 
 impl SidrRequest {
     fn wrap(req: rcm::SidrRequest) -> Self {
+        let (from, private) = (req.from(), req.private_data().to_vec());
         Self {
-            from: req.from(),
-            private: req.private_data().to_vec(),
-            inner: Mutex::new(Some(req)),
+            pending: Pending::new(req, from, private),
         }
     }
 
     fn take(&self) -> Result<rcm::SidrRequest, Error> {
-        lock(&self.inner)
-            .take()
-            .ok_or_else(|| Error::closed("the SIDR request was answered already"))
+        self.pending.take("the SIDR request was answered already")
     }
 }
 
@@ -452,13 +493,13 @@ impl SidrRequest {
     /// The requesting NIC's IP address.
     #[getter]
     fn peer(&self) -> String {
-        self.from.to_string()
+        self.pending.peer()
     }
 
     /// The application's private data of the request (zero-padded to 180 bytes).
     #[getter]
     fn private_data<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.private)
+        self.pending.private_data(py)
     }
 
     /// Answers with `qp`, a UD queue pair, and its Q_Key (`rdma_accept` on a UD id): the
@@ -483,7 +524,7 @@ impl SidrRequest {
     }
 
     fn __repr__(&self) -> String {
-        format!("<ferroce.SidrRequest from {}>", self.from)
+        format!("<ferroce.SidrRequest from {}>", self.pending.from)
     }
 }
 

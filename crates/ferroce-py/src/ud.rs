@@ -66,10 +66,7 @@ impl AddressHandle {
     }
 
     fn __hash__(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.inner.hash(&mut h);
-        h.finish()
+        util::hash_of(&self.inner)
     }
 
     fn __repr__(&self) -> String {

@@ -1,5 +1,6 @@
-//! Small conversions shared by the classes: addresses and durations.
+//! Small conversions shared by the classes: addresses, durations and hashes.
 
+use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -62,4 +63,11 @@ pub(crate) fn seconds(what: &str, s: f64) -> Result<Duration, Error> {
 pub(crate) fn unix_seconds(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A `__hash__` from a value's `Hash`, through the standard library's `DefaultHasher`.
+pub(crate) fn hash_of(value: &impl Hash) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
 }

@@ -789,12 +789,9 @@ impl QpEndpoint {
     }
 
     fn __hash__(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.inner.qpn.value().hash(&mut h);
-        self.inner.psn.value().hash(&mut h);
-        self.inner.addr.hash(&mut h);
-        h.finish()
+        // A tuple hashes its fields in turn: the same hash as hashing each of them.
+        let e = &self.inner;
+        util::hash_of(&(e.qpn.value(), e.psn.value(), e.addr))
     }
 
     fn __repr__(&self) -> String {

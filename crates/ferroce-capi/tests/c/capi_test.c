@@ -17,35 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ferroce.h"
-
-#define WAIT_MS 5000
-
-static void fail(const char *what, int line) {
-    char text[512];
-    ferroce_last_error(text, sizeof text);
-    fprintf(stderr, "capi_test.c:%d: %s\n  last error: %s\n", line, what, text);
-    exit(1);
-}
-
-#define CHECK(cond)                                                                               \
-    do {                                                                                          \
-        if (!(cond)) fail(#cond, __LINE__);                                                       \
-    } while (0)
-
-/* A call that must return `want`. */
-#define EXPECT(call, want)                                                                        \
-    do {                                                                                          \
-        ferroce_result r_ = (call);                                                               \
-        if (r_ != (want)) {                                                                       \
-            char m_[256];                                                                         \
-            snprintf(m_, sizeof m_, "%s returned %s, expected %s", #call,                         \
-                     ferroce_result_name((uint32_t)r_), ferroce_result_name((uint32_t)(want)));   \
-            fail(m_, __LINE__);                                                                   \
-        }                                                                                         \
-    } while (0)
-
-#define OK(call) EXPECT(call, FERROCE_RESULT_OK)
+#include "check.h"
 
 static int last_error_contains(const char *needle) {
     char text[512];

@@ -19,34 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferroce.h"
-
-#define WAIT_MS 5000
-
-static void fail(const char *what, int line) {
-    char text[512];
-    ferroce_last_error(text, sizeof text);
-    fprintf(stderr, "verbs_test.c:%d: %s\n  last error: %s\n", line, what, text);
-    exit(1);
-}
-
-#define CHECK(cond)                                                                               \
-    do {                                                                                          \
-        if (!(cond)) fail(#cond, __LINE__);                                                       \
-    } while (0)
-
-#define EXPECT(call, want)                                                                        \
-    do {                                                                                          \
-        ferroce_result r_ = (call);                                                               \
-        if (r_ != (want)) {                                                                       \
-            char m_[256];                                                                         \
-            snprintf(m_, sizeof m_, "%s returned %s, expected %s", #call,                         \
-                     ferroce_result_name((uint32_t)r_), ferroce_result_name((uint32_t)(want)));   \
-            fail(m_, __LINE__);                                                                   \
-        }                                                                                         \
-    } while (0)
-
-#define OK(call) EXPECT(call, FERROCE_RESULT_OK)
+#include "check.h"
 
 static ferroce_completion_ex wait_ok(ferroce_cq *cq) {
     ferroce_completion_ex wc;
@@ -87,7 +60,7 @@ static ferroce_sge sge(const ferroce_region *r, uint64_t offset, uint32_t len) {
     return s;
 }
 
-/* An RC pair of QPs on two NICs, connected through their endpoints as bytes. */
+/* Two NICs, each with a CQ, a queue pair on it and a mapped region of 4096 bytes. */
 typedef struct pair {
     ferroce_nic *nic[2];
     ferroce_cq *cq[2];
@@ -105,16 +78,22 @@ static void connect_through_bytes(ferroce_qp *from, ferroce_qp *to) {
     OK(ferroce_qp_connect(from, &back, NULL));
 }
 
-static pair open_pair(const char *a, const char *b) {
+/* A pair of `qp_type` QPs (not connected) at `a` and `b`, their regions granting `access`. */
+static pair open_unconnected(const char *a, const char *b, uint32_t qp_type, uint32_t access) {
     pair p;
     OK(ferroce_nic_open(a, &p.nic[0]));
     OK(ferroce_nic_open(b, &p.nic[1]));
     for (int i = 0; i < 2; i++) {
         OK(ferroce_cq_new(p.nic[i], 64, &p.cq[i]));
-        OK(ferroce_qp_new(p.nic[i], FERROCE_QP_RC, p.cq[i], p.cq[i], NULL, &p.qp[i]));
-        OK(ferroce_region_register(p.nic[i], 4096, FERROCE_ACCESS_REMOTE, FERROCE_MEMORY_MAPPED,
-                                   &p.region[i]));
+        OK(ferroce_qp_new(p.nic[i], qp_type, p.cq[i], p.cq[i], NULL, &p.qp[i]));
+        OK(ferroce_region_register(p.nic[i], 4096, access, FERROCE_MEMORY_MAPPED, &p.region[i]));
     }
+    return p;
+}
+
+/* An RC pair, connected through their endpoints as bytes. */
+static pair open_pair(const char *a, const char *b) {
+    pair p = open_unconnected(a, b, FERROCE_QP_RC, FERROCE_ACCESS_REMOTE);
     connect_through_bytes(p.qp[0], p.qp[1]);
     connect_through_bytes(p.qp[1], p.qp[0]);
     return p;
@@ -280,18 +259,11 @@ static void *passive_side(void *arg) {
 }
 
 static void connect_accept_reject_with_private_data(void) {
-    ferroce_nic *a = NULL, *b = NULL;
-    OK(ferroce_nic_open("127.0.10.5", &a));
-    OK(ferroce_nic_open("127.0.10.6", &b));
-    ferroce_cq *ca = NULL, *cb = NULL;
-    OK(ferroce_cq_new(a, 64, &ca));
-    OK(ferroce_cq_new(b, 64, &cb));
-    ferroce_qp *qa = NULL, *qb = NULL;
-    OK(ferroce_qp_new(a, FERROCE_QP_RC, ca, ca, NULL, &qa));
-    OK(ferroce_qp_new(b, FERROCE_QP_RC, cb, cb, NULL, &qb));
-    ferroce_region *ra = NULL, *rb = NULL;
-    OK(ferroce_region_register(a, 4096, FERROCE_ACCESS_REMOTE, FERROCE_MEMORY_MAPPED, &ra));
-    OK(ferroce_region_register(b, 4096, FERROCE_ACCESS_REMOTE, FERROCE_MEMORY_MAPPED, &rb));
+    pair p = open_unconnected("127.0.10.5", "127.0.10.6", FERROCE_QP_RC, FERROCE_ACCESS_REMOTE);
+    ferroce_nic *a = p.nic[0], *b = p.nic[1];
+    ferroce_cq *ca = p.cq[0], *cb = p.cq[1];
+    ferroce_qp *qa = p.qp[0], *qb = p.qp[1];
+    ferroce_region *ra = p.region[0], *rb = p.region[1];
     OK(ferroce_qp_post_recv(qb, 50, ferroce_region_addr(rb), 64, ferroce_region_lkey(rb)));
 
     ferroce_listener *listener = NULL;
@@ -388,14 +360,7 @@ static void connect_accept_reject_with_private_data(void) {
     ferroce_qp_free(qa3);
     ferroce_qp_free(qa2);
     ferroce_qp_free(qb2);
-    ferroce_qp_free(qa);
-    ferroce_qp_free(qb);
-    ferroce_region_free(ra);
-    ferroce_region_free(rb);
-    ferroce_cq_free(ca);
-    ferroce_cq_free(cb);
-    ferroce_nic_free(a);
-    ferroce_nic_free(b);
+    close_pair(&p);
 }
 
 /* ---- UD with GRH, found by SIDR ------------------------------------------------------------ */
@@ -417,20 +382,13 @@ static void *answer_sidr(void *arg) {
 }
 
 static void ud_datagram_with_grh_found_by_sidr(void) {
-    ferroce_nic *a = NULL, *b = NULL;
-    OK(ferroce_nic_open("127.0.10.7", &a));
-    OK(ferroce_nic_open("127.0.10.8", &b));
-    ferroce_cq *ca = NULL, *cb = NULL;
-    OK(ferroce_cq_new(a, 64, &ca));
-    OK(ferroce_cq_new(b, 64, &cb));
-    ferroce_qp *qa = NULL, *qb = NULL;
-    OK(ferroce_qp_new(a, FERROCE_QP_UD, ca, ca, NULL, &qa));
-    OK(ferroce_qp_new(b, FERROCE_QP_UD, cb, cb, NULL, &qb));
+    pair p = open_unconnected("127.0.10.7", "127.0.10.8", FERROCE_QP_UD, FERROCE_ACCESS_LOCAL);
+    ferroce_nic *a = p.nic[0], *b = p.nic[1];
+    ferroce_cq *ca = p.cq[0], *cb = p.cq[1];
+    ferroce_qp *qa = p.qp[0], *qb = p.qp[1];
+    ferroce_region *ra = p.region[0], *rb = p.region[1];
     OK(ferroce_qp_ready_ud(qa, 0x11111111));
     OK(ferroce_qp_ready_ud(qb, 0x11111111));
-    ferroce_region *ra = NULL, *rb = NULL;
-    OK(ferroce_region_register(a, 4096, FERROCE_ACCESS_LOCAL, FERROCE_MEMORY_MAPPED, &ra));
-    OK(ferroce_region_register(b, 4096, FERROCE_ACCESS_LOCAL, FERROCE_MEMORY_MAPPED, &rb));
     OK(ferroce_qp_post_recv(qb, 60, ferroce_region_addr(rb), FERROCE_UD_GRH_LEN + 256,
                             ferroce_region_lkey(rb)));
 
@@ -507,14 +465,7 @@ static void ud_datagram_with_grh_found_by_sidr(void) {
 
     ferroce_ah_free(ah);
     ferroce_listener_free(side.listener);
-    ferroce_qp_free(qa);
-    ferroce_qp_free(qb);
-    ferroce_region_free(ra);
-    ferroce_region_free(rb);
-    ferroce_cq_free(ca);
-    ferroce_cq_free(cb);
-    ferroce_nic_free(a);
-    ferroce_nic_free(b);
+    close_pair(&p);
 }
 
 /* ---- a shared receive queue, and its limit event -------------------------------------------- */
