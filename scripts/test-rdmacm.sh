@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# The drop-in librdmacm.so.1 (issue 24: the same file as the drop-in libibverbs.so.1,
+# crates/ferroce-ibverbs) under Debian 12's own, unmodified rdma_cm programs, found through
+# LD_LIBRARY_PATH only:
+#   1. it exports the names, at the versions, that Debian's librdmacm.so.1 exports, and a
+#      program that needs both libraries maps the one file once;
+#   2. rping, ucmatose and udaddy load with LD_BIND_NOW=1;
+#   3. rping -C 50 -v -V runs both sides on it: every ping's data, as rping writes it, on
+#      both sides, and both end on their own (DISCONNECTED) with status 0;
+#   4. ucmatose -c 4: four connections, messages both ways, disconnects, status 0 both sides;
+#   5. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
+#      status 8 (invalid service ID), as the kernel's rdma_cm reports it.
+# Every process gets its own 127.0.11.N (FERROCE_ADDR); nothing leaves loopback.
+#
+# rping, ucmatose and udaddy come from rdmacm-utils (scripts/bootstrap.sh). Without them the
+# script skips, unless FERROCE_REQUIRE_IBVERBS_UTILS or CI is set, when it fails.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+
+fail() {
+    echo "test-rdmacm: FAIL: $*" >&2
+    exit 1
+}
+
+missing=()
+for tool in rping ucmatose udaddy nm python3; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ -n "${FERROCE_REQUIRE_IBVERBS_UTILS:-}${CI:-}" ]; then
+        fail "missing ${missing[*]} (scripts/bootstrap.sh installs rdmacm-utils, binutils and python3)"
+    fi
+    echo "test-rdmacm: SKIP: missing ${missing[*]} (scripts/bootstrap.sh installs them)"
+    exit 0
+fi
+
+lib="$(scripts/build-dropin.sh)"
+dir="$(dirname "$lib")"
+[ -e "$dir/librdmacm.so.1" ] || fail "build-dropin.sh left no $dir/librdmacm.so.1"
+echo "== built $dir/librdmacm.so.1 -> $(readlink "$dir/librdmacm.so.1")"
+
+out_dir="$(mktemp -d)"
+pids=()
+cleanup() {
+    # Only the processes this script started (their `timeout` wrappers pass the signal on).
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    rm -rf "$out_dir"
+}
+trap cleanup EXIT
+
+on() {
+    local addr="$1"
+    shift
+    LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$addr" "$@"
+}
+
+expect() {
+    local what="$1" text="$2" pattern="$3"
+    grep -qF -- "$pattern" <<<"$text" || {
+        printf '%s\n' "$text" >&2
+        fail "$what: no line with '$pattern'"
+    }
+}
+
+echo "== exported symbols against Debian's librdmacm.so.1"
+versions() {
+    nm -D --with-symbol-versions --defined-only "$1" | awk '$2 != "A" { print $3 }' | sort
+}
+ours="$(versions "$dir/librdmacm.so.1" | grep '@RDMACM_')"
+echo "ours: $(wc -l <<<"$ours") RDMACM symbols"
+real="$(ldconfig -p | awk '/librdmacm\.so\.1 / && /x86-64|aarch64|AArch64/ { print $NF; exit }')"
+if [ -n "$real" ]; then
+    theirs="$(versions "$real")"
+    if ! diff <(echo "$theirs") <(echo "$ours"); then
+        fail "the drop-in's RDMACM symbols differ from $real's (< theirs, > ours)"
+    fi
+    echo "identical to $real"
+else
+    echo "no librdmacm.so.1 to compare with; skipped"
+fi
+
+echo "== one file, mapped once, for both names"
+maps="$(LD_DEBUG=files on 127.0.11.1 rping -h 2>&1 || true)"
+if grep -q "file=libibverbs.so.1 .*generating link map" <<<"$maps"; then
+    printf '%s\n' "$maps" | grep 'file=' >&2
+    fail "libibverbs.so.1 was mapped a second time: the two names must share one copy"
+fi
+expect "LD_DEBUG=files" "$maps" "file=librdmacm.so.1 [0];  generating link map"
+echo "librdmacm.so.1 and libibverbs.so.1 share one mapping"
+
+echo "== the programs load with LD_BIND_NOW=1"
+for p in rping ucmatose udaddy; do
+    rc=0
+    text="$(LD_BIND_NOW=1 on 127.0.11.2 timeout 20 "$p" -h 2>&1)" || rc=$?
+    if [ "$rc" -eq 127 ] || grep -qiE 'symbol lookup error|undefined symbol|version .* not found' <<<"$text"; then
+        printf '%s\n' "$text" >&2
+        fail "$p does not load on the drop-in"
+    fi
+    echo "$p: loads (usage, rc $rc)"
+done
+
+# run_pair NAME SERVER_ADDR CLIENT_ADDR "SERVER CMD..." "CLIENT CMD..." : both sides, each
+# its own address, the client started once the server listens; leaves their outputs in
+# $out_dir/NAME.{server,client} (standard output; standard error beside it in .err, since
+# the two interleave mid-line when they share a file) and their codes in srv_rc/cli_rc.
+run_pair() {
+    local name="$1" srv_addr="$2" cli_addr="$3" srv_cmd="$4" cli_cmd="$5"
+    # shellcheck disable=SC2086 # the commands are word lists
+    on "$srv_addr" timeout 60 $srv_cmd >"$out_dir/$name.server" 2>"$out_dir/$name.server.err" &
+    local srv_pid=$!
+    pids+=("$srv_pid")
+    sleep 1
+    cli_rc=0
+    # shellcheck disable=SC2086
+    LD_BIND_NOW=1 on "$cli_addr" timeout 60 $cli_cmd >"$out_dir/$name.client" 2>"$out_dir/$name.client.err" || cli_rc=$?
+    srv_rc=0
+    wait "$srv_pid" || srv_rc=$?
+    echo "-- $name client (rc $cli_rc):"
+    tail -n 4 "$out_dir/$name.client" "$out_dir/$name.client.err"
+    echo "-- $name server (rc $srv_rc):"
+    tail -n 4 "$out_dir/$name.server" "$out_dir/$name.server.err"
+}
+
+# The lines `rping -v` prints for COUNT pings (rping.c: "rdma-ping-%d: ", then letters from
+# 'A' + ping, cycling 'A'..'z', up to its 64-byte buffer's last byte).
+rping_lines() {
+    python3 - "$1" "$2" <<'EOF'
+import sys
+prefix, count = sys.argv[1], int(sys.argv[2])
+start = 65
+for ping in range(count):
+    text = "rdma-ping-%d: " % ping
+    c = start
+    while len(text) < 63:
+        text += chr(c)
+        c = 65 if c + 1 > 122 else c + 1
+    start = 65 if start + 1 > 122 else start + 1
+    print(prefix + text)
+EOF
+}
+
+echo "== rping -C 50 -v -V, both sides on the drop-in"
+run_pair rping 127.0.11.10 127.0.11.11 \
+    "rping -s -a 127.0.11.10 -p 7174 -C 50 -v -V" \
+    "rping -c -a 127.0.11.10 -p 7174 -C 50 -v -V"
+[ "$cli_rc" -eq 0 ] || fail "rping client exited $cli_rc: $(cat "$out_dir"/rping.client*)"
+[ "$srv_rc" -eq 0 ] || fail "rping server exited $srv_rc: $(cat "$out_dir"/rping.server*)"
+for side in client server; do
+    prefix="ping data: "
+    [ "$side" = server ] && prefix="server ping data: "
+    if ! diff <(rping_lines "$prefix" 50) <(grep -F "ping data: " "$out_dir/rping.$side"); then
+        fail "rping $side: its ping data differ from the 50 rping sends (< expected, > seen)"
+    fi
+done
+expect "rping client" "$(cat "$out_dir/rping.client.err")" "client DISCONNECT EVENT..."
+expect "rping server" "$(cat "$out_dir/rping.server.err")" "server DISCONNECT EVENT..."
+echo "rping: 50 pings, every one's data as sent, on both sides; both disconnected"
+
+echo "== ucmatose -c 4, both sides on the drop-in"
+run_pair ucmatose 127.0.11.12 127.0.11.13 \
+    "ucmatose -b 127.0.11.12 -p 7175 -c 4" \
+    "ucmatose -s 127.0.11.12 -p 7175 -c 4"
+[ "$cli_rc" -eq 0 ] || fail "ucmatose client exited $cli_rc: $(cat "$out_dir"/ucmatose.client*)"
+[ "$srv_rc" -eq 0 ] || fail "ucmatose server exited $srv_rc: $(cat "$out_dir"/ucmatose.server*)"
+for side in client server; do
+    text="$(cat "$out_dir/ucmatose.$side" "$out_dir/ucmatose.$side.err")"
+    expect "ucmatose $side" "$text" "data transfers complete"
+    expect "ucmatose $side" "$text" "test complete"
+    expect "ucmatose $side" "$text" "return status 0"
+done
+echo "ucmatose: 4 connections, data both ways, status 0 on both sides"
+
+echo "== rping to a port nobody listens on: REJECTED, status 8"
+on 127.0.11.14 timeout 60 rping -s -a 127.0.11.14 -p 7176 -C 1 >"$out_dir/idle.server" 2>&1 &
+idle_pid=$!
+pids+=("$idle_pid")
+sleep 1
+rc=0
+text="$(on 127.0.11.15 timeout 30 rping -c -a 127.0.11.14 -p 7177 -C 1 2>&1)" || rc=$?
+kill "$idle_pid" 2>/dev/null || true
+wait "$idle_pid" 2>/dev/null || true
+printf '%s\n' "$text"
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "rping to nobody exited $rc (expected a failure, not a hang)"
+expect "rping to nobody" "$text" "cma event RDMA_CM_EVENT_REJECTED, error 8"
+echo "rping to nobody: rejected, status 8"
+
+echo "test-rdmacm: OK"
