@@ -72,7 +72,7 @@ versions() {
 }
 ours="$(versions "$dir/librdmacm.so.1" | grep '@RDMACM_')"
 echo "ours: $(wc -l <<<"$ours") RDMACM symbols"
-real="$(ldconfig -p | awk '/librdmacm\.so\.1 / && /x86-64|aarch64|AArch64/ { print $NF; exit }')"
+real="$(ldconfig -p | awk '/librdmacm\.so\.1 / && /x86-64|aarch64|AArch64/ && !found { print $NF; found = 1 }')"
 if [ -n "$real" ]; then
     theirs="$(versions "$real")"
     if ! diff <(echo "$theirs") <(echo "$ours"); then
