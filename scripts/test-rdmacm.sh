@@ -8,7 +8,8 @@
 #   3. rping -C 50 -v -V runs both sides on it: every ping's data, as rping writes it, on
 #      both sides, and both end on their own (DISCONNECTED) with status 0;
 #   4. ucmatose -c 4: four connections, messages both ways, disconnects, status 0 both sides;
-#   5. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
+#   5. udaddy -c 4: UD ids resolved by SIDR, datagrams both ways, status 0 both sides;
+#   6. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
 #      status 8 (invalid service ID), as the kernel's rdma_cm reports it.
 # Every process gets its own 127.0.11.N (FERROCE_ADDR); nothing leaves loopback.
 #
@@ -173,6 +174,20 @@ for side in client server; do
     expect "ucmatose $side" "$text" "return status 0"
 done
 echo "ucmatose: 4 connections, data both ways, status 0 on both sides"
+
+echo "== udaddy -c 4 (UD ids, SIDR), both sides on the drop-in"
+# udaddy's -p is the port space, not the port: both use rdma_cm port 7174.
+run_pair udaddy 127.0.11.16 127.0.11.17 \
+    "udaddy -b 127.0.11.16 -c 4" \
+    "udaddy -s 127.0.11.16 -c 4"
+[ "$cli_rc" -eq 0 ] || fail "udaddy client exited $cli_rc: $(cat "$out_dir"/udaddy.client*)"
+[ "$srv_rc" -eq 0 ] || fail "udaddy server exited $srv_rc: $(cat "$out_dir"/udaddy.server*)"
+for side in client server; do
+    text="$(cat "$out_dir/udaddy.$side" "$out_dir/udaddy.$side.err")"
+    expect "udaddy $side" "$text" "data transfers complete"
+    expect "udaddy $side" "$text" "return status 0"
+done
+echo "udaddy: 4 UD peers resolved by SIDR, datagrams both ways, status 0 on both sides"
 
 echo "== rping to a port nobody listens on: REJECTED, status 8"
 on 127.0.11.14 timeout 60 rping -s -a 127.0.11.14 -p 7176 -C 1 >"$out_dir/idle.server" 2>&1 &

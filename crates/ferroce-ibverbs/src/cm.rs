@@ -22,12 +22,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ferroce::cm::{CmError, ConnParam, ConnectRequest, Connection, Listener};
+use ferroce::cm::{CmError, ConnParam, ConnectRequest, Connection, Listener, SidrRequest};
 use ferroce::proto::cm::CmaHeader;
 use ferroce::Nic;
 
 use crate::abi::{ibv_ah_attr, IBV_QPT_RC, IBV_QPT_UD};
 use crate::cm_abi::*;
+use crate::convert;
 use crate::objects::{Channel, QpState, Table};
 
 /// How often the threads look at their id's `stop` flag.
@@ -84,6 +85,8 @@ pub(crate) struct IdInner {
     pub(crate) routed: bool,
     /// A connection request not yet answered (a child id).
     pub(crate) request: Option<ConnectRequest>,
+    /// A SIDR request not yet answered (a child id of a UDP-space listener).
+    pub(crate) sidr: Option<SidrRequest>,
     /// The connection, once accepted or made.
     pub(crate) conn: Option<Arc<Connection>>,
     /// A connect thread runs.
@@ -125,6 +128,8 @@ pub(crate) struct EventInfo {
     pub(crate) retry_count: u8,
     pub(crate) rnr_retry_count: u8,
     pub(crate) qp_num: u32,
+    /// A UD peer (`param.ud` rather than `param.conn`): its address vector, QPN and Q_Key.
+    pub(crate) ud: Option<(ibv_ah_attr, u32, u32)>,
 }
 
 /// Queues an event of `kind` for the id at `id` on its channel (dropped if the channel is
@@ -168,6 +173,15 @@ pub(crate) fn post(id: usize, state: &IdState, kind: c_uint, info: &EventInfo) {
         srq: 0,
         qp_num: info.qp_num,
     };
+    if let Some((ah_attr, qp_num, qkey)) = info.ud {
+        block.event.param.ud = rdma_ud_param {
+            private_data,
+            private_data_len: u8::try_from(n).unwrap_or(u8::MAX),
+            ah_attr,
+            qp_num,
+            qkey,
+        };
+    }
     let at = Box::into_raw(block) as usize;
     lock(&LIVE_EVENTS).insert(at);
     channel.push(at);
@@ -300,9 +314,17 @@ pub(crate) fn spawn_listener(
 ) -> Result<(), c_int> {
     spawn("ferroce-cm-listen", move || {
         while !state.stopped() {
-            match listener.get_request(TICK) {
-                Ok(req) => request(&state, req, info),
-                Err(CmError::Timeout { .. }) => {}
+            let next = if state.ps == RDMA_PS_UDP {
+                listener
+                    .get_sidr_request(TICK)
+                    .map(|req| sidr_request(&state, req, info))
+            } else {
+                listener
+                    .get_request(TICK)
+                    .map(|req| request(&state, req, info))
+            };
+            match next {
+                Ok(()) | Err(CmError::Timeout { .. }) => {}
                 Err(e) => {
                     eprintln!("ferroce-rdmacm: the listener on {} stops: {e}", info.local);
                     return;
@@ -322,14 +344,41 @@ fn request(parent: &IdState, req: ConnectRequest, info: ListenInfo) {
     let r = req.req();
     let event = EventInfo {
         listen_id: info.id,
-        status: 0,
         private: req.private_data().to_vec(),
         responder_resources: r.responder_resources,
         initiator_depth: r.initiator_depth,
         retry_count: r.retry_count,
         rnr_retry_count: r.rnr_retry_count,
         qp_num: r.local_qpn.value(),
+        ..EventInfo::default()
     };
+    child(parent, info, peer, &event, |inner| {
+        inner.request = Some(req)
+    });
+}
+
+/// A SIDR request (a UD peer resolving the listener's QP): a child id holding it, and
+/// `CONNECT_REQUEST` on the listener's channel.
+fn sidr_request(parent: &IdState, req: SidrRequest, info: ListenInfo) {
+    let peer = SocketAddr::new(req.from(), 0);
+    let event = EventInfo {
+        listen_id: info.id,
+        private: req.private_data().to_vec(),
+        ud: Some((convert::ah_attr(SocketAddr::new(req.from(), 4791)), 0, 0)),
+        ..EventInfo::default()
+    };
+    child(parent, info, peer, &event, |inner| inner.sidr = Some(req));
+}
+
+/// A new id for a request on the listener `info.id`, from `peer`, holding what `hold` puts
+/// in it; `event` (`CONNECT_REQUEST`) is queued for it.
+fn child(
+    parent: &IdState,
+    info: ListenInfo,
+    peer: SocketAddr,
+    event: &EventInfo,
+    hold: impl FnOnce(&mut IdInner),
+) {
     let c = Box::into_raw(Box::new(rdma_cm_id {
         verbs: info.verbs as *mut _,
         channel: parent.channel.load(Ordering::Acquire) as *mut _,
@@ -361,10 +410,10 @@ fn request(parent: &IdState, req: ConnectRequest, info: ListenInfo) {
         inner.src = Some(info.local);
         inner.dst = Some(peer);
         inner.routed = true;
-        inner.request = Some(req);
+        hold(&mut inner);
     }
     IDS.add(c, Arc::clone(&child));
-    post(c, &child, RDMA_CM_EVENT_CONNECT_REQUEST, &event);
+    post(c, &child, RDMA_CM_EVENT_CONNECT_REQUEST, event);
 }
 
 /// The connection parameters of `rdma_connect` or `rdma_accept`.
@@ -416,6 +465,52 @@ pub(crate) fn spawn_connect(
                     let (kind, info) = failure(e);
                     post(id, &state, kind, &info);
                 }
+            }
+        }
+    })
+}
+
+/// How long a SIDR request waits for its reply.
+const SIDR_WAIT: Duration = Duration::from_secs(10);
+
+/// Starts the thread that resolves the UD QP behind `to` by SIDR (`rdma_connect` on a
+/// `RDMA_PS_UDP` id): `ESTABLISHED` with the peer's address vector, QPN and Q_Key in
+/// `param.ud`, or `UNREACHABLE` (status: the SIDR status, or `-ETIMEDOUT`).
+pub(crate) fn spawn_resolve_ud(
+    id: usize,
+    state: Arc<IdState>,
+    nic: Nic,
+    to: SocketAddr,
+    private: Vec<u8>,
+) -> Result<(), c_int> {
+    spawn("ferroce-cm-sidr", move || {
+        let result = ferroce::cm::resolve_ud(&nic, to.ip(), to.port(), &private, SIDR_WAIT);
+        state.inner().connecting = false;
+        if state.stopped() {
+            return;
+        }
+        match result {
+            Ok(peer) => {
+                let info = EventInfo {
+                    ud: Some((
+                        convert::ah_attr(peer.address.peer()),
+                        peer.qpn.value(),
+                        peer.qkey,
+                    )),
+                    ..EventInfo::default()
+                };
+                post(id, &state, RDMA_CM_EVENT_ESTABLISHED, &info);
+            }
+            Err(e) => {
+                let status = match e {
+                    CmError::Sidr(s) => c_int::from(s.code()),
+                    _ => -libc::ETIMEDOUT,
+                };
+                let info = EventInfo {
+                    status,
+                    ..EventInfo::default()
+                };
+                post(id, &state, RDMA_CM_EVENT_UNREACHABLE, &info);
             }
         }
     })

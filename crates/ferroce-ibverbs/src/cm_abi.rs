@@ -43,6 +43,9 @@ pub(crate) const EVENT_NAMES: [&std::ffi::CStr; 16] = [
 pub(crate) const RDMA_PS_TCP: c_uint = 0x0106;
 pub(crate) const RDMA_PS_UDP: c_uint = 0x0111;
 
+/// `RDMA_UDP_QKEY`: the Q_Key of UD QPs rdma_cm makes.
+pub(crate) const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
 /// `RAI_PASSIVE`: `rdma_getaddrinfo` resolves a local address to bind.
 pub(crate) const RAI_PASSIVE: c_int = 1;
 

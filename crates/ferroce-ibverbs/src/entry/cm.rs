@@ -4,16 +4,19 @@
 //! links `librdmacm.so.1` to the same file, and the loader maps it once for a program that
 //! needs both names. The state and threads behind them are `crate::cm`'s.
 //!
-//! Offered: event channels (pollable fd), ids in the TCP port space (`RDMA_PS_TCP`: RC),
+//! Offered: event channels (pollable fd), ids in the TCP port space (`RDMA_PS_TCP`: RC)
+//! and the UDP one (`RDMA_PS_UDP`: UD),
 //! `rdma_bind_addr`, `rdma_resolve_addr`/`_route` (both complete at once: the soft NIC has
 //! one address and every peer is reached through UDP), `rdma_listen`, `rdma_connect`,
 //! `rdma_accept`, `rdma_reject`, `rdma_disconnect`, `rdma_get_cm_event`/`rdma_ack_cm_event`,
 //! `rdma_create_qp`/`rdma_destroy_qp` (the CQs made per id when the attributes name none, as
 //! librdmacm does), `rdma_init_qp_attr` for INIT, `rdma_set_option` (the id options are
 //! accepted and ignored), `rdma_migrate_id`, `rdma_getaddrinfo`/`rdma_freeaddrinfo`,
-//! `rdma_event_str`, `rdma_get_src_port`/`_dst_port`. Everything else fails with -1 (or
-//! NULL) and errno `ENOSYS`: multicast, UD ids, the synchronous `rdma_create_ep` family,
-//! SRQs on ids, ECE and rsockets.
+//! `rdma_event_str`, `rdma_get_src_port`/`_dst_port`; UD ids (`RDMA_PS_UDP`) resolve the
+//! peer's QP by SIDR (`rdma_connect` → `ESTABLISHED` with `param.ud`; `rdma_accept` on the
+//! listener's child sends the SIDR reply). Everything else fails with -1 (or NULL) and errno
+//! `ENOSYS`: multicast, the synchronous `rdma_create_ep` family, SRQs on ids, ECE and
+//! rsockets.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::net::SocketAddr;
@@ -155,11 +158,11 @@ pub(crate) unsafe extern "C" fn create_id(
         if id.is_null() {
             return Err(libc::EINVAL);
         }
-        match ps {
-            RDMA_PS_TCP => {}
-            RDMA_PS_UDP => return Err(libc::ENOSYS),
+        let qp_type = match ps {
+            RDMA_PS_TCP => IBV_QPT_RC,
+            RDMA_PS_UDP => IBV_QPT_UD,
             _ => return Err(libc::EINVAL),
-        }
+        };
         let (channel, own) = if channel.is_null() {
             (new_channel()?.0, true)
         } else {
@@ -181,7 +184,7 @@ pub(crate) unsafe extern "C" fn create_id(
             recv_cq: ptr::null_mut(),
             srq: ptr::null_mut(),
             pd: ptr::null_mut(),
-            qp_type: IBV_QPT_RC,
+            qp_type,
         }));
         IDS.add(
             c as usize,
@@ -200,11 +203,12 @@ pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
     fence::minus_one(|| {
         let state = IDS.remove(id as usize).ok_or(libc::EINVAL)?;
         state.stop.store(true, Ordering::Release);
-        let (request, conn) = {
+        let (request, sidr, conn) = {
             let mut inner = state.inner();
-            (inner.request.take(), inner.conn.take())
+            (inner.request.take(), inner.sidr.take(), inner.conn.take())
         };
         drop(request);
+        drop(sidr);
         drop(conn);
         // SAFETY: the table held `id` from `Box::into_raw` (`create_id`, or a connection
         // request in `crate::cm`) and has just forgotten it.
@@ -324,7 +328,12 @@ pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> 
         let src = inner.src.unwrap_or_else(|| {
             SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), ephemeral_port())
         });
-        let listener = Listener::bind(&cstate.nic, src.port()).map_err(|e| cm::errno_of(&e))?;
+        let listener = if state.ps == RDMA_PS_UDP {
+            Listener::bind_udp(&cstate.nic, src.port())
+        } else {
+            Listener::bind(&cstate.nic, src.port())
+        }
+        .map_err(|e| cm::errno_of(&e))?;
         let local = if src.ip().is_unspecified() {
             SocketAddr::new(cstate.ip, src.port())
         } else {
@@ -373,6 +382,11 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
         let state = id_state(id)?;
         // SAFETY: `id` is a live id of this library; `param` is NULL or readable.
         let (c, p) = unsafe { (&*id, param.as_ref().copied()) };
+        if state.ps == RDMA_PS_UDP {
+            // SAFETY: the caller's parameters name their private data.
+            let private = p.map(|p| unsafe { private_of(&p) }).unwrap_or_default();
+            return connect_ud(id, &state, c, private);
+        }
         let qp = if c.qp.is_null() {
             let n = p.ok_or(libc::EINVAL)?.qp_num;
             QPS.find(|q| q.qp.qpn().value() == n).ok_or(libc::EINVAL)?.1
@@ -409,6 +423,51 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
     })
 }
 
+/// `rdma_connect` on a `RDMA_PS_UDP` id: a SIDR request for the QP behind the destination;
+/// the answer comes as `ESTABLISHED` (its `param.ud`) or `UNREACHABLE`.
+fn connect_ud(
+    id: *mut rdma_cm_id,
+    state: &Arc<IdState>,
+    c: &rdma_cm_id,
+    private: Vec<u8>,
+) -> Result<c_int, c_int> {
+    if private.len() > ferroce::cm::MAX_SIDR_PRIVATE {
+        return Err(libc::EINVAL);
+    }
+    let nic = context::context(c.verbs as usize)
+        .ok_or(libc::EINVAL)?
+        .nic
+        .clone();
+    let to = {
+        let mut inner = state.inner();
+        if !inner.routed || inner.connecting {
+            return Err(libc::EINVAL);
+        }
+        inner.connecting = true;
+        inner.dst.ok_or(libc::EINVAL)?
+    };
+    cm::spawn_resolve_ud(id as usize, Arc::clone(state), nic, to, private)?;
+    Ok(0)
+}
+
+/// `rdma_accept` on a UD child: a SIDR reply naming the id's QP (or `qp_num`'s) and
+/// `RDMA_UDP_QKEY`; no event follows, as with librdmacm.
+fn accept_ud(
+    c: &rdma_cm_id,
+    p: Option<rdma_conn_param>,
+    req: ferroce::cm::SidrRequest,
+) -> Result<c_int, c_int> {
+    let qp = if c.qp.is_null() {
+        let n = p.ok_or(libc::EINVAL)?.qp_num;
+        QPS.find(|q| q.qp.qpn().value() == n).ok_or(libc::EINVAL)?.1
+    } else {
+        QPS.get(c.qp as usize).ok_or(libc::EINVAL)?
+    };
+    req.accept(&qp.qp, RDMA_UDP_QKEY)
+        .map_err(|e| cm::errno_of(&e))?;
+    Ok(0)
+}
+
 /// `rdma_accept`: answers a connection request with a REP, the id's QP brought to RTS; the
 /// RTU comes as `RDMA_CM_EVENT_ESTABLISHED`. `param` NULL: the REQ's depths, mirrored.
 pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
@@ -416,6 +475,10 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
         let state = id_state(id)?;
         // SAFETY: `id` is a live id of this library; `param` is NULL or readable.
         let (c, p) = unsafe { (&mut *id, param.as_ref().copied()) };
+        let sidr = state.inner().sidr.take();
+        if let Some(req) = sidr {
+            return accept_ud(c, p, req);
+        }
         let qp = QPS.get(c.qp as usize).ok_or(libc::EINVAL)?;
         let mut inner = state.inner();
         let req = inner.request.take().ok_or(libc::EINVAL)?;
@@ -448,6 +511,11 @@ pub(crate) unsafe extern "C" fn reject(
 ) -> c_int {
     fence::minus_one(|| {
         let state = id_state(id)?;
+        let sidr = state.inner().sidr.take();
+        if let Some(req) = sidr {
+            req.reject().map_err(|e| cm::errno_of(&e))?;
+            return Ok(0);
+        }
         let req = state.inner().request.take().ok_or(libc::EINVAL)?;
         let data = if private_data.is_null() {
             Vec::new()
@@ -513,7 +581,7 @@ fn init_qp(q: *mut ibv_qp, qp_type: c_uint) -> c_int {
         pkey_index: 0,
         port_num: 1,
         qp_access_flags: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-        qkey: 0x0123_4567,
+        qkey: RDMA_UDP_QKEY,
         ..ibv_qp_attr::default()
     };
     let common = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
