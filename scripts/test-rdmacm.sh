@@ -9,7 +9,9 @@
 #      both sides, and both end on their own (DISCONNECTED) with status 0;
 #   4. ucmatose -c 4: four connections, messages both ways, disconnects, status 0 both sides;
 #   5. udaddy -c 4: UD ids resolved by SIDR, datagrams both ways, status 0 both sides;
-#   6. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
+#   6. perftest's ib_send_bw -R and ib_write_lat -R (rdma_cm for the connection and for the
+#      exchange of the test's parameters) measure, both sides;
+#   7. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
 #      status 8 (invalid service ID), as the kernel's rdma_cm reports it.
 # Every process gets its own 127.0.11.N (FERROCE_ADDR); nothing leaves loopback.
 #
@@ -188,6 +190,31 @@ for side in client server; do
     expect "udaddy $side" "$text" "return status 0"
 done
 echo "udaddy: 4 UD peers resolved by SIDR, datagrams both ways, status 0 on both sides"
+
+echo "== perftest with rdma_cm (-R): ib_send_bw and ib_write_lat, both sides on the drop-in"
+if command -v ib_send_bw >/dev/null && command -v ib_write_lat >/dev/null; then
+    n=30
+    for tool in ib_send_bw ib_write_lat; do
+        n=$((n + 2))
+        run_pair "$tool" "127.0.11.$n" "127.0.11.$((n + 1))" \
+            "$tool -d ferroce0 -x 0 -R -n 200" \
+            "$tool -d ferroce0 -x 0 -R -n 200 127.0.11.$n"
+        [ "$cli_rc" -eq 0 ] || fail "$tool -R client exited $cli_rc: $(cat "$out_dir/$tool".client*)"
+        [ "$srv_rc" -eq 0 ] || fail "$tool -R server exited $srv_rc: $(cat "$out_dir/$tool".server*)"
+        for side in client server; do
+            text="$(cat "$out_dir/$tool.$side")"
+            expect "$tool -R $side" "$text" "Data ex. method : rdma_cm"
+            # The result line: the message size, then the 200 iterations.
+            grep -qE '^ *[0-9]+ +200 ' <<<"$text" || {
+                printf '%s\n' "$text" >&2
+                fail "$tool -R $side: no result line"
+            }
+        done
+    done
+    echo "perftest -R: ib_send_bw and ib_write_lat connected by rdma_cm and measured"
+else
+    echo "perftest not installed; skipped"
+fi
 
 echo "== rping to a port nobody listens on: REJECTED, status 8"
 on 127.0.11.14 timeout 60 rping -s -a 127.0.11.14 -p 7176 -C 1 >"$out_dir/idle.server" 2>&1 &

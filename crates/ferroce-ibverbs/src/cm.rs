@@ -91,8 +91,9 @@ pub(crate) struct IdInner {
     pub(crate) conn: Option<Arc<Connection>>,
     /// A connect thread runs.
     pub(crate) connecting: bool,
-    /// A listen thread runs.
-    pub(crate) listening: bool,
+    /// The listen thread, joined when the id is destroyed so that its port is free again
+    /// when `rdma_destroy_id` returns.
+    pub(crate) listening: Option<std::thread::JoinHandle<()>>,
     /// `rdma_create_qp` made the id's CQs and channels (freed with its QP).
     pub(crate) own_cqs: bool,
 }
@@ -306,32 +307,36 @@ pub(crate) struct ListenInfo {
     pub(crate) local: SocketAddr,
 }
 
-/// Starts the thread that takes connection requests on `listener` for the id `info.id`.
+/// Starts the thread that takes connection requests on `listener` for the id `info.id`; it
+/// ends (and the port is free) within [`TICK`] of the id's `stop`.
 pub(crate) fn spawn_listener(
     state: Arc<IdState>,
     listener: Listener,
     info: ListenInfo,
-) -> Result<(), c_int> {
-    spawn("ferroce-cm-listen", move || {
-        while !state.stopped() {
-            let next = if state.ps == RDMA_PS_UDP {
-                listener
-                    .get_sidr_request(TICK)
-                    .map(|req| sidr_request(&state, req, info))
-            } else {
-                listener
-                    .get_request(TICK)
-                    .map(|req| request(&state, req, info))
-            };
-            match next {
-                Ok(()) | Err(CmError::Timeout { .. }) => {}
-                Err(e) => {
-                    eprintln!("ferroce-rdmacm: the listener on {} stops: {e}", info.local);
-                    return;
+) -> Result<std::thread::JoinHandle<()>, c_int> {
+    std::thread::Builder::new()
+        .name("ferroce-cm-listen".into())
+        .spawn(move || {
+            while !state.stopped() {
+                let next = if state.ps == RDMA_PS_UDP {
+                    listener
+                        .get_sidr_request(TICK)
+                        .map(|req| sidr_request(&state, req, info))
+                } else {
+                    listener
+                        .get_request(TICK)
+                        .map(|req| request(&state, req, info))
+                };
+                match next {
+                    Ok(()) | Err(CmError::Timeout { .. }) => {}
+                    Err(e) => {
+                        eprintln!("ferroce-rdmacm: the listener on {} stops: {e}", info.local);
+                        return;
+                    }
                 }
             }
-        }
-    })
+        })
+        .map_err(|_| libc::EAGAIN)
 }
 
 /// A connection request: a child id holding it, and `CONNECT_REQUEST` on the listener's

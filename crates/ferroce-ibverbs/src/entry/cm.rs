@@ -203,10 +203,19 @@ pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
     fence::minus_one(|| {
         let state = IDS.remove(id as usize).ok_or(libc::EINVAL)?;
         state.stop.store(true, Ordering::Release);
-        let (request, sidr, conn) = {
+        let (request, sidr, conn, listening) = {
             let mut inner = state.inner();
-            (inner.request.take(), inner.sidr.take(), inner.conn.take())
+            (
+                inner.request.take(),
+                inner.sidr.take(),
+                inner.conn.take(),
+                inner.listening.take(),
+            )
         };
+        if let Some(thread) = listening {
+            // It sees `stop` within a tick and drops the listener: the port is free after.
+            let _ = thread.join();
+        }
         drop(request);
         drop(sidr);
         drop(conn);
@@ -322,7 +331,7 @@ pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> 
         let state = id_state(id)?;
         let (ctx, cstate) = cm_context()?;
         let mut inner = state.inner();
-        if inner.listening {
+        if inner.listening.is_some() {
             return Ok(0);
         }
         let src = inner.src.unwrap_or_else(|| {
@@ -341,7 +350,7 @@ pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> 
         };
         // SAFETY: `id` is a live id of this library.
         let context = unsafe { (*id).context } as usize;
-        cm::spawn_listener(
+        let thread = cm::spawn_listener(
             Arc::clone(&state),
             listener,
             ListenInfo {
@@ -352,7 +361,7 @@ pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> 
             },
         )?;
         inner.src = Some(src);
-        inner.listening = true;
+        inner.listening = Some(thread);
         Ok(0)
     })
 }
