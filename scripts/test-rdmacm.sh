@@ -4,19 +4,22 @@
 # LD_LIBRARY_PATH only:
 #   1. it exports the names, at the versions, that Debian's librdmacm.so.1 exports, and a
 #      program that needs both libraries maps the one file once;
-#   2. rping, ucmatose and udaddy load with LD_BIND_NOW=1;
+#   2. rping, ucmatose, udaddy, rdma_server and rdma_client load with LD_BIND_NOW=1;
 #   3. rping -C 50 -v -V runs both sides on it: every ping's data, as rping writes it, on
 #      both sides, and both end on their own (DISCONNECTED) with status 0;
 #   4. ucmatose -c 4: four connections, messages both ways, disconnects, status 0 both sides;
 #   5. udaddy -c 4: UD ids resolved by SIDR, datagrams both ways, status 0 both sides;
-#   6. perftest's ib_send_bw -R and ib_write_lat -R (rdma_cm for the connection and for the
+#   6. rdma_server/rdma_client (synchronous ids: rdma_create_ep, rdma_get_request, and
+#      rdma_verbs.h's inline helpers on the ids' PD and CQs) exchange their messages;
+#   7. perftest's ib_send_bw -R and ib_write_lat -R (rdma_cm for the connection and for the
 #      exchange of the test's parameters) measure, both sides;
-#   7. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
+#   8. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
 #      status 8 (invalid service ID), as the kernel's rdma_cm reports it.
 # Every process gets its own 127.0.11.N (FERROCE_ADDR); nothing leaves loopback.
 #
-# rping, ucmatose and udaddy come from rdmacm-utils (scripts/bootstrap.sh). Without them the
-# script skips, unless FERROCE_REQUIRE_IBVERBS_UTILS or CI is set, when it fails.
+# rping, ucmatose, udaddy, rdma_server and rdma_client come from rdmacm-utils, ib_send_bw and
+# ib_write_lat from perftest (scripts/bootstrap.sh). Without rdmacm-utils the script skips,
+# unless FERROCE_REQUIRE_IBVERBS_UTILS or CI is set, when it fails.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,7 +31,7 @@ fail() {
 }
 
 missing=()
-for tool in rping ucmatose udaddy nm python3; do
+for tool in rping ucmatose udaddy rdma_server rdma_client nm python3; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -96,7 +99,7 @@ expect "LD_DEBUG=files" "$maps" "file=librdmacm.so.1 [0];  generating link map"
 echo "librdmacm.so.1 and libibverbs.so.1 share one mapping"
 
 echo "== the programs load with LD_BIND_NOW=1"
-for p in rping ucmatose udaddy; do
+for p in rping ucmatose udaddy rdma_server rdma_client; do
     rc=0
     text="$(LD_BIND_NOW=1 on 127.0.11.2 timeout 20 "$p" -h 2>&1)" || rc=$?
     if [ "$rc" -eq 127 ] || grep -qiE 'symbol lookup error|undefined symbol|version .* not found' <<<"$text"; then
@@ -190,6 +193,16 @@ for side in client server; do
     expect "udaddy $side" "$text" "return status 0"
 done
 echo "udaddy: 4 UD peers resolved by SIDR, datagrams both ways, status 0 on both sides"
+
+echo "== rdma_server / rdma_client (the synchronous API: rdma_create_ep, rdma_get_request)"
+run_pair rdma_server 127.0.11.18 127.0.11.19 \
+    "rdma_server -s 127.0.11.18 -p 7471" \
+    "rdma_client -s 127.0.11.18 -p 7471"
+[ "$cli_rc" -eq 0 ] || fail "rdma_client exited $cli_rc: $(cat "$out_dir"/rdma_server.client*)"
+[ "$srv_rc" -eq 0 ] || fail "rdma_server exited $srv_rc: $(cat "$out_dir"/rdma_server.server*)"
+expect "rdma_client" "$(cat "$out_dir/rdma_server.client")" "rdma_client: end 0"
+expect "rdma_server" "$(cat "$out_dir/rdma_server.server")" "rdma_server: end 0"
+echo "rdma_server/rdma_client: a message each way, inline, both end 0"
 
 echo "== perftest with rdma_cm (-R): ib_send_bw and ib_write_lat, both sides on the drop-in"
 if command -v ib_send_bw >/dev/null && command -v ib_write_lat >/dev/null; then

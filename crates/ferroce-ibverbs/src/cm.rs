@@ -136,7 +136,24 @@ pub(crate) struct EventInfo {
 /// Queues an event of `kind` for the id at `id` on its channel (dropped if the channel is
 /// gone).
 pub(crate) fn post(id: usize, state: &IdState, kind: c_uint, info: &EventInfo) {
-    let Some(channel) = EVENT_CHANNELS.get(state.channel.load(Ordering::Acquire)) else {
+    post_on(state.channel.load(Ordering::Acquire), id, kind, info);
+}
+
+/// A new event channel: its C `rdma_event_channel` (the address the program holds) and the
+/// queue behind it.
+pub(crate) fn new_channel() -> Result<(*mut rdma_event_channel, Arc<Channel>), c_int> {
+    let channel = Arc::new(Channel::new(0).map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?);
+    let c = Box::into_raw(Box::new(rdma_event_channel {
+        fd: channel.raw_fd(),
+    }));
+    EVENT_CHANNELS.add(c as usize, Arc::clone(&channel));
+    Ok((c, channel))
+}
+
+/// Queues an event of `kind` for the id at `id` on the channel at `channel` (dropped if the
+/// channel is gone).
+pub(crate) fn post_on(channel: usize, id: usize, kind: c_uint, info: &EventInfo) {
+    let Some(channel) = EVENT_CHANNELS.get(channel) else {
         return;
     };
     let ud = rdma_ud_param {
@@ -300,8 +317,10 @@ pub(crate) fn route(src: Option<SocketAddr>, dst: Option<SocketAddr>) -> rdma_ro
 pub(crate) struct ListenInfo {
     /// The address of the C id listening.
     pub(crate) id: usize,
-    /// Its `verbs` (the CM's context) and `context` (the program's pointer).
+    /// Its `verbs` (the CM's context), `pd` (the one its children get) and `context` (the
+    /// program's pointer).
     pub(crate) verbs: usize,
+    pub(crate) pd: usize,
     pub(crate) context: usize,
     /// The address it listens on (its own address when bound to the wildcard).
     pub(crate) local: SocketAddr,
@@ -384,9 +403,21 @@ fn child(
     event: &EventInfo,
     hold: impl FnOnce(&mut IdInner),
 ) {
+    // A synchronous listener's children are synchronous too: each has a channel of its own
+    // (librdmacm migrates them to one); the request itself comes on the listener's.
+    let sync = parent.own_channel.load(Ordering::Acquire);
+    let parent_channel = parent.channel.load(Ordering::Acquire);
+    let channel = if sync {
+        match new_channel() {
+            Ok((c, _)) => c as usize,
+            Err(_) => return,
+        }
+    } else {
+        parent_channel
+    };
     let c = Box::into_raw(Box::new(rdma_cm_id {
         verbs: info.verbs as *mut _,
-        channel: parent.channel.load(Ordering::Acquire) as *mut _,
+        channel: channel as *mut _,
         context: info.context as *mut _,
         qp: std::ptr::null_mut(),
         route: route(Some(info.local), Some(peer)),
@@ -398,18 +429,14 @@ fn child(
         recv_cq_channel: std::ptr::null_mut(),
         recv_cq: std::ptr::null_mut(),
         srq: std::ptr::null_mut(),
-        pd: std::ptr::null_mut(),
+        pd: info.pd as *mut _,
         qp_type: if parent.ps == RDMA_PS_UDP {
             IBV_QPT_UD
         } else {
             IBV_QPT_RC
         },
     })) as usize;
-    let child = Arc::new(IdState::new(
-        parent.ps,
-        parent.channel.load(Ordering::Acquire),
-        false,
-    ));
+    let child = Arc::new(IdState::new(parent.ps, channel, sync));
     {
         let mut inner = child.inner();
         inner.src = Some(info.local);
@@ -418,7 +445,7 @@ fn child(
         hold(&mut inner);
     }
     IDS.add(c, Arc::clone(&child));
-    post(c, &child, RDMA_CM_EVENT_CONNECT_REQUEST, event);
+    post_on(parent_channel, c, RDMA_CM_EVENT_CONNECT_REQUEST, event);
 }
 
 /// The connection parameters of `rdma_connect` or `rdma_accept`.

@@ -302,14 +302,14 @@ exports! {
     default "rdma_ack_cm_event" "RDMACM_1.0" => cm::ack_cm_event;
     default "rdma_bind_addr" "RDMACM_1.0" => cm::bind_addr;
     default "rdma_connect" "RDMACM_1.0" => cm::connect;
-    default "rdma_create_ep" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_create_ep" "RDMACM_1.0" => cm::create_ep;
     default "rdma_create_event_channel" "RDMACM_1.0" => cm::create_event_channel;
     default "rdma_create_id" "RDMACM_1.0" => cm::create_id;
     default "rdma_create_qp" "RDMACM_1.0" => cm::create_qp;
     default "rdma_create_qp_ex" "RDMACM_1.0" => cm::unsupported;
     default "rdma_create_srq" "RDMACM_1.0" => cm::unsupported;
     default "rdma_create_srq_ex" "RDMACM_1.0" => cm::unsupported;
-    default "rdma_destroy_ep" "RDMACM_1.0" => stubs::ignore;
+    default "rdma_destroy_ep" "RDMACM_1.0" => cm::destroy_ep;
     default "rdma_destroy_event_channel" "RDMACM_1.0" => cm::destroy_event_channel;
     default "rdma_destroy_id" "RDMACM_1.0" => cm::destroy_id;
     default "rdma_destroy_qp" "RDMACM_1.0" => cm::destroy_qp;
@@ -321,7 +321,7 @@ exports! {
     default "rdma_get_cm_event" "RDMACM_1.0" => cm::get_cm_event;
     default "rdma_get_devices" "RDMACM_1.0" => cm::unsupported_null;
     default "rdma_get_dst_port" "RDMACM_1.0" => cm::get_dst_port;
-    default "rdma_get_request" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_get_request" "RDMACM_1.0" => cm::get_request;
     default "rdma_get_src_port" "RDMACM_1.0" => cm::get_src_port;
     default "rdma_getaddrinfo" "RDMACM_1.0" => cm::getaddrinfo;
     default "rdma_join_multicast" "RDMACM_1.0" => cm::unsupported;

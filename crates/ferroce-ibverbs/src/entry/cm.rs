@@ -5,18 +5,19 @@
 //! needs both names. The state and threads behind them are `crate::cm`'s.
 //!
 //! Offered: event channels (pollable fd), ids in the TCP port space (`RDMA_PS_TCP`: RC)
-//! and the UDP one (`RDMA_PS_UDP`: UD),
-//! `rdma_bind_addr`, `rdma_resolve_addr`/`_route` (both complete at once: the soft NIC has
-//! one address and every peer is reached through UDP), `rdma_listen`, `rdma_connect`,
-//! `rdma_accept`, `rdma_reject`, `rdma_disconnect`, `rdma_get_cm_event`/`rdma_ack_cm_event`,
-//! `rdma_create_qp`/`rdma_destroy_qp` (the CQs made per id when the attributes name none, as
-//! librdmacm does), `rdma_init_qp_attr` for INIT, `rdma_set_option` (the id options are
-//! accepted and ignored), `rdma_migrate_id`, `rdma_getaddrinfo`/`rdma_freeaddrinfo`,
-//! `rdma_event_str`, `rdma_get_src_port`/`_dst_port`; UD ids (`RDMA_PS_UDP`) resolve the
-//! peer's QP by SIDR (`rdma_connect` → `ESTABLISHED` with `param.ud`; `rdma_accept` on the
-//! listener's child sends the SIDR reply). Everything else fails with -1 (or NULL) and errno
-//! `ENOSYS`: multicast, the synchronous `rdma_create_ep` family, SRQs on ids, ECE and
-//! rsockets.
+//! and the UDP one (`RDMA_PS_UDP`: UD), `rdma_bind_addr`, `rdma_resolve_addr`/`_route` (both
+//! complete at once: the soft NIC has one address and every peer is reached through UDP),
+//! `rdma_listen`, `rdma_connect`, `rdma_accept`, `rdma_reject`, `rdma_disconnect`,
+//! `rdma_get_cm_event`/`rdma_ack_cm_event`, `rdma_create_qp`/`rdma_destroy_qp` (the CQs made
+//! per id when the attributes name none, as librdmacm does), `rdma_init_qp_attr` for INIT,
+//! `rdma_set_option` (the id options are accepted and ignored), `rdma_migrate_id`,
+//! `rdma_getaddrinfo`/`rdma_freeaddrinfo`, `rdma_event_str`, `rdma_get_src_port`/`_dst_port`.
+//! UD ids resolve the peer's QP by SIDR (`rdma_connect` → `ESTABLISHED` with `param.ud`;
+//! `rdma_accept` on the listener's child sends the SIDR reply). Synchronous ids (made without
+//! a channel) wait in each call for its event, as librdmacm's do: `rdma_create_ep`,
+//! `rdma_get_request`, `rdma_destroy_ep`. Everything else fails with -1 (or NULL) and errno
+//! `ENOSYS`: multicast, `rdma_create_qp_ex`, SRQs on ids, ECE, `rdma_notify`,
+//! `rdma_establish` and rsockets.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::net::SocketAddr;
@@ -33,7 +34,7 @@ use crate::cm_abi::*;
 use crate::context::{self, ContextState};
 use crate::entry::{cq, device, qp};
 use crate::fence;
-use crate::objects::{Channel, QPS};
+use crate::objects::QPS;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -91,6 +92,36 @@ fn id_state(id: *mut rdma_cm_id) -> Result<Arc<IdState>, c_int> {
     IDS.get(id as usize).ok_or(libc::EINVAL)
 }
 
+/// What librdmacm's synchronous ids (made without a channel) do after each call that
+/// starts something: acknowledge the id's last event, wait for the next on its own channel
+/// and keep it in `id->event`; its failure (`REJECTED`: `ECONNREFUSED`; else the status) is
+/// the call's. Asynchronous ids return at once.
+fn complete(id: *mut rdma_cm_id, state: &IdState) -> Result<c_int, c_int> {
+    if !state.own_channel.load(Ordering::Acquire) {
+        return Ok(0);
+    }
+    // SAFETY: `id` is a live id of this library, used by this thread alone meanwhile (the
+    // synchronous API's contract).
+    let c = unsafe { &mut *id };
+    if !c.event.is_null() {
+        // SAFETY: `c.event` is an event this library handed out (or `ack` refuses it).
+        unsafe { ack_cm_event(c.event) };
+        c.event = ptr::null_mut();
+    }
+    let channel = EVENT_CHANNELS.get(c.channel as usize).ok_or(libc::EINVAL)?;
+    let at = channel
+        .next()
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    c.event = at as *mut rdma_cm_event;
+    // SAFETY: the queue holds live events of `crate::cm::post`.
+    let (kind, status) = unsafe { ((*c.event).event, (*c.event).status) };
+    match status {
+        0 => Ok(0),
+        _ if kind == RDMA_CM_EVENT_REJECTED => Err(libc::ECONNREFUSED),
+        s => Err(s.abs()),
+    }
+}
+
 /// The address at `p`: `Ok(None)` for NULL, `EAFNOSUPPORT` for a family other than
 /// `AF_INET`/`AF_INET6`.
 ///
@@ -116,24 +147,15 @@ unsafe fn read_sockaddr(p: *const c_void) -> Result<Option<SocketAddr>, c_int> {
 
 /// `rdma_create_event_channel`: a channel whose `fd` is readable while an event waits.
 pub(crate) unsafe extern "C" fn create_event_channel() -> *mut rdma_event_channel {
-    fence::pointer(|| new_channel().map(|(c, _)| c))
+    fence::pointer(|| cm::new_channel().map(|(c, _)| c))
 }
 
-fn new_channel() -> Result<(*mut rdma_event_channel, Arc<Channel>), c_int> {
-    let channel = Arc::new(Channel::new(0).map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?);
-    let c = Box::into_raw(Box::new(rdma_event_channel {
-        fd: channel.raw_fd(),
-    }));
-    EVENT_CHANNELS.add(c as usize, Arc::clone(&channel));
-    Ok((c, channel))
-}
-
-/// Frees a channel `new_channel` made.
+/// Frees a channel `cm::new_channel` made.
 fn free_channel(channel: *mut rdma_event_channel) -> Result<(), c_int> {
     EVENT_CHANNELS
         .remove(channel as usize)
         .ok_or(libc::EINVAL)?;
-    // SAFETY: the table held `channel` from `Box::into_raw` in `new_channel` and has just
+    // SAFETY: the table held `channel` from `Box::into_raw` in `cm::new_channel` and has just
     // forgotten it.
     drop(unsafe { Box::from_raw(channel) });
     Ok(())
@@ -164,7 +186,7 @@ pub(crate) unsafe extern "C" fn create_id(
             _ => return Err(libc::EINVAL),
         };
         let (channel, own) = if channel.is_null() {
-            (new_channel()?.0, true)
+            (cm::new_channel()?.0, true)
         } else {
             EVENT_CHANNELS.get(channel as usize).ok_or(libc::EINVAL)?;
             (channel, false)
@@ -222,6 +244,11 @@ pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
         // SAFETY: the table held `id` from `Box::into_raw` (`create_id`, or a connection
         // request in `crate::cm`) and has just forgotten it.
         let c = unsafe { Box::from_raw(id) };
+        if !c.event.is_null() {
+            // SAFETY: a synchronous id's last event, handed out by this library.
+            unsafe { ack_cm_event(c.event) };
+        }
+        lock(&EP_ATTRS).remove(&(id as usize));
         if state.own_channel.load(Ordering::Acquire) {
             let _ = free_channel(c.channel);
         }
@@ -254,6 +281,9 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *const c_vo
         if !a.ip().is_unspecified() {
             c.verbs = ctx as *mut ibv_context;
             c.port_num = 1;
+            if c.pd.is_null() {
+                c.pd = default_pd(c.verbs)?;
+            }
         }
         Ok(0)
     })
@@ -292,13 +322,16 @@ pub(crate) unsafe extern "C" fn resolve_addr(
         c.verbs = ctx as *mut ibv_context;
         c.port_num = 1;
         c.route = cm::route(Some(local), Some(dst));
+        if c.pd.is_null() {
+            c.pd = default_pd(c.verbs)?;
+        }
         cm::post(
             id as usize,
             &state,
             RDMA_CM_EVENT_ADDR_RESOLVED,
             &EventInfo::default(),
         );
-        Ok(0)
+        complete(id, &state)
     })
 }
 
@@ -319,7 +352,7 @@ pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: 
             RDMA_CM_EVENT_ROUTE_RESOLVED,
             &EventInfo::default(),
         );
-        Ok(0)
+        complete(id, &state)
     })
 }
 
@@ -349,13 +382,19 @@ pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> 
             src
         };
         // SAFETY: `id` is a live id of this library.
-        let context = unsafe { (*id).context } as usize;
+        let (context, pd) = unsafe { ((*id).context as usize, (*id).pd) };
+        let pd = if pd.is_null() {
+            default_pd(ctx as *mut ibv_context)?
+        } else {
+            pd
+        } as usize;
         let thread = cm::spawn_listener(
             Arc::clone(&state),
             listener,
             ListenInfo {
                 id: id as usize,
                 verbs: ctx,
+                pd,
                 context,
                 local,
             },
@@ -428,7 +467,7 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
             inner.dst.ok_or(libc::EINVAL)?
         };
         cm::spawn_connect(id as usize, Arc::clone(&state), nic, qp, to, param)?;
-        Ok(0)
+        complete(id, &state)
     })
 }
 
@@ -456,7 +495,7 @@ fn connect_ud(
         inner.dst.ok_or(libc::EINVAL)?
     };
     cm::spawn_resolve_ud(id as usize, Arc::clone(state), nic, to, private)?;
-    Ok(0)
+    complete(id, state)
 }
 
 /// `rdma_accept` on a UD child: a SIDR reply naming the id's QP (or `qp_num`'s) and
@@ -507,8 +546,8 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
         unsafe { (*c.qp).state = IBV_QPS_RTS };
         inner.conn = Some(Arc::clone(&conn));
         drop(inner);
-        cm::spawn_accepted(id as usize, state, conn)?;
-        Ok(0)
+        cm::spawn_accepted(id as usize, Arc::clone(&state), conn)?;
+        complete(id, &state)
     })
 }
 
@@ -545,7 +584,7 @@ pub(crate) unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
         let state = id_state(id)?;
         let conn = state.inner().conn.clone().ok_or(libc::EINVAL)?;
         let _ = conn.disconnect(Duration::ZERO);
-        Ok(0)
+        complete(id, &state)
     })
 }
 
@@ -691,10 +730,12 @@ pub(crate) unsafe extern "C" fn create_qp(
                     if channel.is_null() {
                         break;
                     }
+                    // The CQ's context is the id, as librdmacm makes it (`rdma_get_*_comp`
+                    // asserts so).
                     *cq_at = cq::create_cq(
                         c.verbs,
                         c_int::try_from(depth.max(1)).unwrap_or(c_int::MAX),
-                        ptr::null_mut(),
+                        id.cast(),
                         *channel,
                         0,
                     );
@@ -979,6 +1020,188 @@ pub(crate) unsafe extern "C" fn freeaddrinfo(res: *mut rdma_addrinfo) {
             drop(unsafe { Box::from_raw(res.cast::<AddrInfoBlock>()) });
         }
     });
+}
+
+/// The QP attributes a passive endpoint (`rdma_create_ep` with `RAI_PASSIVE`) gives the ids
+/// `rdma_get_request` returns, by the listening id's address.
+#[derive(Clone, Copy, Debug)]
+struct EpAttr {
+    qp_context: usize,
+    send_cq: usize,
+    recv_cq: usize,
+    srq: usize,
+    cap: ibv_qp_cap,
+    qp_type: c_uint,
+    sq_sig_all: c_int,
+}
+
+static EP_ATTRS: Mutex<std::collections::BTreeMap<usize, EpAttr>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
+/// `rdma_create_ep`: a synchronous id for `res`: bound (`RAI_PASSIVE`; the QP attributes kept
+/// for `rdma_get_request`), or resolved to the destination with a QP made on it.
+pub(crate) unsafe extern "C" fn create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *const rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    fence::minus_one(|| {
+        if id.is_null() || res.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller passes an answer of `rdma_getaddrinfo` (or its like).
+        let r = unsafe { *res };
+        let mut new = ptr::null_mut();
+        // SAFETY: a pointer to fill.
+        if unsafe {
+            create_id(
+                ptr::null_mut(),
+                &raw mut new,
+                ptr::null_mut(),
+                r.ai_port_space as c_uint,
+            )
+        } != 0
+        {
+            return Err(last_errno(libc::EINVAL));
+        }
+        let check = |rc: c_int| {
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(last_errno(libc::EINVAL))
+            }
+        };
+        // SAFETY: `new` is the id just made; the addresses are the answer's; `qp_init_attr`
+        // is NULL or the caller's.
+        let made = unsafe {
+            if r.ai_flags & RAI_PASSIVE != 0 {
+                check(bind_addr(new, r.ai_src_addr.cast())).map(|()| {
+                    if !pd.is_null() {
+                        (*new).pd = pd;
+                    }
+                    if let Some(a) = qp_init_attr.as_ref() {
+                        lock(&EP_ATTRS).insert(
+                            new as usize,
+                            EpAttr {
+                                qp_context: a.qp_context as usize,
+                                send_cq: a.send_cq as usize,
+                                recv_cq: a.recv_cq as usize,
+                                srq: a.srq as usize,
+                                cap: a.cap,
+                                qp_type: r.ai_qp_type as c_uint,
+                                sq_sig_all: a.sq_sig_all,
+                            },
+                        );
+                    }
+                })
+            } else {
+                check(resolve_addr(
+                    new,
+                    r.ai_src_addr.cast(),
+                    r.ai_dst_addr.cast(),
+                    2000,
+                ))
+                .and_then(|()| check(resolve_route(new, 2000)))
+                .and_then(|()| match qp_init_attr.as_mut() {
+                    Some(a) => {
+                        a.qp_type = r.ai_qp_type as c_uint;
+                        check(create_qp(new, pd, qp_init_attr))
+                    }
+                    None => Ok(()),
+                })
+            }
+        };
+        if let Err(e) = made {
+            // SAFETY: `new` is the id just made.
+            unsafe { destroy_ep(new) };
+            return Err(e);
+        }
+        // SAFETY: the caller's pointer to fill.
+        unsafe { id.write(new) };
+        Ok(0)
+    })
+}
+
+/// `rdma_destroy_ep`: the id's QP (and the CQs made for it), then the id.
+pub(crate) unsafe extern "C" fn destroy_ep(id: *mut rdma_cm_id) {
+    fence::unit(|| {
+        if id_state(id).is_err() {
+            return;
+        }
+        // SAFETY: `id` is a live id of this library.
+        unsafe {
+            if !(*id).qp.is_null() {
+                destroy_qp(id);
+            }
+            destroy_id(id);
+        }
+    });
+}
+
+/// `rdma_get_request`: on a synchronous listening id, waits for the next connection request
+/// and returns its new id (with a QP made as `rdma_create_ep` was asked, and the request in
+/// its `event`).
+pub(crate) unsafe extern "C" fn get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    fence::minus_one(|| {
+        let state = id_state(listen)?;
+        if !state.own_channel.load(Ordering::Acquire) || id.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: `listen` is a live id of this library.
+        let c = unsafe { &mut *listen };
+        if !c.event.is_null() {
+            // SAFETY: its last event, handed out by this library.
+            unsafe { ack_cm_event(c.event) };
+            c.event = ptr::null_mut();
+        }
+        let channel = EVENT_CHANNELS.get(c.channel as usize).ok_or(libc::EINVAL)?;
+        let event = channel
+            .next()
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?
+            as *mut rdma_cm_event;
+        // SAFETY: the queue holds live events of `crate::cm::post`.
+        let e = unsafe { *event };
+        let failed = if e.event == RDMA_CM_EVENT_REJECTED {
+            Some(libc::ECONNREFUSED)
+        } else if e.status != 0 {
+            Some(e.status.abs())
+        } else if e.event != RDMA_CM_EVENT_CONNECT_REQUEST {
+            Some(libc::EINVAL)
+        } else {
+            None
+        };
+        if let Some(errno) = failed {
+            c.event = event;
+            return Err(errno);
+        }
+        let attr = lock(&EP_ATTRS).get(&(listen as usize)).copied();
+        if let Some(a) = attr {
+            let mut init = ibv_qp_init_attr {
+                qp_context: a.qp_context as *mut c_void,
+                send_cq: a.send_cq as *mut ibv_cq,
+                recv_cq: a.recv_cq as *mut ibv_cq,
+                srq: a.srq as *mut ibv_srq,
+                cap: a.cap,
+                qp_type: a.qp_type,
+                sq_sig_all: a.sq_sig_all,
+            };
+            // SAFETY: the request's id is live; `init` lives across the call.
+            if unsafe { create_qp(e.id, c.pd, &raw mut init) } != 0 {
+                c.event = event;
+                return Err(last_errno(libc::ENOMEM));
+            }
+        }
+        // SAFETY: the request's id is live, and the caller's pointer to fill.
+        unsafe {
+            (*e.id).event = event;
+            id.write(e.id);
+        }
+        Ok(0)
+    })
 }
 
 /// What librdmacm exports and ferroce does not offer: -1 (as `int` or `ssize_t`) and errno
