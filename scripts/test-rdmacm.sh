@@ -229,6 +229,15 @@ else
     echo "perftest not installed; skipped"
 fi
 
+echo "== libfabric's verbs provider finds ferroce0 (rdma_get_devices)"
+if command -v fi_info >/dev/null; then
+    text="$(on 127.0.11.36 timeout 30 fi_info -p verbs 2>&1)" || fail "fi_info -p verbs failed: $text"
+    expect "fi_info -p verbs" "$text" "domain: ferroce0"
+    echo "fi_info -p verbs: ferroce0 listed"
+else
+    echo "libfabric-bin not installed; skipped"
+fi
+
 echo "== rping to a port nobody listens on: REJECTED, status 8"
 on 127.0.11.14 timeout 60 rping -s -a 127.0.11.14 -p 7176 -C 1 >"$out_dir/idle.server" 2>&1 &
 idle_pid=$!

@@ -316,10 +316,10 @@ exports! {
     default "rdma_destroy_srq" "RDMACM_1.0" => stubs::ignore;
     default "rdma_disconnect" "RDMACM_1.0" => cm::disconnect;
     default "rdma_event_str" "RDMACM_1.0" => cm::event_str;
-    default "rdma_free_devices" "RDMACM_1.0" => stubs::ignore;
+    default "rdma_free_devices" "RDMACM_1.0" => cm::free_devices;
     default "rdma_freeaddrinfo" "RDMACM_1.0" => cm::freeaddrinfo;
     default "rdma_get_cm_event" "RDMACM_1.0" => cm::get_cm_event;
-    default "rdma_get_devices" "RDMACM_1.0" => cm::unsupported_null;
+    default "rdma_get_devices" "RDMACM_1.0" => cm::get_devices;
     default "rdma_get_dst_port" "RDMACM_1.0" => cm::get_dst_port;
     default "rdma_get_request" "RDMACM_1.0" => cm::get_request;
     default "rdma_get_src_port" "RDMACM_1.0" => cm::get_src_port;

@@ -11,7 +11,8 @@
 //! `rdma_get_cm_event`/`rdma_ack_cm_event`, `rdma_create_qp`/`rdma_destroy_qp` (the CQs made
 //! per id when the attributes name none, as librdmacm does), `rdma_init_qp_attr` for INIT,
 //! `rdma_set_option` (the id options are accepted and ignored), `rdma_migrate_id`,
-//! `rdma_getaddrinfo`/`rdma_freeaddrinfo`, `rdma_event_str`, `rdma_get_src_port`/`_dst_port`.
+//! `rdma_getaddrinfo`/`rdma_freeaddrinfo`, `rdma_event_str`, `rdma_get_src_port`/`_dst_port`,
+//! `rdma_get_devices`/`rdma_free_devices`.
 //! UD ids resolve the peer's QP by SIDR (`rdma_connect` → `ESTABLISHED` with `param.ud`;
 //! `rdma_accept` on the listener's child sends the SIDR reply). Synchronous ids (made without
 //! a channel) wait in each call for its event, as librdmacm's do: `rdma_create_ep`,
@@ -1022,6 +1023,41 @@ pub(crate) unsafe extern "C" fn freeaddrinfo(res: *mut rdma_addrinfo) {
     });
 }
 
+/// Arrays `rdma_get_devices` handed out and `rdma_free_devices` has not freed.
+static DEVICE_LISTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// `rdma_get_devices`: the NULL-terminated list of the CM's contexts (`ferroce0`'s, opened
+/// once for the process); `*num_devices` (when given) is 1. NULL with errno set when the
+/// device cannot be opened.
+pub(crate) unsafe extern "C" fn get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
+    fence::pointer(|| {
+        let opened = cm_context();
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes NULL or a pointer to an int it owns.
+            unsafe { num_devices.write(c_int::from(opened.is_ok())) };
+        }
+        let (ctx, _) = opened?;
+        let list: Box<[*mut ibv_context; 2]> = Box::new([ctx as *mut ibv_context, ptr::null_mut()]);
+        let list = Box::into_raw(list).cast::<*mut ibv_context>();
+        lock(&DEVICE_LISTS).push(list as usize);
+        Ok(list)
+    })
+}
+
+/// `rdma_free_devices`: frees a list `rdma_get_devices` returned (the contexts stay open, as
+/// librdmacm keeps them); anything else is ignored.
+pub(crate) unsafe extern "C" fn free_devices(list: *mut *mut ibv_context) {
+    fence::unit(|| {
+        let mut lists = lock(&DEVICE_LISTS);
+        if let Some(i) = lists.iter().position(|&l| l == list as usize) {
+            lists.swap_remove(i);
+            // SAFETY: the list held `list` from `Box::into_raw` of this type in `get_devices`
+            // and has just forgotten it.
+            drop(unsafe { Box::from_raw(list.cast::<[*mut ibv_context; 2]>()) });
+        }
+    });
+}
+
 /// The QP attributes a passive endpoint (`rdma_create_ep` with `RAI_PASSIVE`) gives the ids
 /// `rdma_get_request` returns, by the listening id's address.
 #[derive(Clone, Copy, Debug)]
@@ -1214,11 +1250,6 @@ pub(crate) unsafe extern "C" fn unsupported() -> isize {
             -1
         },
     )
-}
-
-/// The same for functions that return a pointer: NULL and errno `ENOSYS`.
-pub(crate) unsafe extern "C" fn unsupported_null() -> *mut c_void {
-    fence::pointer(|| Err(libc::ENOSYS))
 }
 
 #[cfg(test)]
