@@ -34,6 +34,7 @@ command -v ib_write_bw >/dev/null || packages+=(perftest)
 command -v rping >/dev/null || packages+=(rdmacm-utils)
 # …and libfabric's fi_info, whose verbs provider lists devices through rdma_get_devices.
 command -v fi_info >/dev/null || packages+=(libfabric-bin)
+[ -e /usr/include/rdma/rdma_cma.h ] || packages+=(librdmacm-dev)
 # …and a C test built against rdma-core's headers, whose inline functions it must satisfy.
 [ -e /usr/include/infiniband/verbs.h ] || packages+=(libibverbs-dev)
 # UCX's tools and Open MPI (built with UCX), with mpicc for the MPI test program, run on the

@@ -13,7 +13,11 @@
 #      rdma_verbs.h's inline helpers on the ids' PD and CQs) exchange their messages;
 #   7. perftest's ib_send_bw -R and ib_write_lat -R (rdma_cm for the connection and for the
 #      exchange of the test's parameters) measure, both sides;
-#   8. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
+#   8. libfabric's fi_info -p verbs lists ferroce0 (rdma_get_devices);
+#   9. a C program built on rdma-core's <rdma/rdma_cma.h> (crates/ferroce-ibverbs/tests/c/
+#      rdmacm.c): private data both ways, a REJ with the consumer's reason (28) and bytes, a
+#      port nobody listens on (REJ 8), a non-blocking channel fd, the id's PD and CQs;
+#  10. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
 #      status 8 (invalid service ID), as the kernel's rdma_cm reports it.
 # Every process gets its own 127.0.11.N (FERROCE_ADDR); nothing leaves loopback.
 #
@@ -236,6 +240,23 @@ if command -v fi_info >/dev/null; then
     echo "fi_info -p verbs: ferroce0 listed"
 else
     echo "libfabric-bin not installed; skipped"
+fi
+
+echo "== a C program on rdma_cma.h: private data, REJ reasons, a non-blocking channel"
+if echo '#include <rdma/rdma_cma.h>' | cc -E - >/dev/null 2>&1; then
+    cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/rdmacm.c \
+        -lrdmacm -libverbs -o "$out_dir/rdmacm"
+    run_pair rdmacm_c 127.0.11.37 127.0.11.38 \
+        "$out_dir/rdmacm server 127.0.11.37 7480" \
+        "$out_dir/rdmacm client 127.0.11.37 7480"
+    [ "$cli_rc" -eq 0 ] || fail "rdmacm.c client exited $cli_rc: $(cat "$out_dir"/rdmacm_c.client*)"
+    [ "$srv_rc" -eq 0 ] || fail "rdmacm.c server exited $srv_rc: $(cat "$out_dir"/rdmacm_c.server*)"
+    expect "rdmacm.c" "$(cat "$out_dir/rdmacm_c.client")" "rdmacm client: ok"
+    expect "rdmacm.c" "$(cat "$out_dir/rdmacm_c.server")" "rdmacm server: ok"
+elif [ -n "${FERROCE_REQUIRE_IBVERBS_UTILS:-}${CI:-}" ]; then
+    fail "no <rdma/rdma_cma.h> (scripts/bootstrap.sh installs librdmacm-dev)"
+else
+    echo "no <rdma/rdma_cma.h>; skipped (scripts/bootstrap.sh installs librdmacm-dev)"
 fi
 
 echo "== rping to a port nobody listens on: REJECTED, status 8"
