@@ -596,6 +596,18 @@ mod tests {
 
     #[test]
     fn a_rej_becomes_rejected_with_its_reason() {
+        let (kind, info) = failure(CmError::Rejected {
+            reason: ferroce::cm::RejectReason::ConsumerDefined,
+            private_data: b"nope".to_vec(),
+        });
+        assert_eq!(kind, RDMA_CM_EVENT_REJECTED);
+        assert_eq!(info.status, 28);
+        assert_eq!(info.private, b"nope");
+        let (kind, info) = failure(CmError::Rejected {
+            reason: ferroce::cm::RejectReason::InvalidServiceId,
+            private_data: Vec::new(),
+        });
+        assert_eq!((kind, info.status), (RDMA_CM_EVENT_REJECTED, 8));
         let (kind, info) = failure(CmError::Unreachable);
         assert_eq!(kind, RDMA_CM_EVENT_UNREACHABLE);
         assert_eq!(info.status, -libc::ETIMEDOUT);
