@@ -306,7 +306,7 @@ exports! {
     default "rdma_create_event_channel" "RDMACM_1.0" => cm::create_event_channel;
     default "rdma_create_id" "RDMACM_1.0" => cm::create_id;
     default "rdma_create_qp" "RDMACM_1.0" => cm::create_qp;
-    default "rdma_create_qp_ex" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_create_qp_ex" "RDMACM_1.0" => cm::create_qp_ex;
     default "rdma_create_srq" "RDMACM_1.0" => cm::unsupported;
     default "rdma_create_srq_ex" "RDMACM_1.0" => cm::unsupported;
     default "rdma_destroy_ep" "RDMACM_1.0" => cm::destroy_ep;

@@ -8,7 +8,7 @@
 //! and the UDP one (`RDMA_PS_UDP`: UD), `rdma_bind_addr`, `rdma_resolve_addr`/`_route` (both
 //! complete at once: the soft NIC has one address and every peer is reached through UDP),
 //! `rdma_listen`, `rdma_connect`, `rdma_accept`, `rdma_reject`, `rdma_disconnect`,
-//! `rdma_get_cm_event`/`rdma_ack_cm_event`, `rdma_create_qp`/`rdma_destroy_qp` (the CQs made
+//! `rdma_get_cm_event`/`rdma_ack_cm_event`, `rdma_create_qp`/`_ex`/`rdma_destroy_qp` (the CQs made
 //! per id when the attributes name none, as librdmacm does), `rdma_init_qp_attr` for INIT,
 //! `rdma_set_option` (the id options are accepted and ignored), `rdma_migrate_id`,
 //! `rdma_getaddrinfo`/`rdma_freeaddrinfo`, `rdma_event_str`, `rdma_get_src_port`/`_dst_port`,
@@ -17,7 +17,7 @@
 //! `rdma_accept` on the listener's child sends the SIDR reply). Synchronous ids (made without
 //! a channel) wait in each call for its event, as librdmacm's do: `rdma_create_ep`,
 //! `rdma_get_request`, `rdma_destroy_ep`. Everything else fails with -1 (or NULL) and errno
-//! `ENOSYS`: multicast, `rdma_create_qp_ex`, SRQs on ids, ECE, `rdma_notify`,
+//! `ENOSYS`: multicast, SRQs on ids, ECE, `rdma_notify`,
 //! `rdma_establish` and rsockets.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -770,6 +770,60 @@ pub(crate) unsafe extern "C" fn create_qp(
         }
         c.qp = q;
         state.inner().own_cqs = own;
+        Ok(0)
+    })
+}
+
+/// `IBV_QP_INIT_ATTR_PD`: `ibv_qp_init_attr_ex.pd` is set.
+const IBV_QP_INIT_ATTR_PD: u32 = 1;
+/// Where `struct ibv_qp_init_attr_ex` keeps `comp_mask` and `pd` (after the fields it shares
+/// with `struct ibv_qp_init_attr`; `comp_mask` in that structure's tail padding).
+const QP_INIT_EX_COMP_MASK: usize = 60;
+const QP_INIT_EX_PD: usize = 64;
+
+/// `rdma_create_qp_ex`: `rdma_create_qp` with the extended attributes; only the PD may be
+/// given among the extensions (`EOPNOTSUPP` for the others, as on a device without them).
+pub(crate) unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
+    fence::minus_one(|| {
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let bytes = attr.cast::<u8>();
+        // SAFETY: the caller passes a `struct ibv_qp_init_attr_ex` (136 bytes), which starts
+        // with a `struct ibv_qp_init_attr`'s fields and holds `comp_mask` and `pd` at these
+        // offsets.
+        let (comp_mask, pd, mut plain) = unsafe {
+            (
+                bytes
+                    .add(QP_INIT_EX_COMP_MASK)
+                    .cast::<u32>()
+                    .read_unaligned(),
+                bytes
+                    .add(QP_INIT_EX_PD)
+                    .cast::<*mut ibv_pd>()
+                    .read_unaligned(),
+                attr.cast::<ibv_qp_init_attr>().read_unaligned(),
+            )
+        };
+        if comp_mask & !IBV_QP_INIT_ATTR_PD != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let pd = if comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
+            pd
+        } else {
+            ptr::null_mut()
+        };
+        // SAFETY: `plain` lives across the call.
+        if unsafe { create_qp(id, pd, &raw mut plain) } != 0 {
+            return Err(last_errno(libc::EINVAL));
+        }
+        let a = attr.cast::<ibv_qp_init_attr>();
+        // SAFETY: as above; only the fields `rdma_create_qp` fills are written back.
+        unsafe {
+            (*a).cap = plain.cap;
+            (*a).send_cq = plain.send_cq;
+            (*a).recv_cq = plain.recv_cq;
+        }
         Ok(0)
     })
 }

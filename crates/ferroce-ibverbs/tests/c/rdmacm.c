@@ -6,7 +6,8 @@
  * in this order (scripts/test-rdmacm.sh starts the server first):
  *   1. the server's channel fd, made non-blocking, gives EAGAIN with nothing queued and
  *      wakes poll(2) when an event comes;
- *   2. a connect to a port nobody listens on (the server's NIC is there): REJECTED, status 8;
+ *   2. a connect to a port nobody listens on (the server's NIC is there): REJECTED, status 8
+ *      (its QP made by rdma_create_qp_ex: with a PD; an extension not offered EOPNOTSUPP);
  *   3. a REQ with private data, rejected with private data: the server's CONNECT_REQUEST
  *      names the listener, carries the client's bytes and the peer's address, and the
  *      client's REJECTED has status 28 (consumer defined) and the server's bytes;
@@ -197,9 +198,19 @@ static void client(const char *ip, int port)
     struct rdma_cm_id *id;
     CHECK(ch != NULL);
 
-    /* 2: nobody listens on port + 1. */
+    /* 2: nobody listens on port + 1 (the QP made by rdma_create_qp_ex, with its PD). */
     id = resolved(ch, ip, port + 1);
-    make_qp(id, NULL, NULL);
+    struct ibv_qp_init_attr_ex ex;
+    memset(&ex, 0, sizeof ex);
+    ex.cap.max_send_wr = ex.cap.max_recv_wr = 2;
+    ex.cap.max_send_sge = ex.cap.max_recv_sge = 1;
+    ex.qp_type = IBV_QPT_RC;
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    ex.pd = id->pd;
+    CHECK(rdma_create_qp_ex(id, &ex) == -1 && errno == EOPNOTSUPP);
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+    CHECK(rdma_create_qp_ex(id, &ex) == 0);
+    CHECK(id->qp != NULL && id->qp->pd == id->pd && ex.send_cq == id->send_cq);
     connect_with(id, "anyone");
     ev = next_event(ch, RDMA_CM_EVENT_REJECTED);
     CHECK(ev->status == 8);
