@@ -113,6 +113,20 @@ for p in rping ucmatose udaddy rdma_server rdma_client; do
     echo "$p: loads (usage, rc $rc)"
 done
 
+# Waits (up to 10 s) until a soft NIC holds UDP port 4791 on ADDR, then a moment more for the
+# program to listen behind it.
+wait_for_nic() {
+    local addr="$1"
+    for _ in $(seq 100); do
+        if ss -Hunl "src $addr:4791" 2>/dev/null | grep -q .; then
+            sleep 0.3
+            return
+        fi
+        sleep 0.1
+    done
+    sleep 1
+}
+
 # run_pair NAME SERVER_ADDR CLIENT_ADDR "SERVER CMD..." "CLIENT CMD..." : both sides, each
 # its own address, the client started once the server listens; leaves their outputs in
 # $out_dir/NAME.{server,client} (standard output; standard error beside it in .err, since
@@ -123,7 +137,7 @@ run_pair() {
     on "$srv_addr" timeout 60 $srv_cmd >"$out_dir/$name.server" 2>"$out_dir/$name.server.err" &
     local srv_pid=$!
     pids+=("$srv_pid")
-    sleep 1
+    wait_for_nic "$srv_addr"
     cli_rc=0
     # shellcheck disable=SC2086
     LD_BIND_NOW=1 on "$cli_addr" timeout 60 $cli_cmd >"$out_dir/$name.client" 2>"$out_dir/$name.client.err" || cli_rc=$?
@@ -263,7 +277,7 @@ echo "== rping to a port nobody listens on: REJECTED, status 8"
 on 127.0.11.14 timeout 60 rping -s -a 127.0.11.14 -p 7176 -C 1 >"$out_dir/idle.server" 2>&1 &
 idle_pid=$!
 pids+=("$idle_pid")
-sleep 1
+wait_for_nic 127.0.11.14
 rc=0
 text="$(on 127.0.11.15 timeout 30 rping -c -a 127.0.11.14 -p 7177 -C 1 2>&1)" || rc=$?
 kill "$idle_pid" 2>/dev/null || true
