@@ -447,11 +447,11 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
             .nic
             .clone();
         let param = match p {
-            // SAFETY: the caller's parameters name their private data.
             Some(p) => cm::conn_param(
                 p.responder_resources,
                 p.initiator_depth,
                 p.rnr_retry_count,
+                // SAFETY: the caller's parameters name their private data.
                 unsafe { private_of(&p) },
             ),
             None => cm::conn_param(1, 1, 7, Vec::new()),
@@ -533,11 +533,11 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
         let req = inner.request.take().ok_or(libc::EINVAL)?;
         let r = req.req();
         let param = match p {
-            // SAFETY: the caller's parameters name their private data.
             Some(p) => cm::conn_param(
                 p.responder_resources,
                 p.initiator_depth,
                 p.rnr_retry_count,
+                // SAFETY: the caller's parameters name their private data.
                 unsafe { private_of(&p) },
             ),
             None => cm::conn_param(r.initiator_depth, r.responder_resources, 7, Vec::new()),
