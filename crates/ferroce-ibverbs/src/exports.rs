@@ -328,7 +328,7 @@ exports! {
     default "rdma_leave_multicast" "RDMACM_1.0" => cm::unsupported;
     default "rdma_listen" "RDMACM_1.0" => cm::listen;
     default "rdma_migrate_id" "RDMACM_1.0" => cm::migrate_id;
-    default "rdma_notify" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_notify" "RDMACM_1.0" => cm::notify;
     default "rdma_reject" "RDMACM_1.0" => cm::reject;
     default "rdma_resolve_addr" "RDMACM_1.0" => cm::resolve_addr;
     default "rdma_resolve_route" "RDMACM_1.0" => cm::resolve_route;

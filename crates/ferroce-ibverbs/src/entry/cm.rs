@@ -17,8 +17,8 @@
 //! `rdma_accept` on the listener's child sends the SIDR reply). Synchronous ids (made without
 //! a channel) wait in each call for its event, as librdmacm's do: `rdma_create_ep`,
 //! `rdma_get_request`, `rdma_destroy_ep`. Everything else fails with -1 (or NULL) and errno
-//! `ENOSYS`: multicast, SRQs on ids, ECE, `rdma_notify`,
-//! `rdma_establish` and rsockets.
+//! `ENOSYS`: multicast, SRQs on ids, ECE, `rdma_establish` (no `CONNECT_RESPONSE` is ever
+//! given: the CM brings the QP up itself) and rsockets; `rdma_notify` is 0.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::net::SocketAddr;
@@ -932,6 +932,13 @@ pub(crate) unsafe extern "C" fn set_option(
     })
 }
 
+/// `rdma_notify`: a program passing on an async event of its QP (`IBV_EVENT_COMM_EST`, data
+/// before the RTU); ferroce's CM sees that data itself, so there is nothing to do: 0 for a
+/// live id.
+pub(crate) unsafe extern "C" fn notify(id: *mut rdma_cm_id, _event: c_uint) -> c_int {
+    fence::minus_one(|| id_state(id).map(|_| 0))
+}
+
 /// `rdma_migrate_id`: later events of the id go to `channel`.
 pub(crate) unsafe extern "C" fn migrate_id(
     id: *mut rdma_cm_id,
@@ -1352,6 +1359,7 @@ mod tests {
         unsafe {
             assert_eq!(resolve_route(0x10 as *mut rdma_cm_id, 0), -1);
             assert_eq!(disconnect(0x10 as *mut rdma_cm_id), -1);
+            assert_eq!(notify(0x10 as *mut rdma_cm_id, 3), -1);
             assert_eq!(unsupported(), -1);
         }
     }
