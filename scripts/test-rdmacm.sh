@@ -68,6 +68,14 @@ on() {
     LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$addr" "$@"
 }
 
+# `on` for a background job: the job's subshell becomes the command (exec), so that $! is the
+# `timeout` process itself and killing it ends the program.
+on_bg() {
+    local addr="$1"
+    shift
+    LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$addr" exec "$@"
+}
+
 expect() {
     local what="$1" text="$2" pattern="$3"
     grep -qF -- "$pattern" <<<"$text" || {
@@ -134,7 +142,7 @@ wait_for_nic() {
 run_pair() {
     local name="$1" srv_addr="$2" cli_addr="$3" srv_cmd="$4" cli_cmd="$5"
     # shellcheck disable=SC2086 # the commands are word lists
-    on "$srv_addr" timeout 60 $srv_cmd >"$out_dir/$name.server" 2>"$out_dir/$name.server.err" &
+    on_bg "$srv_addr" timeout 60 $srv_cmd >"$out_dir/$name.server" 2>"$out_dir/$name.server.err" &
     local srv_pid=$!
     pids+=("$srv_pid")
     wait_for_nic "$srv_addr"
@@ -274,7 +282,7 @@ else
 fi
 
 echo "== rping to a port nobody listens on: REJECTED, status 8"
-on 127.0.11.14 timeout 60 rping -s -a 127.0.11.14 -p 7176 -C 1 >"$out_dir/idle.server" 2>&1 &
+on_bg 127.0.11.14 timeout 60 rping -s -a 127.0.11.14 -p 7176 -C 1 >"$out_dir/idle.server" 2>&1 &
 idle_pid=$!
 pids+=("$idle_pid")
 wait_for_nic 127.0.11.14
