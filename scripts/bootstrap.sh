@@ -29,6 +29,12 @@ command -v readelf >/dev/null || packages+=(binutils)
 # ibv_devices, ibv_devinfo and the pingpongs (ibverbs-utils), and perftest's ib_* tools.
 command -v ibv_devinfo >/dev/null || packages+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null || packages+=(perftest)
+# …and the drop-in librdmacm (the same file) under rping, ucmatose and udaddy (rdmacm-utils;
+# scripts/test-rdmacm.sh).
+command -v rping >/dev/null || packages+=(rdmacm-utils)
+# …and libfabric's fi_info, whose verbs provider lists devices through rdma_get_devices.
+command -v fi_info >/dev/null || packages+=(libfabric-bin)
+[ -e /usr/include/rdma/rdma_cma.h ] || packages+=(librdmacm-dev)
 # …and a C test built against rdma-core's headers, whose inline functions it must satisfy.
 [ -e /usr/include/infiniband/verbs.h ] || packages+=(libibverbs-dev)
 # UCX's tools and Open MPI (built with UCX), with mpicc for the MPI test program, run on the
@@ -42,7 +48,7 @@ command -v python3 >/dev/null || packages+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 command -v python3-config >/dev/null || packages+=(python3-dev)
 command -v c++ >/dev/null || packages+=(g++)
-checked="a C and C++ toolchain, curl, tshark, pkg-config, iproute2, nftables, binutils, libibverbs, rdma-core's tools, perftest, UCX, Open MPI, Python 3 with venv and headers"
+checked="a C and C++ toolchain, curl, tshark, pkg-config, iproute2, nftables, binutils, libibverbs, rdma-core's tools (ibverbs-utils, rdmacm-utils), perftest, libfabric, UCX, Open MPI, Python 3 with venv and headers"
 if [ ${#packages[@]} -eq 0 ]; then
     echo "bootstrap: checked $checked: all installed, nothing to do"
 else

@@ -39,6 +39,8 @@ echo "== the Python package: pip install and pytest (scripts/test-python.sh)"
 scripts/test-python.sh
 echo "== the drop-in libibverbs.so.1 under Debian's ibv_devices, ibv_devinfo, perftest (scripts/test-dropin.sh)"
 scripts/test-dropin.sh
+echo "== the drop-in librdmacm.so.1 under Debian's rping and ucmatose (scripts/test-rdmacm.sh)"
+scripts/test-rdmacm.sh
 echo "== UCX and Open MPI on the drop-in libibverbs.so.1 (scripts/test-ucx.sh)"
 scripts/test-ucx.sh
 echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"

@@ -97,7 +97,7 @@ macro_rules! exports {
     };
 }
 
-use crate::entry::{ah, cq, device, misc, mr, qp, srq, stubs};
+use crate::entry::{ah, cm, cq, device, misc, mr, qp, srq, stubs};
 
 exports! {
     // IBVERBS_1.0
@@ -292,6 +292,76 @@ exports! {
     default "verbs_register_driver_34" "IBVERBS_PRIVATE_34" => misc::register_driver;
     default "verbs_set_ops" "IBVERBS_PRIVATE_34" => stubs::ignore;
     default "verbs_uninit_context" "IBVERBS_PRIVATE_34" => stubs::ignore;
+
+    // librdmacm (RDMACM_1.0 … RDMACM_1.3): the same file is the drop-in librdmacm.so.1.
+    default "raccept" "RDMACM_1.0" => cm::unsupported;
+    default "rbind" "RDMACM_1.0" => cm::unsupported;
+    default "rclose" "RDMACM_1.0" => cm::unsupported;
+    default "rconnect" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_accept" "RDMACM_1.0" => cm::accept;
+    default "rdma_ack_cm_event" "RDMACM_1.0" => cm::ack_cm_event;
+    default "rdma_bind_addr" "RDMACM_1.0" => cm::bind_addr;
+    default "rdma_connect" "RDMACM_1.0" => cm::connect;
+    default "rdma_create_ep" "RDMACM_1.0" => cm::create_ep;
+    default "rdma_create_event_channel" "RDMACM_1.0" => cm::create_event_channel;
+    default "rdma_create_id" "RDMACM_1.0" => cm::create_id;
+    default "rdma_create_qp" "RDMACM_1.0" => cm::create_qp;
+    default "rdma_create_qp_ex" "RDMACM_1.0" => cm::create_qp_ex;
+    default "rdma_create_srq" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_create_srq_ex" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_destroy_ep" "RDMACM_1.0" => cm::destroy_ep;
+    default "rdma_destroy_event_channel" "RDMACM_1.0" => cm::destroy_event_channel;
+    default "rdma_destroy_id" "RDMACM_1.0" => cm::destroy_id;
+    default "rdma_destroy_qp" "RDMACM_1.0" => cm::destroy_qp;
+    default "rdma_destroy_srq" "RDMACM_1.0" => stubs::ignore;
+    default "rdma_disconnect" "RDMACM_1.0" => cm::disconnect;
+    default "rdma_event_str" "RDMACM_1.0" => cm::event_str;
+    default "rdma_free_devices" "RDMACM_1.0" => cm::free_devices;
+    default "rdma_freeaddrinfo" "RDMACM_1.0" => cm::freeaddrinfo;
+    default "rdma_get_cm_event" "RDMACM_1.0" => cm::get_cm_event;
+    default "rdma_get_devices" "RDMACM_1.0" => cm::get_devices;
+    default "rdma_get_dst_port" "RDMACM_1.0" => cm::get_dst_port;
+    default "rdma_get_request" "RDMACM_1.0" => cm::get_request;
+    default "rdma_get_src_port" "RDMACM_1.0" => cm::get_src_port;
+    default "rdma_getaddrinfo" "RDMACM_1.0" => cm::getaddrinfo;
+    default "rdma_join_multicast" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_leave_multicast" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_listen" "RDMACM_1.0" => cm::listen;
+    default "rdma_migrate_id" "RDMACM_1.0" => cm::migrate_id;
+    default "rdma_notify" "RDMACM_1.0" => cm::notify;
+    default "rdma_reject" "RDMACM_1.0" => cm::reject;
+    default "rdma_resolve_addr" "RDMACM_1.0" => cm::resolve_addr;
+    default "rdma_resolve_route" "RDMACM_1.0" => cm::resolve_route;
+    default "rdma_set_option" "RDMACM_1.0" => cm::set_option;
+    default "rfcntl" "RDMACM_1.0" => cm::unsupported;
+    default "rgetpeername" "RDMACM_1.0" => cm::unsupported;
+    default "rgetsockname" "RDMACM_1.0" => cm::unsupported;
+    default "rgetsockopt" "RDMACM_1.0" => cm::unsupported;
+    default "riomap" "RDMACM_1.0" => cm::unsupported;
+    default "riounmap" "RDMACM_1.0" => cm::unsupported;
+    default "riowrite" "RDMACM_1.0" => cm::unsupported;
+    default "rlisten" "RDMACM_1.0" => cm::unsupported;
+    default "rpoll" "RDMACM_1.0" => cm::unsupported;
+    default "rread" "RDMACM_1.0" => cm::unsupported;
+    default "rreadv" "RDMACM_1.0" => cm::unsupported;
+    default "rrecv" "RDMACM_1.0" => cm::unsupported;
+    default "rrecvfrom" "RDMACM_1.0" => cm::unsupported;
+    default "rrecvmsg" "RDMACM_1.0" => cm::unsupported;
+    default "rselect" "RDMACM_1.0" => cm::unsupported;
+    default "rsend" "RDMACM_1.0" => cm::unsupported;
+    default "rsendmsg" "RDMACM_1.0" => cm::unsupported;
+    default "rsendto" "RDMACM_1.0" => cm::unsupported;
+    default "rsetsockopt" "RDMACM_1.0" => cm::unsupported;
+    default "rshutdown" "RDMACM_1.0" => cm::unsupported;
+    default "rsocket" "RDMACM_1.0" => cm::unsupported;
+    default "rwrite" "RDMACM_1.0" => cm::unsupported;
+    default "rwritev" "RDMACM_1.0" => cm::unsupported;
+    default "rdma_join_multicast_ex" "RDMACM_1.1" => cm::unsupported;
+    default "rdma_establish" "RDMACM_1.2" => cm::unsupported;
+    default "rdma_init_qp_attr" "RDMACM_1.2" => cm::init_qp_attr;
+    default "rdma_get_remote_ece" "RDMACM_1.3" => cm::unsupported;
+    default "rdma_reject_ece" "RDMACM_1.3" => cm::unsupported;
+    default "rdma_set_local_ece" "RDMACM_1.3" => cm::unsupported;
 }
 
 // `verbs_allow_disassociate_destroy` (IBVERBS_PRIVATE_34): rdma-core's `bool`, which
@@ -354,7 +424,20 @@ mod tests {
             Vec::<&(String, String)>::new(),
             "in libibverbs.map but not exported"
         );
-        assert_eq!(table.len(), 180, "rdma-core v44 exports 180 symbols");
+        let ibverbs = table
+            .iter()
+            .filter(|(_, n)| n.starts_with("IBVERBS"))
+            .count();
+        assert_eq!(
+            ibverbs, 180,
+            "rdma-core v44's libibverbs exports 180 symbols"
+        );
+        let rdmacm = table
+            .iter()
+            .filter(|(_, n)| n.starts_with("RDMACM"))
+            .count();
+        assert_eq!(rdmacm, 68, "rdma-core v44's librdmacm exports 68 symbols");
+        assert_eq!(table.len(), ibverbs + rdmacm);
     }
 
     #[test]

@@ -25,6 +25,8 @@
 //! - `convert`: C values to ferroce's and back (access flags, QP attributes, completions);
 //! - `attrs`: what the device says of itself (limits, GUID, GID, port);
 //! - `addr`: which address the soft NIC binds;
+//! - `cm`, `cm_abi`: librdmacm (issue 24): the same file is the drop-in `librdmacm.so.1`;
+//!   its ids, event channels and the threads that drive `ferroce::cm`, and its C layouts;
 //! - `enums`: rdma-core's strings and rate tables;
 //! - `abi`: the C layouts, asserted;
 //! - `fence`: the panic fence and the return conventions;
@@ -37,6 +39,8 @@
 mod abi;
 mod addr;
 mod attrs;
+mod cm;
+mod cm_abi;
 mod context;
 mod convert;
 mod entry;

@@ -38,7 +38,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Table<T>(Mutex<BTreeMap<usize, Arc<T>>>);
 
 impl<T> Table<T> {
-    const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self(Mutex::new(BTreeMap::new()))
     }
 
@@ -133,8 +133,9 @@ impl Channel {
         self.fd.as_raw_fd()
     }
 
-    /// Queues the CQ at `cq` and makes the fd readable.
-    fn push(&self, cq: usize) {
+    /// Queues the CQ at `cq` (or, on an rdma_cm event channel, the event at `cq`) and makes
+    /// the fd readable.
+    pub(crate) fn push(&self, cq: usize) {
         lock(&self.queue).push_back(cq);
         // The count only fails at 2^64 - 1 events.
         let _ = sys::eventfd_give(&self.fd);

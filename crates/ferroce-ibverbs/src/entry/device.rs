@@ -575,3 +575,11 @@ pub(crate) unsafe extern "C" fn get_async_event(
 pub(crate) unsafe extern "C" fn ack_async_event(_event: *mut ibv_async_event) {
     fence::unit(|| ());
 }
+
+/// Opens device `ferroce0` for the drop-in librdmacm (`crate::entry::cm`): what
+/// `ibv_open_device` on the device list's one entry gives, NULL with errno set when it fails.
+pub(crate) fn open_ferroce0() -> *mut ibv_context {
+    // SAFETY: `device()` is this library's own device block, the pointer `ibv_open_device`
+    // takes.
+    unsafe { open_device(device().cast()) }
+}

@@ -10,6 +10,7 @@
 //!   sysfs helpers, and the private entry points providers call at load.
 //! - [`mr`], [`cq`], [`qp`], [`srq`], [`ah`]: the data path (stage 1): memory regions,
 //!   completion channels and CQs, QPs and their work requests, SRQs, address handles.
+//! - [`cm`]: librdmacm's entry points (the drop-in `librdmacm.so.1`, the same file).
 //! - [`stubs`]: what ferroce does not offer yet (or ever): fails cleanly with `EOPNOTSUPP`.
 //!
 //! This module and its children own the library's C-facing `unsafe`; `crate::sys` owns the
@@ -18,6 +19,7 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod ah;
+pub(crate) mod cm;
 pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod misc;

@@ -1,0 +1,274 @@
+/* The drop-in librdmacm from C (issue 24), built against rdma-core's own <rdma/rdma_cma.h>:
+ * what stock tools do not show. Two processes, each its own soft NIC (FERROCE_ADDR):
+ *
+ *   rdmacm server ADDR PORT     rdmacm client ADDR PORT
+ *
+ * in this order (scripts/test-rdmacm.sh starts the server first):
+ *   1. the server's channel fd, made non-blocking, gives EAGAIN with nothing queued and
+ *      wakes poll(2) when an event comes;
+ *   2. a connect to a port nobody listens on (the server's NIC is there): REJECTED, status 8
+ *      (its QP made by rdma_create_qp_ex: with a PD; an extension not offered EOPNOTSUPP);
+ *   3. a REQ with private data, rejected with private data: the server's CONNECT_REQUEST
+ *      names the listener, carries the client's bytes and the peer's address, and the
+ *      client's REJECTED has status 28 (consumer defined) and the server's bytes;
+ *   4. a REQ accepted with private data: the client's ESTABLISHED carries the server's REP
+ *      bytes; its QP was made with no PD and no CQs (the id's PD, CQs made for it with the
+ *      id as their context), and a SEND reaches the server's receive; the client
+ *      disconnects and both sides see DISCONNECTED; a second rdma_disconnect on the closed
+ *      connection is 0. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#define CHECK(cond)                                                              \
+    do {                                                                         \
+        if (!(cond)) {                                                           \
+            fprintf(stderr, "rdmacm: %s:%d: %s (errno %d)\n", __FILE__, __LINE__, \
+                    #cond, errno);                                               \
+            exit(1);                                                             \
+        }                                                                        \
+    } while (0)
+
+static struct sockaddr_in addr_of(const char *ip, int port)
+{
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    CHECK(inet_pton(AF_INET, ip, &a.sin_addr) == 1);
+    return a;
+}
+
+/* The next event on ch, which must be `want` (waits up to 10 s in poll(2)). */
+static struct rdma_cm_event *next_event(struct rdma_event_channel *ch,
+                                        enum rdma_cm_event_type want)
+{
+    struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+    struct rdma_cm_event *ev;
+    CHECK(poll(&p, 1, 10000) == 1);
+    CHECK(rdma_get_cm_event(ch, &ev) == 0);
+    if (ev->event != want) {
+        fprintf(stderr, "rdmacm: got %s (status %d), want %s\n", rdma_event_str(ev->event),
+                ev->status, rdma_event_str(want));
+        exit(1);
+    }
+    return ev;
+}
+
+static void wait_for(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
+{
+    CHECK(rdma_ack_cm_event(next_event(ch, want)) == 0);
+}
+
+/* A client id on ch, resolved to ip:port. */
+static struct rdma_cm_id *resolved(struct rdma_event_channel *ch, const char *ip, int port)
+{
+    struct rdma_cm_id *id;
+    struct sockaddr_in dst = addr_of(ip, port);
+    CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0);
+    CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == 0);
+    wait_for(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+    CHECK(id->verbs != NULL);
+    CHECK(id->pd != NULL);
+    CHECK(rdma_get_dst_port(id) == htons(port));
+    CHECK(rdma_get_src_port(id) != 0);
+    CHECK(rdma_resolve_route(id, 2000) == 0);
+    wait_for(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+    return id;
+}
+
+static void make_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq *cq)
+{
+    struct ibv_qp_init_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    attr.qp_type = IBV_QPT_RC;
+    attr.send_cq = attr.recv_cq = cq;
+    attr.sq_sig_all = 1;
+    CHECK(rdma_create_qp(id, pd, &attr) == 0);
+    CHECK(id->qp != NULL && id->qp->state == IBV_QPS_INIT);
+}
+
+static void connect_with(struct rdma_cm_id *id, const char *private_data)
+{
+    struct rdma_conn_param p;
+    memset(&p, 0, sizeof p);
+    p.private_data = private_data;
+    p.private_data_len = strlen(private_data);
+    p.responder_resources = p.initiator_depth = 1;
+    p.retry_count = p.rnr_retry_count = 7;
+    CHECK(rdma_connect(id, &p) == 0);
+}
+
+/* Polls cq for one successful completion (up to ~5 s). */
+static struct ibv_wc one_completion(struct ibv_cq *cq)
+{
+    struct ibv_wc wc;
+    for (int i = 0; i < 500000; i++) {
+        int n = ibv_poll_cq(cq, 1, &wc);
+        CHECK(n >= 0);
+        if (n == 1) {
+            CHECK(wc.status == IBV_WC_SUCCESS);
+            return wc;
+        }
+        struct timespec t = { 0, 10000 };
+        nanosleep(&t, NULL);
+    }
+    CHECK(!"a completion");
+    return wc;
+}
+
+static void server(const char *ip, int port)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_event *ev;
+    struct rdma_cm_id *listen_id, *child;
+    struct sockaddr_in me = addr_of(ip, port);
+    CHECK(ch != NULL);
+    CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0);
+    CHECK(rdma_get_cm_event(ch, &ev) == -1 && errno == EAGAIN);
+    CHECK(rdma_create_id(ch, &listen_id, NULL, RDMA_PS_TCP) == 0);
+    CHECK(rdma_bind_addr(listen_id, (struct sockaddr *)&me) == 0);
+    CHECK(rdma_listen(listen_id, 4) == 0);
+    CHECK(rdma_get_src_port(listen_id) == htons(port));
+
+    /* 3: rejected with private data. */
+    ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    CHECK(ev->listen_id == listen_id);
+    CHECK(ev->param.conn.private_data_len >= 5);
+    CHECK(memcmp(ev->param.conn.private_data, "hello", 5) == 0);
+    child = ev->id;
+    CHECK(child != listen_id && child->verbs != NULL);
+    CHECK(rdma_get_peer_addr(child)->sa_family == AF_INET);
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    CHECK(rdma_reject(child, "nope", 4) == 0);
+    CHECK(rdma_destroy_id(child) == 0);
+
+    /* 4: accepted; a SEND comes; the client disconnects. */
+    ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    CHECK(memcmp(ev->param.conn.private_data, "again", 5) == 0);
+    child = ev->id;
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    struct ibv_pd *pd = ibv_alloc_pd(child->verbs);
+    struct ibv_cq *cq = ibv_create_cq(child->verbs, 8, NULL, NULL, 0);
+    CHECK(pd != NULL && cq != NULL);
+    make_qp(child, pd, cq);
+    char buf[16] = { 0 };
+    struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr != NULL);
+    struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = sizeof buf, .lkey = mr->lkey };
+    struct ibv_recv_wr rwr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *bad;
+    CHECK(ibv_post_recv(child->qp, &rwr, &bad) == 0);
+    struct rdma_conn_param p;
+    memset(&p, 0, sizeof p);
+    p.private_data = "yes";
+    p.private_data_len = 3;
+    p.responder_resources = p.initiator_depth = 1;
+    CHECK(rdma_accept(child, &p) == 0);
+    CHECK(child->qp->state == IBV_QPS_RTS);
+    wait_for(ch, RDMA_CM_EVENT_ESTABLISHED);
+    struct ibv_wc wc = one_completion(cq);
+    CHECK(wc.wr_id == 7 && wc.opcode == IBV_WC_RECV && wc.byte_len == 5);
+    CHECK(memcmp(buf, "ping", 5) == 0);
+    wait_for(ch, RDMA_CM_EVENT_DISCONNECTED);
+    CHECK(rdma_disconnect(child) == 0);
+    rdma_destroy_qp(child);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0);
+    CHECK(ibv_dealloc_pd(pd) == 0);
+    CHECK(rdma_destroy_id(child) == 0);
+    CHECK(rdma_destroy_id(listen_id) == 0);
+    rdma_destroy_event_channel(ch);
+    printf("rdmacm server: ok\n");
+}
+
+static void client(const char *ip, int port)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_event *ev;
+    struct rdma_cm_id *id;
+    CHECK(ch != NULL);
+
+    /* 2: nobody listens on port + 1 (the QP made by rdma_create_qp_ex, with its PD). */
+    id = resolved(ch, ip, port + 1);
+    struct ibv_qp_init_attr_ex ex;
+    memset(&ex, 0, sizeof ex);
+    ex.cap.max_send_wr = ex.cap.max_recv_wr = 2;
+    ex.cap.max_send_sge = ex.cap.max_recv_sge = 1;
+    ex.qp_type = IBV_QPT_RC;
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    ex.pd = id->pd;
+    CHECK(rdma_create_qp_ex(id, &ex) == -1 && errno == EOPNOTSUPP);
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+    CHECK(rdma_create_qp_ex(id, &ex) == 0);
+    CHECK(id->qp != NULL && id->qp->pd == id->pd && ex.send_cq == id->send_cq);
+    connect_with(id, "anyone");
+    ev = next_event(ch, RDMA_CM_EVENT_REJECTED);
+    CHECK(ev->status == 8);
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    rdma_destroy_qp(id);
+    CHECK(rdma_destroy_id(id) == 0);
+
+    /* 3: the server refuses, saying why. */
+    id = resolved(ch, ip, port);
+    make_qp(id, NULL, NULL);
+    connect_with(id, "hello");
+    ev = next_event(ch, RDMA_CM_EVENT_REJECTED);
+    CHECK(ev->status == 28);
+    CHECK(ev->param.conn.private_data_len >= 4);
+    CHECK(memcmp(ev->param.conn.private_data, "nope", 4) == 0);
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    rdma_destroy_qp(id);
+    CHECK(rdma_destroy_id(id) == 0);
+
+    /* 4: accepted; the QP has the id's PD and CQs made for it. */
+    id = resolved(ch, ip, port);
+    make_qp(id, NULL, NULL);
+    CHECK(id->qp->pd == id->pd);
+    CHECK(id->send_cq != NULL && id->recv_cq != NULL && id->send_cq_channel != NULL);
+    CHECK(id->send_cq->cq_context == id);
+    connect_with(id, "again");
+    ev = next_event(ch, RDMA_CM_EVENT_ESTABLISHED);
+    CHECK(ev->param.conn.private_data_len >= 3);
+    CHECK(memcmp(ev->param.conn.private_data, "yes", 3) == 0);
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    char msg[5] = "ping";
+    struct ibv_mr *mr = ibv_reg_mr(id->pd, msg, sizeof msg, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr != NULL);
+    struct ibv_sge sge = { .addr = (uintptr_t)msg, .length = sizeof msg, .lkey = mr->lkey };
+    struct ibv_send_wr wr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1,
+                              .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+                       *bad;
+    CHECK(ibv_post_send(id->qp, &wr, &bad) == 0);
+    CHECK(one_completion(id->send_cq).wr_id == 9);
+    CHECK(rdma_disconnect(id) == 0);
+    wait_for(ch, RDMA_CM_EVENT_DISCONNECTED);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    rdma_destroy_qp(id);
+    CHECK(id->send_cq == NULL && id->qp == NULL);
+    CHECK(rdma_destroy_id(id) == 0);
+    rdma_destroy_event_channel(ch);
+    printf("rdmacm client: ok\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: rdmacm server|client ADDR PORT\n");
+        return 2;
+    }
+    if (strcmp(argv[1], "server") == 0)
+        server(argv[2], atoi(argv[3]));
+    else
+        client(argv[2], atoi(argv[3]));
+    return 0;
+}
