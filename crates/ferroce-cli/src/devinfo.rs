@@ -196,10 +196,7 @@ fn report(o: &mut String, args: &DevinfoArgs) -> ExitCode {
 
 /// Says why there are no verbs devices; fails only when one was asked for by name, and then
 /// names it.
-fn report_missing(
-    found: &Result<Vec<String>, verbs::VerbsError>,
-    asked: Option<&str>,
-) -> ExitCode {
+fn report_missing(found: &Result<Vec<String>, verbs::VerbsError>, asked: Option<&str>) -> ExitCode {
     match (found, asked) {
         (Ok(_), _) => ExitCode::SUCCESS,
         (Err(e), None) => {
