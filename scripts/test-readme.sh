@@ -55,13 +55,15 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/ferroce-readme.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
 # ---------------------------------------------------------------------------------------------
-# Extract the blocks: $work/blocks/NNN.sh holds the text, NNN.where "FILE:LINE" of its fence.
+# Extract the blocks: $work/blocks/NNN.sh holds the text, NNN.where "FILE:LINE" of its fence,
+# and NNN.sample the sample output shown after it (the next fenced block, when unlabelled).
 mkdir -p "$work/blocks"
 n=0
 for f in "${readmes[@]}"; do
     [ -f "$f" ] || fail "$f is missing"
     lineno=0
     in_block=""
+    after_sh=""
     while IFS= read -r line || [ -n "$line" ]; do
         lineno=$((lineno + 1))
         if [ -z "$in_block" ]; then
@@ -73,6 +75,16 @@ for f in "${readmes[@]}"; do
                 : >"$work/blocks/$id.sh"
                 in_block=sh
                 ;;
+            '```')
+                # Sample output: kept when it follows a sh block, to be compared with what
+                # the block printed.
+                if [ -n "$after_sh" ]; then
+                    : >"$work/blocks/$id.sample"
+                    in_block=sample
+                else
+                    in_block=other
+                fi
+                ;;
             '```bash' | '```shell' | '```console' | '```sh '* | '```bash '* | '```shell-session')
                 fail "$f:$lineno: a shell block labelled '${line#\`\`\`}': label it \`\`\`sh so that this script runs it"
                 ;;
@@ -83,9 +95,12 @@ for f in "${readmes[@]}"; do
                 ;;
             esac
         elif [ "$line" = '```' ]; then
+            if [ "$in_block" = sh ]; then after_sh=1; else after_sh=""; fi
             in_block=""
         elif [ "$in_block" = sh ]; then
             printf '%s\n' "$line" >>"$work/blocks/$id.sh"
+        elif [ "$in_block" = sample ]; then
+            printf '%s\n' "$line" >>"$work/blocks/$id.sample"
         fi
     done <"$f"
     [ -z "$in_block" ] || fail "$f: a code block is not closed"
@@ -341,6 +356,27 @@ for block in "$work"/blocks/*.sh; do
             esac
             show_failure "$where" "$script" "$log" "$what"
             failed=1
+        fi
+        # The sample output shown after the block: each of its lines ("..." elides) must be
+        # one the block printed, tabs and spaces aside. Not for a sample taken on another
+        # host (`hca_id: rxe0`: kernel Soft-RoCE, which CI has not).
+        sample="$work/blocks/$id.sample"
+        if [ "$failed" -eq 0 ] && [ -s "$sample" ] && ! grep -qP '^hca_id:\s+(?!ferroce0)' "$sample"; then
+            squash() { sed -E 's/[[:space:]]+/ /g; s/^ //; s/ $//'; }
+            printed="$(squash <"$log")"
+            missing=""
+            while IFS= read -r want; do
+                [ -n "$want" ] && [ "$want" != "..." ] || continue
+                grep -qxF -- "$want" <<<"$printed" || missing+="$want"$'\n'
+            done < <(squash <"$sample")
+            if [ -n "$missing" ]; then
+                show_failure "$where" "$script" "$log" "did not print the README's sample output: missing lines:"$'\n'"$missing"
+                failed=1
+            else
+                echo "    (its output has every line of the README's sample)"
+            fi
+        elif [ -s "$sample" ]; then
+            echo "    (its sample output is from another host: not compared)"
         fi
     fi
 
