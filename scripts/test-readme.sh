@@ -312,6 +312,15 @@ for block in "$work"/blocks/*.sh; do
     sed 's/^/    /' <<<"$text"
     before="$(untracked)"
     start=$SECONDS
+    # The block's `cargo run`s must find the build current, as they do on a machine where
+    # nothing else builds, so that a server and its client start within the block's `sleep 1`
+    # of each other; and `ferroce` on PATH must be this checkout's. With a target directory
+    # shared with other checkouts the up-front build may be stale by now; where it is
+    # current (CI) this takes a fraction of a second.
+    if grep -q -- '--features cuda' <<<"$script"; then
+        cargo build --release --locked --features cuda --quiet
+    fi
+    cargo build --release --locked --quiet
 
     # Lines for hardware that is not here: each alone, in a fresh bash, must fail.
     while IFS= read -r line; do
@@ -335,16 +344,6 @@ for block in "$work"/blocks/*.sh; do
     done <<<"$expect_fail"
 
     if [ -n "$(tr -d '[:space:]' <<<"$script")" ]; then
-        # A block's `cargo run`s must find the build current, as they do on a machine where
-        # nothing else builds, so that a server and its client start within the block's
-        # `sleep 1` of each other: with a target directory shared with other checkouts, the
-        # up-front build may be stale by now. Where it is current this is a no-op.
-        if grep -q 'cargo run --release' <<<"$script"; then
-            if grep -q -- '--features cuda' <<<"$script"; then
-                cargo build --release --locked --features cuda --quiet
-            fi
-            cargo build --release --locked --quiet
-        fi
         make_runner "$script" "$extra_env" "$work/$id.run.sh"
         log="$work/$id.log"
         rc=0
