@@ -289,8 +289,9 @@ show_failure() {
     } >&2
 }
 
+# The work tree's untracked files (none outside a git checkout).
 untracked() {
-    git ls-files --others --exclude-standard | sort
+    { git ls-files --others --exclude-standard 2>/dev/null || true; } | sort
 }
 
 skipped=()
