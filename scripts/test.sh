@@ -43,5 +43,9 @@ echo "== the drop-in librdmacm.so.1 under Debian's rping and ucmatose (scripts/t
 scripts/test-rdmacm.sh
 echo "== UCX and Open MPI on the drop-in libibverbs.so.1 (scripts/test-ucx.sh)"
 scripts/test-ucx.sh
+# Every shell snippet of the READMEs, as written (the servers, pairs and drop-in blocks on
+# their own loopback addresses; the hardware-only lines must fail saying what is missing).
+echo "== every sh block of the READMEs runs as written (scripts/test-readme.sh)"
+scripts/test-readme.sh
 echo "== interop (kernel rxe, rdma-core and perftest in QEMU guests; interop/README.md)"
 interop/run.sh

@@ -157,7 +157,7 @@ fn report(o: &mut String, args: &DevinfoArgs) -> ExitCode {
         for n in names {
             out!(o, "\t{n}");
         }
-        return report_missing(&verbs_devices, false);
+        return report_missing(&verbs_devices, None);
     }
     if wanted(SOFT_DEVICE) {
         print_soft(o, args);
@@ -167,7 +167,7 @@ fn report(o: &mut String, args: &DevinfoArgs) -> ExitCode {
     }
     let names = match &verbs_devices {
         Ok(names) => names.clone(),
-        Err(_) => return report_missing(&verbs_devices, args.ib_dev.is_some()),
+        Err(_) => return report_missing(&verbs_devices, args.ib_dev.as_deref()),
     };
     if let Some(want) = &args.ib_dev {
         if !names.contains(want) {
@@ -194,17 +194,18 @@ fn report(o: &mut String, args: &DevinfoArgs) -> ExitCode {
     status
 }
 
-/// Says why there are no verbs devices; fails only when one was asked for by name.
-fn report_missing(found: &Result<Vec<String>, verbs::VerbsError>, asked: bool) -> ExitCode {
-    match found {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
+/// Says why there are no verbs devices; fails only when one was asked for by name, and then
+/// names it.
+fn report_missing(found: &Result<Vec<String>, verbs::VerbsError>, asked: Option<&str>) -> ExitCode {
+    match (found, asked) {
+        (Ok(_), _) => ExitCode::SUCCESS,
+        (Err(e), None) => {
             eprintln!("ferroce devinfo: no verbs devices: {e}");
-            if asked {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            }
+            ExitCode::SUCCESS
+        }
+        (Err(e), Some(name)) => {
+            eprintln!("ferroce devinfo: no device {name}: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -481,7 +481,8 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         gid_index: None,
         local: args.local,
     };
-    let nic = Nic::open_device(&args.ib_dev, &options, &soft)?;
+    let nic = Nic::open_device(&args.ib_dev, &options, &soft)
+        .with_context(|| format!("cannot open device {}", args.ib_dev))?;
     crate::refuse_soft_only(&nic, false, args.pcap.is_some()).map_err(anyhow::Error::msg)?;
     let cuda = cuda_memory(args)?;
     let rx = Receiver::new();

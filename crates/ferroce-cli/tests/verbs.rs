@@ -95,6 +95,32 @@ fn without_kernel_rdma_the_tool_says_so_and_how_to_load_a_driver() {
 }
 
 #[test]
+fn a_device_asked_for_by_name_is_named_in_the_refusal() {
+    // README.md's `ferroce devinfo -v -d mlx5_0` and `ferroce stream recv -d mlx5_0` on a
+    // host without RDMA (scripts/test-readme.sh runs them): which device, and why not. The
+    // stream's --device is TEST-NET-1's, never contacted: the device fails to open first.
+    let lib = fake().to_str().unwrap();
+    let env = [("FERROCE_IBVERBS", lib), ("FAKE_IBVERBS_ENOSYS", "1")];
+    let o = ferroce(&["devinfo", "-v", "-d", "mlx5_0"], &env);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("ferroce devinfo: no device mlx5_0: this kernel has no RDMA support"),
+        "{e}"
+    );
+    let o = ferroce(
+        &["stream", "recv", "-d", "mlx5_0", "--device", "192.0.2.1"],
+        &env,
+    );
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("ferroce stream: cannot open device mlx5_0: this kernel has no RDMA support"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_device_that_is_not_there_is_named_with_those_that_are() {
     let lib = fake().to_str().unwrap();
     let o = ferroce(&["pingpong", "-d", "mlx5_9"], &[("FERROCE_IBVERBS", lib)]);
