@@ -620,6 +620,9 @@ class Lab:
         if self.dropin:
             os.makedirs(self.dropin_dir)
             shutil.copy2(self.dropin, os.path.join(self.dropin_dir, "libibverbs.so.1"))
+            # librdmacm.so.1 is the same file (crates/ferroce-ibverbs): a link, so that a
+            # program needing both maps it once and the two share their objects
+            os.symlink("libibverbs.so.1", os.path.join(self.dropin_dir, "librdmacm.so.1"))
         log(f"namespace {self.ns}: bridge {BRIDGE} {HOST_ADDR}/24, guests {', '.join(self.guest_names)}")
         run(["ip", "netns", "add", self.ns], what="ip netns add")
         self.ns_made = True

@@ -113,19 +113,19 @@ class Endpoint:
         """rping's server (`-s -a` its own address) or client (`-c -a` the server's); the
         client pings `count` times and validates every ping."""
         port = port or RPING_PORT
-        tool = "rping" if self.impl == "rxe" else f"{self.bin} rping"
+        tool = {"rxe": "rping", "dropin": f"{self.stock}rping"}.get(self.impl, f"{self.bin} rping")
         if server is None:
             return f"{tool} -s -a {self.addr} -p {port} -S {size} -v"
-        source = "" if self.impl == "rxe" else f" -I {self.addr}"
+        source = "" if self.impl in ("rxe", "dropin") else f" -I {self.addr}"
         return f"{tool} -c -a {server}{source} -p {port} -S {size} -C {count} -v -V"
 
     def cmatose(self, tool, flags, server=None):
         """ucmatose or udaddy: the server binds its address (`-b`), the client names the
         server (`-s`) and, for ferroce, its own (`-b`)."""
-        cmd = tool if self.impl == "rxe" else f"{self.bin} {tool}"
+        cmd = {"rxe": tool, "dropin": f"{self.stock}{tool}"}.get(self.impl, f"{self.bin} {tool}")
         if server is None:
             return f"{cmd} -b {self.addr} {flags}"
-        source = "" if self.impl == "rxe" else f" -b {self.addr}"
+        source = "" if self.impl in ("rxe", "dropin") else f" -b {self.addr}"
         return f"{cmd} -s {server}{source} {flags}"
 
     def perf(self, tool, sub, flags, server=None):
@@ -573,6 +573,14 @@ def interop_plan(lab):
             n = pingpong_iters(1024)
             plan.append((f"dropin-ud-pingpong-1024B-{role}", "pingpong", server, client,
                          server.ud_pingpong(1024, n), client.ud_pingpong(1024, n, server.addr), 40, 0, 1024))
+            # librdmacm's own rping and ucmatose on the drop-in librdmacm.so.1 (the same file),
+            # against the guest kernel's rdma_cm
+            count = iters(50)
+            plan.append((f"dropin-rping-64B-{role}", "rping", server, client, server.rping(64, count),
+                         client.rping(64, count, server.addr), 60, 0, 1024))
+            plan.append((f"dropin-ucmatose-4conn-{role}", "cm", server, client,
+                         server.cmatose("ucmatose", "-c 4"),
+                         client.cmatose("ucmatose", "-c 4", server.addr), 60, 0, 1024))
     # a READ longer than the requester's largest window: ferroce asks for 1 MiB as eight READ
     # requests of 128 response packets, which rxe must serve within max_rd_atomic, with and
     # without loss
