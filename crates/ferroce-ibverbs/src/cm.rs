@@ -15,11 +15,11 @@
 //! An event channel is a [`Channel`] (an eventfd, the C channel's `fd`, and a queue), each
 //! event a boxed [`EventBlock`] whose address the queue holds until `rdma_ack_cm_event`.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ferroce::cm::{CmError, ConnParam, ConnectRequest, Connection, Listener, SidrRequest};
@@ -53,12 +53,82 @@ pub(crate) struct EventBlock {
 pub(crate) static EVENT_CHANNELS: Table<Channel> = Table::new();
 /// The ids, by the address of their C `rdma_cm_id`.
 pub(crate) static IDS: Table<IdState> = Table::new();
-/// Events handed out and not yet acknowledged.
-static LIVE_EVENTS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+/// Events queued or handed out and not yet acknowledged, with the count of the id they were
+/// reported for (none for a connection request, which belongs to the new id).
+static LIVE_EVENTS: Mutex<BTreeMap<usize, Option<Arc<EventCount>>>> = Mutex::new(BTreeMap::new());
 
-/// Forgets the event at `at` (acknowledged); false when it is not a live event.
+/// Forgets the event at `at` (acknowledged); false when it is not a live event. An event
+/// that was handed out counts as acknowledged for its id's `rdma_destroy_id`.
 pub(crate) fn forget_event(at: usize) -> bool {
-    lock(&LIVE_EVENTS).remove(&at)
+    match lock(&LIVE_EVENTS).remove(&at) {
+        Some(owner) => {
+            if let Some(count) = owner {
+                count.acknowledged();
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+/// The events of one id handed to the program and not yet acknowledged: librdmacm's
+/// `rdma_destroy_id` returns only once each is, and an event not yet handed out when the id
+/// is destroyed is never handed out (the kernel drops it). Without this, rping's CM thread,
+/// handed its `DISCONNECTED` while the main thread tore the id and then the channel down,
+/// came back to `rdma_get_cm_event` on a channel already gone and exited with an error.
+#[derive(Default)]
+pub(crate) struct EventCount {
+    /// Events handed out and not acknowledged; whether the id is destroyed.
+    state: Mutex<(usize, bool)>,
+    acknowledged: Condvar,
+}
+
+impl EventCount {
+    /// Marks an event of the id as handed out; false (and nothing counted) once the id is
+    /// destroyed, when the event must be dropped instead.
+    fn handed_out(&self) -> bool {
+        let mut state = lock(&self.state);
+        if state.1 {
+            return false;
+        }
+        state.0 += 1;
+        true
+    }
+
+    fn acknowledged(&self) {
+        let mut state = lock(&self.state);
+        state.0 = state.0.saturating_sub(1);
+        if state.0 == 0 {
+            self.acknowledged.notify_all();
+        }
+    }
+
+    /// The id is destroyed: no more of its events are handed out. Returns once every event
+    /// handed out has been acknowledged.
+    pub(crate) fn destroy_and_wait(&self) {
+        let mut state = lock(&self.state);
+        state.1 = true;
+        while state.0 > 0 {
+            state = self
+                .acknowledged
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Whether the event at `at`, just taken from its channel, may be handed to the program: it
+/// then counts for its id. False for an event of an id destroyed since it was queued, which
+/// is forgotten here and must be freed by the caller (the kernel drops such events).
+pub(crate) fn claim(at: usize) -> bool {
+    let mut live = lock(&LIVE_EVENTS);
+    match live.get(&at) {
+        Some(Some(count)) if !count.handed_out() => {
+            live.remove(&at);
+            false
+        }
+        _ => true,
+    }
 }
 
 /// What one `rdma_cm_id` holds.
@@ -71,6 +141,8 @@ pub(crate) struct IdState {
     pub(crate) own_channel: AtomicBool,
     /// Set when the id is destroyed: its thread ends.
     pub(crate) stop: AtomicBool,
+    /// Its events handed out and not acknowledged (`rdma_destroy_id` waits for them).
+    pub(crate) events: Arc<EventCount>,
     pub(crate) inner: Mutex<IdInner>,
 }
 
@@ -105,6 +177,7 @@ impl IdState {
             channel: AtomicUsize::new(channel),
             own_channel: AtomicBool::new(own_channel),
             stop: AtomicBool::new(false),
+            events: Arc::default(),
             inner: Mutex::new(IdInner::default()),
         }
     }
@@ -136,7 +209,8 @@ pub(crate) struct EventInfo {
 /// Queues an event of `kind` for the id at `id` on its channel (dropped if the channel is
 /// gone).
 pub(crate) fn post(id: usize, state: &IdState, kind: c_uint, info: &EventInfo) {
-    post_on(state.channel.load(Ordering::Acquire), id, kind, info);
+    let channel = state.channel.load(Ordering::Acquire);
+    queue(channel, id, kind, info, Some(Arc::clone(&state.events)));
 }
 
 /// A new event channel: its C `rdma_event_channel` (the address the program holds) and the
@@ -153,6 +227,17 @@ pub(crate) fn new_channel() -> Result<(*mut rdma_event_channel, Arc<Channel>), c
 /// Queues an event of `kind` for the id at `id` on the channel at `channel` (dropped if the
 /// channel is gone).
 pub(crate) fn post_on(channel: usize, id: usize, kind: c_uint, info: &EventInfo) {
+    queue(channel, id, kind, info, None);
+}
+
+/// Queues the event on the channel at `channel`, counted for `owner`'s id when handed out.
+fn queue(
+    channel: usize,
+    id: usize,
+    kind: c_uint,
+    info: &EventInfo,
+    owner: Option<Arc<EventCount>>,
+) {
     let Some(channel) = EVENT_CHANNELS.get(channel) else {
         return;
     };
@@ -201,7 +286,7 @@ pub(crate) fn post_on(channel: usize, id: usize, kind: c_uint, info: &EventInfo)
         };
     }
     let at = Box::into_raw(block) as usize;
-    lock(&LIVE_EVENTS).insert(at);
+    lock(&LIVE_EVENTS).insert(at, owner);
     channel.push(at);
 }
 
@@ -592,6 +677,54 @@ mod tests {
         assert!(forget_event(at));
         assert!(!forget_event(at), "an event is acknowledged once");
         EVENT_CHANNELS.remove(0x4000);
+    }
+
+    /// librdmacm's rule for `rdma_destroy_id`: it returns once the id's events handed out are
+    /// acknowledged, and an event queued but not yet handed out is never handed out after.
+    #[test]
+    fn a_destroyed_id_waits_for_its_events_and_hands_out_no_more() {
+        let channel = Arc::new(Channel::new(0).unwrap());
+        EVENT_CHANNELS.add(0x4100, Arc::clone(&channel));
+        let state = IdState::new(RDMA_PS_TCP, 0x4100, false);
+        post(
+            0x5100,
+            &state,
+            RDMA_CM_EVENT_DISCONNECTED,
+            &EventInfo::default(),
+        );
+        let held = channel.next().unwrap();
+        assert!(claim(held), "a live id's event is handed out");
+        post(
+            0x5100,
+            &state,
+            RDMA_CM_EVENT_ESTABLISHED,
+            &EventInfo::default(),
+        );
+
+        let (done, destroyed) = std::sync::mpsc::channel();
+        let events = Arc::clone(&state.events);
+        let destroyer = std::thread::spawn(move || {
+            events.destroy_and_wait();
+            let _ = done.send(());
+        });
+        assert!(
+            destroyed.recv_timeout(Duration::from_millis(200)).is_err(),
+            "rdma_destroy_id returned with an event of the id unacknowledged"
+        );
+        assert!(forget_event(held));
+        destroyed.recv().unwrap();
+        destroyer.join().unwrap();
+
+        let queued = channel.next().unwrap();
+        assert!(
+            !claim(queued),
+            "an event queued before the destroy is not handed out"
+        );
+        assert!(
+            !forget_event(queued),
+            "and is forgotten, for the caller to free"
+        );
+        EVENT_CHANNELS.remove(0x4100);
     }
 
     #[test]

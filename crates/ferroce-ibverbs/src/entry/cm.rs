@@ -110,9 +110,7 @@ fn complete(id: *mut rdma_cm_id, state: &IdState) -> Result<c_int, c_int> {
         c.event = ptr::null_mut();
     }
     let channel = EVENT_CHANNELS.get(c.channel as usize).ok_or(libc::EINVAL)?;
-    let at = channel
-        .next()
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let at = take_event(&channel).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
     c.event = at as *mut rdma_cm_event;
     // SAFETY: the queue holds live events of `crate::cm::post`.
     let (kind, status) = unsafe { ((*c.event).event, (*c.event).status) };
@@ -226,6 +224,8 @@ pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
     fence::minus_one(|| {
         let state = IDS.remove(id as usize).ok_or(libc::EINVAL)?;
         state.stop.store(true, Ordering::Release);
+        // Nothing more of this id's is handed out; what was, the program acknowledges first
+        // (librdmacm's rule: its CM thread may hold the id's last event).
         let (request, sidr, conn, listening) = {
             let mut inner = state.inner();
             (
@@ -249,6 +249,7 @@ pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
             // SAFETY: a synchronous id's last event, handed out by this library.
             unsafe { ack_cm_event(c.event) };
         }
+        state.events.destroy_and_wait();
         lock(&EP_ATTRS).remove(&(id as usize));
         if state.own_channel.load(Ordering::Acquire) {
             let _ = free_channel(c.channel);
@@ -600,13 +601,25 @@ pub(crate) unsafe extern "C" fn get_cm_event(
         if event.is_null() {
             return Err(libc::EINVAL);
         }
-        let at = ch
-            .next()
-            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let at = take_event(&ch).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         // SAFETY: the caller passes where to put the event.
         unsafe { event.write(at as *mut rdma_cm_event) };
         Ok(0)
     })
+}
+
+/// The channel's next event of an id still alive; those of ids destroyed since they were
+/// queued are freed on the way (`cm::claim`).
+fn take_event(channel: &crate::objects::Channel) -> std::io::Result<usize> {
+    loop {
+        let at = channel.next()?;
+        if cm::claim(at) {
+            return Ok(at);
+        }
+        // SAFETY: the event was queued from `Box::into_raw` of an `EventBlock` in
+        // `crate::cm::queue`, and `claim` has just forgotten it: nobody else frees it.
+        drop(unsafe { Box::from_raw(at as *mut cm::EventBlock) });
+    }
 }
 
 /// `rdma_ack_cm_event`: frees an event (and its private data).
