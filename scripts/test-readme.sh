@@ -225,6 +225,24 @@ make_runner() {
         cat <<'PRE'
 set -eo pipefail
 __bg=()
+# A block may `wait` for its own jobs, as a user's shell would: their statuses are kept here
+# for the EXIT trap, which could not wait for them again.
+declare -A __st=()
+wait() {
+    local pid st=0
+    if [ $# -eq 0 ]; then
+        for pid in "${__bg[@]}"; do
+            [ -n "${__st[$pid]:-}" ] && continue
+            st=0
+            builtin wait "$pid" 2>/dev/null || st=$?
+            __st[$pid]=$st
+        done
+        return 0
+    fi
+    builtin wait "$@" || st=$?
+    for pid in "$@"; do __st[$pid]=$st; done
+    return "$st"
+}
 __reap() {
     local rc=$? pid st deadline
     deadline=$((SECONDS + __BG_WAIT))
@@ -233,11 +251,15 @@ __reap() {
         if kill -0 "$pid" 2>/dev/null; then
             echo "test-readme: background job $pid still running ${__BG_WAIT}s after the block: killed" >&2
             kill "$pid" 2>/dev/null || true
-            wait "$pid" 2>/dev/null || true
+            builtin wait "$pid" 2>/dev/null || true
             rc=1
         else
             st=0
-            wait "$pid" || st=$?
+            if [ -n "${__st[$pid]:-}" ]; then
+                st=${__st[$pid]}
+            else
+                builtin wait "$pid" || st=$?
+            fi
             if [ "$st" -ne 0 ]; then
                 echo "test-readme: background job $pid exited $st" >&2
                 rc=1
