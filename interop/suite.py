@@ -113,7 +113,12 @@ class Endpoint:
         """rping's server (`-s -a` its own address) or client (`-c -a` the server's); the
         client pings `count` times and validates every ping."""
         port = port or RPING_PORT
-        tool = {"rxe": "rping", "dropin": f"{self.stock}rping"}.get(self.impl, f"{self.bin} rping")
+        if self.impl == "rxe":
+            tool = "rping"
+        elif self.impl == "dropin":
+            tool = f"{self.stock}rping"
+        else:
+            tool = f"{self.bin} rping"
         if server is None:
             return f"{tool} -s -a {self.addr} -p {port} -S {size} -v"
         source = "" if self.impl in ("rxe", "dropin") else f" -I {self.addr}"
@@ -122,7 +127,12 @@ class Endpoint:
     def cmatose(self, tool, flags, server=None):
         """ucmatose or udaddy: the server binds its address (`-b`), the client names the
         server (`-s`) and, for ferroce, its own (`-b`)."""
-        cmd = {"rxe": tool, "dropin": f"{self.stock}{tool}"}.get(self.impl, f"{self.bin} {tool}")
+        if self.impl == "rxe":
+            cmd = tool
+        elif self.impl == "dropin":
+            cmd = f"{self.stock}{tool}"
+        else:
+            cmd = f"{self.bin} {tool}"
         if server is None:
             return f"{cmd} -b {self.addr} {flags}"
         source = "" if self.impl in ("rxe", "dropin") else f" -b {self.addr}"
