@@ -291,13 +291,7 @@ impl Port {
         if let [g] = groups[..] {
             let p = batch.packets[g.first];
             if let (1, Some(bytes)) = (g.count, batch.contiguous(&p)) {
-                let sent = loop {
-                    match socket.send_to(bytes, p.dst) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                        other => break other,
-                    }
-                };
-                match sent {
+                match send_one(socket, bytes, p.dst) {
                     Err(e) if is_gso_refusal(&e) => {
                         batch.reseal_group(&g, port_xor);
                         self.fall_back(&e);
@@ -413,13 +407,10 @@ impl Port {
         // costs less than setting up a batch.
         if let [p] = packets {
             if let Some(bytes) = batch.contiguous(p) {
-                loop {
-                    match self.socket.send_to(bytes, p.dst) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                        Err(e) => return self.refused(e),
-                        Ok(_) => return,
-                    }
+                if let Err(e) = send_one(&self.socket, bytes, p.dst) {
+                    self.refused(e);
                 }
+                return;
             }
         }
         if packets.len() <= 4 {
@@ -499,6 +490,18 @@ fn send_groups<const N: usize, const IOV: usize>(
         };
     }
     send_all(socket, &msgs[..groups.len()])
+}
+
+/// Sends one datagram, waiting while the socket's queue is full (as [`send_all`] does).
+fn send_one(socket: &UdpSocket, bytes: &[u8], dst: SocketAddr) -> io::Result<()> {
+    loop {
+        match socket.send_to(bytes, dst) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Sends `msgs` until all are taken or one is refused, waiting while the socket's queue is
