@@ -10,7 +10,7 @@
 #     PID, and fails the block; so does any other process the block left in its group;
 #   - on failure prints the block (file and line) and everything it printed, and exits 1.
 # Unlabelled ``` blocks are sample output, not code: they are not run. ```python blocks are
-# run by crates/ferroce-py/tests (test_readme.py and its kin), not here. A block labelled
+# run by crates/ferroce-py/tests (test_readme.py), not here. A block labelled
 # bash, shell or console fails this script: label shell snippets ```sh so that they are run.
 #
 # The blocks that cannot run as written on a CI host are handled below, in special_case(),
