@@ -56,28 +56,12 @@ lib="$(scripts/build-dropin.sh)"
 dir="$(dirname "$lib")"
 echo "== built $lib"
 
-# Run a stock program on the drop-in, on its own loopback address.
-on() {
-    local addr="$1"
-    shift
-    LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$addr" "$@"
-}
-
-expect() {
-    local what="$1" text="$2" pattern="$3"
-    grep -qF -- "$pattern" <<<"$text" || {
-        printf '%s\n' "$text" >&2
-        fail "$what: no line with '$pattern'"
-    }
-}
+# on, expect, versions, installed
+# shellcheck source=scripts/dropin-lib.sh
+. scripts/dropin-lib.sh
 
 echo "== exported symbols against Debian's libibverbs.so.1"
-versions() {
-    # name@version or name@@version of every defined function and datum (not the version
-    # nodes' own absolute symbols, which ld.bfd emits and lld does not).
-    nm -D --with-symbol-versions --defined-only "$1" | awk '$2 != "A" { print $3 }' | sort
-}
-real="$(ldconfig -p | awk '/libibverbs\.so\.1 / && /x86-64|aarch64|AArch64/ && !found { print $NF; found = 1 }')"
+real="$(installed libibverbs.so.1)"
 # The RDMACM_* nodes are librdmacm's (the same file is the drop-in librdmacm.so.1):
 # scripts/test-rdmacm.sh compares them with Debian's librdmacm.so.1.
 ours="$(versions "$lib" | grep -v '@RDMACM_')"

@@ -62,35 +62,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-on() {
-    local addr="$1"
-    shift
-    LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$addr" "$@"
-}
-
-# `on` for a background job: the job's subshell becomes the command (exec), so that $! is the
-# `timeout` process itself and killing it ends the program.
-on_bg() {
-    local addr="$1"
-    shift
-    LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$addr" exec "$@"
-}
-
-expect() {
-    local what="$1" text="$2" pattern="$3"
-    grep -qF -- "$pattern" <<<"$text" || {
-        printf '%s\n' "$text" >&2
-        fail "$what: no line with '$pattern'"
-    }
-}
+# on, on_bg, expect, versions, installed
+# shellcheck source=scripts/dropin-lib.sh
+. scripts/dropin-lib.sh
 
 echo "== exported symbols against Debian's librdmacm.so.1"
-versions() {
-    nm -D --with-symbol-versions --defined-only "$1" | awk '$2 != "A" { print $3 }' | sort
-}
 ours="$(versions "$dir/librdmacm.so.1" | grep '@RDMACM_')"
 echo "ours: $(wc -l <<<"$ours") RDMACM symbols"
-real="$(ldconfig -p | awk '/librdmacm\.so\.1 / && /x86-64|aarch64|AArch64/ && !found { print $NF; found = 1 }')"
+real="$(installed librdmacm.so.1)"
 if [ -n "$real" ]; then
     theirs="$(versions "$real")"
     if ! diff <(echo "$theirs") <(echo "$ours"); then

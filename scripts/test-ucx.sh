@@ -49,11 +49,9 @@ out_dir="$(dirname "$dir")/test-ucx"
 mkdir -p "$out_dir"
 echo "== built $lib"
 
-on() {
-    local addr="$1"
-    shift
-    LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$addr" "$@"
-}
+# on (this script's expect takes a regular expression, so it keeps its own)
+# shellcheck source=scripts/dropin-lib.sh
+. scripts/dropin-lib.sh
 
 expect() {
     local what="$1" text="$2" pattern="$3"
