@@ -30,11 +30,12 @@ use ferroce_proto::cm::{CmaHeader, FixedBytes, Req, TransportType, MAD_LEN};
 pub use ferroce_proto::cm::{PortSpace, RejectReason, ServiceId, SidrStatus};
 use ferroce_proto::memory::{Access, WriteOrder};
 use ferroce_proto::qp::ModifyError;
-use ferroce_proto::wire::{Qpn, ROCE_PORT};
+use ferroce_proto::wire::{Qpn, RnrTimer, ROCE_PORT};
+use ferroce_proto::Psn;
 
 use crate::attr::{rnr_timer, ConnectAttrs};
 use crate::backend::soft;
-use crate::qp::{Mtu, Payload, QpCaps, RecvWr, SendOp, SendWr};
+use crate::qp::{Mtu, Payload, QpAttr, QpCaps, QpState, RecvWr, SendOp, SendWr};
 use crate::ud::{AddressHandle, GSI_QKEY, UD_GRH_LEN};
 use crate::{Cq, Nic, NicError, Qp, Region, RegionAccess, RegionMemory};
 
@@ -153,7 +154,7 @@ struct Routes {
     listeners: HashMap<ServiceId, Sender<Incoming>>,
     /// Passive connections waiting for their RTU: the QP and the PSN it expects first; the
     /// first data packet establishes them if the RTU was lost.
-    awaiting_rtu: HashMap<CommId, (Qpn, ferroce_proto::Psn)>,
+    awaiting_rtu: HashMap<CommId, (Qpn, Psn)>,
     /// Each connection's QP, moved to ERR when the peer disconnects.
     qps: HashMap<CommId, Qpn>,
 }
@@ -666,27 +667,77 @@ impl ConnectRequest {
     /// [`CmError::PrivateData`] for more than 196 bytes, [`CmError::Modify`] when the QP
     /// cannot be brought up (it is then rejected), [`CmError::Closed`] when the peer gave up
     /// meanwhile.
-    pub fn accept(mut self, qp: &Qp, param: &ConnParam) -> Result<Connection, CmError> {
-        check_private(&param.private_data, MAX_REP_PRIVATE, "REP")?;
-        let accept = AcceptParams {
-            qpn: qp.qpn(),
-            starting_psn: qp.endpoint().psn,
+    pub fn accept(self, qp: &Qp, param: &ConnParam) -> Result<Connection, CmError> {
+        self.answer(qp.qpn(), qp.endpoint().psn, param, Some(qp))
+    }
+
+    /// What a queue pair that its application brings up itself needs to connect to the
+    /// requester (librdmacm's `rdma_init_qp_attr` on a request's id): the REQ's side of the
+    /// exchange, with `psn` the first PSN this side will expect, as [`Self::accept_own`]
+    /// will announce it, and `param` as it will accept.
+    ///
+    /// # Errors
+    ///
+    /// [`CmError::Modify`] for an RNR timer above 31 in `param`.
+    pub fn settle(&self, psn: Psn, param: &ConnParam) -> Result<Settled, CmError> {
+        let accept = self.accept_params(Qpn::default(), psn, param);
+        Settled::new(
+            peer_of(&self.req, self.from),
+            QpParams::passive(&self.req, &accept),
+            param,
+        )
+    }
+
+    /// Accepts for a queue pair its application brings up itself (`rdma_accept` on an id
+    /// without a QP, with `conn_param->qp_num`): sends the REP naming `qpn` and `psn`, the
+    /// first PSN it expects, and leaves the queue pair alone; the caller moves it to RTR
+    /// and RTS with [`Self::settle`]'s attributes, as librdmacm's users do with
+    /// `rdma_init_qp_attr`. The RTU establishes the connection
+    /// ([`Connection::wait_established`]); a DREQ does not move the queue pair to ERR.
+    /// `qpn` may be a queue pair of another NIC, or none at all (UCX reserves a number for
+    /// the REP and connects its own queue pairs with what the private data carries).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::accept`], but never [`CmError::Modify`].
+    pub fn accept_own(self, qpn: Qpn, psn: Psn, param: &ConnParam) -> Result<Connection, CmError> {
+        self.answer(qpn, psn, param, None)
+    }
+
+    fn accept_params(&self, qpn: Qpn, psn: Psn, param: &ConnParam) -> AcceptParams {
+        AcceptParams {
+            qpn,
+            starting_psn: psn,
             responder_resources: param.responder_resources,
             initiator_depth: param.initiator_depth,
             rnr_retry_count: param.rnr_retry_count,
             srq: param.srq,
             private_data: fixed(&param.private_data),
-        };
+        }
+    }
+
+    /// Sends the REP for `qpn`, having brought `qp` up first when the CM owns it.
+    fn answer(
+        mut self,
+        qpn: Qpn,
+        psn: Psn,
+        param: &ConnParam,
+        qp: Option<&Qp>,
+    ) -> Result<Connection, CmError> {
+        check_private(&param.private_data, MAX_REP_PRIVATE, "REP")?;
+        let accept = self.accept_params(qpn, psn, param);
         let settled = QpParams::passive(&self.req, &accept);
         let peer = peer_of(&self.req, self.from);
         let (tx, rx) = mpsc::channel();
         let shared = &self.agent.shared;
         let mut routes = lock(&shared.routes);
-        if let Err(e) = bring_up(qp, peer, &settled, param) {
-            let _ = routes.machine.reject(self.id, FixedBytes::ZERO);
-            self.answered = true;
-            shared.send_and_dispatch(&mut routes);
-            return Err(e);
+        if let Some(qp) = qp {
+            if let Err(e) = bring_up(qp, peer, &settled, param) {
+                let _ = routes.machine.reject(self.id, FixedBytes::ZERO);
+                self.answered = true;
+                shared.send_and_dispatch(&mut routes);
+                return Err(e);
+            }
         }
         routes
             .machine
@@ -694,10 +745,12 @@ impl ConnectRequest {
             .map_err(|_| CmError::Closed)?;
         self.answered = true;
         routes.conns.insert(self.id, tx);
-        routes.qps.insert(self.id, qp.qpn());
-        routes
-            .awaiting_rtu
-            .insert(self.id, (qp.qpn(), settled.rq_psn));
+        if qp.is_some() {
+            // The CM's own QP: moved to ERR when the peer leaves, and its first data
+            // stands in for a lost RTU.
+            routes.qps.insert(self.id, qpn);
+            routes.awaiting_rtu.insert(self.id, (qpn, settled.rq_psn));
+        }
         shared.send_and_dispatch(&mut routes);
         drop(routes);
         Ok(Connection {
@@ -780,6 +833,76 @@ fn bring_up(qp: &Qp, peer: SocketAddr, p: &QpParams, param: &ConnParam) -> Resul
     Ok(())
 }
 
+/// What a connection settled for a queue pair that its application brings up itself, as
+/// librdmacm's `rdma_init_qp_attr` gives it: the attributes of INIT → RTR ([`Self::rtr`]) and
+/// RTR → RTS ([`Self::rts`]) for [`Qp::modify`] (or `ibv_modify_qp`). From
+/// [`ConnectRequest::settle`] on the passive side and [`Replied::settled`] on the active one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settled {
+    /// The peer NIC's address and RoCE port.
+    pub peer: SocketAddr,
+    /// What the REQ and REP settled.
+    pub params: QpParams,
+    /// The RNR timer this side asks of the peer.
+    pub min_rnr_timer: RnrTimer,
+}
+
+impl Settled {
+    fn new(peer: SocketAddr, params: QpParams, param: &ConnParam) -> Result<Self, CmError> {
+        Ok(Self {
+            peer,
+            params,
+            min_rnr_timer: rnr_timer(param.min_rnr_timer)?,
+        })
+    }
+
+    /// The rights rdma_cm gives the peer (the INIT attributes' `access`): remote WRITE
+    /// always; READ and atomics only when this side serves them.
+    #[must_use]
+    pub fn access(&self) -> Access {
+        if self.params.max_dest_rd_atomic == 0 {
+            Access::REMOTE_WRITE
+        } else {
+            Access::REMOTE_WRITE
+                .with(Access::REMOTE_READ)
+                .with(Access::REMOTE_ATOMIC)
+        }
+    }
+
+    /// INIT → RTR: the peer, path MTU, peer QPN, the first PSN expected, the READs served
+    /// and the RNR timer.
+    #[must_use]
+    pub fn rtr(&self) -> QpAttr {
+        let p = &self.params;
+        QpAttr {
+            state: Some(QpState::Rtr),
+            peer: Some(self.peer),
+            path_mtu: Some(p.mtu),
+            dest_qpn: Some(p.dest_qpn),
+            rq_psn: Some(p.rq_psn),
+            max_dest_rd_atomic: Some(p.max_dest_rd_atomic.max(1)),
+            min_rnr_timer: Some(self.min_rnr_timer),
+            ..QpAttr::default()
+        }
+    }
+
+    /// RTR → RTS: the first PSN sent, the ACK timeout, both retry counts and the READs
+    /// issued.
+    #[must_use]
+    pub fn rts(&self) -> QpAttr {
+        let p = &self.params;
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(p.sq_psn),
+            timeout: Some(p.timeout),
+            retry_cnt: Some(p.retry_count),
+            rnr_retry: Some(p.rnr_retry_count),
+            max_rd_atomic: Some(p.max_rd_atomic.max(1)),
+            ..QpAttr::default()
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ConnState {
     Connecting,
@@ -827,11 +950,74 @@ impl Connection {
         port: u16,
         param: &ConnParam,
     ) -> Result<Self, CmError> {
+        let (conn, asked, rep) = Self::request(nic, qp.qpn(), qp.endpoint().psn, to, port, param)?;
+        let settled = QpParams::active(&asked, &rep);
+        let shared = &conn.agent.shared;
+        let mut routes = lock(&shared.routes);
+        if let Err(e) = bring_up(qp, SocketAddr::new(to, ROCE_PORT), &settled, param) {
+            let _ = routes.machine.reject(conn.id, FixedBytes::ZERO);
+            shared.send_and_dispatch(&mut routes);
+            drop(routes);
+            *lock(&conn.state) = ConnState::Closed;
+            return Err(e);
+        }
+        routes
+            .machine
+            .establish(conn.id)
+            .map_err(|_| CmError::Closed)?;
+        routes.qps.insert(conn.id, qp.qpn());
+        shared.send_and_dispatch(&mut routes);
+        drop(routes);
+        *lock(&conn.state) = ConnState::Established;
+        Ok(conn)
+    }
+
+    /// Connects for a queue pair its application brings up itself (`rdma_connect` on an id
+    /// without a QP, with `conn_param->qp_num`): sends a REQ naming `qpn`, whose first
+    /// expected PSN is `psn`, and returns at the REP (rdma_cm's
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`) without touching any queue pair. The caller moves
+    /// its QP to RTR and RTS with [`Replied::settled`], then sends the RTU with
+    /// [`Replied::establish`] (`rdma_establish`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::connect`], but never [`CmError::Modify`].
+    pub fn connect_own(
+        nic: &Nic,
+        qpn: Qpn,
+        psn: Psn,
+        to: IpAddr,
+        port: u16,
+        param: &ConnParam,
+    ) -> Result<Replied, CmError> {
+        let (conn, asked, rep) = Self::request(nic, qpn, psn, to, port, param)?;
+        let settled = Settled::new(
+            SocketAddr::new(to, ROCE_PORT),
+            QpParams::active(&asked, &rep),
+            param,
+        )?;
+        Ok(Replied {
+            conn: Some(conn),
+            settled,
+        })
+    }
+
+    /// Sends the REQ for `qpn` and waits for the REP: the connection (its private data the
+    /// REP's), what was asked and the REP.
+    fn request(
+        nic: &Nic,
+        qpn: Qpn,
+        psn: Psn,
+        to: IpAddr,
+        port: u16,
+        param: &ConnParam,
+    ) -> Result<(Self, ConnectParams, ferroce_proto::cm::Rep), CmError> {
         check_private(&param.private_data, MAX_REQ_PRIVATE, "REQ")?;
+        rnr_timer(param.min_rnr_timer)?;
         let agent = Agent::of(nic)?;
         let shared = &agent.shared;
         let header = CmaHeader {
-            src_port: ephemeral_port(qp.qpn()),
+            src_port: ephemeral_port(qpn),
             src: shared.local,
             dst: to,
         };
@@ -843,8 +1029,8 @@ impl Connection {
         let asked = ConnectParams {
             to,
             service_id: ServiceId::rdma_cm(PortSpace::Tcp, port),
-            qpn: qp.qpn(),
-            starting_psn: qp.endpoint().psn,
+            qpn,
+            starting_psn: psn,
             responder_resources: param.responder_resources,
             initiator_depth: param.initiator_depth,
             retry_count: param.retry_count,
@@ -876,22 +1062,8 @@ impl Connection {
             CmEvent::Reply { rep, .. } => rep,
             other => return Err(conn.failed(other)),
         };
-        let settled = QpParams::active(&asked, &rep);
-        let mut routes = lock(&shared.routes);
-        if let Err(e) = bring_up(qp, SocketAddr::new(to, ROCE_PORT), &settled, param) {
-            let _ = routes.machine.reject(id, FixedBytes::ZERO);
-            shared.send_and_dispatch(&mut routes);
-            drop(routes);
-            *lock(&conn.state) = ConnState::Closed;
-            return Err(e);
-        }
-        routes.machine.establish(id).map_err(|_| CmError::Closed)?;
-        routes.qps.insert(id, qp.qpn());
-        shared.send_and_dispatch(&mut routes);
-        drop(routes);
-        *lock(&conn.state) = ConnState::Established;
         conn.private = rep.private_data.0.to_vec();
-        Ok(conn)
+        Ok((conn, asked, rep))
     }
 
     fn next_event(&self, deadline: Instant, what: &'static str) -> Result<CmEvent, CmError> {
@@ -922,6 +1094,19 @@ impl Connection {
             CmEvent::Unreachable { .. } => CmError::Unreachable,
             _ => CmError::Closed,
         }
+    }
+
+    /// Sends a REJ for a connection still being made, and closes it.
+    fn refuse(&self, private_data: &[u8]) -> Result<(), CmError> {
+        *lock(&self.state) = ConnState::Closed;
+        let shared = &self.agent.shared;
+        let mut routes = lock(&shared.routes);
+        let result = routes
+            .machine
+            .reject(self.id, fixed(private_data))
+            .map_err(|_| CmError::Closed);
+        shared.send_and_dispatch(&mut routes);
+        result
     }
 
     /// The peer's address.
@@ -1041,6 +1226,71 @@ impl Drop for Connection {
         routes.conns.remove(&self.id);
         routes.awaiting_rtu.remove(&self.id);
         routes.qps.remove(&self.id);
+    }
+}
+
+/// A connection whose REP has come, for a queue pair its application brings up itself
+/// (rdma_cm's `RDMA_CM_EVENT_CONNECT_RESPONSE`), from [`Connection::connect_own`]: the
+/// application moves its QP to RTR and RTS with [`Self::settled`], then
+/// [`Self::establish`]es. Dropped unanswered, it is rejected, as the kernel's CM rejects a
+/// REP whose id is destroyed.
+#[derive(Debug)]
+pub struct Replied {
+    conn: Option<Connection>,
+    settled: Settled,
+}
+
+impl Replied {
+    /// The attributes the REQ and REP settled for the caller's queue pair.
+    #[must_use]
+    pub fn settled(&self) -> &Settled {
+        &self.settled
+    }
+
+    /// The private data of the peer's REP.
+    #[must_use]
+    pub fn private_data(&self) -> &[u8] {
+        self.conn.as_ref().map_or(&[], |c| c.private_data())
+    }
+
+    /// Sends the RTU (`rdma_establish`): the connection is established on both sides.
+    ///
+    /// # Errors
+    ///
+    /// [`CmError::Closed`] when the peer gave up meanwhile (its REP's retries ran out).
+    pub fn establish(mut self) -> Result<Connection, CmError> {
+        let conn = self.conn.take().ok_or(CmError::Closed)?;
+        let shared = &conn.agent.shared;
+        let mut routes = lock(&shared.routes);
+        if routes.machine.establish(conn.id).is_err() {
+            drop(routes);
+            *lock(&conn.state) = ConnState::Closed;
+            return Err(CmError::Closed);
+        }
+        shared.send_and_dispatch(&mut routes);
+        drop(routes);
+        *lock(&conn.state) = ConnState::Established;
+        Ok(conn)
+    }
+
+    /// Refuses the REP (`rdma_reject` after a connect response): REJ 28 with `private_data`
+    /// (at most 148 bytes).
+    ///
+    /// # Errors
+    ///
+    /// [`CmError::PrivateData`]; [`CmError::Closed`] when the peer gave up meanwhile.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
+        check_private(private_data, MAX_REJ_PRIVATE, "REJ")?;
+        let conn = self.conn.take().ok_or(CmError::Closed)?;
+        conn.refuse(private_data)
+    }
+}
+
+impl Drop for Replied {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let _ = conn.refuse(&[]);
+        }
     }
 }
 

@@ -9,6 +9,8 @@ use std::time::Duration;
 use ferroce::cm::{self, CmError, ConnParam, Connection, Listener, RejectReason, SidrStatus};
 use ferroce::cq::WcStatus;
 use ferroce::proto::memory::WriteOrder;
+use ferroce::proto::wire::Qpn;
+use ferroce::proto::Psn;
 use ferroce::qp::{Payload, QpCaps, QpState, QpType, RecvWr, SendOp, SendWr};
 use ferroce::ud::UD_GRH_LEN;
 use ferroce::{Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
@@ -270,4 +272,209 @@ fn a_thousand_connections_made_and_closed_leave_nothing_behind() {
     assert_eq!(cm::connections(&b), Some(0));
     assert_eq!(a.census().unwrap(), before.0);
     assert_eq!(b.census().unwrap(), before.1);
+}
+
+#[test]
+fn queue_pairs_brought_up_by_their_owners_connect_as_librdmacm_users_do_it() {
+    // The flow of a librdmacm program whose ids have no QP (UCX's rdmacm, or one that makes
+    // its QPs with ibv_create_qp): the REQ and REP only name the QPs; each side moves its own
+    // QP to RTR and RTS with what the exchange settled (rdma_init_qp_attr), and the active
+    // side sends the RTU itself (rdma_establish).
+    let (a, b) = (nic(108), nic(109));
+    let (cq_a, cq_b) = (Cq::new(&a, 16).unwrap(), Cq::new(&b, 16).unwrap());
+    let qp_a = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
+    let qp_b = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
+    let listener = Listener::bind(&b, 7177).unwrap();
+    let (psn_a, psn_b) = (
+        Psn::new(0x00ab_cdef).unwrap(),
+        Psn::new(0x0012_3456).unwrap(),
+    );
+    let rx_b = region(&b, vec![0; 64]);
+    let rx_a = region(&a, vec![0; 64]);
+    let (conn_a, conn_b) = std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let request = listener.get_request(10 * SECOND).unwrap();
+            assert_eq!(request.req().local_qpn, qp_a.qpn());
+            assert_eq!(request.req().starting_psn, psn_a);
+            let param = ConnParam {
+                private_data: b"own".to_vec(),
+                ..ConnParam::default()
+            };
+            let settled = request.settle(psn_b, &param).unwrap();
+            assert_eq!(settled.params.dest_qpn, qp_a.qpn());
+            assert_eq!(settled.peer.ip(), ip(108));
+            qp_b.modify(&settled.rtr()).unwrap();
+            qp_b.modify(&settled.rts()).unwrap();
+            qp_b.post_recv(RecvWr {
+                wr_id: 1,
+                sges: vec![rx_b.local(0, 64).unwrap()],
+            })
+            .unwrap();
+            let conn = request.accept_own(qp_b.qpn(), psn_b, &param).unwrap();
+            conn.wait_established(10 * SECOND).unwrap();
+            conn
+        });
+        let replied =
+            Connection::connect_own(&a, qp_a.qpn(), psn_a, ip(109), 7177, &ConnParam::default())
+                .unwrap();
+        assert_eq!(&replied.private_data()[..3], b"own");
+        let settled = *replied.settled();
+        assert_eq!(settled.params.dest_qpn, qp_b.qpn());
+        assert_eq!(settled.params.sq_psn, psn_b);
+        assert_eq!(settled.params.rq_psn, psn_a);
+        // Nothing touched the QP: it is still where Qp::new left it.
+        assert_eq!(qp_a.state(), Some(QpState::Init));
+        qp_a.modify(&settled.rtr()).unwrap();
+        qp_a.modify(&settled.rts()).unwrap();
+        qp_a.post_recv(RecvWr {
+            wr_id: 2,
+            sges: vec![rx_a.local(0, 64).unwrap()],
+        })
+        .unwrap();
+        let conn = replied.establish().unwrap();
+        (conn, server.join().unwrap())
+    });
+    // Data both ways: each side starts at the PSN the other expects.
+    let tx_a = region(&a, b"from a".to_vec());
+    qp_a.post_send(SendWr::new(
+        3,
+        SendOp::Send,
+        Payload::Sge(tx_a.local(0, 6).unwrap()),
+    ))
+    .unwrap();
+    assert_eq!(cq_b.wait(10 * SECOND).unwrap().wr_id, 1);
+    let tx_b = region(&b, b"from b!".to_vec());
+    qp_b.post_send(SendWr::new(
+        4,
+        SendOp::Send,
+        Payload::Sge(tx_b.local(0, 7).unwrap()),
+    ))
+    .unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let c = cq_a.wait(10 * SECOND).unwrap();
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        got.push(c.wr_id);
+    }
+    got.sort_unstable();
+    assert_eq!(got, [2, 3]);
+    let mut bytes = [0; 7];
+    rx_a.read(0, &mut bytes).unwrap();
+    assert_eq!(&bytes, b"from b!");
+    // The DREQ closes the connection and leaves the owners' QPs to their owners.
+    conn_a.disconnect(10 * SECOND).unwrap();
+    conn_b.wait_disconnected(10 * SECOND).unwrap();
+    assert_eq!(qp_b.state(), Some(QpState::Rts));
+    assert_eq!(qp_a.state(), Some(QpState::Rts));
+
+    // A REP its application drops unanswered is rejected, as the kernel's CM rejects it.
+    // Both sides name numbers no QP has (the QPs above are in timewait): UCX reserves a
+    // number this way and connects its QPs with what the private data says.
+    let (dummy_a, dummy_b) = (Qpn::new(0x1001).unwrap(), Qpn::new(0x1002).unwrap());
+    let server = std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let request = listener.get_request(10 * SECOND).unwrap();
+            let conn = request
+                .accept_own(dummy_b, psn_b, &ConnParam::default())
+                .unwrap();
+            conn.wait_established(10 * SECOND)
+        });
+        drop(
+            Connection::connect_own(&a, dummy_a, psn_a, ip(109), 7177, &ConnParam::default())
+                .unwrap(),
+        );
+        server.join().unwrap()
+    });
+    assert!(
+        matches!(
+            server,
+            Err(CmError::Rejected {
+                reason: RejectReason::ConsumerDefined,
+                ..
+            })
+        ),
+        "{server:?}"
+    );
+}
+
+#[test]
+fn a_listener_closed_mid_handshake_refuses_and_leaves_nothing_behind() {
+    let (a, b) = (nic(110), nic(111));
+    let before = (a.census().unwrap(), b.census().unwrap());
+    {
+        let cq = Cq::new(&a, 16).unwrap();
+        let qp = Qp::new(&a, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+        let listener = Listener::bind(&b, 7178).unwrap();
+        // The request has come; the listener closes, and the request goes unanswered: REJ
+        // 28, as the kernel's CM sends for an id destroyed in REQ_RCVD.
+        let refused = std::thread::scope(|s| {
+            s.spawn(|| {
+                let request = listener.get_request(10 * SECOND).unwrap();
+                drop(listener);
+                drop(request);
+            });
+            Connection::connect(&a, &qp, ip(111), 7178, &ConnParam::default())
+        });
+        assert!(
+            matches!(
+                refused,
+                Err(CmError::Rejected {
+                    reason: RejectReason::ConsumerDefined,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        // And the port is free: nobody listens there any more (REJ 8).
+        assert!(matches!(
+            Connection::connect(&a, &qp, ip(111), 7178, &ConnParam::default()),
+            Err(CmError::Rejected {
+                reason: RejectReason::InvalidServiceId,
+                ..
+            })
+        ));
+        assert!(Listener::bind(&b, 7178).is_ok());
+    }
+    assert_eq!(cm::connections(&a), Some(0));
+    assert_eq!(cm::connections(&b), Some(0));
+    assert_eq!(a.census().unwrap(), before.0);
+    assert_eq!(b.census().unwrap(), before.1);
+}
+
+#[test]
+fn a_dreq_nobody_answers_still_disconnects_and_leaves_nothing_behind() {
+    // The active side's NIC goes away while connected, so that every DREQ of the passive
+    // side is lost: after its few retries (four times the REQ's 4 s response timeout) the
+    // connection closes anyway, as the kernel's rdma_cm reports DISCONNECTED on a DREQ
+    // timeout, and timewait then forgets it. Slow on purpose: these are the kernel's times.
+    let (a, b) = (nic(112), nic(113));
+    let before = b.census().unwrap();
+    {
+        let (cq_a, cq_b) = (Cq::new(&a, 16).unwrap(), Cq::new(&b, 16).unwrap());
+        let qp_a = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
+        let qp_b = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
+        let listener = Listener::bind(&b, 7179).unwrap();
+        let (conn_a, conn_b) = std::thread::scope(|s| {
+            let server = s.spawn(|| {
+                let request = listener.get_request(10 * SECOND).unwrap();
+                let conn = request.accept(&qp_b, &ConnParam::default()).unwrap();
+                conn.wait_established(10 * SECOND).unwrap();
+                conn
+            });
+            let conn = Connection::connect(&a, &qp_a, ip(113), 7179, &ConnParam::default());
+            (conn.unwrap(), server.join().unwrap())
+        });
+        a.close();
+        assert!(matches!(
+            conn_b.disconnect(SECOND),
+            Err(CmError::Timeout { .. })
+        ));
+        conn_b.wait_disconnected(30 * SECOND).unwrap();
+        assert_eq!(qp_b.state(), Some(QpState::Err));
+        assert!(cm::counters(&b).unwrap().resends >= 3);
+        drop(conn_a);
+    }
+    std::thread::sleep(Duration::from_millis(2300));
+    assert_eq!(cm::connections(&b), Some(0));
+    assert_eq!(b.census().unwrap(), before);
 }
