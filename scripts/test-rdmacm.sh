@@ -16,7 +16,9 @@
 #   8. libfabric's fi_info -p verbs lists ferroce0 (rdma_get_devices);
 #   9. a C program built on rdma-core's <rdma/rdma_cma.h> (crates/ferroce-ibverbs/tests/c/
 #      rdmacm.c): private data both ways, a REJ with the consumer's reason (28) and bytes, a
-#      port nobody listens on (REJ 8), a non-blocking channel fd, the id's PD and CQs;
+#      port nobody listens on (REJ 8), a non-blocking channel fd, the id's PD and CQs; ids
+#      without a QP (CONNECT_RESPONSE, rdma_init_qp_attr for INIT/RTR/RTS, rdma_establish);
+#      a listener closed with a request pending (REJ 28, then 8);
 #  10. rping to a port nobody listens on (a soft NIC is there): RDMA_CM_EVENT_REJECTED with
 #      status 8 (invalid service ID), as the kernel's rdma_cm reports it.
 # Every process gets its own 127.0.11.N (FERROCE_ADDR); nothing leaves loopback.
@@ -259,7 +261,7 @@ else
     echo "libfabric-bin not installed; skipped"
 fi
 
-echo "== a C program on rdma_cma.h: private data, REJ reasons, a non-blocking channel"
+echo "== a C program on rdma_cma.h: private data, REJ reasons, a non-blocking channel, ids without a QP"
 if echo '#include <rdma/rdma_cma.h>' | cc -E - >/dev/null 2>&1; then
     cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/c/rdmacm.c \
         -lrdmacm -libverbs -o "$out_dir/rdmacm"

@@ -22,8 +22,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ferroce::cm::{CmError, ConnParam, ConnectRequest, Connection, Listener, SidrRequest};
+use ferroce::cm::{
+    CmError, ConnParam, ConnectRequest, Connection, Listener, Replied, Settled, SidrRequest,
+};
 use ferroce::proto::cm::CmaHeader;
+use ferroce::proto::wire::Qpn;
+use ferroce::proto::Psn;
 use ferroce::Nic;
 
 use crate::abi::{ibv_ah_attr, IBV_QPT_RC, IBV_QPT_UD};
@@ -168,6 +172,13 @@ pub(crate) struct IdInner {
     pub(crate) listening: Option<std::thread::JoinHandle<()>>,
     /// `rdma_create_qp` made the id's CQs and channels (freed with its QP).
     pub(crate) own_cqs: bool,
+    /// The first PSN this side expects on a connection whose QP the application brings up
+    /// itself (the REQ's or REP's starting PSN): random, as the kernel's `seq_num`.
+    pub(crate) psn: Psn,
+    /// A REP for such a connection, until `rdma_establish` (`CONNECT_RESPONSE`).
+    pub(crate) replied: Option<Replied>,
+    /// What such a connection settled, for `rdma_init_qp_attr` after the answer.
+    pub(crate) settled: Option<Settled>,
 }
 
 impl IdState {
@@ -178,7 +189,10 @@ impl IdState {
             own_channel: AtomicBool::new(own_channel),
             stop: AtomicBool::new(false),
             events: Arc::default(),
-            inner: Mutex::new(IdInner::default()),
+            inner: Mutex::new(IdInner {
+                psn: random_psn(),
+                ..IdInner::default()
+            }),
         }
     }
 
@@ -189,6 +203,14 @@ impl IdState {
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
+}
+
+/// A random first PSN: 24 bits of a hash keyed afresh by the standard library's random
+/// state, over the time.
+fn random_psn() -> Psn {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
+    Psn::from_low_bits(bits as u32)
 }
 
 /// What an event says beyond its type and id.
@@ -584,6 +606,68 @@ pub(crate) fn spawn_connect(
                 }
             }
         }
+    })
+}
+
+/// Starts the thread that connects the id at `id` to `to` for the QP numbered `qpn`, which
+/// its application brings up itself (an id without a QP): `CONNECT_RESPONSE` with the REP's
+/// private data, after which the application moves its QP with `rdma_init_qp_attr` and
+/// sends the RTU with `rdma_establish`; or the failure, as [`spawn_connect`] reports it.
+pub(crate) fn spawn_connect_own(
+    id: usize,
+    state: Arc<IdState>,
+    nic: Nic,
+    qpn: Qpn,
+    to: SocketAddr,
+    param: ConnParam,
+) -> Result<(), c_int> {
+    let psn = state.inner().psn;
+    spawn("ferroce-cm-connect", move || match Connection::connect_own(
+        &nic,
+        qpn,
+        psn,
+        to.ip(),
+        to.port(),
+        &param,
+    ) {
+        Ok(replied) => {
+            let settled = *replied.settled();
+            let info = EventInfo {
+                private: replied.private_data().to_vec(),
+                responder_resources: settled.params.max_dest_rd_atomic,
+                initiator_depth: settled.params.max_rd_atomic,
+                qp_num: settled.params.dest_qpn.value(),
+                ..EventInfo::default()
+            };
+            {
+                let mut inner = state.inner();
+                inner.connecting = false;
+                inner.settled = Some(settled);
+                inner.replied = Some(replied);
+            }
+            if !state.stopped() {
+                post(id, &state, RDMA_CM_EVENT_CONNECT_RESPONSE, &info);
+            }
+        }
+        Err(e) => {
+            state.inner().connecting = false;
+            if !state.stopped() {
+                let (kind, info) = failure(e);
+                post(id, &state, kind, &info);
+            }
+        }
+    })
+}
+
+/// `rdma_establish`: the RTU for the REP the id holds; the connection then closes as any
+/// other (`DISCONNECTED`).
+pub(crate) fn establish(id: usize, state: &Arc<IdState>) -> Result<(), c_int> {
+    let replied = state.inner().replied.take().ok_or(libc::EINVAL)?;
+    let conn = Arc::new(replied.establish().map_err(|e| errno_of(&e))?);
+    state.inner().conn = Some(Arc::clone(&conn));
+    let state = Arc::clone(state);
+    spawn("ferroce-cm-established", move || {
+        watch_disconnect(id, &state, &conn);
     })
 }
 

@@ -13,6 +13,7 @@ use crate::abi::{ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_pd, ibv
 pub(crate) const RDMA_CM_EVENT_ADDR_RESOLVED: c_uint = 0;
 pub(crate) const RDMA_CM_EVENT_ROUTE_RESOLVED: c_uint = 2;
 pub(crate) const RDMA_CM_EVENT_CONNECT_REQUEST: c_uint = 4;
+pub(crate) const RDMA_CM_EVENT_CONNECT_RESPONSE: c_uint = 5;
 pub(crate) const RDMA_CM_EVENT_CONNECT_ERROR: c_uint = 6;
 pub(crate) const RDMA_CM_EVENT_UNREACHABLE: c_uint = 7;
 pub(crate) const RDMA_CM_EVENT_REJECTED: c_uint = 8;

@@ -65,6 +65,18 @@ pub(crate) fn qp_access(flags: c_uint) -> Access {
     access
 }
 
+/// The `qp_access_flags` of a queue pair's remote rights: the inverse of [`qp_access`].
+pub(crate) fn ibv_access(access: Access) -> c_uint {
+    [
+        (Access::REMOTE_WRITE, IBV_ACCESS_REMOTE_WRITE),
+        (Access::REMOTE_READ, IBV_ACCESS_REMOTE_READ),
+        (Access::REMOTE_ATOMIC, IBV_ACCESS_REMOTE_ATOMIC),
+    ]
+    .into_iter()
+    .filter(|(right, _)| access.contains(*right))
+    .fold(0, |flags, (_, bit)| flags | bit)
+}
+
 /// The address a GID names: the IPv4 address of an IPv4-mapped GID, else the IPv6 address.
 pub(crate) fn gid_ip(gid: &ibv_gid) -> IpAddr {
     let v6 = Ipv6Addr::from(gid.raw);
@@ -183,6 +195,67 @@ pub(crate) fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> 
         out.rnr_retry = Some(attr.rnr_retry);
     }
     Ok(out)
+}
+
+/// The `ibv_qp_attr` and mask of the fields of `q` that are set, the inverse of [`qp_attr`]
+/// (`rdma_init_qp_attr`'s answer).
+pub(crate) fn ibv_qp_attr_of(q: &QpAttr) -> (ibv_qp_attr, c_int) {
+    let mut attr = ibv_qp_attr::default();
+    let mut mask = 0;
+    let mut set = |bit: c_int| mask |= bit;
+    if let Some(state) = q.state {
+        attr.qp_state = state.ibv_value();
+        set(IBV_QP_STATE);
+    }
+    if let Some(access) = q.access {
+        attr.qp_access_flags = ibv_access(access);
+        set(IBV_QP_ACCESS_FLAGS);
+    }
+    if let Some(peer) = q.peer {
+        attr.ah_attr = ah_attr(peer);
+        set(IBV_QP_AV);
+    }
+    if let Some(mtu) = q.path_mtu {
+        attr.path_mtu = mtu.ibv_value().into();
+        set(IBV_QP_PATH_MTU);
+    }
+    if let Some(qpn) = q.dest_qpn {
+        attr.dest_qp_num = qpn.value();
+        set(IBV_QP_DEST_QPN);
+    }
+    if let Some(psn) = q.rq_psn {
+        attr.rq_psn = psn.value();
+        set(IBV_QP_RQ_PSN);
+    }
+    if let Some(psn) = q.sq_psn {
+        attr.sq_psn = psn.value();
+        set(IBV_QP_SQ_PSN);
+    }
+    if let Some(n) = q.max_dest_rd_atomic {
+        attr.max_dest_rd_atomic = n;
+        set(IBV_QP_MAX_DEST_RD_ATOMIC);
+    }
+    if let Some(n) = q.max_rd_atomic {
+        attr.max_rd_atomic = n;
+        set(IBV_QP_MAX_QP_RD_ATOMIC);
+    }
+    if let Some(t) = q.min_rnr_timer {
+        attr.min_rnr_timer = t.code();
+        set(IBV_QP_MIN_RNR_TIMER);
+    }
+    if let Some(t) = q.timeout {
+        attr.timeout = t;
+        set(IBV_QP_TIMEOUT);
+    }
+    if let Some(n) = q.retry_cnt {
+        attr.retry_cnt = n;
+        set(IBV_QP_RETRY_CNT);
+    }
+    if let Some(n) = q.rnr_retry {
+        attr.rnr_retry = n;
+        set(IBV_QP_RNR_RETRY);
+    }
+    (attr, mask)
 }
 
 /// The `ibv_wc` of a completion: `imm_data` in network order as `verbs.h` keeps it

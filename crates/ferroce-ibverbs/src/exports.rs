@@ -357,7 +357,7 @@ exports! {
     default "rwrite" "RDMACM_1.0" => cm::unsupported;
     default "rwritev" "RDMACM_1.0" => cm::unsupported;
     default "rdma_join_multicast_ex" "RDMACM_1.1" => cm::unsupported;
-    default "rdma_establish" "RDMACM_1.2" => cm::unsupported;
+    default "rdma_establish" "RDMACM_1.2" => cm::establish;
     default "rdma_init_qp_attr" "RDMACM_1.2" => cm::init_qp_attr;
     default "rdma_get_remote_ece" "RDMACM_1.3" => cm::unsupported;
     default "rdma_reject_ece" "RDMACM_1.3" => cm::unsupported;

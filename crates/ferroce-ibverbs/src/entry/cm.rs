@@ -9,16 +9,18 @@
 //! complete at once: the soft NIC has one address and every peer is reached through UDP),
 //! `rdma_listen`, `rdma_connect`, `rdma_accept`, `rdma_reject`, `rdma_disconnect`,
 //! `rdma_get_cm_event`/`rdma_ack_cm_event`, `rdma_create_qp`/`_ex`/`rdma_destroy_qp` (the CQs made
-//! per id when the attributes name none, as librdmacm does), `rdma_init_qp_attr` for INIT,
-//! `rdma_set_option` (the id options are accepted and ignored), `rdma_migrate_id`,
-//! `rdma_getaddrinfo`/`rdma_freeaddrinfo`, `rdma_event_str`, `rdma_get_src_port`/`_dst_port`,
-//! `rdma_get_devices`/`rdma_free_devices`.
+//! per id when the attributes name none, as librdmacm does), `rdma_set_option` (the id
+//! options are accepted and ignored), `rdma_migrate_id`, `rdma_getaddrinfo`/`rdma_freeaddrinfo`,
+//! `rdma_event_str`, `rdma_get_src_port`/`_dst_port`, `rdma_get_devices`/`rdma_free_devices`.
+//! An id with a QP has it brought up by the CM; one without names `conn_param->qp_num` on
+//! the wire and leaves that QP to its program, as librdmacm does: `CONNECT_RESPONSE`,
+//! `rdma_init_qp_attr` for INIT, RTR and RTS, and `rdma_establish` (UCX's rdmacm connection
+//! manager works this way).
 //! UD ids resolve the peer's QP by SIDR (`rdma_connect` → `ESTABLISHED` with `param.ud`;
 //! `rdma_accept` on the listener's child sends the SIDR reply). Synchronous ids (made without
 //! a channel) wait in each call for its event, as librdmacm's do: `rdma_create_ep`,
 //! `rdma_get_request`, `rdma_destroy_ep`. Everything else fails with -1 (or NULL) and errno
-//! `ENOSYS`: multicast, SRQs on ids, ECE, `rdma_establish` (no `CONNECT_RESPONSE` is ever
-//! given: the CM brings the QP up itself) and rsockets; `rdma_notify` is 0.
+//! `ENOSYS`: multicast, SRQs on ids, ECE and rsockets; `rdma_notify` is 0.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::net::SocketAddr;
@@ -33,6 +35,7 @@ use crate::abi::*;
 use crate::cm::{self, EventInfo, IdState, ListenInfo, EVENT_CHANNELS, IDS};
 use crate::cm_abi::*;
 use crate::context::{self, ContextState};
+use crate::convert;
 use crate::entry::{cq, device, qp};
 use crate::fence;
 use crate::objects::QPS;
@@ -425,8 +428,10 @@ unsafe fn private_of(p: &rdma_conn_param) -> Vec<u8> {
 
 /// `rdma_connect`: sends the REQ; the outcome comes as `ESTABLISHED` (with the REP's private
 /// data), `REJECTED` (status: the REJ's reason, 8 when nobody listens; its private data),
-/// `UNREACHABLE` or `CONNECT_ERROR`. The id needs a QP (`rdma_create_qp`, or the one
-/// `conn_param->qp_num` names).
+/// `UNREACHABLE` or `CONNECT_ERROR`. An id with a QP (`rdma_create_qp`) has it brought up by
+/// the CM; an id without one names `conn_param->qp_num` in the REQ and gets
+/// `CONNECT_RESPONSE` instead of `ESTABLISHED`: the program brings its QP up itself
+/// (`rdma_init_qp_attr`) and calls `rdma_establish`, as with librdmacm.
 pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     fence::minus_one(|| {
         let state = id_state(id)?;
@@ -439,9 +444,9 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
         }
         let qp = if c.qp.is_null() {
             let n = p.ok_or(libc::EINVAL)?.qp_num;
-            QPS.find(|q| q.qp.qpn().value() == n).ok_or(libc::EINVAL)?.1
+            Err(ferroce::proto::wire::Qpn::new(n).ok_or(libc::EINVAL)?)
         } else {
-            QPS.get(c.qp as usize).ok_or(libc::EINVAL)?
+            Ok(QPS.get(c.qp as usize).ok_or(libc::EINVAL)?)
         };
         let nic = context::context(c.verbs as usize)
             .ok_or(libc::EINVAL)?
@@ -462,14 +467,30 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
         }
         let to = {
             let mut inner = state.inner();
-            if !inner.routed || inner.connecting || inner.conn.is_some() {
+            if !inner.routed || inner.connecting || inner.conn.is_some() || inner.replied.is_some()
+            {
                 return Err(libc::EINVAL);
             }
             inner.connecting = true;
             inner.dst.ok_or(libc::EINVAL)?
         };
-        cm::spawn_connect(id as usize, Arc::clone(&state), nic, qp, to, param)?;
+        let id_at = id as usize;
+        match qp {
+            Ok(qp) => cm::spawn_connect(id_at, Arc::clone(&state), nic, qp, to, param)?,
+            Err(qpn) => cm::spawn_connect_own(id_at, Arc::clone(&state), nic, qpn, to, param)?,
+        }
         complete(id, &state)
+    })
+}
+
+/// `rdma_establish`: after `CONNECT_RESPONSE` on an id without a QP, whose program has
+/// brought its QP to RTS, sends the RTU; no event follows (librdmacm's). `EINVAL` for an id
+/// with no connect response waiting.
+pub(crate) unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
+    fence::minus_one(|| {
+        let state = id_state(id)?;
+        cm::establish(id as usize, &state)?;
+        Ok(0)
     })
 }
 
@@ -519,7 +540,9 @@ fn accept_ud(
 }
 
 /// `rdma_accept`: answers a connection request with a REP, the id's QP brought to RTS; the
-/// RTU comes as `RDMA_CM_EVENT_ESTABLISHED`. `param` NULL: the REQ's depths, mirrored.
+/// RTU comes as `RDMA_CM_EVENT_ESTABLISHED`. `param` NULL: the REQ's depths, mirrored. An id
+/// without a QP names `param->qp_num` in the REP and leaves that QP to its program, which
+/// brings it up with `rdma_init_qp_attr`, as with librdmacm.
 pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     fence::minus_one(|| {
         let state = id_state(id)?;
@@ -529,28 +552,56 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
         if let Some(req) = sidr {
             return accept_ud(c, p, req);
         }
-        let qp = QPS.get(c.qp as usize).ok_or(libc::EINVAL)?;
+        let qp = if c.qp.is_null() {
+            let n = p.ok_or(libc::EINVAL)?.qp_num;
+            Err(ferroce::proto::wire::Qpn::new(n).ok_or(libc::EINVAL)?)
+        } else {
+            Ok(QPS.get(c.qp as usize).ok_or(libc::EINVAL)?)
+        };
         let mut inner = state.inner();
         let req = inner.request.take().ok_or(libc::EINVAL)?;
-        let r = req.req();
-        let param = match p {
-            Some(p) => cm::conn_param(
-                p.responder_resources,
-                p.initiator_depth,
-                p.rnr_retry_count,
-                // SAFETY: the caller's parameters name their private data.
-                unsafe { private_of(&p) },
-            ),
-            None => cm::conn_param(r.initiator_depth, r.responder_resources, 7, Vec::new()),
+        let param = accept_param(&req, p);
+        let conn = match qp {
+            Ok(qp) => {
+                let conn = req.accept(&qp.qp, &param).map_err(|e| cm::errno_of(&e))?;
+                // SAFETY: `c.qp` is a live QP of this library (just looked up).
+                unsafe { (*c.qp).state = IBV_QPS_RTS };
+                conn
+            }
+            Err(qpn) => {
+                let settled = req.settle(inner.psn, &param);
+                let conn = req
+                    .accept_own(qpn, inner.psn, &param)
+                    .map_err(|e| cm::errno_of(&e))?;
+                inner.settled = settled.ok();
+                conn
+            }
         };
-        let conn = Arc::new(req.accept(&qp.qp, &param).map_err(|e| cm::errno_of(&e))?);
-        // SAFETY: `c.qp` is a live QP of this library (just looked up).
-        unsafe { (*c.qp).state = IBV_QPS_RTS };
+        let conn = Arc::new(conn);
         inner.conn = Some(Arc::clone(&conn));
         drop(inner);
         cm::spawn_accepted(id as usize, Arc::clone(&state), conn)?;
         complete(id, &state)
     })
+}
+
+/// The parameters `rdma_accept` answers `req` with: the caller's, or with `p` NULL the REQ's
+/// depths mirrored.
+fn accept_param(
+    req: &ferroce::cm::ConnectRequest,
+    p: Option<rdma_conn_param>,
+) -> ferroce::cm::ConnParam {
+    let r = req.req();
+    match p {
+        Some(p) => cm::conn_param(
+            p.responder_resources,
+            p.initiator_depth,
+            p.rnr_retry_count,
+            // SAFETY: the caller's parameters name their private data.
+            unsafe { private_of(&p) },
+        ),
+        None => cm::conn_param(r.initiator_depth, r.responder_resources, 7, Vec::new()),
+    }
 }
 
 /// `rdma_reject`: a REJ (reason 28, consumer defined) with `private_data`.
@@ -566,7 +617,6 @@ pub(crate) unsafe extern "C" fn reject(
             req.reject().map_err(|e| cm::errno_of(&e))?;
             return Ok(0);
         }
-        let req = state.inner().request.take().ok_or(libc::EINVAL)?;
         let data = if private_data.is_null() {
             Vec::new()
         } else {
@@ -574,6 +624,13 @@ pub(crate) unsafe extern "C" fn reject(
             unsafe { std::slice::from_raw_parts(private_data.cast::<u8>(), usize::from(len)) }
                 .to_vec()
         };
+        // A connect response is refused as a request is (the kernel's REJ for a REP).
+        let replied = state.inner().replied.take();
+        if let Some(replied) = replied {
+            replied.reject(&data).map_err(|e| cm::errno_of(&e))?;
+            return Ok(0);
+        }
+        let req = state.inner().request.take().ok_or(libc::EINVAL)?;
         req.reject(&data).map_err(|e| cm::errno_of(&e))?;
         Ok(0)
     })
@@ -862,27 +919,52 @@ pub(crate) unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
     });
 }
 
-/// `rdma_init_qp_attr`: the attributes for INIT (port 1, P_Key index 0, remote READ and
-/// WRITE); other states `ENOSYS`.
+/// `rdma_init_qp_attr`: the attributes and mask that bring a program's own QP to the state
+/// `attr->qp_state` asks, as the kernel's CM gives them: INIT (port 1, P_Key index 0, remote
+/// READ and WRITE) on any id; RTR and RTS once the id knows its peer: a connection request
+/// not yet answered (its REQ, with the first PSN this id's REP will announce), a connect
+/// response, or a connection accepted or made that way. `EINVAL` before that, as the kernel
+/// answers an id in the wrong state.
 pub(crate) unsafe extern "C" fn init_qp_attr(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_attr,
     mask: *mut c_int,
 ) -> c_int {
     fence::minus_one(|| {
-        id_state(id)?;
+        let state = id_state(id)?;
         if attr.is_null() || mask.is_null() {
             return Err(libc::EINVAL);
         }
         // SAFETY: the caller passes both.
-        unsafe {
-            if (*attr).qp_state != IBV_QPS_INIT {
-                return Err(libc::ENOSYS);
+        let want = unsafe { (*attr).qp_state };
+        if want == IBV_QPS_INIT {
+            // SAFETY: as above.
+            unsafe {
+                (*attr).pkey_index = 0;
+                (*attr).port_num = 1;
+                (*attr).qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+                mask.write(IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
             }
-            (*attr).pkey_index = 0;
-            (*attr).port_num = 1;
-            (*attr).qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-            mask.write(IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+            return Ok(0);
+        }
+        let settled = {
+            let inner = state.inner();
+            match (&inner.request, inner.settled) {
+                (Some(req), _) => req.settle(inner.psn, &accept_param(req, None)).ok(),
+                (None, settled) => settled,
+            }
+        }
+        .ok_or(libc::EINVAL)?;
+        let wanted = match want {
+            IBV_QPS_RTR => settled.rtr(),
+            IBV_QPS_RTS => settled.rts(),
+            _ => return Err(libc::EINVAL),
+        };
+        let (value, bits) = convert::ibv_qp_attr_of(&wanted);
+        // SAFETY: as above.
+        unsafe {
+            attr.write(value);
+            mask.write(bits);
         }
         Ok(0)
     })

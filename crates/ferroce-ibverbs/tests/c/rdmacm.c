@@ -15,7 +15,17 @@
  *      bytes; its QP was made with no PD and no CQs (the id's PD, CQs made for it with the
  *      id as their context), and a SEND reaches the server's receive; the client
  *      disconnects and both sides see DISCONNECTED; a second rdma_disconnect on the closed
- *      connection is 0. */
+ *      connection is 0;
+ *   5. ids without a QP, as UCX's rdmacm and kernel-style programs use them: each side makes
+ *      its QP with ibv_create_qp and brings it up with rdma_init_qp_attr (the server before
+ *      rdma_accept, naming its qp_num); the client gets CONNECT_RESPONSE with the REP's bytes,
+ *      not ESTABLISHED, and sends the RTU with rdma_establish; a SEND crosses, and after the
+ *      disconnect the QPs are still the programs' (RTS: the CM leaves them alone);
+ *   6. a listener closed mid-handshake: the server destroys its listening id, then the
+ *      request's id unanswered: the client's REJECTED has status 28, as the kernel's CM
+ *      rejects for an id destroyed with a request pending; a second REQ finds nobody
+ *      listening (REJECTED, status 8); the client's last REQ, to port + 2, tells the server
+ *      it may go. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -53,7 +63,10 @@ static struct rdma_cm_event *next_event(struct rdma_event_channel *ch,
 {
     struct pollfd p = { .fd = ch->fd, .events = POLLIN };
     struct rdma_cm_event *ev;
-    CHECK(poll(&p, 1, 10000) == 1);
+    if (poll(&p, 1, 10000) != 1) {
+        fprintf(stderr, "rdmacm: no %s within 10 s\n", rdma_event_str(want));
+        exit(1);
+    }
     CHECK(rdma_get_cm_event(ch, &ev) == 0);
     if (ev->event != want) {
         fprintf(stderr, "rdmacm: got %s (status %d), want %s\n", rdma_event_str(ev->event),
@@ -127,6 +140,34 @@ static struct ibv_wc one_completion(struct ibv_cq *cq)
     return wc;
 }
 
+/* ibv_create_qp's QP (RESET), as a program that keeps its QPs off the id makes it. */
+static struct ibv_qp *own_qp(struct ibv_pd *pd, struct ibv_cq *cq)
+{
+    struct ibv_qp_init_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    attr.qp_type = IBV_QPT_RC;
+    attr.send_cq = attr.recv_cq = cq;
+    attr.sq_sig_all = 1;
+    struct ibv_qp *qp = ibv_create_qp(pd, &attr);
+    CHECK(qp != NULL && qp->state == IBV_QPS_RESET);
+    return qp;
+}
+
+/* Moves qp to `state` with what rdma_init_qp_attr gives for id. */
+static void move_qp(struct rdma_cm_id *id, struct ibv_qp *qp, enum ibv_qp_state state)
+{
+    struct ibv_qp_attr attr;
+    int mask = 0;
+    memset(&attr, 0, sizeof attr);
+    attr.qp_state = state;
+    CHECK(rdma_init_qp_attr(id, &attr, &mask) == 0);
+    CHECK(attr.qp_state == state && (mask & IBV_QP_STATE));
+    CHECK(ibv_modify_qp(qp, &attr, mask) == 0);
+    CHECK(qp->state == state);
+}
+
 static void server(const char *ip, int port)
 {
     struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -186,9 +227,81 @@ static void server(const char *ip, int port)
     CHECK(ibv_destroy_cq(cq) == 0);
     CHECK(ibv_dealloc_pd(pd) == 0);
     CHECK(rdma_destroy_id(child) == 0);
+
+    /* 5: an id without a QP; the program's own QP, brought up before the REP. */
+    ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    CHECK(memcmp(ev->param.conn.private_data, "own", 3) == 0);
+    child = ev->id;
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    struct ibv_qp_attr early;
+    int early_mask = 0;
+    memset(&early, 0, sizeof early);
+    early.qp_state = IBV_QPS_RTR;
+    CHECK(rdma_init_qp_attr(listen_id, &early, &early_mask) == -1 && errno == EINVAL);
+    pd = ibv_alloc_pd(child->verbs);
+    cq = ibv_create_cq(child->verbs, 8, NULL, NULL, 0);
+    CHECK(pd != NULL && cq != NULL);
+    struct ibv_qp *qp = own_qp(pd, cq);
+    move_qp(child, qp, IBV_QPS_INIT);
+    move_qp(child, qp, IBV_QPS_RTR);
+    move_qp(child, qp, IBV_QPS_RTS);
+    memset(buf, 0, sizeof buf);
+    mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr != NULL);
+    sge.lkey = mr->lkey;
+    rwr.wr_id = 8;
+    CHECK(ibv_post_recv(qp, &rwr, &bad) == 0);
+    memset(&p, 0, sizeof p);
+    p.private_data = "own-rep";
+    p.private_data_len = 7;
+    p.responder_resources = p.initiator_depth = 1;
+    p.qp_num = qp->qp_num;
+    CHECK(rdma_accept(child, &p) == 0);
+    CHECK(child->qp == NULL);
+    wait_for(ch, RDMA_CM_EVENT_ESTABLISHED);
+    wc = one_completion(cq);
+    CHECK(wc.wr_id == 8 && wc.opcode == IBV_WC_RECV && wc.byte_len == 4);
+    CHECK(memcmp(buf, "mine", 4) == 0);
+    wait_for(ch, RDMA_CM_EVENT_DISCONNECTED);
+    CHECK(qp->state == IBV_QPS_RTS);
+    CHECK(ibv_destroy_qp(qp) == 0);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0);
+    CHECK(ibv_dealloc_pd(pd) == 0);
+    CHECK(rdma_destroy_id(child) == 0);
+
+    /* 6: the listener closes with a request pending, which goes unanswered. */
+    ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    child = ev->id;
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    CHECK(rdma_destroy_id(listen_id) == 0);
+    CHECK(rdma_destroy_id(child) == 0);
+    /* The client says it is done on port + 2, so that this NIC outlives its last REQ. */
+    me = addr_of(ip, port + 2);
+    CHECK(rdma_create_id(ch, &listen_id, NULL, RDMA_PS_TCP) == 0);
+    CHECK(rdma_bind_addr(listen_id, (struct sockaddr *)&me) == 0);
+    CHECK(rdma_listen(listen_id, 1) == 0);
+    ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    child = ev->id;
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    CHECK(rdma_reject(child, "bye", 3) == 0);
+    CHECK(rdma_destroy_id(child) == 0);
     CHECK(rdma_destroy_id(listen_id) == 0);
     rdma_destroy_event_channel(ch);
     printf("rdmacm server: ok\n");
+}
+
+/* A connect to ip:port that must end REJECTED with `status`. */
+static void refused(struct rdma_event_channel *ch, const char *ip, int port, int status)
+{
+    struct rdma_cm_id *id = resolved(ch, ip, port);
+    make_qp(id, NULL, NULL);
+    connect_with(id, "late");
+    struct rdma_cm_event *ev = next_event(ch, RDMA_CM_EVENT_REJECTED);
+    CHECK(ev->status == status);
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    rdma_destroy_qp(id);
+    CHECK(rdma_destroy_id(id) == 0);
 }
 
 static void client(const char *ip, int port)
@@ -256,6 +369,55 @@ static void client(const char *ip, int port)
     rdma_destroy_qp(id);
     CHECK(id->send_cq == NULL && id->qp == NULL);
     CHECK(rdma_destroy_id(id) == 0);
+
+    /* 5: no QP on the id: CONNECT_RESPONSE, the program's own moves, rdma_establish. */
+    id = resolved(ch, ip, port);
+    CHECK(rdma_establish(id) == -1 && errno == EINVAL);
+    struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
+    struct ibv_cq *cq = ibv_create_cq(id->verbs, 8, NULL, NULL, 0);
+    CHECK(pd != NULL && cq != NULL);
+    struct ibv_qp *qp = own_qp(pd, cq);
+    move_qp(id, qp, IBV_QPS_INIT);
+    struct rdma_conn_param p;
+    memset(&p, 0, sizeof p);
+    p.private_data = "own";
+    p.private_data_len = 3;
+    p.responder_resources = p.initiator_depth = 1;
+    p.retry_count = p.rnr_retry_count = 7;
+    p.qp_num = qp->qp_num;
+    CHECK(rdma_connect(id, &p) == 0);
+    ev = next_event(ch, RDMA_CM_EVENT_CONNECT_RESPONSE);
+    CHECK(ev->param.conn.private_data_len >= 7);
+    CHECK(memcmp(ev->param.conn.private_data, "own-rep", 7) == 0);
+    CHECK(ev->param.conn.responder_resources == 1 && ev->param.conn.initiator_depth == 1);
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    CHECK(qp->state == IBV_QPS_INIT);
+    move_qp(id, qp, IBV_QPS_RTR);
+    move_qp(id, qp, IBV_QPS_RTS);
+    CHECK(rdma_establish(id) == 0);
+    char mine[4] = { 'm', 'i', 'n', 'e' };
+    mr = ibv_reg_mr(pd, mine, sizeof mine, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr != NULL);
+    sge.addr = (uintptr_t)mine;
+    sge.length = sizeof mine;
+    sge.lkey = mr->lkey;
+    wr.wr_id = 10;
+    CHECK(ibv_post_send(qp, &wr, &bad) == 0);
+    CHECK(one_completion(cq).wr_id == 10);
+    CHECK(rdma_disconnect(id) == 0);
+    wait_for(ch, RDMA_CM_EVENT_DISCONNECTED);
+    CHECK(qp->state == IBV_QPS_RTS);
+    CHECK(ibv_destroy_qp(qp) == 0);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0);
+    CHECK(ibv_dealloc_pd(pd) == 0);
+    CHECK(rdma_destroy_id(id) == 0);
+
+    /* 6: the listener closes mid-handshake (28), then nobody listens (8). */
+    refused(ch, ip, port, 28);
+    refused(ch, ip, port, 8);
+    /* Done: the server's last listener refuses this one and closes. */
+    refused(ch, ip, port + 2, 28);
     rdma_destroy_event_channel(ch);
     printf("rdmacm client: ok\n");
 }
