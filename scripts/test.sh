@@ -41,6 +41,8 @@ echo "== the drop-in libibverbs.so.1 under Debian's ibv_devices, ibv_devinfo, pe
 scripts/test-dropin.sh
 echo "== the drop-in librdmacm.so.1 under Debian's rping and ucmatose (scripts/test-rdmacm.sh)"
 scripts/test-rdmacm.sh
+echo "== libfabric's fi_pingpong on the drop-ins, two network namespaces (scripts/test-fabric.sh)"
+scripts/test-fabric.sh
 echo "== UCX and Open MPI on the drop-in libibverbs.so.1 (scripts/test-ucx.sh)"
 scripts/test-ucx.sh
 # Every shell snippet of the READMEs, as written (the servers, pairs and drop-in blocks on

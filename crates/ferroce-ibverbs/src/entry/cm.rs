@@ -262,6 +262,9 @@ pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
 }
 
 /// `rdma_bind_addr`: the soft NIC's address or the wildcard, and a port (0: one is chosen).
+/// A loopback address other than the NIC's counts as the wildcard, as the kernel's rdma_cm
+/// takes it: the id stays without a device (`verbs` NULL), which libfabric's verbs provider
+/// reads as "any interface" when it binds `localhost` to find its addresses.
 /// `EADDRNOTAVAIL` for another address.
 pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *const c_void) -> c_int {
     fence::minus_one(|| {
@@ -269,7 +272,8 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *const c_vo
         // SAFETY: the caller passes a sockaddr.
         let a = unsafe { read_sockaddr(addr)? }.ok_or(libc::EINVAL)?;
         let (ctx, cstate) = cm_context()?;
-        if !a.ip().is_unspecified() && a.ip() != cstate.ip {
+        let any = a.ip() != cstate.ip && (a.ip().is_unspecified() || a.ip().is_loopback());
+        if !any && a.ip() != cstate.ip {
             return Err(libc::EADDRNOTAVAIL);
         }
         let port = if a.port() == 0 {
@@ -283,7 +287,7 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *const c_vo
         // SAFETY: `id` is a live id of this library; the program does not use it meanwhile.
         let c = unsafe { &mut *id };
         c.route = cm::route(Some(bound), inner.dst);
-        if !a.ip().is_unspecified() {
+        if !any {
             c.verbs = ctx as *mut ibv_context;
             c.port_num = 1;
             if c.pd.is_null() {
@@ -1034,17 +1038,35 @@ pub(crate) unsafe extern "C" fn notify(id: *mut rdma_cm_id, _event: c_uint) -> c
     fence::minus_one(|| id_state(id).map(|_| 0))
 }
 
-/// `rdma_migrate_id`: later events of the id go to `channel`.
+/// `rdma_migrate_id`: later events of the id go to `channel`; the id is asynchronous from
+/// then on, and a channel of its own (a synchronous id's) is freed. `channel` NULL makes it
+/// synchronous, with a new channel of its own, as librdmacm does. libfabric's verbs provider
+/// creates its ids without a channel and migrates them to its event queue's.
 pub(crate) unsafe extern "C" fn migrate_id(
     id: *mut rdma_cm_id,
     channel: *mut rdma_event_channel,
 ) -> c_int {
     fence::minus_one(|| {
         let state = id_state(id)?;
-        EVENT_CHANNELS.get(channel as usize).ok_or(libc::EINVAL)?;
+        let (channel, own) = if channel.is_null() {
+            (cm::new_channel()?.0, true)
+        } else {
+            EVENT_CHANNELS.get(channel as usize).ok_or(libc::EINVAL)?;
+            (channel, false)
+        };
+        // SAFETY: `id` is a live id of this library, not used by the program meanwhile.
+        let c = unsafe { &mut *id };
+        if !c.event.is_null() {
+            // SAFETY: a synchronous id's last event, handed out by this library.
+            unsafe { ack_cm_event(c.event) };
+            c.event = ptr::null_mut();
+        }
+        let old = c.channel;
         state.channel.store(channel as usize, Ordering::Release);
-        // SAFETY: `id` is a live id of this library.
-        unsafe { (*id).channel = channel };
+        c.channel = channel;
+        if state.own_channel.swap(own, Ordering::AcqRel) {
+            let _ = free_channel(old);
+        }
         Ok(0)
     })
 }
@@ -1061,7 +1083,9 @@ struct AddrInfoBlock {
 static LIVE_ADDRINFO: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 /// `rdma_getaddrinfo`: `node` and `service` resolved by the system's `getaddrinfo`, as the
-/// destination (or, with `RAI_PASSIVE`, the source); `EAI_*` codes as it returns them.
+/// destination (or, with `RAI_PASSIVE`, the source); with neither, the hints' own source and
+/// destination. Failures are `EAI_*` codes as `getaddrinfo` returns them, errno set to the
+/// same, as librdmacm does.
 pub(crate) unsafe extern "C" fn getaddrinfo(
     node: *const c_char,
     service: *const c_char,
@@ -1071,13 +1095,32 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
     fence::value(
         || libc::EAI_SYSTEM,
         || {
-            if res.is_null() || (node.is_null() && service.is_null()) {
-                return libc::EAI_NONAME;
+            if res.is_null() {
+                return eai(libc::EAI_NONAME);
             }
             // SAFETY: the caller passes NULL or its hints.
             let h = unsafe { hints.as_ref().copied() };
             let flags = h.map_or(0, |h| h.ai_flags);
             let passive = flags & RAI_PASSIVE != 0;
+            let hinted = |p: *mut sockaddr_storage| -> Option<SocketAddr> {
+                // SAFETY: the hints' addresses are NULL or sockaddrs.
+                (!p.is_null())
+                    .then(|| unsafe { read_sockaddr(p.cast()) }.ok().flatten())
+                    .flatten()
+            };
+            if node.is_null() && service.is_null() {
+                // Nothing to resolve: the hints' own addresses, as librdmacm answers
+                // (libfabric's verbs provider asks this way with a destination in the hints).
+                let (src, dst) = h.map_or((None, None), |h| {
+                    (hinted(h.ai_src_addr), hinted(h.ai_dst_addr))
+                });
+                if src.is_none() && dst.is_none() {
+                    return eai(libc::EAI_NONAME);
+                }
+                // SAFETY: checked non-NULL above.
+                unsafe { res.write(addrinfo_block(h, flags, src, dst)) };
+                return 0;
+            }
             // SAFETY: all-zero is a valid `struct addrinfo` (NULL pointers, no flags).
             let mut gh: libc::addrinfo = unsafe { std::mem::zeroed() };
             gh.ai_flags = if passive { libc::AI_PASSIVE } else { 0 }
@@ -1093,7 +1136,7 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
             // the call.
             let rc = unsafe { libc::getaddrinfo(node, service, &raw const gh, &raw mut out) };
             if rc != 0 {
-                return rc;
+                return eai(rc);
             }
             let mut found = None;
             let mut cur = out;
@@ -1111,59 +1154,74 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
             // SAFETY: `out` is the list getaddrinfo returned, freed once.
             unsafe { libc::freeaddrinfo(out) };
             let Some(found) = found else {
-                return libc::EAI_FAMILY;
+                return eai(libc::EAI_FAMILY);
             };
-            let src = match h.map(|h| h.ai_src_addr) {
-                // SAFETY: the hints' source is NULL or a sockaddr.
-                Some(p) if !p.is_null() => unsafe { read_sockaddr(p.cast()) }.ok().flatten(),
-                _ => None,
-            };
+            let src = h.and_then(|h| hinted(h.ai_src_addr));
             let src = if passive { Some(found) } else { src };
             let dst = (!passive).then_some(found);
-            let mut block = Box::new(AddrInfoBlock {
-                ai: rdma_addrinfo {
-                    ai_flags: flags,
-                    ai_family: if found.is_ipv4() {
-                        libc::AF_INET
-                    } else {
-                        libc::AF_INET6
-                    },
-                    ai_qp_type: h
-                        .map(|h| h.ai_qp_type)
-                        .filter(|&t| t != 0)
-                        .unwrap_or(IBV_QPT_RC as c_int),
-                    ai_port_space: h
-                        .map(|h| h.ai_port_space)
-                        .filter(|&p| p != 0)
-                        .unwrap_or(RDMA_PS_TCP as c_int),
-                    ai_src_len: src.map_or(0, sockaddr_storage::len),
-                    ai_dst_len: dst.map_or(0, sockaddr_storage::len),
-                    ai_src_addr: ptr::null_mut(),
-                    ai_dst_addr: ptr::null_mut(),
-                    ai_src_canonname: ptr::null_mut(),
-                    ai_dst_canonname: ptr::null_mut(),
-                    ai_route_len: 0,
-                    ai_route: ptr::null_mut(),
-                    ai_connect_len: 0,
-                    ai_connect: ptr::null_mut(),
-                    ai_next: ptr::null_mut(),
-                },
-                src: src.map(sockaddr_storage::of).unwrap_or_default(),
-                dst: dst.map(sockaddr_storage::of).unwrap_or_default(),
-            });
-            if src.is_some() {
-                block.ai.ai_src_addr = &raw mut block.src;
-            }
-            if dst.is_some() {
-                block.ai.ai_dst_addr = &raw mut block.dst;
-            }
-            let at = Box::into_raw(block);
-            lock(&LIVE_ADDRINFO).push(at as usize);
-            // SAFETY: checked non-NULL above; the caller's pointer to fill.
-            unsafe { res.write(at.cast()) };
+            // SAFETY: checked non-NULL above.
+            unsafe { res.write(addrinfo_block(h, flags, src, dst)) };
             0
         },
     )
+}
+
+/// An `EAI_*` failure of `rdma_getaddrinfo`, with errno set to it as librdmacm sets it.
+fn eai(code: c_int) -> c_int {
+    crate::sys::set_errno(code);
+    code
+}
+
+/// A new `rdma_getaddrinfo` answer naming `src` and `dst`, the hints' types and flags kept.
+fn addrinfo_block(
+    h: Option<rdma_addrinfo>,
+    flags: c_int,
+    src: Option<SocketAddr>,
+    dst: Option<SocketAddr>,
+) -> *mut rdma_addrinfo {
+    let Some(either) = dst.or(src) else {
+        return ptr::null_mut();
+    };
+    let mut block = Box::new(AddrInfoBlock {
+        ai: rdma_addrinfo {
+            ai_flags: flags,
+            ai_family: if either.is_ipv4() {
+                libc::AF_INET
+            } else {
+                libc::AF_INET6
+            },
+            ai_qp_type: h
+                .map(|h| h.ai_qp_type)
+                .filter(|&t| t != 0)
+                .unwrap_or(IBV_QPT_RC as c_int),
+            ai_port_space: h
+                .map(|h| h.ai_port_space)
+                .filter(|&p| p != 0)
+                .unwrap_or(RDMA_PS_TCP as c_int),
+            ai_src_len: src.map_or(0, sockaddr_storage::len),
+            ai_dst_len: dst.map_or(0, sockaddr_storage::len),
+            ai_src_addr: ptr::null_mut(),
+            ai_dst_addr: ptr::null_mut(),
+            ai_src_canonname: ptr::null_mut(),
+            ai_dst_canonname: ptr::null_mut(),
+            ai_route_len: 0,
+            ai_route: ptr::null_mut(),
+            ai_connect_len: 0,
+            ai_connect: ptr::null_mut(),
+            ai_next: ptr::null_mut(),
+        },
+        src: src.map(sockaddr_storage::of).unwrap_or_default(),
+        dst: dst.map(sockaddr_storage::of).unwrap_or_default(),
+    });
+    if src.is_some() {
+        block.ai.ai_src_addr = &raw mut block.src;
+    }
+    if dst.is_some() {
+        block.ai.ai_dst_addr = &raw mut block.dst;
+    }
+    let at = Box::into_raw(block);
+    lock(&LIVE_ADDRINFO).push(at as usize);
+    at.cast()
 }
 
 /// `rdma_freeaddrinfo`: frees what `rdma_getaddrinfo` returned (anything else is ignored).

@@ -3,9 +3,13 @@
  *
  *   rdmacm server ADDR PORT     rdmacm client ADDR PORT
  *
- * in this order (scripts/test-rdmacm.sh starts the server first):
+ * in this order (scripts/test-rdmacm.sh starts the server first; 1b is the client's alone):
  *   1. the server's channel fd, made non-blocking, gives EAGAIN with nothing queued and
  *      wakes poll(2) when an event comes;
+ *  1b. rdma_getaddrinfo(NULL, NULL, hints) answers with the hints' addresses; a loopback
+ *      address not the NIC's binds as the wildcard (no device yet); an id made without a
+ *      channel and migrated to one gets its events there (libfabric's verbs provider needs
+ *      all three);
  *   2. a connect to a port nobody listens on (the server's NIC is there): REJECTED, status 8
  *      (its QP made by rdma_create_qp_ex: with a PD; an extension not offered EOPNOTSUPP);
  *   3. a REQ with private data, rejected with private data: the server's CONNECT_REQUEST
@@ -310,6 +314,35 @@ static void client(const char *ip, int port)
     struct rdma_cm_event *ev;
     struct rdma_cm_id *id;
     CHECK(ch != NULL);
+
+    /* 1b: what libfabric's verbs provider asks of librdmacm, as rdma-core answers it: an
+     * rdma_getaddrinfo with neither node nor service gives the hints' addresses back; a
+     * loopback address other than the NIC's binds as the wildcard, leaving the id without a
+     * device; an id made without a channel and migrated to one queues its events there. */
+    struct sockaddr_in server_addr = addr_of(ip, port);
+    struct rdma_addrinfo hints, *res;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_port_space = RDMA_PS_TCP;
+    hints.ai_dst_addr = (struct sockaddr *)&server_addr;
+    hints.ai_dst_len = sizeof server_addr;
+    CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0);
+    CHECK(res->ai_dst_addr != NULL && res->ai_src_addr == NULL);
+    CHECK(memcmp(res->ai_dst_addr, &server_addr, sizeof server_addr) == 0);
+    rdma_freeaddrinfo(res);
+    hints.ai_dst_addr = NULL;
+    hints.ai_dst_len = 0;
+    CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) != 0);
+    CHECK(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) == 0);
+    if (strcmp(ip, "127.0.0.1") != 0) {
+        struct sockaddr_in lo = addr_of("127.0.0.1", 0);
+        CHECK(rdma_bind_addr(id, (struct sockaddr *)&lo) == 0);
+        CHECK(id->verbs == NULL);
+    }
+    CHECK(rdma_migrate_id(id, ch) == 0);
+    CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&server_addr, 2000) == 0);
+    wait_for(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+    CHECK(id->verbs != NULL);
+    CHECK(rdma_destroy_id(id) == 0);
 
     /* 2: nobody listens on port + 1 (the QP made by rdma_create_qp_ex, with its PD). */
     id = resolved(ch, ip, port + 1);
