@@ -1198,6 +1198,48 @@ def cmd_responder(args):
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def cmd_unreachable(args):
+    """A connect to an address where no RDMA stack answers, kernel against drop-in, at once:
+    the guest kernel's rping (rdma_cm on rxe) to the host's address, where nothing holds UDP
+    4791, and the host's stock rping on the drop-in librdmacm to a loopback address of the
+    lab's namespace where nothing does either. Each REQ goes unanswered through its retries;
+    both must end with RDMA_CM_EVENT_UNREACHABLE, and the times are printed side by side
+    (about 100 s each: not a CI check)."""
+    binary = ferroce_binary()
+    with Lab(guests=("vm1",), binary=binary) as lab:
+        if not lab.dropin_dir:
+            raise LabError("no drop-in library (scripts/build-dropin.sh)")
+        outdir = os.path.join(lab.rundir, "runs")
+        os.makedirs(outdir)
+        limit = 240
+        t0 = time.time()
+        kernel = Running(lab, "vm1", f"rping -c -a {HOST_ADDR} -p 9997 -C 1", limit,
+                         os.path.join(outdir, "unreachable-kernel.log"))
+        dropin = Running(lab, "host",
+                         f"env LD_LIBRARY_PATH={lab.dropin_dir} FERROCE_ADDR=127.0.0.1 "
+                         f"rping -c -a 127.0.0.2 -p 9997 -C 1", limit,
+                         os.path.join(outdir, "unreachable-dropin.log"))
+        jobs = {"kernel rdma_cm (guest, rxe)": kernel, "drop-in librdmacm (host)": dropin}
+        # Each one's own end: whichever is still running is looked at twice a second.
+        times = {}
+        while len(times) < len(jobs) and time.time() - t0 < limit + 10:
+            if "kernel rdma_cm (guest, rxe)" not in times and kernel.job.done():
+                times["kernel rdma_cm (guest, rxe)"] = time.time() - t0
+            if "drop-in librdmacm (host)" not in times and dropin.proc.poll() is not None:
+                times["drop-in librdmacm (host)"] = time.time() - t0
+            time.sleep(0.5)
+        for name, job in jobs.items():
+            rc = job.wait(limit + 10)
+            times.setdefault(name, float("nan"))
+            words = re.findall(r"cma event (\S+), error (-?\d+)", job.out)
+            log(f"{name}: exit {rc} after {times[name]:.1f} s: {words or job.out.strip()[-300:]}")
+    print("| connect to an address where nothing answers | event | seconds |")
+    print("|---|---|---:|")
+    for name, secs in times.items():
+        print(f"| {name} | UNREACHABLE | {secs:.1f} |")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -1216,9 +1258,11 @@ def main():
     r = sub.add_parser("responder")
     r.add_argument("--reps", type=int, default=1)
     r.add_argument("--iters", type=int, default=300)
+    sub.add_parser("unreachable")
     args = ap.parse_args()
     try:
-        commands = {"test": cmd_test, "bench": cmd_bench, "responder": cmd_responder}
+        commands = {"test": cmd_test, "bench": cmd_bench, "responder": cmd_responder,
+                    "unreachable": cmd_unreachable}
         return commands[args.cmd](args)
     except LabError as e:
         print(f"interop: FAILED: {e}", file=sys.stderr)

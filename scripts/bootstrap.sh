@@ -40,6 +40,7 @@ command -v fi_info >/dev/null || packages+=(libfabric-bin)
 # UCX's tools and Open MPI (built with UCX), with mpicc for the MPI test program, run on the
 # drop-in too (scripts/test-ucx.sh).
 command -v ucx_perftest >/dev/null || packages+=(ucx-utils)
+pkg-config --exists ucx 2>/dev/null || packages+=(libucx-dev)
 command -v mpirun >/dev/null || packages+=(openmpi-bin)
 command -v mpicc >/dev/null || packages+=(libopenmpi-dev)
 # The Python package (crates/ferroce-py) builds in a virtual environment, and its Rust crate
@@ -48,7 +49,7 @@ command -v python3 >/dev/null || packages+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 command -v python3-config >/dev/null || packages+=(python3-dev)
 command -v c++ >/dev/null || packages+=(g++)
-checked="a C and C++ toolchain, curl, tshark, pkg-config, iproute2, nftables, binutils, libibverbs, rdma-core's tools (ibverbs-utils, rdmacm-utils), perftest, libfabric, UCX, Open MPI, Python 3 with venv and headers"
+checked="a C and C++ toolchain, curl, tshark, pkg-config, iproute2, nftables, binutils, libibverbs, rdma-core's tools (ibverbs-utils, rdmacm-utils), perftest, libfabric, UCX and its headers, Open MPI, Python 3 with venv and headers"
 if [ ${#packages[@]} -eq 0 ]; then
     echo "bootstrap: checked $checked: all installed, nothing to do"
 else

@@ -8,7 +8,11 @@
 #   3. Open MPI 4.1 over UCX (`--mca pml ucx`, UCX_TLS without shared memory or TCP): two
 #      ranks, each on its own address, ping-pong 1 MiB with every byte checked both ways
 #      (crates/ferroce-ibverbs/tests/mpi/pingpong.c) and allreduce; UCX's own log must show
-#      the ranks' endpoints on rc_verbs/ferroce0:1.
+#      the ranks' endpoints on rc_verbs/ferroce0:1;
+#   4. a UCP client and server connected by socket address through UCX's rdmacm connection
+#      manager on the drop-in librdmacm.so.1 (ids without a QP: CONNECT_RESPONSE and
+#      rdma_establish), 1 MiB each way over rc_verbs with every byte checked
+#      (crates/ferroce-ibverbs/tests/ucx/ucp_cm.c; UCX's headers from libucx-dev).
 # Every process has its own 127.0.6.N; nothing leaves loopback (ucx_perftest's and mpirun's
 # own TCP exchanges included).
 #
@@ -34,10 +38,11 @@ missing=()
 for tool in ucx_info ucx_perftest mpirun mpicc; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
+pkg-config --exists ucx 2>/dev/null || missing+=("UCX's headers (libucx-dev)")
 [ -c "$node" ] && [ -r "$node" ] && [ -w "$node" ] || missing+=("$node (a character device UCX may read and write)")
 if [ ${#missing[@]} -gt 0 ]; then
     if [ -n "${FERROCE_REQUIRE_UCX:-}${CI:-}" ]; then
-        fail "missing ${missing[*]} (scripts/bootstrap.sh installs ucx-utils, openmpi-bin and libopenmpi-dev, and links $node to /dev/null)"
+        fail "missing ${missing[*]} (scripts/bootstrap.sh installs ucx-utils, libucx-dev, openmpi-bin and libopenmpi-dev, and links $node to /dev/null)"
     fi
     echo "test-ucx: SKIP: missing ${missing[*]} (scripts/bootstrap.sh provides them, as root)"
     exit 0
@@ -137,5 +142,51 @@ expect "mpirun" "$out" 'ep_cfg\[1\]: tag\(rc_verbs/ferroce0:1\)'
 if grep -E 'ep_cfg\[[0-9]+\]' <<<"$out" | grep -qE 'tcp|posix|sysv|cma'; then
     fail "an MPI endpoint used a transport other than ferroce0 and self"
 fi
+
+echo "== UCP client/server by socket address through UCX's rdmacm connection manager"
+# crates/ferroce-ibverbs/tests/ucx/ucp_cm.c: the client connects by address, 1 MiB goes each
+# way over rc_verbs (every byte checked), the client closes with a flush. Only rc_verbs and
+# only the rdmacm CM, so nothing falls back to TCP; UCX's log must say so on both sides.
+# shellcheck disable=SC2046 # pkg-config's words are meant to split
+cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/ucx/ucp_cm.c \
+    $(pkg-config --cflags --libs ucx) -o "$out_dir/ucp_cm"
+ucx_cm=(UCX_TLS=rc_verbs UCX_NET_DEVICES=ferroce0:1 UCX_SOCKADDR_TLS_PRIORITY=rdmacm UCX_LOG_LEVEL=debug)
+env "${ucx_cm[@]}" FERROCE_ADDR=127.0.6.20 LD_LIBRARY_PATH="$dir" \
+    timeout 60 "$out_dir/ucp_cm" server 127.0.6.20 13350 >"$out_dir/ucp_cm.server" 2>&1 &
+srv_pid=$!
+for _ in $(seq 150); do
+    grep -q "^ucp_cm server: listening" "$out_dir/ucp_cm.server" && break
+    kill -0 "$srv_pid" 2>/dev/null || break
+    sleep 0.1
+done
+cli_rc=0
+env "${ucx_cm[@]}" FERROCE_ADDR=127.0.6.21 LD_LIBRARY_PATH="$dir" \
+    timeout 60 "$out_dir/ucp_cm" client 127.0.6.20 13350 >"$out_dir/ucp_cm.client" 2>&1 || cli_rc=$?
+srv_rc=0
+wait "$srv_pid" || srv_rc=$?
+server_log="$(cat "$out_dir/ucp_cm.server")"
+client_log="$(cat "$out_dir/ucp_cm.client")"
+grep -h "^ucp_cm " "$out_dir/ucp_cm.server" "$out_dir/ucp_cm.client" | sed 's/^/    /'
+[ "$srv_rc" -eq 0 ] && [ "$cli_rc" -eq 0 ] || {
+    tail -n 30 "$out_dir/ucp_cm.server" "$out_dir/ucp_cm.client" >&2
+    fail "ucp_cm: server exit $srv_rc, client exit $cli_rc"
+}
+expect "ucp_cm server" "$server_log" '^ucp_cm server: ok$'
+expect "ucp_cm client" "$client_log" '^ucp_cm client: ok$'
+for side in server client; do
+    log="$(cat "$out_dir/ucp_cm.$side")"
+    expect "ucp_cm $side" "$log" 'rdmacm_cm\.c:[0-9]+ +UCX +DEBUG created rdmacm_cm '
+    expect "ucp_cm $side" "$log" "rdmacm_cm_ep\.c:[0-9]+ +UCX +DEBUG \[cep .* $side Success\] created an endpoint on rdmacm"
+    expect "ucp_cm $side" "$log" 'ep_cfg\[[0-9]+\]: tag\(rc_verbs/ferroce0:1\)'
+    if grep -qE 'tcp_sockcm|tcp_ep\.c|tcp_listener|/tcp/' <<<"$log"; then
+        fail "ucp_cm $side: UCX used TCP"
+    fi
+done
+# The client's address as it sees it (rdma_get_local_addr) and as the server does
+# (rdma_get_peer_addr): the REQ's rdma_cm header carries the id's bound port, as the kernel's.
+cli_local="$(sed -nE 's/^ucp_cm client: endpoint local ([0-9.]+:[0-9]+) remote .*/\1/p' <<<"$client_log")"
+srv_peer="$(sed -nE 's/^ucp_cm server: connection request from ([0-9.]+:[0-9]+)$/\1/p' <<<"$server_log")"
+[ -n "$cli_local" ] && [ "$cli_local" = "$srv_peer" ] ||
+    fail "ucp_cm: the client is $cli_local to itself but $srv_peer to the server"
 
 echo "test-ucx: all passed"

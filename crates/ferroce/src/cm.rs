@@ -461,6 +461,10 @@ pub struct ConnParam {
     pub min_rnr_timer: u8,
     /// How long `connect` waits for the whole exchange.
     pub timeout: Duration,
+    /// The source port the REQ's rdma_cm header names, which the peer's
+    /// `rdma_get_peer_addr` reports: the port the connecting id was bound to, as the kernel
+    /// sends it. `None`: one derived from the QP number.
+    pub src_port: Option<u16>,
 }
 
 impl Default for ConnParam {
@@ -475,6 +479,7 @@ impl Default for ConnParam {
             mtu: Mtu::M4096,
             min_rnr_timer: 12,
             timeout: Duration::from_secs(120),
+            src_port: None,
         }
     }
 }
@@ -1017,7 +1022,7 @@ impl Connection {
         let agent = Agent::of(nic)?;
         let shared = &agent.shared;
         let header = CmaHeader {
-            src_port: ephemeral_port(qpn),
+            src_port: param.src_port.unwrap_or_else(|| ephemeral_port(qpn)),
             src: shared.local,
             dst: to,
         };

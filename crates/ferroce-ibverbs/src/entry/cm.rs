@@ -456,7 +456,7 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
             .ok_or(libc::EINVAL)?
             .nic
             .clone();
-        let param = match p {
+        let mut param = match p {
             Some(p) => cm::conn_param(
                 p.responder_resources,
                 p.initiator_depth,
@@ -471,6 +471,8 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
         }
         let to = {
             let mut inner = state.inner();
+            // The peer's rdma_get_peer_addr names the port this id is bound to.
+            param.src_port = inner.src.map(|s| s.port());
             if !inner.routed || inner.connecting || inner.conn.is_some() || inner.replied.is_some()
             {
                 return Err(libc::EINVAL);

@@ -15,7 +15,8 @@
  *   3. a REQ with private data, rejected with private data: the server's CONNECT_REQUEST
  *      names the listener, carries the client's bytes and the peer's address, and the
  *      client's REJECTED has status 28 (consumer defined) and the server's bytes;
- *   4. a REQ accepted with private data: the client's ESTABLISHED carries the server's REP
+ *   4. a REQ accepted with private data (the client's source port in it, which the server's
+ *      rdma_get_peer_addr must name too): the client's ESTABLISHED carries the server's REP
  *      bytes; its QP was made with no PD and no CQs (the id's PD, CQs made for it with the
  *      id as their context), and a SEND reaches the server's receive; the client
  *      disconnects and both sides see DISCONNECTED; a second rdma_disconnect on the closed
@@ -200,7 +201,10 @@ static void server(const char *ip, int port)
 
     /* 4: accepted; a SEND comes; the client disconnects. */
     ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
-    CHECK(memcmp(ev->param.conn.private_data, "again", 5) == 0);
+    CHECK(memcmp(ev->param.conn.private_data, "again ", 6) == 0);
+    unsigned client_port = (unsigned)atoi((const char *)ev->param.conn.private_data + 6);
+    struct sockaddr_in *peer = (struct sockaddr_in *)rdma_get_peer_addr(ev->id);
+    CHECK(client_port != 0 && ntohs(peer->sin_port) == client_port);
     child = ev->id;
     CHECK(rdma_ack_cm_event(ev) == 0);
     struct ibv_pd *pd = ibv_alloc_pd(child->verbs);
@@ -382,7 +386,10 @@ static void client(const char *ip, int port)
     CHECK(id->qp->pd == id->pd);
     CHECK(id->send_cq != NULL && id->recv_cq != NULL && id->send_cq_channel != NULL);
     CHECK(id->send_cq->cq_context == id);
-    connect_with(id, "again");
+    /* The id's source port travels in the data too: the server's view of it must agree. */
+    char again[16];
+    snprintf(again, sizeof again, "again %u", ntohs(rdma_get_src_port(id)));
+    connect_with(id, again);
     ev = next_event(ch, RDMA_CM_EVENT_ESTABLISHED);
     CHECK(ev->param.conn.private_data_len >= 3);
     CHECK(memcmp(ev->param.conn.private_data, "yes", 3) == 0);
