@@ -475,6 +475,7 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         pcap: args.pcap.clone(),
         gso: !args.no_gso,
         gro: true,
+        progress_priority: true,
     };
     let options = ferroce::DeviceOptions {
         port: args.ib_port,

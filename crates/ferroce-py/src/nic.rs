@@ -169,6 +169,7 @@ impl Nic {
             pcap,
             gso,
             gro,
+            ..NicConfig::default()
         };
         let nic = py
             .detach(|| ferroce::Nic::open(&config))
@@ -236,6 +237,7 @@ impl Nic {
             pcap,
             gso,
             gro,
+            ..NicConfig::default()
         };
         let nic = py
             .detach(|| ferroce::Nic::from_udp_socket(socket, &config))

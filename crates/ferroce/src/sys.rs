@@ -455,6 +455,50 @@ pub(crate) fn precise_timers() {
     let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
 }
 
+/// `struct sched_attr` as `sched_setattr(2)` takes it (`SCHED_ATTR_SIZE_VER1`, 56 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+    util_min: u32,
+    util_max: u32,
+}
+
+/// Schedules the calling thread as a progress thread (`sched_setattr(2)` under
+/// `SCHED_OTHER`): short time slices (`sched_runtime`, a custom slice since Linux 6.12), so
+/// that it may preempt a running application thread when a packet wakes it rather than wait
+/// for that thread's slice to end; and, with `nice`, that nice value where the process may
+/// raise its priority. Best effort: older kernels ignore the slice, and a refused nice value
+/// leaves the thread's own.
+pub(crate) fn progress_scheduling(slice: std::time::Duration, nice: Option<i32>) {
+    let mut attr = SchedAttr::default();
+    let size = size_of::<SchedAttr>() as u32;
+    // SAFETY: sched_getattr fills at most `size` bytes of `attr`, which lives across the
+    // call; pid 0 is this thread.
+    let rc = unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &raw mut attr, size, 0) };
+    if rc != 0 || attr.policy != libc::SCHED_OTHER as u32 {
+        return;
+    }
+    attr.size = size;
+    attr.runtime = slice.as_nanos() as u64;
+    let own = attr.nice;
+    for nice in [nice.unwrap_or(own), own] {
+        attr.nice = nice;
+        // SAFETY: a complete sched_attr of `size` bytes for this thread (pid 0), its policy
+        // the thread's own, read above.
+        if unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0) } == 0 {
+            return;
+        }
+    }
+}
+
 /// Waits up to `timeout`, to the microsecond (`ppoll(2)`; `poll(2)` counts in milliseconds),
 /// for `fd` to be readable; whether it is. An interrupted wait reads as not readable.
 pub(crate) fn nap_on(fd: RawFd, timeout: std::time::Duration) -> bool {

@@ -86,11 +86,18 @@ impl Cq {
     /// The oldest completion; when there is none, drives the engine here first.
     pub(crate) fn poll(&self) -> Option<Completion> {
         let mut state = self.driver.lock();
-        if let Some(c) = state.engine.poll_completion(self.id) {
-            return Some(c);
+        let found = match state.engine.poll_completion(self.id) {
+            Some(c) => Some(c),
+            None => {
+                self.driver.progress_here(&mut state);
+                state.engine.poll_completion(self.id)
+            }
+        };
+        drop(state);
+        if found.is_some() {
+            self.driver.poll_satisfied();
         }
-        self.driver.progress_here(&mut state);
-        state.engine.poll_completion(self.id)
+        found
     }
 
     /// Up to `out.len()` completions, one `poll` each.

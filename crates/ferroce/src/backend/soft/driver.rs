@@ -19,13 +19,28 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long after its last poll an application is taken to be still polling: a busy poller
-/// polls again within microseconds, and one that stops (to sleep, or to spin on memory a peer
-/// writes, as `ib_write_lat` does) gets the progress thread back this soon. 30 µs rather than
-/// 100 halved `ib_write_lat`'s typical latency on the drop-in with no loss of message rate
-/// measurable on two cores (BENCHMARKS.md); the thread's timer slack is 1 ns, so the nap ends
-/// when asked.
-const POLLER_GRACE: Duration = Duration::from_micros(30);
+/// How long after its last poll that found nothing an application is taken to be still
+/// polling: the progress thread keeps off the socket meanwhile (one thread woken per packet,
+/// not two). A busy poller polls again within microseconds; one that stops to sleep arms a CQ
+/// or blocks in `Cq::wait`, which gives the thread back at once (`release_poller`); one that
+/// leaves after each completion to wait elsewhere (`ib_write_lat` spins on the memory its
+/// peer writes) gives it back at each completion (`poll_satisfied`). What is left is a
+/// program that stops polling unannounced and unlearned, which waits this long once.
+const POLLER_GRACE: Duration = Duration::from_micros(200);
+
+/// After a poll that returned a completion: a mean time to the application's next poll
+/// longer than this marks one that leaves to wait elsewhere, for which such a poll hands
+/// the socket back to the progress thread.
+const LEAVES_AFTER: Duration = Duration::from_micros(4);
+
+/// The progress thread's time slice: the shortest the scheduler takes (0.1 ms), so that it
+/// may preempt a spinning application thread when a packet wakes it
+/// (`sys::progress_scheduling`).
+const PROGRESS_SLICE: Duration = Duration::from_micros(100);
+
+/// The progress thread's nice value where the process may raise it
+/// (`NicConfig::progress_priority`).
+const PROGRESS_NICE: i32 = -10;
 
 /// Packets handled between two looks at what the engine has to send while a receive batch is
 /// handled: half the send window of the tools' requesters (128 packets), so that ACKs leave at
@@ -88,6 +103,12 @@ pub(crate) struct Driver {
     epoch: Instant,
     /// Until when (nanoseconds after `epoch`) an application is taken to be polling.
     poller_until: AtomicU64,
+    /// When (nanoseconds after `epoch`) a poll last returned a completion; 0 once the next
+    /// poll has been seen.
+    satisfied_at: AtomicU64,
+    /// The mean time from such a poll to the next one, in nanoseconds (a moving average,
+    /// ¼ weight to the newest).
+    leave_gap: AtomicU64,
     /// The sockets: everything is received on `port.socket()`.
     pub(crate) port: udp::Port,
     pub(crate) local: SocketAddr,
@@ -130,6 +151,8 @@ impl Driver {
             }),
             epoch: Instant::now(),
             poller_until: AtomicU64::new(0),
+            satisfied_at: AtomicU64::new(0),
+            leave_gap: AtomicU64::new(0),
             local: port.local(),
             port,
             bell,
@@ -272,12 +295,15 @@ impl Driver {
         self.rung.store(false, Ordering::SeqCst);
     }
 
-    pub(crate) fn start(self: &Arc<Self>) -> io::Result<()> {
+    /// Starts the progress thread, above the application's threads with `raise`
+    /// (`NicConfig::progress_priority`).
+    pub(crate) fn start(self: &Arc<Self>, raise: bool) -> io::Result<()> {
         let shared = Arc::clone(self);
         let handle = std::thread::Builder::new()
             .name(format!("ferroce {}", self.local))
             .spawn(move || {
                 sys::precise_timers();
+                sys::progress_scheduling(PROGRESS_SLICE, raise.then_some(PROGRESS_NICE));
                 shared.progress()
             })?;
         *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
@@ -355,14 +381,44 @@ impl Driver {
         let now = Instant::now();
         // While the application polls, the progress thread keeps off the socket (see
         // `progress`): one thread woken per packet instead of two.
-        let until = now.saturating_duration_since(self.epoch) + POLLER_GRACE;
+        let since = now.saturating_duration_since(self.epoch);
+        self.learn_leave_gap(since.as_nanos() as u64);
         self.poller_until
-            .store(until.as_nanos() as u64, Ordering::Relaxed);
+            .store((since + POLLER_GRACE).as_nanos() as u64, Ordering::Relaxed);
         self.drain(state, now, true);
         state.engine.handle_timeout(now);
         self.transmit_ready(state, now, true);
         // What this thread received may complete another thread's wait (the CM's, say).
         self.wake_waiters(state);
+    }
+
+    /// A poll that follows one that returned a completion: how long the application was
+    /// away in between, into the mean. Gaps count up to a millisecond, so that one long
+    /// pause is forgotten within a few completions.
+    fn learn_leave_gap(&self, at: u64) {
+        let satisfied = self.satisfied_at.swap(0, Ordering::Relaxed);
+        if satisfied != 0 {
+            let gap = at.saturating_sub(satisfied).min(1_000_000);
+            let mean = (3 * self.leave_gap.load(Ordering::Relaxed) + gap) / 4;
+            self.leave_gap.store(mean, Ordering::Relaxed);
+        }
+    }
+
+    /// A poll returned a completion. An application that, by what it did before, goes to
+    /// wait elsewhere after one (spinning on memory a peer writes, as `ib_write_lat` does)
+    /// makes no call that would drive the engine until its data is there: the progress thread
+    /// takes the socket back now rather than after [`POLLER_GRACE`].
+    pub(crate) fn poll_satisfied(&self) {
+        let at = Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_nanos() as u64;
+        self.learn_leave_gap(at);
+        self.satisfied_at.store(at.max(1), Ordering::Relaxed);
+        if self.leave_gap.load(Ordering::Relaxed) > LEAVES_AFTER.as_nanos() as u64
+            && self.poller_until.swap(0, Ordering::Relaxed) > at
+        {
+            self.ring();
+        }
     }
 
     /// The application has stopped polling (it arms a CQ's channel, or blocks in

@@ -127,7 +127,7 @@ impl Nic {
         let driver = Driver::new(port, engine, config.faults, pcap)
             .map_err(|source| NicError::Socket { addr, source })?;
         driver
-            .start()
+            .start(config.progress_priority)
             .map_err(|source| NicError::Socket { addr, source })?;
         let owner = Arc::new(Owner {
             driver: Arc::clone(&driver),
