@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 /// program that stops polling unannounced and unlearned, which waits this long once.
 const POLLER_GRACE: Duration = Duration::from_micros(200);
 
-/// After a poll that returned a completion: a mean time to the application's next poll
-/// longer than this marks one that leaves to wait elsewhere, for which such a poll hands
-/// the socket back to the progress thread.
+/// After a poll that returned a completion: a mean time to the application's next call
+/// into the NIC (a poll, or a post of its reply) longer than this marks one that leaves to
+/// wait elsewhere, for which such a poll hands the socket back to the progress thread.
 const LEAVES_AFTER: Duration = Duration::from_micros(4);
 
 /// The progress thread's time slice: the shortest the scheduler takes (0.1 ms), so that it
@@ -243,6 +243,7 @@ impl Driver {
     /// ring the doorbell if a timer now fires before the progress thread would wake.
     pub(crate) fn after_command(&self, mut state: MutexGuard<'_, Locked>) {
         let now = Instant::now();
+        self.learn_leave_gap(now.saturating_duration_since(self.epoch).as_nanos() as u64);
         self.transmit_ready(&mut state, now, false);
         let next = state.next_due();
         self.wake_waiters(&state);
@@ -392,9 +393,10 @@ impl Driver {
         self.wake_waiters(state);
     }
 
-    /// A poll that follows one that returned a completion: how long the application was
-    /// away in between, into the mean. Gaps count up to a millisecond, so that one long
-    /// pause is forgotten within a few completions.
+    /// The application's first call into the NIC (a poll, a post, any verb) after a poll
+    /// that returned a completion: how long it was away in between, into the mean. Gaps
+    /// count up to a millisecond, so that one long pause is forgotten within a few
+    /// completions.
     fn learn_leave_gap(&self, at: u64) {
         let satisfied = self.satisfied_at.swap(0, Ordering::Relaxed);
         if satisfied != 0 {
