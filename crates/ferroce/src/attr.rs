@@ -33,13 +33,15 @@ pub struct NicConfig {
     pub gso: bool,
     /// Receive with UDP GRO: a peer's GSO train arrives as one buffer. On by default.
     pub gro: bool,
-    /// Run the soft NIC's progress thread above the application's threads (nice −10), where
-    /// the process may raise a priority (root, `CAP_SYS_NICE`, or an `RLIMIT_NICE` that
-    /// allows it), as a NIC's interrupt handling and kernel rxe's softirq run above
-    /// applications. It matters where applications spin on every core waiting for memory a
-    /// peer writes (`ib_write_lat`): the thread that must place those bytes then waits for a
-    /// time slice (a millisecond) unless it outranks them. Where the process may not, the
-    /// thread keeps the application's priority. On by default.
+    /// Run the soft NIC's progress thread above the application's threads (nice −10) while
+    /// the application leaves after each completion to wait elsewhere, where the process may
+    /// raise a priority (root, `CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows it), as a
+    /// NIC's interrupt handling and kernel rxe's softirq run above applications. It matters
+    /// where applications spin on every core waiting for memory a peer writes
+    /// (`ib_write_lat`): the thread that must place those bytes then waits for a time slice
+    /// (a millisecond) unless it outranks them. While the application polls for itself, or
+    /// where the process may not raise it, the thread keeps the application's priority. On
+    /// by default.
     pub progress_priority: bool,
 }
 

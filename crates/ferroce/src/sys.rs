@@ -475,28 +475,29 @@ struct SchedAttr {
 /// `SCHED_OTHER`): short time slices (`sched_runtime`, a custom slice since Linux 6.12), so
 /// that it may preempt a running application thread when a packet wakes it rather than wait
 /// for that thread's slice to end; and, with `nice`, that nice value where the process may
-/// raise its priority. Best effort: older kernels ignore the slice, and a refused nice value
-/// leaves the thread's own.
-pub(crate) fn progress_scheduling(slice: std::time::Duration, nice: Option<i32>) {
+/// raise its priority. Returns the nice value the thread had. Best effort: older kernels
+/// ignore the slice, and a refused nice value leaves the thread's own.
+pub(crate) fn progress_scheduling(slice: std::time::Duration, nice: Option<i32>) -> i32 {
     let mut attr = SchedAttr::default();
     let size = size_of::<SchedAttr>() as u32;
     // SAFETY: sched_getattr fills at most `size` bytes of `attr`, which lives across the
     // call; pid 0 is this thread.
     let rc = unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &raw mut attr, size, 0) };
+    let own = attr.nice;
     if rc != 0 || attr.policy != libc::SCHED_OTHER as u32 {
-        return;
+        return own;
     }
     attr.size = size;
     attr.runtime = slice.as_nanos() as u64;
-    let own = attr.nice;
     for nice in [nice.unwrap_or(own), own] {
         attr.nice = nice;
         // SAFETY: a complete sched_attr of `size` bytes for this thread (pid 0), its policy
         // the thread's own, read above.
         if unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0) } == 0 {
-            return;
+            break;
         }
     }
+    own
 }
 
 /// Waits up to `timeout`, to the microsecond (`ppoll(2)`; `poll(2)` counts in milliseconds),

@@ -304,8 +304,8 @@ impl Driver {
             .name(format!("ferroce {}", self.local))
             .spawn(move || {
                 sys::precise_timers();
-                sys::progress_scheduling(PROGRESS_SLICE, raise.then_some(PROGRESS_NICE));
-                shared.progress()
+                let own = sys::progress_scheduling(PROGRESS_SLICE, None);
+                shared.progress(raise.then_some(own))
             })?;
         *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
         Ok(())
@@ -401,9 +401,19 @@ impl Driver {
         let satisfied = self.satisfied_at.swap(0, Ordering::Relaxed);
         if satisfied != 0 {
             let gap = at.saturating_sub(satisfied).min(1_000_000);
+            let before = self.leaves_after_completions();
             let mean = (3 * self.leave_gap.load(Ordering::Relaxed) + gap) / 4;
             self.leave_gap.store(mean, Ordering::Relaxed);
+            if self.leaves_after_completions() != before {
+                // The progress thread's priority follows (`progress`): wake it to see.
+                self.ring();
+            }
         }
+    }
+
+    /// Whether the application, by what it did lately, leaves after each completion.
+    fn leaves_after_completions(&self) -> bool {
+        self.leave_gap.load(Ordering::Relaxed) > LEAVES_AFTER.as_nanos() as u64
     }
 
     /// A poll returned a completion. An application that, by what it did before, goes to
@@ -416,9 +426,7 @@ impl Driver {
             .as_nanos() as u64;
         self.learn_leave_gap(at);
         self.satisfied_at.store(at.max(1), Ordering::Relaxed);
-        if self.leave_gap.load(Ordering::Relaxed) > LEAVES_AFTER.as_nanos() as u64
-            && self.poller_until.swap(0, Ordering::Relaxed) > at
-        {
+        if self.leaves_after_completions() && self.poller_until.swap(0, Ordering::Relaxed) > at {
             self.ring();
         }
     }
@@ -435,8 +443,22 @@ impl Driver {
         }
     }
 
-    fn progress(&self) {
+    /// The progress thread's loop. With `raise` (the thread's own nice value), it runs above the application's threads
+    /// while the application leaves after its completions to wait elsewhere (then only this
+    /// thread places the peer's bytes, and behind spinning threads it would wait for a time
+    /// slice); while the application polls for itself, or does not poll at all, it keeps the
+    /// application's priority, so that it does not take the CPU from the application's own
+    /// sends and polls.
+    fn progress(&self, raise: Option<i32>) {
+        let mut raised = false;
         while !self.stop.load(Ordering::SeqCst) {
+            if let Some(own) = raise {
+                if self.leaves_after_completions() != raised {
+                    raised = !raised;
+                    let nice = if raised { PROGRESS_NICE } else { own };
+                    sys::progress_scheduling(PROGRESS_SLICE, Some(nice));
+                }
+            }
             let now = Instant::now();
             let next = {
                 let mut state = self.lock();
