@@ -130,10 +130,20 @@ fn connect_exchange_data_and_disconnect_from_either_side() {
 #[test]
 fn refusals_come_back_with_their_reason() {
     let (a, b) = (nic(102), nic(103));
-    let cq = Cq::new(&a, 16).unwrap();
-    let qp = Qp::new(&a, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+    let before = (a.census().unwrap(), b.census().unwrap());
+    refusals(&a, &b);
+    // Nothing of the refused attempts is left: no connection, QP, CQ or timer.
+    assert_eq!(cm::connections(&a), Some(0));
+    assert_eq!(cm::connections(&b), Some(0));
+    assert_eq!(a.census().unwrap(), before.0);
+    assert_eq!(b.census().unwrap(), before.1);
+}
+
+fn refusals(a: &Nic, b: &Nic) {
+    let cq = Cq::new(a, 16).unwrap();
+    let qp = Qp::new(a, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
     // Nobody listens: REJ 8, which rping reports as "RDMA_CM_EVENT_REJECTED, error 8".
-    match Connection::connect(&a, &qp, ip(103), 9999, &ConnParam::default()) {
+    match Connection::connect(a, &qp, ip(103), 9999, &ConnParam::default()) {
         Err(CmError::Rejected { reason, .. }) => {
             assert_eq!(reason, RejectReason::InvalidServiceId);
             assert_eq!(reason.code(), 8);
@@ -141,14 +151,14 @@ fn refusals_come_back_with_their_reason() {
         other => panic!("{other:?}"),
     }
     // The application refuses with private data: REJ 28.
-    let listener = Listener::bind(&b, 7175).unwrap();
-    let qp = Qp::new(&a, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
+    let listener = Listener::bind(b, 7175).unwrap();
+    let qp = Qp::new(a, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
     let refused = std::thread::scope(|s| {
         s.spawn(|| {
             let request = listener.get_request(10 * SECOND).unwrap();
             request.reject(b"busy").unwrap();
         });
-        Connection::connect(&a, &qp, ip(103), 7175, &ConnParam::default())
+        Connection::connect(a, &qp, ip(103), 7175, &ConnParam::default())
     });
     match refused {
         Err(CmError::Rejected {
@@ -165,7 +175,7 @@ fn refusals_come_back_with_their_reason() {
         ..ConnParam::default()
     };
     assert!(matches!(
-        Connection::connect(&a, &qp, ip(103), 7175, &long),
+        Connection::connect(a, &qp, ip(103), 7175, &long),
         Err(CmError::PrivateData {
             len: 57,
             max: 56,
