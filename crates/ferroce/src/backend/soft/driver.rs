@@ -467,16 +467,24 @@ impl Driver {
                 self.wake_waiters(&state);
                 state.next_due()
             };
-            *self
-                .sleeping_until
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = next;
-            let wait = next.map(|t| t.saturating_duration_since(Instant::now()));
+            let now = Instant::now();
             // An application polling its CQ receives for itself; waking this thread too for
             // every packet only adds a context switch and a contended lock. Stay off the
             // socket until the poller has been quiet for POLLER_GRACE, or a timer is due.
             let poller_left = Duration::from_nanos(self.poller_until.load(Ordering::Relaxed))
-                .saturating_sub(Instant::now().saturating_duration_since(self.epoch));
+                .saturating_sub(now.saturating_duration_since(self.epoch));
+            // When this thread wakes by itself: a post that arms a later timer need not ring
+            // (`after_command`), so a polling application's posts ring no doorbell.
+            let wakes = if poller_left.is_zero() {
+                next
+            } else {
+                Some(next.map_or(now + poller_left, |t| t.min(now + poller_left)))
+            };
+            *self
+                .sleeping_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = wakes;
+            let wait = next.map(|t| t.saturating_duration_since(now));
             if !poller_left.is_zero() {
                 // Asleep on the doorbell alone, so that a poller that stops polling to wait
                 // (`release_poller`) or a close gets the thread back at once.
