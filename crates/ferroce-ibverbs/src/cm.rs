@@ -491,7 +491,7 @@ fn request(parent: &IdState, req: ConnectRequest, info: ListenInfo) {
 /// A SIDR request (a UD peer resolving the listener's QP): a child id holding it, and
 /// `CONNECT_REQUEST` on the listener's channel.
 fn sidr_request(parent: &IdState, req: SidrRequest, info: ListenInfo) {
-    let peer = SocketAddr::new(req.from(), 0);
+    let peer = req.peer().unwrap_or(SocketAddr::new(req.from(), 0));
     let event = EventInfo {
         listen_id: info.id,
         private: req.private_data().to_vec(),
@@ -685,7 +685,9 @@ pub(crate) fn spawn_resolve_ud(
     private: Vec<u8>,
 ) -> Result<(), c_int> {
     spawn("ferroce-cm-sidr", move || {
-        let result = ferroce::cm::resolve_ud(&nic, to.ip(), to.port(), &private, SIDR_WAIT);
+        let src_port = state.inner().src.map(|s| s.port());
+        let result =
+            ferroce::cm::resolve_ud_from(&nic, src_port, to.ip(), to.port(), &private, SIDR_WAIT);
         state.inner().connecting = false;
         if state.stopped() {
             return;

@@ -1330,11 +1330,29 @@ pub fn resolve_ud(
     private_data: &[u8],
     timeout: Duration,
 ) -> Result<UdPeer, CmError> {
+    resolve_ud_from(nic, None, to, port, private_data, timeout)
+}
+
+/// As [`resolve_ud`], naming `src_port` (the resolving id's bound port, as the kernel sends
+/// it) in the request's rdma_cm header; `None`: one derived from the process.
+///
+/// # Errors
+///
+/// As [`resolve_ud`].
+pub fn resolve_ud_from(
+    nic: &Nic,
+    src_port: Option<u16>,
+    to: IpAddr,
+    port: u16,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<UdPeer, CmError> {
     check_private(private_data, MAX_SIDR_PRIVATE, "SIDR request")?;
     let agent = Agent::of(nic)?;
     let shared = &agent.shared;
     let header = CmaHeader {
-        src_port: ephemeral_port(Qpn::from_low_bits(std::process::id())),
+        src_port: src_port
+            .unwrap_or_else(|| ephemeral_port(Qpn::from_low_bits(std::process::id()))),
         src: shared.local,
         dst: to,
     };
@@ -1397,6 +1415,15 @@ impl SidrRequest {
     #[must_use]
     pub fn private_data(&self) -> &[u8] {
         user_private(&self.private.0)
+    }
+
+    /// The requester's address and port as rdma_cm's header names them (what the passive
+    /// side's `rdma_get_peer_addr` reports); `None` when the request carries no such header.
+    #[must_use]
+    pub fn peer(&self) -> Option<SocketAddr> {
+        CmaHeader::parse(&self.private.0)
+            .ok()
+            .map(|h| SocketAddr::new(h.src, h.src_port))
     }
 
     /// Answers with our UD queue pair and its Q_Key (`rdma_accept` on a UD id).

@@ -200,9 +200,11 @@ fn sidr_finds_a_ud_queue_pair() {
             let request = listener.get_sidr_request(10 * SECOND).unwrap();
             assert_eq!(request.from(), ip(104));
             assert_eq!(&request.private_data()[..3], b"udp");
+            // rdma_cm's header names the resolving id's port, as the kernel sends it.
+            assert_eq!(request.peer(), Some(SocketAddr::new(ip(104), 51234)));
             request.accept(&ud, cm::RDMA_UDP_QKEY_DEFAULT).unwrap();
         });
-        cm::resolve_ud(&a, ip(105), 7174, b"udp", 10 * SECOND).unwrap()
+        cm::resolve_ud_from(&a, Some(51234), ip(105), 7174, b"udp", 10 * SECOND).unwrap()
     });
     assert_eq!(peer.qpn, ud.qpn());
     assert_eq!(peer.qkey, cm::RDMA_UDP_QKEY_DEFAULT);

@@ -26,6 +26,9 @@
  *      rdma_accept, naming its qp_num); the client gets CONNECT_RESPONSE with the REP's bytes,
  *      not ESTABLISHED, and sends the RTU with rdma_establish; a SEND crosses, and after the
  *      disconnect the QPs are still the programs' (RTS: the CM leaves them alone);
+ *  5b. a UD id's SIDR request: the server's CONNECT_REQUEST names the client's bound port
+ *      (rdma_get_peer_addr), as the kernel's rdma_cm header carries it; refused, the client
+ *      gets UNREACHABLE with the SIDR status (2);
  *   6. a listener closed mid-handshake: the server destroys its listening id, then the
  *      request's id unanswered: the client's REJECTED has status 28, as the kernel's CM
  *      rejects for an id destroyed with a request pending; a second REQ finds nobody
@@ -278,6 +281,24 @@ static void server(const char *ip, int port)
     CHECK(ibv_dealloc_pd(pd) == 0);
     CHECK(rdma_destroy_id(child) == 0);
 
+    /* 5b: a UD id's SIDR request names the client's port, as its CONNECT_REQUEST says. */
+    struct rdma_cm_id *ud_listen;
+    struct sockaddr_in ud_me = addr_of(ip, port + 3);
+    CHECK(rdma_create_id(ch, &ud_listen, NULL, RDMA_PS_UDP) == 0);
+    CHECK(rdma_bind_addr(ud_listen, (struct sockaddr *)&ud_me) == 0);
+    CHECK(rdma_listen(ud_listen, 1) == 0);
+    ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    CHECK(ev->listen_id == ud_listen);
+    CHECK(memcmp(ev->param.ud.private_data, "ud ", 3) == 0);
+    unsigned ud_port = (unsigned)atoi((const char *)ev->param.ud.private_data + 3);
+    struct sockaddr_in *ud_peer = (struct sockaddr_in *)rdma_get_peer_addr(ev->id);
+    CHECK(ud_port != 0 && ntohs(ud_peer->sin_port) == ud_port);
+    child = ev->id;
+    CHECK(rdma_ack_cm_event(ev) == 0);
+    CHECK(rdma_reject(child, NULL, 0) == 0);
+    CHECK(rdma_destroy_id(child) == 0);
+    CHECK(rdma_destroy_id(ud_listen) == 0);
+
     /* 6: the listener closes with a request pending, which goes unanswered. */
     ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
     child = ev->id;
@@ -452,6 +473,33 @@ static void client(const char *ip, int port)
     CHECK(ibv_destroy_cq(cq) == 0);
     CHECK(ibv_dealloc_pd(pd) == 0);
     CHECK(rdma_destroy_id(id) == 0);
+
+    /* 5b: a SIDR request, its id's port in the data; the server refuses it (status 2). */
+    struct rdma_cm_id *ud;
+    struct sockaddr_in ud_dst = addr_of(ip, port + 3);
+    CHECK(rdma_create_id(ch, &ud, NULL, RDMA_PS_UDP) == 0);
+    CHECK(rdma_resolve_addr(ud, NULL, (struct sockaddr *)&ud_dst, 2000) == 0);
+    wait_for(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+    CHECK(rdma_resolve_route(ud, 2000) == 0);
+    wait_for(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+    char ud_data[16];
+    snprintf(ud_data, sizeof ud_data, "ud %u", ntohs(rdma_get_src_port(ud)));
+    memset(&p, 0, sizeof p);
+    p.private_data = ud_data;
+    p.private_data_len = strlen(ud_data);
+    /* The server may not listen yet: retry until it answers. */
+    for (int tries = 0;; tries++) {
+        CHECK(rdma_connect(ud, &p) == 0);
+        ev = next_event(ch, RDMA_CM_EVENT_UNREACHABLE);
+        int status = ev->status;
+        CHECK(rdma_ack_cm_event(ev) == 0);
+        if (status == 2)
+            break;
+        CHECK(tries < 50);
+        struct timespec t = { 0, 100000000 };
+        nanosleep(&t, NULL);
+    }
+    CHECK(rdma_destroy_id(ud) == 0);
 
     /* 6: the listener closes mid-handshake (28), then nobody listens (8). */
     refused(ch, ip, port, 28);
