@@ -338,6 +338,18 @@ impl AgentShared {
         }
     }
 
+    /// Refuses connection `id` (a REQ received, or a REP) with REJ 28 and `private_data`;
+    /// [`CmError::Closed`] when the machine no longer knows it.
+    fn send_rej(&self, id: CommId, private_data: &[u8]) -> Result<(), CmError> {
+        let mut routes = lock(&self.routes);
+        let result = routes
+            .machine
+            .reject(id, fixed(private_data))
+            .map_err(|_| CmError::Closed);
+        self.send_and_dispatch(&mut routes);
+        result
+    }
+
     /// Sends what the machine has queued and hands its events to their owners.
     fn send_and_dispatch(&self, routes: &mut Routes) {
         while let Some((to, mad)) = routes.machine.poll_transmit() {
@@ -777,14 +789,7 @@ impl ConnectRequest {
     pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
         check_private(private_data, MAX_REJ_PRIVATE, "REJ")?;
         self.answered = true;
-        let shared = &self.agent.shared;
-        let mut routes = lock(&shared.routes);
-        let result = routes
-            .machine
-            .reject(self.id, fixed(private_data))
-            .map_err(|_| CmError::Closed);
-        shared.send_and_dispatch(&mut routes);
-        result
+        self.agent.shared.send_rej(self.id, private_data)
     }
 }
 
@@ -1104,14 +1109,7 @@ impl Connection {
     /// Sends a REJ for a connection still being made, and closes it.
     fn refuse(&self, private_data: &[u8]) -> Result<(), CmError> {
         *lock(&self.state) = ConnState::Closed;
-        let shared = &self.agent.shared;
-        let mut routes = lock(&shared.routes);
-        let result = routes
-            .machine
-            .reject(self.id, fixed(private_data))
-            .map_err(|_| CmError::Closed);
-        shared.send_and_dispatch(&mut routes);
-        result
+        self.agent.shared.send_rej(self.id, private_data)
     }
 
     /// The peer's address.
