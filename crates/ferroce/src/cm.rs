@@ -697,10 +697,14 @@ impl ConnectRequest {
     ///
     /// [`CmError::Modify`] for an RNR timer above 31 in `param`.
     pub fn settle(&self, psn: Psn, param: &ConnParam) -> Result<Settled, CmError> {
-        let accept = self.accept_params(Qpn::default(), psn, param);
+        self.settled(&self.accept_params(Qpn::default(), psn, param), param)
+    }
+
+    /// What the REQ and an answer of `accept` settle.
+    fn settled(&self, accept: &AcceptParams, param: &ConnParam) -> Result<Settled, CmError> {
         Settled::new(
             peer_of(&self.req, self.from),
-            QpParams::passive(&self.req, &accept),
+            QpParams::passive(&self.req, accept),
             param,
         )
     }
@@ -743,13 +747,12 @@ impl ConnectRequest {
     ) -> Result<Connection, CmError> {
         check_private(&param.private_data, MAX_REP_PRIVATE, "REP")?;
         let accept = self.accept_params(qpn, psn, param);
-        let settled = QpParams::passive(&self.req, &accept);
-        let peer = peer_of(&self.req, self.from);
+        let settled = self.settled(&accept, param)?;
         let (tx, rx) = mpsc::channel();
         let shared = &self.agent.shared;
         let mut routes = lock(&shared.routes);
         if let Some(qp) = qp {
-            if let Err(e) = bring_up(qp, peer, &settled, param) {
+            if let Err(e) = bring_up(qp, &settled) {
                 let _ = routes.machine.reject(self.id, FixedBytes::ZERO);
                 self.answered = true;
                 shared.send_and_dispatch(&mut routes);
@@ -766,7 +769,9 @@ impl ConnectRequest {
             // The CM's own QP: moved to ERR when the peer leaves, and its first data
             // stands in for a lost RTU.
             routes.qps.insert(self.id, qpn);
-            routes.awaiting_rtu.insert(self.id, (qpn, settled.rq_psn));
+            routes
+                .awaiting_rtu
+                .insert(self.id, (qpn, settled.params.rq_psn));
         }
         shared.send_and_dispatch(&mut routes);
         drop(routes);
@@ -816,30 +821,10 @@ fn peer_of(req: &Req, from: IpAddr) -> SocketAddr {
     SocketAddr::new(ip, ROCE_PORT)
 }
 
-fn bring_up(qp: &Qp, peer: SocketAddr, p: &QpParams, param: &ConnParam) -> Result<(), CmError> {
-    let min_rnr_timer = rnr_timer(param.min_rnr_timer)?;
-    // rdma_cm's rights: remote WRITE always; READ and atomics only with responder resources.
-    let access = if p.max_dest_rd_atomic == 0 {
-        Access::REMOTE_WRITE
-    } else {
-        Access::REMOTE_WRITE
-            .with(Access::REMOTE_READ)
-            .with(Access::REMOTE_ATOMIC)
-    };
-    qp.connect_with(&ConnectAttrs {
-        peer,
-        dest_qpn: p.dest_qpn,
-        sq_psn: p.sq_psn,
-        rq_psn: p.rq_psn,
-        mtu: p.mtu,
-        access,
-        timeout: p.timeout,
-        retry_cnt: p.retry_count,
-        rnr_retry: p.rnr_retry_count,
-        min_rnr_timer,
-        max_rd_atomic: p.max_rd_atomic.max(1),
-        max_dest_rd_atomic: p.max_dest_rd_atomic.max(1),
-    })?;
+/// Brings `qp` to RTS with what the exchange settled, as `rdma_accept` and `rdma_connect`
+/// do for an id's own QP.
+fn bring_up(qp: &Qp, settled: &Settled) -> Result<(), CmError> {
+    qp.connect_with(&settled.attrs())?;
     Ok(())
 }
 
@@ -879,19 +864,39 @@ impl Settled {
         }
     }
 
+    /// Every attribute at once, as the CM brings its own QPs up (`Qp::connect_with`). The
+    /// READ depths are at least 1, as the kernel's CM sets them.
+    fn attrs(&self) -> ConnectAttrs {
+        let p = &self.params;
+        ConnectAttrs {
+            peer: self.peer,
+            dest_qpn: p.dest_qpn,
+            sq_psn: p.sq_psn,
+            rq_psn: p.rq_psn,
+            mtu: p.mtu,
+            access: self.access(),
+            timeout: p.timeout,
+            retry_cnt: p.retry_count,
+            rnr_retry: p.rnr_retry_count,
+            min_rnr_timer: self.min_rnr_timer,
+            max_rd_atomic: p.max_rd_atomic.max(1),
+            max_dest_rd_atomic: p.max_dest_rd_atomic.max(1),
+        }
+    }
+
     /// INIT → RTR: the peer, path MTU, peer QPN, the first PSN expected, the READs served
     /// and the RNR timer.
     #[must_use]
     pub fn rtr(&self) -> QpAttr {
-        let p = &self.params;
+        let a = self.attrs();
         QpAttr {
             state: Some(QpState::Rtr),
-            peer: Some(self.peer),
-            path_mtu: Some(p.mtu),
-            dest_qpn: Some(p.dest_qpn),
-            rq_psn: Some(p.rq_psn),
-            max_dest_rd_atomic: Some(p.max_dest_rd_atomic.max(1)),
-            min_rnr_timer: Some(self.min_rnr_timer),
+            peer: Some(a.peer),
+            path_mtu: Some(a.mtu),
+            dest_qpn: Some(a.dest_qpn),
+            rq_psn: Some(a.rq_psn),
+            max_dest_rd_atomic: Some(a.max_dest_rd_atomic),
+            min_rnr_timer: Some(a.min_rnr_timer),
             ..QpAttr::default()
         }
     }
@@ -900,14 +905,14 @@ impl Settled {
     /// issued.
     #[must_use]
     pub fn rts(&self) -> QpAttr {
-        let p = &self.params;
+        let a = self.attrs();
         QpAttr {
             state: Some(QpState::Rts),
-            sq_psn: Some(p.sq_psn),
-            timeout: Some(p.timeout),
-            retry_cnt: Some(p.retry_count),
-            rnr_retry: Some(p.rnr_retry_count),
-            max_rd_atomic: Some(p.max_rd_atomic.max(1)),
+            sq_psn: Some(a.sq_psn),
+            timeout: Some(a.timeout),
+            retry_cnt: Some(a.retry_cnt),
+            rnr_retry: Some(a.rnr_retry),
+            max_rd_atomic: Some(a.max_rd_atomic),
             ..QpAttr::default()
         }
     }
@@ -960,11 +965,10 @@ impl Connection {
         port: u16,
         param: &ConnParam,
     ) -> Result<Self, CmError> {
-        let (conn, asked, rep) = Self::request(nic, qp.qpn(), qp.endpoint().psn, to, port, param)?;
-        let settled = QpParams::active(&asked, &rep);
+        let (conn, settled) = Self::request(nic, qp.qpn(), qp.endpoint().psn, to, port, param)?;
         let shared = &conn.agent.shared;
         let mut routes = lock(&shared.routes);
-        if let Err(e) = bring_up(qp, SocketAddr::new(to, ROCE_PORT), &settled, param) {
+        if let Err(e) = bring_up(qp, &settled) {
             let _ = routes.machine.reject(conn.id, FixedBytes::ZERO);
             shared.send_and_dispatch(&mut routes);
             drop(routes);
@@ -1000,12 +1004,7 @@ impl Connection {
         port: u16,
         param: &ConnParam,
     ) -> Result<Replied, CmError> {
-        let (conn, asked, rep) = Self::request(nic, qpn, psn, to, port, param)?;
-        let settled = Settled::new(
-            SocketAddr::new(to, ROCE_PORT),
-            QpParams::active(&asked, &rep),
-            param,
-        )?;
+        let (conn, settled) = Self::request(nic, qpn, psn, to, port, param)?;
         Ok(Replied {
             conn: Some(conn),
             settled,
@@ -1013,7 +1012,7 @@ impl Connection {
     }
 
     /// Sends the REQ for `qpn` and waits for the REP: the connection (its private data the
-    /// REP's), what was asked and the REP.
+    /// REP's) and what the REQ and REP settled.
     fn request(
         nic: &Nic,
         qpn: Qpn,
@@ -1021,7 +1020,7 @@ impl Connection {
         to: IpAddr,
         port: u16,
         param: &ConnParam,
-    ) -> Result<(Self, ConnectParams, ferroce_proto::cm::Rep), CmError> {
+    ) -> Result<(Self, Settled), CmError> {
         check_private(&param.private_data, MAX_REQ_PRIVATE, "REQ")?;
         rnr_timer(param.min_rnr_timer)?;
         let agent = Agent::of(nic)?;
@@ -1073,7 +1072,12 @@ impl Connection {
             other => return Err(conn.failed(other)),
         };
         conn.private = rep.private_data.0.to_vec();
-        Ok((conn, asked, rep))
+        let settled = Settled::new(
+            SocketAddr::new(to, ROCE_PORT),
+            QpParams::active(&asked, &rep),
+            param,
+        )?;
+        Ok((conn, settled))
     }
 
     fn next_event(&self, deadline: Instant, what: &'static str) -> Result<CmEvent, CmError> {
