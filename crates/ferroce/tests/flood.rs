@@ -10,6 +10,8 @@
 //! for benchmarks): the real peer's bandwidth and round trip before and during the flood, and
 //! the receiving NIC thread's CPU per flood packet.
 
+mod support;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -155,23 +157,14 @@ fn real_traffic(a: &Side, b: &Side, seed: u64, b_thread: Option<u32>) -> Phase {
 
 /// The thread of this process named after the NIC on `addr`, if /proc shows it.
 fn nic_thread(addr: SocketAddr) -> Option<u32> {
-    let name = format!("ferroce {}", addr.ip());
-    std::fs::read_dir("/proc/self/task").ok()?.find_map(|e| {
-        let e = e.ok()?;
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        // comm is cut at 15 bytes.
-        name.starts_with(comm.trim())
-            .then(|| e.file_name().to_str()?.parse().ok())
-            .flatten()
-    })
+    support::threads_named(&format!("ferroce {addr}"))
+        .first()
+        .copied()
 }
 
 /// A thread's user and system CPU time, from /proc (clock ticks of 10 ms).
 fn thread_cpu(tid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let fields = support::thread_stat(tid);
     let ticks: u64 = [11, 12]
         .iter()
         .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())

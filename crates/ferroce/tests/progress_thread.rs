@@ -2,6 +2,8 @@
 //! of its own: it finds the threads by name in `/proc/self/task`, where a thread's name is
 //! cut to 15 bytes, so no other test's NIC may be open in the process meanwhile.
 
+mod support;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -14,7 +16,11 @@ use ferroce::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, Regi
 fn progress_nices_become(want: &[i64]) -> Vec<i64> {
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
-        let mut now = nice_now("ferroce 127.0.0");
+        // Both NICs' threads: their names, cut to 15 bytes, are alike.
+        let mut now: Vec<i64> = support::threads_named("ferroce 127.0.0")
+            .into_iter()
+            .map(nice_of)
+            .collect();
         now.sort_unstable();
         if now == want || Instant::now() > deadline {
             return now;
@@ -23,23 +29,9 @@ fn progress_nices_become(want: &[i64]) -> Vec<i64> {
     }
 }
 
-fn nice_now(prefix: &str) -> Vec<i64> {
-    let mut found = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.starts_with(prefix) {
-            found.push(nice_in(
-                &std::fs::read_to_string(task.path().join("stat")).unwrap(),
-            ));
-        }
-    }
-    found
-}
-
-/// The nice value in a `/proc/.../stat` line: field 19, the 17th after the name.
-fn nice_in(stat: &str) -> i64 {
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    rest.split(' ').nth(16).unwrap().parse().unwrap()
+/// A thread's nice value.
+fn nice_of(tid: u32) -> i64 {
+    support::thread_stat(tid)[16].parse().unwrap()
 }
 
 /// Whether this process may raise a thread's priority: CAP_SYS_NICE (bit 23) in effect.
@@ -133,7 +125,7 @@ fn the_progress_thread_outranks_an_application_that_waits_elsewhere_where_it_may
     // its application leaves after each completion (as ib_write_lat spins on memory), and at
     // the application's own while the application polls for itself; `b`'s, asked not to be
     // raised, never moves. Where the process may not, neither moves.
-    let own = nice_in(&std::fs::read_to_string("/proc/self/stat").unwrap());
+    let own = nice_of(std::process::id());
     let p = pair();
     assert_eq!(progress_nices_become(&[own, own]), [own, own]);
     writes(&p, 50, Duration::from_micros(200));

@@ -153,3 +153,31 @@ pub(crate) fn host_region(
     )
     .expect("register host memory")
 }
+
+/// The threads of this process named `name`, as far as the kernel keeps a thread's name (15
+/// bytes): their IDs. A soft NIC's progress thread is "ferroce ADDR:PORT".
+pub(crate) fn threads_named(name: &str) -> Vec<u32> {
+    let kept = &name[..name.len().min(15)];
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            (comm.trim_end() == kept)
+                .then(|| task.file_name().to_str()?.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// The fields of a thread's `/proc/self/task/TID/stat` line after its name: 0 is its state
+/// (the line's field 3), 11 and 12 its user and system time in clock ticks, 16 its nice value.
+/// Empty when the thread is gone.
+pub(crate) fn thread_stat(tid: u32) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')').map_or(Vec::new(), |(_, rest)| {
+        rest.split_whitespace().map(str::to_owned).collect()
+    })
+}
