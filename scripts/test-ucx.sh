@@ -151,8 +151,8 @@ echo "== UCP client/server by socket address through UCX's rdmacm connection man
 cc -std=gnu11 -Wall -Wextra -Werror -O2 crates/ferroce-ibverbs/tests/ucx/ucp_cm.c \
     $(pkg-config --cflags --libs ucx) -o "$out_dir/ucp_cm"
 ucx_cm=(UCX_TLS=rc_verbs UCX_NET_DEVICES=ferroce0:1 UCX_SOCKADDR_TLS_PRIORITY=rdmacm UCX_LOG_LEVEL=debug)
-env "${ucx_cm[@]}" FERROCE_ADDR=127.0.6.20 LD_LIBRARY_PATH="$dir" \
-    timeout 60 "$out_dir/ucp_cm" server 127.0.6.20 13350 >"$out_dir/ucp_cm.server" 2>&1 &
+on 127.0.6.20 env "${ucx_cm[@]}" timeout 60 "$out_dir/ucp_cm" server 127.0.6.20 13350 \
+    >"$out_dir/ucp_cm.server" 2>&1 &
 srv_pid=$!
 for _ in $(seq 150); do
     grep -q "^ucp_cm server: listening" "$out_dir/ucp_cm.server" && break
@@ -160,8 +160,8 @@ for _ in $(seq 150); do
     sleep 0.1
 done
 cli_rc=0
-env "${ucx_cm[@]}" FERROCE_ADDR=127.0.6.21 LD_LIBRARY_PATH="$dir" \
-    timeout 60 "$out_dir/ucp_cm" client 127.0.6.20 13350 >"$out_dir/ucp_cm.client" 2>&1 || cli_rc=$?
+on 127.0.6.21 env "${ucx_cm[@]}" timeout 60 "$out_dir/ucp_cm" client 127.0.6.20 13350 \
+    >"$out_dir/ucp_cm.client" 2>&1 || cli_rc=$?
 srv_rc=0
 wait "$srv_pid" || srv_rc=$?
 server_log="$(cat "$out_dir/ucp_cm.server")"

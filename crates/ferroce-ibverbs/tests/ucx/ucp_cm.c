@@ -187,26 +187,37 @@ static size_t recv_tag(ucp_worker_h worker, void *buf, size_t len,
     if (req == NULL) {
         die("%s: no request returned despite UCP_OP_ATTR_FLAG_NO_IMM_CMPL", what);
     }
-    {
-        while ((status = ucp_tag_recv_request_test(req, &info)) == UCS_INPROGRESS) {
-            ucp_worker_progress(worker);
-            if (g_ep_error_seen) {
-                ucp_request_cancel(worker, req);
-            }
-            check_deadline(what);
+    while ((status = ucp_tag_recv_request_test(req, &info)) == UCS_INPROGRESS) {
+        ucp_worker_progress(worker);
+        if (g_ep_error_seen) {
+            ucp_request_cancel(worker, req);
         }
-        ucp_request_free(req);
-        if (status != UCS_OK) {
-            die("%s: %s%s%s", what, ucs_status_string(status),
-                g_ep_error_seen ? ", endpoint error: " : "",
-                g_ep_error_seen ? ucs_status_string(g_ep_error) : "");
-        }
+        check_deadline(what);
+    }
+    ucp_request_free(req);
+    if (status != UCS_OK) {
+        die("%s: %s%s%s", what, ucs_status_string(status),
+            g_ep_error_seen ? ", endpoint error: " : "",
+            g_ep_error_seen ? ucs_status_string(g_ep_error) : "");
     }
     if (info.sender_tag != tag) {
         die("%s: got tag 0x%llx, expected 0x%llx", what,
             (unsigned long long)info.sender_tag, (unsigned long long)tag);
     }
     return info.length;
+}
+
+/* Receives a whole MSG_LEN message tagged `tag` into buf and checks every byte against
+ * pattern `which`. */
+static void recv_checked(ucp_worker_h worker, uint8_t *buf, ucp_tag_t tag, unsigned which,
+                         const char *what)
+{
+    memset(buf, 0, MSG_LEN);
+    size_t len = recv_tag(worker, buf, MSG_LEN, tag, what);
+    if (len != MSG_LEN) {
+        die("%s: %zu bytes, expected %u", what, len, MSG_LEN);
+    }
+    verify(buf, MSG_LEN, which, what);
 }
 
 static ucs_status_t close_ep(ucp_worker_h worker, ucp_ep_h ep)
@@ -329,12 +340,7 @@ static int run_server(ucp_worker_h worker, const struct sockaddr_in *sa, uint8_t
         die("ucp_ep_create(conn_request): %s", ucs_status_string(status));
     }
 
-    memset(buf, 0, MSG_LEN);
-    len = recv_tag(worker, buf, MSG_LEN, TAG_DATA, "receiving data");
-    if (len != MSG_LEN) {
-        die("received %zu bytes, expected %u", len, MSG_LEN);
-    }
-    verify(buf, MSG_LEN, 0, "client data");
+    recv_checked(worker, buf, TAG_DATA, 0, "client data");
     printf("ucp_cm server: received and verified %u bytes\n", MSG_LEN);
     print_sockaddrs(ep);
     ucp_ep_print_info(ep, stdout);
@@ -367,7 +373,6 @@ static int run_client(ucp_worker_h worker, const struct sockaddr_in *sa, uint8_t
     ucp_ep_h ep;
     uint64_t fin = FIN_MAGIC;
     ucs_status_t status;
-    size_t len;
 
     memset(&eparams, 0, sizeof(eparams));
     eparams.field_mask       = UCP_EP_PARAM_FIELD_FLAGS |
@@ -389,12 +394,7 @@ static int run_client(ucp_worker_h worker, const struct sockaddr_in *sa, uint8_t
     send_tag(worker, ep, buf, MSG_LEN, TAG_DATA, "sending data");
     printf("ucp_cm client: sent %u bytes\n", MSG_LEN);
 
-    memset(buf, 0, MSG_LEN);
-    len = recv_tag(worker, buf, MSG_LEN, TAG_REPLY, "receiving reply");
-    if (len != MSG_LEN) {
-        die("reply has %zu bytes, expected %u", len, MSG_LEN);
-    }
-    verify(buf, MSG_LEN, 1, "server reply");
+    recv_checked(worker, buf, TAG_REPLY, 1, "server reply");
     printf("ucp_cm client: received and verified %u-byte reply\n", MSG_LEN);
     print_sockaddrs(ep);
     ucp_ep_print_info(ep, stdout);
