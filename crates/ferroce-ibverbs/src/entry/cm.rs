@@ -446,12 +446,7 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
             let private = p.map(|p| unsafe { private_of(&p) }).unwrap_or_default();
             return connect_ud(id, &state, c, private);
         }
-        let qp = if c.qp.is_null() {
-            let n = p.ok_or(libc::EINVAL)?.qp_num;
-            Err(ferroce::proto::wire::Qpn::new(n).ok_or(libc::EINVAL)?)
-        } else {
-            Ok(QPS.get(c.qp as usize).ok_or(libc::EINVAL)?)
-        };
+        let qp = id_qp(c, p)?;
         let nic = context::context(c.verbs as usize)
             .ok_or(libc::EINVAL)?
             .nic
@@ -482,8 +477,10 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
         };
         let id_at = id as usize;
         match qp {
-            Ok(qp) => cm::spawn_connect(id_at, Arc::clone(&state), nic, qp, to, param)?,
-            Err(qpn) => cm::spawn_connect_own(id_at, Arc::clone(&state), nic, qpn, to, param)?,
+            IdQp::Ours(qp) => cm::spawn_connect(id_at, Arc::clone(&state), nic, qp, to, param)?,
+            IdQp::Programs(qpn) => {
+                cm::spawn_connect_own(id_at, Arc::clone(&state), nic, qpn, to, param)?;
+            }
         }
         complete(id, &state)
     })
@@ -498,6 +495,29 @@ pub(crate) unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
         cm::establish(id as usize, &state)?;
         Ok(0)
     })
+}
+
+/// The QP an RC connection of an id carries.
+enum IdQp {
+    /// The id's own (`rdma_create_qp`): the CM brings it up.
+    Ours(Arc<crate::objects::QpState>),
+    /// The one `conn_param->qp_num` names, which its program brings up itself; it may be
+    /// any number (UCX's reserves one with a QP it never uses).
+    Programs(ferroce::proto::wire::Qpn),
+}
+
+/// Which QP `rdma_connect` or `rdma_accept` on `c` with parameters `p` carries: the id's,
+/// else `p.qp_num` (`EINVAL` without parameters, for number 0, or for an id QP that is not
+/// this library's).
+fn id_qp(c: &rdma_cm_id, p: Option<rdma_conn_param>) -> Result<IdQp, c_int> {
+    if c.qp.is_null() {
+        let n = p.ok_or(libc::EINVAL)?.qp_num;
+        Ok(IdQp::Programs(
+            ferroce::proto::wire::Qpn::new(n).ok_or(libc::EINVAL)?,
+        ))
+    } else {
+        Ok(IdQp::Ours(QPS.get(c.qp as usize).ok_or(libc::EINVAL)?))
+    }
 }
 
 /// `rdma_connect` on a `RDMA_PS_UDP` id: a SIDR request for the QP behind the destination;
@@ -558,23 +578,18 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
         if let Some(req) = sidr {
             return accept_ud(c, p, req);
         }
-        let qp = if c.qp.is_null() {
-            let n = p.ok_or(libc::EINVAL)?.qp_num;
-            Err(ferroce::proto::wire::Qpn::new(n).ok_or(libc::EINVAL)?)
-        } else {
-            Ok(QPS.get(c.qp as usize).ok_or(libc::EINVAL)?)
-        };
+        let qp = id_qp(c, p)?;
         let mut inner = state.inner();
         let req = inner.request.take().ok_or(libc::EINVAL)?;
         let param = accept_param(&req, p);
         let conn = match qp {
-            Ok(qp) => {
+            IdQp::Ours(qp) => {
                 let conn = req.accept(&qp.qp, &param).map_err(|e| cm::errno_of(&e))?;
                 // SAFETY: `c.qp` is a live QP of this library (just looked up).
                 unsafe { (*c.qp).state = IBV_QPS_RTS };
                 conn
             }
-            Err(qpn) => {
+            IdQp::Programs(qpn) => {
                 let settled = req.settle(inner.psn, &param);
                 let conn = req
                     .accept_own(qpn, inner.psn, &param)
