@@ -8,11 +8,19 @@
 # each latency test, MB/s of each bandwidth test.
 # Usage: scripts/bench-dropin-ab.sh OLD-DIR NEW-DIR [rounds]     (addresses 127.0.7.50-53)
 set -euo pipefail
-old=$1
-new=$2
+old=$(cd "$1" && pwd)
+new=$(cd "$2" && pwd)
 rounds=${3:-3}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+cd "$(dirname "$0")/.."
+fail() {
+    echo "bench-dropin-ab: $*" >&2
+    exit 1
+}
+# on ADDR CMD...: CMD on the drop-in in $dir, set per build below.
+# shellcheck source=scripts/dropin-lib.sh
+. scripts/dropin-lib.sh
 
 # pair NAME SERVER-COMMAND... -- CLIENT-COMMAND...: the server in the background, then the
 # client; the client's output in $out/NAME.
@@ -35,7 +43,6 @@ for round in $(seq "$rounds"); do
     for which in old new; do
         dir=$old
         [ $which = new ] && dir=$new
-        on() { env LD_LIBRARY_PATH="$dir" FERROCE_ADDR="$1" "${@:2}"; }
         pair dl on 127.0.7.50 ib_write_lat -d ferroce0 -x 0 -s 8 -n 20000 -- \
             on 127.0.7.51 ib_write_lat -d ferroce0 -x 0 -s 8 -n 20000 127.0.7.50
         pair pl "$dir/ferroce" perf write-lat --local 127.0.7.52 -s 8 -n 20000 -- \
