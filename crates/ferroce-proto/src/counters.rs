@@ -59,6 +59,9 @@ counters! {
     rdma_sends,
     /// SEND messages received into a receive request (rxe).
     rdma_recvs,
+    /// RDMA WRITE messages received whole (RC and UC, with or without immediate): what an
+    /// application watching its memory for a peer's bytes waits for.
+    rdma_writes_rcvd,
     /// Datagrams that are not a well-formed RoCE packet.
     malformed_pkts,
     /// Packets whose ICRC did not match.

@@ -336,6 +336,7 @@ impl Qp {
                 if opcode.is_last() {
                     self.resp.in_msg = None;
                     self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+                    dev.counters.rdma_writes_rcvd += 1;
                     if with_imm {
                         let Some(wqe) = self.take_recv(dev) else {
                             return Err(invalid());

@@ -85,6 +85,7 @@ impl Cq {
 
     /// The oldest completion; when there is none, drives the engine here first.
     pub(crate) fn poll(&self) -> Option<Completion> {
+        self.driver.returned();
         let mut state = self.driver.lock();
         let found = match state.engine.poll_completion(self.id) {
             Some(c) => Some(c),
@@ -93,9 +94,8 @@ impl Cq {
                 state.engine.poll_completion(self.id)
             }
         };
-        drop(state);
         if found.is_some() {
-            self.driver.poll_satisfied();
+            self.driver.poll_satisfied(state);
         }
         found
     }

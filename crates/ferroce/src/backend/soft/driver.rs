@@ -8,6 +8,13 @@
 //! NIC closes, a byte on a private socket pair (the doorbell) wakes it. The doorbell is not a
 //! datagram to the NIC's own address: a firewall that drops RoCE traffic would drop that too,
 //! and a lost wake-up would leave the thread asleep for good. An idle NIC costs no CPU.
+//!
+//! While an application polls a CQ, its own thread receives instead (`Driver::progress_here`)
+//! and the progress thread keeps off the socket. What the application does between polls is
+//! learned from when it comes back: one that leaves after each completion to wait elsewhere
+//! gets the progress thread back at once, and one that answers each WRITE its peer sends (it
+//! watches its memory for them) has the poll that found its completion stay for the next WRITE
+//! (`Driver::linger`).
 
 use std::collections::HashMap;
 use std::io;
@@ -32,6 +39,21 @@ const POLLER_GRACE: Duration = Duration::from_micros(200);
 /// into the NIC (a poll, or a post of its reply) longer than this marks one that leaves to
 /// wait elsewhere, for which such a poll hands the socket back to the progress thread.
 const LEAVES_AFTER: Duration = Duration::from_micros(4);
+
+/// A send this soon after a peer's WRITE landed answers it. An application whose sends
+/// mostly do answers the WRITEs it is sent, and watches its memory for them (`ib_write_lat`
+/// spins on the last byte of its buffer after each completion and makes no call into the NIC
+/// until the peer's bytes are there).
+const ANSWERS_WITHIN: Duration = Duration::from_micros(10);
+
+/// `Locked::answering` in full: every send lately answered a WRITE.
+const ALL_ANSWERS: u32 = 1024;
+
+/// How long a poll that found a completion stays to receive the peer's next WRITE for such
+/// an application, when none has landed since its last send (`Driver::linger`): the peer's
+/// answer on this host takes a few microseconds; one later than this is left to the progress
+/// thread.
+const LINGER_MAX: Duration = Duration::from_micros(50);
 
 /// The progress thread's time slice: the shortest the scheduler takes (0.1 ms), so that it
 /// may preempt a spinning application thread when a packet wakes it
@@ -79,6 +101,14 @@ pub(crate) struct Locked {
     link: udp::Link,
     /// While ACKs wait in the link for the application's next packet: when they go anyway.
     acks_due: Option<Instant>,
+    /// WRITE messages received (`Counters::rdma_writes_rcvd`) when the application last sent.
+    writes_at_send: u64,
+    /// When a drain last saw a WRITE land.
+    landed_at: Option<Instant>,
+    /// How many of the application's sends lately answered a WRITE ([`ANSWERS_WITHIN`]), out
+    /// of [`ALL_ANSWERS`]: a moving average, ¼ weight to the newest, so that a send that came
+    /// late (the application was descheduled) does not undo what the others taught.
+    answering: u32,
 }
 
 impl Locked {
@@ -92,6 +122,17 @@ impl Locked {
         .into_iter()
         .flatten()
         .min()
+    }
+
+    fn writes_rcvd(&self) -> u64 {
+        self.engine.counters().rdma_writes_rcvd
+    }
+
+    /// Whether the application, by what it did lately, answers each WRITE it is sent, and
+    /// none has landed since its last send: what a poll that finds a completion should
+    /// stay for.
+    fn awaits_write(&self) -> bool {
+        self.answering > ALL_ANSWERS / 2 && self.writes_rcvd() == self.writes_at_send
     }
 }
 
@@ -148,6 +189,9 @@ impl Driver {
                 waiting: Vec::new(),
                 link: udp::Link::new(faults, pcap),
                 acks_due: None,
+                writes_at_send: 0,
+                landed_at: None,
+                answering: 0,
             }),
             epoch: Instant::now(),
             poller_until: AtomicU64::new(0),
@@ -259,6 +303,19 @@ impl Driver {
         }
     }
 
+    /// The application posted sends: whether they answer a WRITE that landed since its last
+    /// ([`ANSWERS_WITHIN`]), into `Locked::answering`. Called under the lock before
+    /// [`Driver::after_command`].
+    pub(crate) fn sent(&self, state: &mut Locked) {
+        let writes = state.writes_rcvd();
+        let answer = writes != state.writes_at_send
+            && state
+                .landed_at
+                .is_some_and(|at| at.elapsed() < ANSWERS_WITHIN);
+        state.writes_at_send = writes;
+        state.answering = (3 * state.answering + if answer { ALL_ANSWERS } else { 0 }) / 4;
+    }
+
     /// Rings the doorbell: the progress thread wakes and looks at its timers and `stop`.
     pub(crate) fn ring(&self) {
         // The progress thread empties the doorbell, then clears `rung`, then looks at the
@@ -346,6 +403,7 @@ impl Driver {
     /// [`Driver::transmit_ready`].
     fn drain(&self, state: &mut Locked, now: Instant, hold_acks: bool) -> usize {
         let dst = self.local.ip();
+        let writes = state.writes_rcvd();
         let (mut handled, mut since_sent, mut sent_at) = (0, 0, now);
         for _ in 0..2 {
             let n = state.link.receive_batch(&self.port);
@@ -372,6 +430,9 @@ impl Driver {
         // handed it over before what it follows (`Engine::set_batch_holding`).
         let Locked { engine, mem, .. } = &mut *state;
         engine.end_batch(now, mem);
+        if state.writes_rcvd() != writes {
+            state.landed_at = Some(Instant::now());
+        }
         handled
     }
 
@@ -383,7 +444,6 @@ impl Driver {
         // While the application polls, the progress thread keeps off the socket (see
         // `progress`): one thread woken per packet instead of two.
         let since = now.saturating_duration_since(self.epoch);
-        self.learn_leave_gap(since.as_nanos() as u64);
         self.poller_until
             .store((since + POLLER_GRACE).as_nanos() as u64, Ordering::Relaxed);
         self.drain(state, now, true);
@@ -391,6 +451,21 @@ impl Driver {
         self.transmit_ready(state, now, true);
         // What this thread received may complete another thread's wait (the CM's, say).
         self.wake_waiters(state);
+    }
+
+    /// The application calls into the NIC (a poll or a post): if it comes back after a poll
+    /// that returned a completion, how long it was away goes into the mean. Called before
+    /// the lock is taken, so that waiting for the lock (while the progress thread holds it)
+    /// is not counted as time spent elsewhere: counted, it kept a busy poller taken for one
+    /// that leaves, and the progress thread, woken at each completion, kept it so.
+    pub(crate) fn returned(&self) {
+        if self.satisfied_at.load(Ordering::Relaxed) != 0 {
+            self.learn_leave_gap(
+                Instant::now()
+                    .saturating_duration_since(self.epoch)
+                    .as_nanos() as u64,
+            );
+        }
     }
 
     /// The application's first call into the NIC (a poll, a post, any verb) after a poll
@@ -420,14 +495,45 @@ impl Driver {
     /// wait elsewhere after one (spinning on memory a peer writes, as `ib_write_lat` does)
     /// makes no call that would drive the engine until its data is there: the progress thread
     /// takes the socket back now rather than after [`POLLER_GRACE`].
-    pub(crate) fn poll_satisfied(&self) {
-        let at = Instant::now()
-            .saturating_duration_since(self.epoch)
-            .as_nanos() as u64;
-        self.learn_leave_gap(at);
+    ///
+    /// An application that answers its peer's WRITEs (`Locked::awaits_write`) is awaiting
+    /// one when the completion came alone: the poll stays to receive it first
+    /// ([`Driver::linger`]), so that the bytes are in place when the application looks, its
+    /// ACK leaves with the answer, and the progress thread is not woken for either.
+    pub(crate) fn poll_satisfied<'a>(&'a self, mut state: MutexGuard<'a, Locked>) {
+        let now = Instant::now();
+        // The application is away from when the poll returns: time spent here lingering is
+        // not its own.
+        let (hand_back, at) = if state.awaits_write() {
+            state = self.linger(state, now + LINGER_MAX);
+            // Still awaited: the peer is late, and the progress thread will place its WRITE.
+            (state.awaits_write(), Instant::now())
+        } else {
+            (self.leaves_after_completions(), now)
+        };
+        drop(state);
+        let at = at.saturating_duration_since(self.epoch).as_nanos() as u64;
         self.satisfied_at.store(at.max(1), Ordering::Relaxed);
-        if self.leaves_after_completions() && self.poller_until.swap(0, Ordering::Relaxed) > at {
+        if hand_back && self.poller_until.swap(0, Ordering::Relaxed) > at {
             self.ring();
+        }
+    }
+
+    /// Drives the engine on the caller's thread until the peer's next WRITE lands or
+    /// `until`, letting go of the lock between turns.
+    fn linger<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, Locked>,
+        until: Instant,
+    ) -> MutexGuard<'a, Locked> {
+        loop {
+            self.progress_here(&mut state);
+            if !state.awaits_write() || Instant::now() >= until {
+                return state;
+            }
+            drop(state);
+            std::hint::spin_loop();
+            state = self.lock();
         }
     }
 
@@ -506,7 +612,8 @@ impl Driver {
                     // racing for the lock would reorder them.
                     let now = Instant::now();
                     let mut state = self.lock();
-                    self.drain(&mut state, now, false);
+                    let handled = self.drain(&mut state, now, false);
+                    udp::UdpCounters::add(&self.port.counters.progress_rcvd, handled as u64);
                     self.transmit_ready(&mut state, now, false);
                     self.wake_waiters(&state);
                     drop(state);

@@ -28,6 +28,7 @@ impl Srq {
     }
 
     pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        self.driver.returned();
         let mut state = self.driver.lock();
         state.engine.post_srq_recv(self.id, wr)?;
         self.driver.after_command(state);
