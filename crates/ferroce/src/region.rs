@@ -206,6 +206,27 @@ impl Region {
         Ok(())
     }
 
+    /// [`Region::read`], showing each piece of the copy (64 KiB) to `seen` as soon as it is
+    /// copied, while it is still in the cache: a checksum of what was read then costs no
+    /// second pass over memory (`ferroce stream recv` checks every frame's CRC this way).
+    /// Nothing is shown for a range that is refused.
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::OutOfRange`].
+    pub fn read_with(
+        &self,
+        at: u64,
+        out: &mut [u8],
+        mut seen: impl FnMut(&[u8]),
+    ) -> Result<(), RegionError> {
+        self.check(at, out.len() as u64)?;
+        if let Some(backend) = &self.backend {
+            backend.read_with(at, out, &mut seen);
+        }
+        Ok(())
+    }
+
     /// Copies `data` to offset `at`.
     ///
     /// # Errors

@@ -384,6 +384,31 @@ fn regions_check_ranges_and_give_their_bytes_back() {
     assert_eq!(&bytes[..3], &[7, 7, 5]);
 }
 
+/// `read_with` copies as `read` does and shows every piece, in order, once it is copied (a
+/// frame-sized read comes in 64 KiB pieces); a refused range shows nothing.
+#[test]
+fn a_read_shows_each_piece_it_copied() {
+    let nic = nic(2, 24812);
+    let len = 3 * 65536 + 100;
+    let bytes = pattern(len, 3);
+    let r = region(&nic, RegionAccess::Local, bytes.clone());
+    let (mut out, mut seen, mut pieces) = (vec![0; len - 10], Vec::new(), 0);
+    r.read_with(10, &mut out, |piece| {
+        seen.extend_from_slice(piece);
+        pieces += 1;
+    })
+    .unwrap();
+    assert_eq!(out, bytes[10..]);
+    assert_eq!(seen, out);
+    assert_eq!(pieces, 4);
+    let mut calls = 0;
+    assert!(matches!(
+        r.read_with(len as u64 - 1, &mut [0; 2], |_| calls += 1),
+        Err(RegionError::OutOfRange { .. })
+    ));
+    assert_eq!(calls, 0);
+}
+
 /// A dma-buf region is mapped by the soft backend: a peer's WRITE lands in the exporter's
 /// memory (here a plain file, which maps the same way), at the registered offset, and a READ
 /// returns it; a descriptor that cannot be mapped is refused with the reason.

@@ -551,6 +551,15 @@ impl Region {
         }
     }
 
+    /// Copies out a piece at a time, showing each to `seen` once copied; the caller has
+    /// checked the range.
+    pub(crate) fn read_with(&self, at: u64, out: &mut [u8], seen: &mut dyn FnMut(&[u8])) {
+        match self {
+            Self::Soft(r) => r.read_with(at, out, seen),
+            Self::Verbs(r) => r.read_with(at, out, seen),
+        }
+    }
+
     /// Copies in; the caller has checked the range.
     pub(crate) fn write(&self, at: u64, data: &[u8]) {
         match self {

@@ -1059,6 +1059,23 @@ impl Receiver {
     /// the page; [`FrameReadError::NotStarted`] before `start`; [`FrameReadError::Device`]
     /// when the device memory refused the copy.
     pub fn read_frame(&self, frame: &FrameInfo, out: &mut [u8]) -> Result<(), FrameReadError> {
+        self.read_frame_with(frame, out, |_| {})
+    }
+
+    /// [`Receiver::read_frame`], showing each piece of the copy to `seen` as soon as it is
+    /// copied, while it is still in the cache ([`Region::read_with`]): a CRC of the frame
+    /// then reads it from memory once, not twice. What `seen` was shown belongs to a frame
+    /// that was overwritten when the call returns [`FrameReadError::Overwritten`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Receiver::read_frame`].
+    pub fn read_frame_with(
+        &self,
+        frame: &FrameInfo,
+        out: &mut [u8],
+        mut seen: impl FnMut(&[u8]),
+    ) -> Result<(), FrameReadError> {
         let run = self.run().map_err(|_| FrameReadError::NotStarted)?;
         if frame.page >= run.pages || out.len() > run.page_size {
             return Err(FrameReadError::OutOfPage {
@@ -1070,12 +1087,16 @@ impl Receiver {
         let at = u64::from(frame.page) * run.page_size as u64;
         epoch_checked(&run.book, frame.page, frame.page_epoch, || {
             match &run.device {
-                Some(device) => device
-                    .read(at, out)
-                    .map_err(|e| FrameReadError::Device(e.to_string())),
+                Some(device) => {
+                    device
+                        .read(at, out)
+                        .map_err(|e| FrameReadError::Device(e.to_string()))?;
+                    seen(out);
+                    Ok(())
+                }
                 None => run
                     .region
-                    .read(at, out)
+                    .read_with(at, out, &mut seen)
                     .map_err(|e| FrameReadError::Region(e.to_string())),
             }
         })

@@ -72,9 +72,16 @@ impl HostBuf {
     /// wait microseconds, not the milliseconds a whole frame takes; each piece (and so each
     /// packet's placement) is still seen whole.
     pub(crate) fn read(&self, at: u64, out: &mut [u8]) {
+        self.read_with(at, out, &mut |_| {});
+    }
+
+    /// [`HostBuf::read`], showing each piece to `seen` once it is copied, out of the lock
+    /// and while it is still in the cache.
+    pub(crate) fn read_with(&self, at: u64, out: &mut [u8], seen: &mut dyn FnMut(&[u8])) {
         let at = usize::try_from(at).unwrap_or(usize::MAX);
         for (i, piece) in out.chunks_mut(COPY_CHUNK).enumerate() {
             self.lock().read(at.saturating_add(i * COPY_CHUNK), piece);
+            seen(piece);
         }
     }
 

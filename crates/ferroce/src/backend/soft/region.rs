@@ -114,6 +114,13 @@ impl Region {
         }
     }
 
+    /// Copies out a piece at a time, showing each to `seen` once copied.
+    pub(crate) fn read_with(&self, at: u64, out: &mut [u8], seen: &mut dyn FnMut(&[u8])) {
+        if let Some(buf) = &self.buf {
+            buf.read_with(at, out, seen);
+        }
+    }
+
     /// Copies in; the caller has checked the range.
     pub(crate) fn write(&self, at: u64, data: &[u8]) {
         if let Some(buf) = &self.buf {

@@ -104,6 +104,16 @@ impl Region {
         }
     }
 
+    /// Copies out a piece at a time, showing each to `seen` once copied (the device writes
+    /// the memory itself: no lock to leave between pieces, only the cache to use).
+    pub(crate) fn read_with(&self, at: u64, out: &mut [u8], seen: &mut dyn FnMut(&[u8])) {
+        const PIECE: usize = 64 * 1024;
+        for (i, piece) in out.chunks_mut(PIECE).enumerate() {
+            self.read(at + (i * PIECE) as u64, piece);
+            seen(piece);
+        }
+    }
+
     /// Copies in; the caller has checked the range.
     pub(crate) fn write(&self, at: u64, data: &[u8]) {
         if let Some(mr) = &self.mr {
