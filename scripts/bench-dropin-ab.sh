@@ -5,7 +5,8 @@
 # `ferroce` binary and a `libibverbs.so.1` (copy them out of target/release after
 # `cargo build --release -p ferroce-cli` and `scripts/build-dropin.sh`, or out of a worktree
 # of the old commit). Prints one line per build and round: typical, average and p99 µs of
-# each latency test, MB/s of each bandwidth test.
+# each latency test, MB/s of each bandwidth test. Each bandwidth run moves 1.3 GB: shorter
+# ones (5000 WRITEs) were mostly start-up, and varied by a quarter from run to run.
 # Usage: scripts/bench-dropin-ab.sh OLD-DIR NEW-DIR [rounds]     (addresses 127.0.7.50-53)
 set -euo pipefail
 old=$(cd "$1" && pwd)
@@ -47,10 +48,10 @@ for round in $(seq "$rounds"); do
             on 127.0.7.51 ib_write_lat -d ferroce0 -x 0 -s 8 -n 20000 127.0.7.50
         pair pl "$dir/ferroce" perf write-lat --local 127.0.7.52 -s 8 -n 20000 -- \
             "$dir/ferroce" perf write-lat --local 127.0.7.53 -s 8 -n 20000 127.0.7.52
-        pair db on 127.0.7.50 ib_write_bw -d ferroce0 -x 0 -s 65536 -n 5000 -- \
-            on 127.0.7.51 ib_write_bw -d ferroce0 -x 0 -s 65536 -n 5000 127.0.7.50
-        pair pb "$dir/ferroce" perf write-bw --local 127.0.7.52 -s 65536 -n 5000 -- \
-            "$dir/ferroce" perf write-bw --local 127.0.7.53 -s 65536 -n 5000 127.0.7.52
+        pair db on 127.0.7.50 ib_write_bw -d ferroce0 -x 0 -s 65536 -n 20000 -- \
+            on 127.0.7.51 ib_write_bw -d ferroce0 -x 0 -s 65536 -n 20000 127.0.7.50
+        pair pb "$dir/ferroce" perf write-bw --local 127.0.7.52 -s 65536 -n 20000 -- \
+            "$dir/ferroce" perf write-bw --local 127.0.7.53 -s 65536 -n 20000 127.0.7.52
         echo "round $round $which: write-lat typ/avg/p99 µs drop-in $(lat dl 8) perf $(lat pl 8)" \
             "| write-bw 64 KiB MB/s drop-in $(bw db 65536) perf $(bw pb 65536)"
     done
