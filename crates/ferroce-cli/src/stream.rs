@@ -21,8 +21,8 @@ use clap::{Args, Subcommand};
 use ferroce::device::DeviceMemory;
 use ferroce::frames::control::{DataChannel, DeviceRegisters, RoceChannel, CONTROL_PORT};
 use ferroce::frames::{
-    FrameInfo, ImmediateLayout, MonitorError, Pattern, Receiver, ReceiverConfig, Sender, Target,
-    BRIDGE_DATA_PORT,
+    FrameInfo, ImmediateLayout, MonitorError, Pattern, PatternCrcs, Receiver, ReceiverConfig,
+    Sender, Target, BRIDGE_DATA_PORT,
 };
 use ferroce::nic::Faults;
 use ferroce::proto::wire::ROCE_PORT;
@@ -788,6 +788,8 @@ impl Streamer {
         // A sensor's readout takes most of its frame time; pace the packets over 80% of it.
         let pace = schedule.period().map(|p| p.mul_f64(0.8));
         let mut data = vec![0; sender.target().frame_size];
+        // A pattern's CRCs are worked out, not read: a third of the sender's time otherwise.
+        let mut crcs = PatternCrcs::new();
         let mut sent = 0u64;
         let mut complained = false;
         let mut out = io::stdout().lock();
@@ -815,8 +817,14 @@ impl Streamer {
             if let Some(due) = schedule.due() {
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
             }
-            self.source.fill(sent as u32, &mut data);
-            let frame = match sender.send_frame(&data, pace) {
+            let number = sent as u32;
+            self.source.fill(number, &mut data);
+            let sending = match self.source {
+                Source::Pattern(p) => sender
+                    .send_frame_with(&data, pace, &mut |at, bytes| crcs.crc(p, number, at, bytes)),
+                Source::File(_) => sender.send_frame(&data, pace),
+            };
+            let frame = match sending {
                 Ok(frame) => frame,
                 // A device keeps streaming whatever the network does (its host's address
                 // gone, say); say so once and go on.

@@ -25,4 +25,4 @@ pub use receiver::{
     FrameCounters, FrameInfo, FrameReadError, FrameView, MonitorError, NotStarted, Receiver,
     ReceiverConfig, StartError, ViewMemory, BRIDGE_DATA_PORT, MAX_PAGES,
 };
-pub use sender::{FrameSent, Pattern, SendError, Sender, Taken, Target};
+pub use sender::{FrameSent, Pattern, PatternCrcs, SendError, Sender, Taken, Target};

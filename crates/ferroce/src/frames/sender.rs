@@ -9,6 +9,7 @@
 //! the ICRC is computed over exactly what the receiver sees, and runs of equal-sized packets as
 //! UDP GSO sends, each segment's ICRC sealed for the ID the kernel gives it.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -139,22 +140,105 @@ impl Pattern {
     pub fn fill(self, frame_number: u32, out: &mut [u8]) {
         match self {
             Self::Zeros => out.fill(0),
-            Self::Counter => {
-                let seed = u64::from(frame_number).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                let word = |i: usize| (i as u64 ^ seed).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                // Whole words as single stores (a copy of a slice of unknown length per word
-                // was half of `stream send`'s time), then the tail.
-                let mut chunks = out.chunks_exact_mut(8);
-                let mut n = 0;
-                for chunk in &mut chunks {
-                    chunk.copy_from_slice(&word(n).to_le_bytes());
-                    n += 1;
-                }
-                let tail = chunks.into_remainder();
-                let len = tail.len();
-                tail.copy_from_slice(&word(n).to_le_bytes()[..len]);
-            }
+            Self::Counter => counter_words(0, counter_salt(frame_number), out),
         }
+    }
+}
+
+/// The counter pattern's word `i` of a frame is `counter_word(i) ^ salt`: one salt per
+/// frame, so that a frame's CRC follows from frame 0's without reading its bytes
+/// ([`PatternCrcs`]).
+fn counter_word(i: u64) -> u64 {
+    (i ^ 0x2545_f491_4f6c_dd1d).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
+/// The salt of frame `frame_number`'s words; never 0, so no two frames are alike.
+fn counter_salt(frame_number: u32) -> u64 {
+    (u64::from(frame_number) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Fills `out` with the counter's words from word `first` on, each XORed with `salt`.
+fn counter_words(first: u64, salt: u64, out: &mut [u8]) {
+    // Whole words as single stores (a copy of a slice of unknown length per word was half
+    // of `stream send`'s time), then the tail.
+    let mut chunks = out.chunks_exact_mut(8);
+    let mut n = first;
+    for chunk in &mut chunks {
+        chunk.copy_from_slice(&(counter_word(n) ^ salt).to_le_bytes());
+        n += 1;
+    }
+    let tail = chunks.into_remainder();
+    let len = tail.len();
+    tail.copy_from_slice(&(counter_word(n) ^ salt).to_le_bytes()[..len]);
+}
+
+/// The CRC-32s of pieces of [`Pattern`] frames, worked out rather than read: a sender that
+/// streams the counter pattern otherwise spends a third of its time on the CRC of every
+/// payload (for its ICRC and the frame's CRC). CRC-32 is affine, so for pieces of equal
+/// length `crc(a ^ b ^ c) = crc(a) ^ crc(b) ^ crc(c)`: a piece of a counter frame is the
+/// counter's words (their CRC kept per offset after the first frame) XOR the frame's salt
+/// repeated (one CRC per frame and length) XOR zeros (one per length).
+#[derive(Debug, Default)]
+pub struct PatternCrcs {
+    /// The CRC of the counter's unsalted words, by offset and length.
+    words: HashMap<(usize, usize), u32>,
+    /// The CRC of `n` zero bytes, by `n`.
+    zeros: HashMap<usize, u32>,
+    /// The frame whose salts `salts` holds, and the CRC of its salt repeated, by length.
+    frame: Option<u32>,
+    salts: HashMap<usize, u32>,
+    scratch: Vec<u8>,
+}
+
+impl PatternCrcs {
+    /// A cache with nothing in it yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The CRC-32 (`crc32fast`'s) of `bytes`, which must be what `pattern.fill(frame_number,
+    /// …)` wrote at offset `at` of its frame: for the counter pattern at a whole word's
+    /// offset, worked out from what is cached (computed once per offset and length); else
+    /// read from `bytes`.
+    pub fn crc(&mut self, pattern: Pattern, frame_number: u32, at: usize, bytes: &[u8]) -> u32 {
+        if pattern != Pattern::Counter || at % 8 != 0 {
+            return crc32fast::hash(bytes);
+        }
+        let len = bytes.len();
+        if self.frame != Some(frame_number) {
+            self.frame = Some(frame_number);
+            self.salts.clear();
+        }
+        let scratch = &mut self.scratch;
+        let mut hash_of = |fill: &dyn Fn(&mut [u8])| {
+            scratch.resize(len, 0);
+            fill(scratch);
+            crc32fast::hash(scratch)
+        };
+        let words = *self
+            .words
+            .entry((at, len))
+            .or_insert_with(|| hash_of(&|out| counter_words(at as u64 / 8, 0, out)));
+        let salt = counter_salt(frame_number).to_le_bytes();
+        let salted = *self.salts.entry(len).or_insert_with(|| {
+            hash_of(&|out| {
+                for (i, b) in out.iter_mut().enumerate() {
+                    *b = salt[i % 8];
+                }
+            })
+        });
+        let zeros = *self
+            .zeros
+            .entry(len)
+            .or_insert_with(|| hash_of(&|out| out.fill(0)));
+        let crc = words ^ salted ^ zeros;
+        debug_assert_eq!(
+            crc,
+            crc32fast::hash(bytes),
+            "not the pattern's bytes at {at}"
+        );
+        crc
     }
 }
 
@@ -376,6 +460,7 @@ impl Sender {
         first: usize,
         n: usize,
         frame_crc: &mut u32,
+        crc_of: &mut dyn FnMut(usize, &[u8]) -> u32,
     ) -> Result<(), SendError> {
         const HEADERS: usize = Bth::LEN + Reth::LEN;
         let t = self.target;
@@ -414,7 +499,7 @@ impl Sender {
                 .map_err(|e| fail(e.to_string()))?;
             let pad = usize::from(repr.pad());
             // One pass over the payload serves its ICRC and the frame's CRC (the metadata's).
-            let payload_crc = crc32fast::hash(payload);
+            let payload_crc = crc_of(off, payload);
             let shift = if payload.len() == full.len() {
                 full
             } else {
@@ -523,6 +608,23 @@ impl Sender {
         data: &[u8],
         pace: Option<Duration>,
     ) -> Result<FrameSent, SendError> {
+        self.send_frame_with(data, pace, &mut |_, bytes| crc32fast::hash(bytes))
+    }
+
+    /// [`Sender::send_frame`] where `crc_of(offset, bytes)` gives the CRC-32 of each piece of
+    /// `data` (its ICRC's and the frame CRC's part), for a caller that knows them without
+    /// reading the bytes: [`PatternCrcs::crc`] for frames of a [`Pattern`]. A wrong CRC
+    /// makes the receiver drop the packet (an ICRC error) or count a content error.
+    ///
+    /// # Errors
+    ///
+    /// As [`Sender::send_frame`].
+    pub fn send_frame_with(
+        &mut self,
+        data: &[u8],
+        pace: Option<Duration>,
+        crc_of: &mut dyn FnMut(usize, &[u8]) -> u32,
+    ) -> Result<FrameSent, SendError> {
         let t = self.target;
         if data.len() > t.frame_size {
             return Err(SendError::FrameTooLarge {
@@ -567,14 +669,15 @@ impl Sender {
             let n = (plain - first).min(burst);
             pace_to(sent);
             self.wait_window(n as u64);
-            self.send_batch(base, data, first, n, &mut frame_crc)?;
+            self.send_batch(base, data, first, n, &mut frame_crc, crc_of)?;
             first += n;
             sent += n as u64;
         }
         let end_psn = self.psn;
         // The frame's CRC: what the plain packets carried, then the tail the last one folds.
-        let tail = &data[(plain * t.payload).min(data.len())..];
-        let crc32 = icrc::CrcShift::new(tail.len()).combine(frame_crc, crc32fast::hash(tail));
+        let tail_at = (plain * t.payload).min(data.len());
+        let tail = &data[tail_at..];
+        let crc32 = icrc::CrcShift::new(tail.len()).combine(frame_crc, crc_of(tail_at, tail));
         let (metadata_s, metadata_ns) = now_parts();
         let metadata = Metadata {
             flags: if data.len() < t.frame_size {
@@ -621,5 +724,58 @@ impl Sender {
         self.page = (self.page + 1) % t.pages;
         self.frame_number = self.frame_number.wrapping_add(1);
         Ok(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pattern, PatternCrcs};
+
+    /// Worked-out CRCs equal read ones: whole-word offsets of several frames (the salt
+    /// changes, the cached words do not), lengths of whole packets, a tail and a few bytes,
+    /// and the other pattern and an odd offset, which are read.
+    #[test]
+    fn pattern_crcs_are_those_of_the_bytes() {
+        let mut crcs = PatternCrcs::new();
+        let mut frame = vec![0; 3 * 4096 + 21];
+        for pattern in [Pattern::Counter, Pattern::Zeros] {
+            for number in [0, 1, 7, u32::MAX] {
+                pattern.fill(number, &mut frame);
+                for (at, len) in [
+                    (0, 4096),
+                    (4096, 4096),
+                    (8192, 4096 + 21),
+                    (16, 3),
+                    (5, 100),
+                ] {
+                    let bytes = &frame[at..at + len];
+                    let crc = crcs.crc(pattern, number, at, bytes);
+                    assert_eq!(
+                        crc,
+                        crc32fast::hash(bytes),
+                        "{pattern:?} {number} {at}+{len}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// No two frames of the counter are alike, nor two words of one frame.
+    #[test]
+    fn counter_frames_differ_everywhere() {
+        let (mut a, mut b) = (vec![0; 4096], vec![0; 4096]);
+        Pattern::Counter.fill(3, &mut a);
+        Pattern::Counter.fill(4, &mut b);
+        let words = |f: &[u8]| -> Vec<u64> {
+            f.chunks(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+                .collect()
+        };
+        let (wa, wb) = (words(&a), words(&b));
+        assert!(wa.iter().zip(&wb).all(|(x, y)| x != y));
+        let mut sorted = wa.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), wa.len());
     }
 }
