@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Condvar, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferroce_proto::qp::{Completion, CqId};
+use ferroce_proto::qp::{Completion, CqId, WcOpcode};
 
 use super::driver::Driver;
 use crate::error::NicError;
@@ -94,8 +94,11 @@ impl Cq {
                 state.engine.poll_completion(self.id)
             }
         };
-        if found.is_some() {
-            self.driver.poll_satisfied(state);
+        if let Some(c) = &found {
+            // A received message is what its program waited for; only its own request's
+            // completion may come before the WRITE it waits for.
+            let own_request = !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+            self.driver.poll_satisfied(state, own_request);
         }
         found
     }

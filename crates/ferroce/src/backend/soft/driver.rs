@@ -497,14 +497,19 @@ impl Driver {
     /// takes the socket back now rather than after [`POLLER_GRACE`].
     ///
     /// An application that answers its peer's WRITEs (`Locked::awaits_write`) is awaiting
-    /// one when the completion came alone: the poll stays to receive it first
+    /// one when the completion of its own request (`own_request`: not a receive) came alone:
+    /// the poll stays to receive it first
     /// ([`Driver::linger`]), so that the bytes are in place when the application looks, its
     /// ACK leaves with the answer, and the progress thread is not woken for either.
-    pub(crate) fn poll_satisfied<'a>(&'a self, mut state: MutexGuard<'a, Locked>) {
+    pub(crate) fn poll_satisfied<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, Locked>,
+        own_request: bool,
+    ) {
         let now = Instant::now();
         // The application is away from when the poll returns: time spent here lingering is
         // not its own.
-        let (hand_back, at) = if state.awaits_write() {
+        let (hand_back, at) = if own_request && state.awaits_write() {
             state = self.linger(state, now + LINGER_MAX);
             // Still awaited: the peer is late, and the progress thread will place its WRITE.
             (state.awaits_write(), Instant::now())
