@@ -97,9 +97,6 @@ pub(crate) struct UdpCounters {
     /// Received buffers of two or more coalesced segments, and the segments they carried.
     pub(crate) gro_buffers: AtomicU64,
     pub(crate) gro_segments: AtomicU64,
-    /// Packets the NIC's progress thread received and handled; the rest were received by
-    /// application threads that polled a CQ (`ferroce::Cq::poll` drives the NIC itself).
-    pub(crate) progress_rcvd: AtomicU64,
 }
 
 impl UdpCounters {
@@ -116,7 +113,6 @@ impl UdpCounters {
             ("udp_gso_fallbacks", &self.gso_fallbacks),
             ("udp_gro_buffers", &self.gro_buffers),
             ("udp_gro_segments", &self.gro_segments),
-            ("progress_thread_rcvd", &self.progress_rcvd),
         ]
         .into_iter()
         .map(|(name, c)| (name, c.load(Ordering::Relaxed)))

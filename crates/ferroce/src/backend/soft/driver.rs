@@ -168,6 +168,9 @@ pub(crate) struct Driver {
     pub(crate) failure: Mutex<Option<io::Error>>,
     /// The NIC's async-event descriptor: readable while the engine holds events.
     pub(crate) async_events: EventFd,
+    /// Packets the progress thread received and handled (`progress_thread_rcvd`); the rest
+    /// were received by application threads that polled a CQ ([`Driver::progress_here`]).
+    pub(crate) progress_rcvd: AtomicU64,
 }
 
 impl Driver {
@@ -207,6 +210,7 @@ impl Driver {
             thread: Mutex::new(None),
             failure: Mutex::new(None),
             async_events: EventFd::new()?,
+            progress_rcvd: AtomicU64::new(0),
         }))
     }
 
@@ -287,7 +291,7 @@ impl Driver {
     /// ring the doorbell if a timer now fires before the progress thread would wake.
     pub(crate) fn after_command(&self, mut state: MutexGuard<'_, Locked>) {
         let now = Instant::now();
-        self.learn_leave_gap(now.saturating_duration_since(self.epoch).as_nanos() as u64);
+        self.learn_leave_gap(self.nanos(now));
         self.transmit_ready(&mut state, now, false);
         let next = state.next_due();
         self.wake_waiters(&state);
@@ -453,6 +457,12 @@ impl Driver {
         self.wake_waiters(state);
     }
 
+    /// `t` in the time base of `poller_until`, `satisfied_at` and `leave_gap`: nanoseconds
+    /// after `epoch`.
+    fn nanos(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
     /// The application calls into the NIC (a poll or a post): if it comes back after a poll
     /// that returned a completion, how long it was away goes into the mean. Called before
     /// the lock is taken, so that waiting for the lock (while the progress thread holds it)
@@ -460,11 +470,7 @@ impl Driver {
     /// that leaves, and the progress thread, woken at each completion, kept it so.
     pub(crate) fn returned(&self) {
         if self.satisfied_at.load(Ordering::Relaxed) != 0 {
-            self.learn_leave_gap(
-                Instant::now()
-                    .saturating_duration_since(self.epoch)
-                    .as_nanos() as u64,
-            );
+            self.learn_leave_gap(self.nanos(Instant::now()));
         }
     }
 
@@ -517,7 +523,7 @@ impl Driver {
             (self.leaves_after_completions(), now)
         };
         drop(state);
-        let at = at.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let at = self.nanos(at);
         self.satisfied_at.store(at.max(1), Ordering::Relaxed);
         if hand_back && self.poller_until.swap(0, Ordering::Relaxed) > at {
             self.ring();
@@ -546,10 +552,7 @@ impl Driver {
     /// `Cq::wait`): the progress thread goes back to the socket now rather than after
     /// [`POLLER_GRACE`], so that what arrives meanwhile is handled, and signalled, at once.
     pub(crate) fn release_poller(&self) {
-        let now = Instant::now()
-            .saturating_duration_since(self.epoch)
-            .as_nanos() as u64;
-        if self.poller_until.swap(0, Ordering::Relaxed) > now {
+        if self.poller_until.swap(0, Ordering::Relaxed) > self.nanos(Instant::now()) {
             self.ring();
         }
     }
@@ -618,7 +621,8 @@ impl Driver {
                     let now = Instant::now();
                     let mut state = self.lock();
                     let handled = self.drain(&mut state, now, false);
-                    udp::UdpCounters::add(&self.port.counters.progress_rcvd, handled as u64);
+                    self.progress_rcvd
+                        .fetch_add(handled as u64, Ordering::Relaxed);
                     self.transmit_ready(&mut state, now, false);
                     self.wake_waiters(&state);
                     drop(state);

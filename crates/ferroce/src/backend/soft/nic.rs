@@ -5,6 +5,7 @@ use std::any::Any;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ferroce_proto::memory::{Entropy, PdId, RegionInfo, WriteOrder};
@@ -226,7 +227,8 @@ impl Nic {
         self.driver.lock().engine.census()
     }
 
-    /// `rdma statistic show`'s line: the engine's counters, then the datagram layer's.
+    /// `rdma statistic show`'s line: the engine's counters, then the datagram layer's, then
+    /// the driver's.
     pub(crate) fn statistics_line(&self, device: &str) -> String {
         let mut line = format!("link {device}/1");
         for (name, value) in self.counters().iter() {
@@ -235,6 +237,8 @@ impl Nic {
         for (name, value) in self.driver.port.counters.iter() {
             line.push_str(&format!(" {name} {value}"));
         }
+        let progress = self.driver.progress_rcvd.load(Ordering::Relaxed);
+        line.push_str(&format!(" progress_thread_rcvd {progress}"));
         line
     }
 
