@@ -187,6 +187,18 @@ static void free_own(struct ibv_qp *qp, struct ibv_mr *mr, struct ibv_cq *cq, st
     CHECK(ibv_dealloc_pd(pd) == 0);
 }
 
+/* The client's port, which its private data names after `tag`: the request's peer address
+ * (rdma_get_peer_addr) must carry it too, as the kernel's CM reports the REQ's or SIDR
+ * request's source port. */
+static void check_named_port(struct rdma_cm_event *ev, const void *private_data, const char *tag)
+{
+    size_t n = strlen(tag);
+    CHECK(memcmp(private_data, tag, n) == 0);
+    unsigned named = (unsigned)atoi((const char *)private_data + n);
+    struct sockaddr_in *peer = (struct sockaddr_in *)rdma_get_peer_addr(ev->id);
+    CHECK(named != 0 && ntohs(peer->sin_port) == named);
+}
+
 static void server(const char *ip, int port)
 {
     struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -215,10 +227,7 @@ static void server(const char *ip, int port)
 
     /* 4: accepted; a SEND comes; the client disconnects. */
     ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
-    CHECK(memcmp(ev->param.conn.private_data, "again ", 6) == 0);
-    unsigned client_port = (unsigned)atoi((const char *)ev->param.conn.private_data + 6);
-    struct sockaddr_in *peer = (struct sockaddr_in *)rdma_get_peer_addr(ev->id);
-    CHECK(client_port != 0 && ntohs(peer->sin_port) == client_port);
+    check_named_port(ev, ev->param.conn.private_data, "again ");
     child = ev->id;
     CHECK(rdma_ack_cm_event(ev) == 0);
     struct ibv_pd *pd = ibv_alloc_pd(child->verbs);
@@ -296,10 +305,7 @@ static void server(const char *ip, int port)
     CHECK(rdma_listen(ud_listen, 1) == 0);
     ev = next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
     CHECK(ev->listen_id == ud_listen);
-    CHECK(memcmp(ev->param.ud.private_data, "ud ", 3) == 0);
-    unsigned ud_port = (unsigned)atoi((const char *)ev->param.ud.private_data + 3);
-    struct sockaddr_in *ud_peer = (struct sockaddr_in *)rdma_get_peer_addr(ev->id);
-    CHECK(ud_port != 0 && ntohs(ud_peer->sin_port) == ud_port);
+    check_named_port(ev, ev->param.ud.private_data, "ud ");
     child = ev->id;
     CHECK(rdma_ack_cm_event(ev) == 0);
     CHECK(rdma_reject(child, NULL, 0) == 0);
