@@ -21,7 +21,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,10 +35,21 @@ use std::time::{Duration, Instant};
 /// program that stops polling unannounced and unlearned, which waits this long once.
 const POLLER_GRACE: Duration = Duration::from_micros(200);
 
-/// After a poll that returned a completion: a mean time to the application's next call
-/// into the NIC (a poll, or a post of its reply) longer than this marks one that leaves to
-/// wait elsewhere, for which such a poll hands the socket back to the progress thread.
+/// After a poll that returned a completion: a time to the application's next call into the
+/// NIC (a poll, or a post of its reply) longer than this is a leave. An application whose
+/// returns are mostly leaves waits elsewhere after its completions, and for it such a poll
+/// hands the socket back to the progress thread.
 const LEAVES_AFTER: Duration = Duration::from_micros(4);
+
+/// `Driver::leaving` in full: every return lately came after a leave.
+const ALL_LEAVES: u32 = 1024;
+
+/// The longest the progress thread naps between looks at whether a polling application is
+/// still polling. Each look costs a context switch on a core that the application spins on,
+/// so the nap doubles from [`POLLER_GRACE`] to this while the application keeps polling; a
+/// program that then stops polling without arming a CQ or blocking in `Cq::wait` has what
+/// arrives next wait up to this long, once.
+const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 
 /// A send this soon after a peer's WRITE landed answers it. An application whose sends
 /// mostly do answers the WRITEs it is sent, and watches its memory for them (`ib_write_lat`
@@ -147,9 +158,11 @@ pub(crate) struct Driver {
     /// When (nanoseconds after `epoch`) a poll last returned a completion; 0 once the next
     /// poll has been seen.
     satisfied_at: AtomicU64,
-    /// The mean time from such a poll to the next one, in nanoseconds (a moving average,
-    /// ¼ weight to the newest).
-    leave_gap: AtomicU64,
+    /// How many of the application's returns after such a poll lately came after a leave
+    /// ([`LEAVES_AFTER`]), out of [`ALL_LEAVES`]: a moving average, ¼ weight to the newest,
+    /// so that one return delayed by a preemption does not make a busy poller look like one
+    /// that leaves (a mean of the gaps did, and each flip rang the doorbell twice).
+    leaving: AtomicU32,
     /// The sockets: everything is received on `port.socket()`.
     pub(crate) port: udp::Port,
     pub(crate) local: SocketAddr,
@@ -199,7 +212,7 @@ impl Driver {
             epoch: Instant::now(),
             poller_until: AtomicU64::new(0),
             satisfied_at: AtomicU64::new(0),
-            leave_gap: AtomicU64::new(0),
+            leaving: AtomicU32::new(0),
             local: port.local(),
             port,
             bell,
@@ -457,7 +470,7 @@ impl Driver {
         self.wake_waiters(state);
     }
 
-    /// `t` in the time base of `poller_until`, `satisfied_at` and `leave_gap`: nanoseconds
+    /// `t` in the time base of `poller_until` and `satisfied_at`: nanoseconds
     /// after `epoch`.
     fn nanos(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
@@ -475,16 +488,16 @@ impl Driver {
     }
 
     /// The application's first call into the NIC (a poll, a post, any verb) after a poll
-    /// that returned a completion: how long it was away in between, into the mean. Gaps
-    /// count up to a millisecond, so that one long pause is forgotten within a few
-    /// completions.
+    /// that returned a completion: whether it was away longer than [`LEAVES_AFTER`] in
+    /// between, into `leaving`.
     fn learn_leave_gap(&self, at: u64) {
         let satisfied = self.satisfied_at.swap(0, Ordering::Relaxed);
         if satisfied != 0 {
-            let gap = at.saturating_sub(satisfied).min(1_000_000);
+            let left = at.saturating_sub(satisfied) > LEAVES_AFTER.as_nanos() as u64;
             let before = self.leaves_after_completions();
-            let mean = (3 * self.leave_gap.load(Ordering::Relaxed) + gap) / 4;
-            self.leave_gap.store(mean, Ordering::Relaxed);
+            let share = self.leaving.load(Ordering::Relaxed);
+            let share = (3 * share + if left { ALL_LEAVES } else { 0 }) / 4;
+            self.leaving.store(share, Ordering::Relaxed);
             if self.leaves_after_completions() != before {
                 // The progress thread's priority follows (`progress`): wake it to see.
                 self.ring();
@@ -494,7 +507,7 @@ impl Driver {
 
     /// Whether the application, by what it did lately, leaves after each completion.
     fn leaves_after_completions(&self) -> bool {
-        self.leave_gap.load(Ordering::Relaxed) > LEAVES_AFTER.as_nanos() as u64
+        self.leaving.load(Ordering::Relaxed) > ALL_LEAVES / 2
     }
 
     /// A poll returned a completion. An application that, by what it did before, goes to
@@ -565,6 +578,9 @@ impl Driver {
     /// sends and polls.
     fn progress(&self, raise: Option<i32>) {
         let mut raised = false;
+        // How long the next nap beside a polling application lasts at least: it doubles
+        // while the application keeps polling ([`POLLER_WATCH_MAX`]).
+        let mut watch = POLLER_GRACE;
         while !self.stop.load(Ordering::SeqCst) {
             if let Some(own) = raise {
                 if self.leaves_after_completions() != raised {
@@ -589,10 +605,11 @@ impl Driver {
                 .saturating_sub(now.saturating_duration_since(self.epoch));
             // When this thread wakes by itself: a post that arms a later timer need not ring
             // (`after_command`), so a polling application's posts ring no doorbell.
+            let look = poller_left.max(watch);
             let wakes = if poller_left.is_zero() {
                 next
             } else {
-                Some(next.map_or(now + poller_left, |t| t.min(now + poller_left)))
+                Some(next.map_or(now + look, |t| t.min(now + look)))
             };
             *self
                 .sleeping_until
@@ -602,12 +619,15 @@ impl Driver {
             if !poller_left.is_zero() {
                 // Asleep on the doorbell alone, so that a poller that stops polling to wait
                 // (`release_poller`) or a close gets the thread back at once.
-                let nap = wait.map_or(poller_left, |w| w.min(poller_left));
+                let nap = wait.map_or(look, |w| w.min(look));
                 if sys::nap_on(self.bell_rx.as_raw_fd(), nap) {
                     self.answer_bell();
+                } else if nap == look {
+                    watch = (watch * 2).min(POLLER_WATCH_MAX);
                 }
                 continue;
             }
+            watch = POLLER_GRACE;
             match sys::wait_either(self.port.socket(), &self.bell_rx, wait) {
                 Ok([socket, bell]) => {
                     if bell {
