@@ -124,6 +124,9 @@ impl UdpCounters {
     }
 }
 
+/// The size of [`Port::rehearse_send`]'s packets: a READ response of 64 bytes.
+const REHEARSAL_PACKET: usize = 84;
+
 /// The sockets of one endpoint; see the module's documentation.
 #[derive(Debug)]
 pub(crate) struct Port {
@@ -187,6 +190,32 @@ impl Port {
             send_error: Mutex::new(None),
             counters: UdpCounters::default(),
         })
+    }
+
+    /// Sends throw-away packets through [`Port::send`] from a port of its own, opened beside
+    /// this one on the same address with the same choice of GSO, to that port itself, then
+    /// closes it: one packet alone and a train of three, so that the first live packet of
+    /// either kind finds the path run once (the soft NIC's `rehearsal`). This port's sockets
+    /// and counters are untouched. Best effort.
+    pub(crate) fn rehearse_send(&self) {
+        let options = PortOptions {
+            gso: self.gso.is_some(),
+            gro: false,
+            buffers: 1 << 16,
+        };
+        let Ok(scratch) = Self::open(SocketAddr::new(self.local.ip(), 0), options) else {
+            return;
+        };
+        let to = scratch.local;
+        let mut batch = TxBatch::default();
+        for train in [1, 3] {
+            for _ in 0..train {
+                batch.slot()[..REHEARSAL_PACKET].fill(0);
+                batch.push_written(to, REHEARSAL_PACKET, false);
+            }
+            scratch.send(&mut batch, &[], None);
+            batch.clear();
+        }
     }
 
     /// The endpoint's socket: it receives everything, and sends plain datagrams.
@@ -1169,6 +1198,25 @@ mod tests {
     /// A FIRST sent alone and its train sent later leave from one socket: two flows could be
     /// reordered by the receiver's GRO (issue 26). With GSO off, both leave the endpoint's
     /// socket.
+    /// The send rehearsal runs on a port of its own: the NIC's port counts nothing, sends
+    /// nothing from its sockets and receives nothing, with GSO on and off.
+    #[test]
+    fn the_send_rehearsal_leaves_the_port_as_it_was() {
+        for gso in [true, false] {
+            let port = Port::open(SocketAddr::new(LO, 0), options(gso, true)).unwrap();
+            port.rehearse_send();
+            let counted: Vec<_> = port.counters.iter().filter(|(_, n)| *n != 0).collect();
+            assert!(counted.is_empty(), "GSO {gso}: {counted:?}");
+            let mut rx = sys::RecvBatch::new();
+            assert_eq!(rx.receive(&port.socket).unwrap(), 0, "GSO {gso}");
+            if let Some((socket, _)) = &port.gso {
+                socket.set_nonblocking(true).unwrap();
+                let err = socket.recv(&mut [0; 64]).unwrap_err();
+                assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "GSO {gso}");
+            }
+        }
+    }
+
     #[test]
     fn a_lone_packet_leaves_from_the_gso_socket_while_gso_is_on() {
         for gso in [true, false] {

@@ -89,10 +89,11 @@ const ACK_WITHIN: Duration = Duration::from_micros(100);
 /// tools' default of 14 is 67 ms, and 1 ms is already a short one).
 const ACK_HOLD: Duration = Duration::from_micros(20);
 
-use ferroce_proto::qp::CqId;
+use ferroce_proto::qp::{CqId, Mtu};
 use ferroce_proto::Engine;
 
 use super::memory::HostMemory;
+use super::rehearsal;
 use crate::sys::{self, EventFd};
 use crate::udp::{self, tap};
 
@@ -379,6 +380,12 @@ impl Driver {
             .spawn(move || {
                 sys::precise_timers();
                 let own = sys::progress_scheduling(PROGRESS_SLICE, None);
+                // Before the first packet, so that it does not run the code for the first
+                // time (`rehearsal`): the engine's paths in memory, the send path to a
+                // scratch socket, and the receive path with a datagram to itself.
+                rehearsal::rehearse(shared.local.ip(), Mtu::M1024);
+                shared.port.rehearse_send();
+                shared.poke_socket();
                 shared.progress(raise.then_some(own))
             })?;
         *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);

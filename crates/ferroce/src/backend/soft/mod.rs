@@ -13,6 +13,7 @@ mod memory;
 mod nic;
 mod qp;
 mod region;
+mod rehearsal;
 mod srq;
 
 pub(crate) use cq::Cq;
