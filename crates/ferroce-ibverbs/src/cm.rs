@@ -364,19 +364,62 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
         .map_err(|_| libc::EAGAIN)
 }
 
+/// The established connections whose `DISCONNECTED` is not queued yet: the id, its state
+/// and its connection. The id's watcher thread queues it when it wakes; a request's
+/// `CONNECT_REQUEST` first queues every one the CM has already closed
+/// ([`post_closed_before`]), since the watcher may not have woken yet.
+type Watched = Vec<(usize, Arc<IdState>, Arc<Connection>)>;
+static WATCHED: Mutex<Watched> = Mutex::new(Vec::new());
+
+fn watched() -> MutexGuard<'static, Watched> {
+    WATCHED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Takes the id at `id` off [`WATCHED`], queueing its `DISCONNECTED` when `post_it` unless the id
+/// is destroyed; once only, whoever comes first.
+fn settle(list: &mut Watched, id: usize, post_it: bool) {
+    if let Some(at) = list.iter().position(|(i, ..)| *i == id) {
+        let (_, state, _) = list.swap_remove(at);
+        if post_it && !state.stopped() {
+            post(
+                id,
+                &state,
+                RDMA_CM_EVENT_DISCONNECTED,
+                &EventInfo::default(),
+            );
+        }
+    }
+}
+
+/// Queues the `DISCONNECTED` of every watched connection the CM has closed, before what the
+/// caller queues next: a DREQ handled before a connection request comes before it, as the
+/// kernel's CM queues them (a client that disconnects and connects again at once otherwise
+/// had its new request reach the server's program before the old connection's end).
+fn post_closed_before() {
+    let mut list = watched();
+    let closed: Vec<usize> = list
+        .iter()
+        .filter(|(_, _, conn)| conn.is_closed())
+        .map(|(id, ..)| *id)
+        .collect();
+    for id in closed {
+        settle(&mut list, id, true);
+    }
+}
+
 /// Waits for the connection to close (the peer's DREQ, or the DREP of ours) and queues
-/// `DISCONNECTED`; ends early when the id is destroyed.
-fn watch_disconnect(id: usize, state: &IdState, conn: &Connection) {
+/// `DISCONNECTED`, unless [`post_closed_before`] did; ends early when the id is destroyed.
+fn watch_disconnect(id: usize, state: &Arc<IdState>, conn: &Arc<Connection>) {
+    watched().push((id, Arc::clone(state), Arc::clone(conn)));
     loop {
         if state.stopped() {
+            settle(&mut watched(), id, false);
             return;
         }
         match conn.wait_disconnected(TICK) {
             Err(CmError::Timeout { .. }) => {}
             _ => {
-                if !state.stopped() {
-                    post(id, state, RDMA_CM_EVENT_DISCONNECTED, &EventInfo::default());
-                }
+                settle(&mut watched(), id, true);
                 return;
             }
         }
@@ -552,6 +595,7 @@ fn child(
         hold(&mut inner);
     }
     IDS.add(c, Arc::clone(&child));
+    post_closed_before();
     post_on(parent_channel, c, RDMA_CM_EVENT_CONNECT_REQUEST, event);
 }
 

@@ -148,8 +148,9 @@ struct Routes {
     machine: CmEndpoint,
     /// Each connection's events, boxed: a channel allocates its slots in blocks of the
     /// message's size, and an event holds a whole REQ or REP (a block of unboxed events is
-    /// 9 KB per connection).
-    conns: HashMap<CommId, Sender<Box<CmEvent>>>,
+    /// 9 KB per connection). Beside each, the flag [`Connection::is_closed`] reads, set here
+    /// as the close is handled.
+    conns: HashMap<CommId, (Sender<Box<CmEvent>>, Arc<AtomicBool>)>,
     sidr: HashMap<u32, Sender<Box<CmEvent>>>,
     listeners: HashMap<ServiceId, Sender<Incoming>>,
     /// Passive connections waiting for their RTU: the QP and the PSN it expects first; the
@@ -418,7 +419,13 @@ impl AgentShared {
                 if !matches!(event, CmEvent::Reply { .. }) {
                     routes.awaiting_rtu.remove(&id);
                 }
-                if let Some(tx) = routes.conns.get(&id) {
+                if let Some((tx, closed)) = routes.conns.get(&id) {
+                    if matches!(
+                        event,
+                        CmEvent::Disconnected { .. } | CmEvent::Rejected { .. }
+                    ) {
+                        closed.store(true, Ordering::Release);
+                    }
                     let _ = tx.send(Box::new(event));
                 }
             }
@@ -764,7 +771,8 @@ impl ConnectRequest {
             .accept(Instant::now(), self.id, &accept)
             .map_err(|_| CmError::Closed)?;
         self.answered = true;
-        routes.conns.insert(self.id, tx);
+        let closed = Arc::new(AtomicBool::new(false));
+        routes.conns.insert(self.id, (tx, Arc::clone(&closed)));
         if qp.is_some() {
             // The CM's own QP: moved to ERR when the peer leaves, and its first data
             // stands in for a lost RTU.
@@ -782,6 +790,7 @@ impl ConnectRequest {
             peer: self.from,
             private: Vec::new(),
             state: Mutex::new(ConnState::Connecting),
+            closed,
         })
     }
 
@@ -936,6 +945,8 @@ pub struct Connection {
     peer: IpAddr,
     private: Vec<u8>,
     state: Mutex<ConnState>,
+    /// Set by the CM's thread as it handles the close (`is_closed`).
+    closed: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -1050,10 +1061,11 @@ impl Connection {
             private_data: ferroce_proto::cm::machine::rdma_cm_private(&header, &param.private_data),
         };
         let (tx, rx) = mpsc::channel();
+        let closed = Arc::new(AtomicBool::new(false));
         let id = {
             let mut routes = lock(&shared.routes);
             let id = routes.machine.connect(Instant::now(), &asked);
-            routes.conns.insert(id, tx);
+            routes.conns.insert(id, (tx, Arc::clone(&closed)));
             shared.send_and_dispatch(&mut routes);
             id
         };
@@ -1064,6 +1076,7 @@ impl Connection {
             peer: to,
             private: Vec::new(),
             state: Mutex::new(ConnState::Connecting),
+            closed,
         };
         let deadline = Instant::now() + param.timeout;
         let event = conn.next_event(deadline, "connection reply")?;
@@ -1149,6 +1162,17 @@ impl Connection {
             }
             other => Err(self.failed(other)),
         }
+    }
+
+    /// Whether the CM has handled this connection's close (the peer's DREQ, the DREP of
+    /// ours, a REJ), whoever waits for it: true from the moment the CM's thread handled it,
+    /// before a thread in [`Connection::wait_disconnected`] wakes, and so before anything the
+    /// CM handles after it (a later connection request on the same NIC). The drop-in
+    /// librdmacm looks here to queue `DISCONNECTED` before such a request's
+    /// `CONNECT_REQUEST`, in the order the kernel's CM queues them.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Waits for the peer to disconnect (`RDMA_CM_EVENT_DISCONNECTED`); the QP is in ERR
