@@ -122,25 +122,31 @@ wait_for_nic() {
 # the two interleave mid-line when they share a file) and their codes in srv_rc/cli_rc.
 run_pair() {
     local name="$1" srv_addr="$2" cli_addr="$3" srv_cmd="$4" cli_cmd="$5"
-    # shellcheck disable=SC2086 # the commands are word lists
-    on_bg "$srv_addr" timeout 60 $srv_cmd >"$out_dir/$name.server" 2>"$out_dir/$name.server.err" &
-    local srv_pid=$!
-    pids+=("$srv_pid")
-    wait_for_nic "$srv_addr"
+    local srv_pid try
     # The NIC's socket shows when the server's process is up, not when it has reached
     # rdma_listen: a client that comes first is refused (REJ 8, as the kernel refuses it).
-    # On a busy host that race is lost now and then, so such a refusal, while the server still
-    # runs, is tried again (three times at most), as an operator would.
-    local try
+    # perftest's -R has a second such window of its own: after the first connection and a
+    # handshake over it, its server makes a new listening id for the test's QPs while its
+    # client connects them at once. On a busy host either race is lost now and then; a
+    # server refused its client's second connection waits for one that never comes, and a
+    # new client's first connection, taken as that second one, hung both. So a refusal
+    # starts both again (three times at most), as an operator would.
     for try in 1 2 3 4; do
+        # shellcheck disable=SC2086 # the commands are word lists
+        on_bg "$srv_addr" timeout 60 $srv_cmd >"$out_dir/$name.server" 2>"$out_dir/$name.server.err" &
+        srv_pid=$!
+        pids+=("$srv_pid")
+        wait_for_nic "$srv_addr"
         cli_rc=0
         # shellcheck disable=SC2086
         LD_BIND_NOW=1 on "$cli_addr" timeout 60 $cli_cmd >"$out_dir/$name.client" 2>"$out_dir/$name.client.err" || cli_rc=$?
-        if [ "$cli_rc" -eq 0 ] || [ "$try" -eq 4 ] || ! kill -0 "$srv_pid" 2>/dev/null ||
+        if [ "$cli_rc" -eq 0 ] || [ "$try" -eq 4 ] ||
             ! grep -qE 'REJECTED[;,] error:? 8' "$out_dir/$name.client" "$out_dir/$name.client.err"; then
             break
         fi
-        echo "-- $name: the client came before the server listened (REJ 8); again"
+        echo "-- $name: the client was refused (REJ 8: a server not listening yet); both again"
+        kill "$srv_pid" 2>/dev/null || true
+        wait "$srv_pid" 2>/dev/null || true
         sleep 1
     done
     srv_rc=0
