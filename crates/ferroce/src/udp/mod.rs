@@ -1195,9 +1195,6 @@ mod tests {
         assert_eq!(tx.counters.gso_segments.load(Ordering::Relaxed), 42);
     }
 
-    /// A FIRST sent alone and its train sent later leave from one socket: two flows could be
-    /// reordered by the receiver's GRO (issue 26). With GSO off, both leave the endpoint's
-    /// socket.
     /// The send rehearsal runs on a port of its own: the NIC's port counts nothing, sends
     /// nothing from its sockets and receives nothing, with GSO on and off.
     #[test]
@@ -1217,6 +1214,9 @@ mod tests {
         }
     }
 
+    /// A FIRST sent alone and its train sent later leave from one socket: two flows could be
+    /// reordered by the receiver's GRO (issue 26). With GSO off, both leave the endpoint's
+    /// socket.
     #[test]
     fn a_lone_packet_leaves_from_the_gso_socket_while_gso_is_on() {
         for gso in [true, false] {

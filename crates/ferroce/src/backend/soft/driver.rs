@@ -89,7 +89,7 @@ const ACK_WITHIN: Duration = Duration::from_micros(100);
 /// tools' default of 14 is 67 ms, and 1 ms is already a short one).
 const ACK_HOLD: Duration = Duration::from_micros(20);
 
-use ferroce_proto::qp::{CqId, Mtu};
+use ferroce_proto::qp::CqId;
 use ferroce_proto::Engine;
 
 use super::memory::HostMemory;
@@ -383,7 +383,7 @@ impl Driver {
                 // Before the first packet, so that it does not run the code for the first
                 // time (`rehearsal`): the engine's paths in memory, the send path to a
                 // scratch socket, and the receive path with a datagram to itself.
-                rehearsal::rehearse(shared.local.ip(), Mtu::M1024);
+                rehearsal::rehearse(shared.local.ip());
                 shared.port.rehearse_send();
                 shared.poke_socket();
                 shared.progress(raise.then_some(own))
