@@ -775,6 +775,95 @@ fn duplicate_atomic_is_answered_from_the_saved_value() {
     assert_eq!(f.nodes[1].engine.counters().duplicate_request, 1);
 }
 
+/// An atomic ACK lost, then a packet of the SEND behind it: the sequence NAK for that packet
+/// acknowledges the atomic's PSN without its answer (an implied NAK). One retry, from the
+/// atomic, recovers both; the NAK's own PSN must not become a second rewind, which would skip
+/// the atomic and spend the retry count twice on one loss.
+#[test]
+fn a_lost_atomic_answer_then_a_sequence_nak_is_one_retry_from_the_atomic() {
+    let mut f = Fabric::new(2, 13);
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let result = f.region(0, 8, Access::LOCAL, 0);
+    let word = f.region(1, 8, Access::REMOTE, 0);
+    let src = f.region(0, 3000, Access::LOCAL, 0);
+    let dst = f.region(1, 3000, Access::LOCAL, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(3000, 9));
+    f.post_recv(1, qb, 10, &dst, 0, 3000);
+    let (mut ack_dropped, mut middle_dropped) = (false, false);
+    f.filter = Some(Box::new(move |from, p| {
+        let op = p.opcode().operation();
+        let ack = from == 1 && op == Operation::AtomicAcknowledge && !ack_dropped;
+        let middle = from == 0 && op == Operation::SendMiddle && !middle_dropped;
+        ack_dropped |= ack;
+        middle_dropped |= middle;
+        ack || middle
+    }));
+    let engine = &mut f.nodes[0].engine;
+    let add = SendOp::FetchAdd {
+        remote: remote(&word, 0),
+        add: 5,
+    };
+    engine
+        .post_send(qa, SendWr::new(1, add, sge(&result, 0, 8)))
+        .unwrap();
+    engine
+        .post_send(qa, SendWr::new(2, SendOp::Send, sge(&src, 0, 3000)))
+        .unwrap();
+    f.run();
+
+    let done = f.completions(0);
+    let got: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    let recv = only(&f.completions(1));
+    assert_eq!((recv.status, recv.byte_len), (WcStatus::Success, 3000));
+    assert!(
+        f.bytes(1, &dst) == &pattern(3000, 9)[..],
+        "the SEND landed wrong"
+    );
+    // Executed once, its answer replayed from the responder's resource.
+    assert_eq!(u64::from_ne_bytes(f.bytes(1, &word).try_into().unwrap()), 5);
+    let counters = f.nodes[0].engine.counters();
+    assert_eq!(counters.rcvd_seq_err, 1);
+    assert_eq!(counters.completer_retry_err, 1, "{counters:?}");
+}
+
+/// An atomic ACK lost, then an RNR NAK for the SEND behind it: the retry starts from the
+/// atomic at once, rather than after the RNR wait skips it and an ACK timeout finds it.
+#[test]
+fn a_lost_atomic_answer_then_an_rnr_nak_is_one_retry_from_the_atomic() {
+    let mut f = Fabric::new(2, 14);
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let result = f.region(0, 8, Access::LOCAL, 0);
+    let word = f.region(1, 8, Access::REMOTE, 0);
+    let src = f.region(0, 64, Access::LOCAL, 0);
+    let dst = f.region(1, 64, Access::LOCAL, 0);
+    drop_first(&mut f, 1, Operation::AtomicAcknowledge);
+    let engine = &mut f.nodes[0].engine;
+    let add = SendOp::FetchAdd {
+        remote: remote(&word, 0),
+        add: 9,
+    };
+    engine
+        .post_send(qa, SendWr::new(1, add, sge(&result, 0, 8)))
+        .unwrap();
+    engine
+        .post_send(qa, SendWr::new(2, SendOp::Send, sge(&src, 0, 64)))
+        .unwrap();
+    // No receive yet: the SEND draws RNR NAKs.
+    f.run_for(Duration::from_micros(100));
+    assert!(f.nodes[0].engine.counters().rcvd_rnr_err >= 1);
+    f.post_recv(1, qb, 10, &dst, 0, 64);
+    f.run();
+
+    let done = f.completions(0);
+    let got: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(only(&f.completions(1)).status, WcStatus::Success);
+    assert_eq!(u64::from_ne_bytes(f.bytes(1, &word).try_into().unwrap()), 9);
+    let counters = f.nodes[0].engine.counters();
+    assert_eq!(counters.completer_retry_err, 1, "{counters:?}");
+}
+
 #[test]
 fn psn_wraps_around_mid_message() {
     let mut f = Fabric::new(2, 12);

@@ -3,11 +3,22 @@
 
 use super::*;
 
+/// What acknowledging PSNs found on the way: whether a READ or atomic before them had lost its
+/// answer, so that the requester was rewound to it (an implied NAK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Implied {
+    /// Nothing was missing.
+    Nothing,
+    /// A retry from the unanswered READ or atomic has begun.
+    Retried,
+}
+
 impl Qp {
     /// Completes the SEND and WRITE requests whose packets up to `psn` are acknowledged, and
     /// moves the completer past `psn`. A READ or atomic in the way whose PSN is covered was
-    /// answered by its peer with an ACK instead: an implied NAK, so it is retried.
-    pub(super) fn ack_through(&mut self, dev: &mut DeviceState, psn: Psn) {
+    /// answered by its peer with an ACK instead: an implied NAK, so it is retried, and the
+    /// answer is `Implied::Retried`.
+    pub(super) fn ack_through(&mut self, dev: &mut DeviceState, psn: Psn) -> Implied {
         let start = self.comp_psn;
         let mut progressed = false;
         while let Some(front) = self.sq.front() {
@@ -17,7 +28,7 @@ impl Qp {
             if front.op.is_read_or_atomic() {
                 if psn.precedes(front.last_psn()) {
                     // Inside a READ's response PSNs: those responses are counted as they come.
-                    return;
+                    return Implied::Nothing;
                 }
                 // The responder acknowledged a PSN at or past this request without answering
                 // it: its response was lost (an implied NAK).
@@ -25,7 +36,7 @@ impl Qp {
                     self.comp_psn = front.first_psn;
                 }
                 self.retry(dev, self.comp_psn, RetryCause::Signal);
-                return;
+                return Implied::Retried;
             }
             if psn.precedes(front.last_psn()) {
                 // Part of a long message: the completer moves on, the request stays.
@@ -47,13 +58,17 @@ impl Qp {
         if progressed {
             self.made_progress(start.steps_to(self.comp_psn));
         }
+        Implied::Nothing
     }
 
-    pub(super) fn ack_before(&mut self, dev: &mut DeviceState, psn: Psn) {
+    /// As [`Qp::ack_through`] for the PSNs before `psn`, which a NAK, a READ response or an
+    /// atomic ACK at `psn` acknowledges.
+    pub(super) fn ack_before(&mut self, dev: &mut DeviceState, psn: Psn) -> Implied {
         let prev = psn.sub(1);
-        if !prev.precedes(self.comp_psn) {
-            self.ack_through(dev, prev);
+        if prev.precedes(self.comp_psn) {
+            return Implied::Nothing;
         }
+        self.ack_through(dev, prev)
     }
 
     /// A response (ACK, NAK, READ response, atomic ACK) reached the requester.
@@ -110,10 +125,16 @@ impl Qp {
             Operation::Acknowledge => {
                 let Some(aeth) = packet.aeth() else { return };
                 match aeth.syndrome {
-                    Syndrome::Ack { .. } => self.ack_through(dev, psn),
+                    Syndrome::Ack { .. } => {
+                        self.ack_through(dev, psn);
+                    }
                     Syndrome::RnrNak(timer) => {
-                        self.ack_before(dev, psn);
                         dev.counters.rcvd_rnr_err += 1;
+                        if self.ack_before(dev, psn) == Implied::Retried {
+                            // An earlier READ or atomic lost its answer: the retry from it
+                            // resends this request too, and the peer answers again.
+                            return;
+                        }
                         if self.state != QpState::Rts && self.state != QpState::Sqd {
                             return;
                         }
@@ -129,13 +150,22 @@ impl Qp {
                         self.timers.rnr_wait = Some(now + timer.duration());
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
-                        self.ack_before(dev, psn);
                         dev.counters.rcvd_seq_err += 1;
-                        if self.state == QpState::Rts || self.state == QpState::Sqd {
+                        // The peer executed everything before `psn`. If an earlier READ or
+                        // atomic lost its answer, the retry starts there, and is the only one:
+                        // a second, from `psn`, would skip the unanswered request and spend
+                        // two of the retry count on one loss.
+                        let implied = self.ack_before(dev, psn);
+                        if implied == Implied::Nothing
+                            && (self.state == QpState::Rts || self.state == QpState::Sqd)
+                        {
                             self.retry(dev, psn, RetryCause::Signal);
                         }
                     }
                     Syndrome::Nak(code) => {
+                        // The NAK put the peer's QP in error: a READ or atomic before `psn`
+                        // whose answer was lost cannot be asked again, and being first in
+                        // line, it takes the error.
                         self.ack_before(dev, psn);
                         let status = match code {
                             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
