@@ -371,25 +371,26 @@ impl RecvBatch {
         batch
     }
 
-    /// Takes up to [`RECV_BATCH`] datagrams that have already arrived, without blocking
-    /// (`recvmmsg` with `MSG_DONTWAIT`, whatever the socket's mode). Returns how many; 0 when
-    /// none is waiting.
-    pub(crate) fn receive(&mut self, socket: &UdpSocket) -> io::Result<usize> {
-        for h in self.headers.iter_mut() {
+    /// Takes up to `max` datagrams (at most [`RECV_BATCH`]) that have already arrived,
+    /// without blocking (`recvmmsg` with `MSG_DONTWAIT`, whatever the socket's mode). Returns
+    /// how many; 0 when none is waiting.
+    pub(crate) fn receive(&mut self, socket: &UdpSocket, max: usize) -> io::Result<usize> {
+        let max = max.clamp(1, RECV_BATCH);
+        for h in self.headers[..max].iter_mut() {
             // The kernel shrinks these to what it wrote; give each its full room again.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_controllen = size_of::<Cmsg>() as _;
             h.msg_hdr.msg_flags = 0;
         }
-        // SAFETY: each header points at one room of `bufs` (DATAGRAM_ROOM bytes, through its
-        // iovec), at one sockaddr_storage of `addrs` and at one control buffer of `controls`,
-        // each with its size, all owned by `self` and alive for the call; the kernel writes
-        // only within them.
+        // SAFETY: each of the first `max` headers points at one room of `bufs` (DATAGRAM_ROOM
+        // bytes, through its iovec), at one sockaddr_storage of `addrs` and at one control
+        // buffer of `controls`, each with its size, all owned by `self` and alive for the
+        // call; the kernel writes only within them.
         let n = unsafe {
             libc::recvmmsg(
                 socket.as_raw_fd(),
                 self.headers.as_mut_ptr(),
-                RECV_BATCH as libc::c_uint,
+                max as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )

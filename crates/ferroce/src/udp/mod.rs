@@ -948,7 +948,7 @@ impl Link {
     ) -> usize {
         let mut handled = 0;
         for _ in 0..2 {
-            let n = self.receive_batch(port);
+            let n = self.receive_batch(port, sys::RECV_BATCH);
             for i in 0..n {
                 handled += self.handle_buffer(port, i, &mut handle);
             }
@@ -959,12 +959,12 @@ impl Link {
         handled
     }
 
-    /// Takes one batch of buffers that have already arrived, without blocking: how many, to
-    /// be handed over one at a time by [`Link::handle_buffer`]. 0 when none is waiting or the
-    /// socket failed (counted).
-    pub(crate) fn receive_batch(&mut self, port: &Port) -> usize {
+    /// Takes one batch of up to `max` buffers (at most [`sys::RECV_BATCH`]) that have already
+    /// arrived, without blocking: how many, to be handed over one at a time by
+    /// [`Link::handle_buffer`]. 0 when none is waiting or the socket failed (counted).
+    pub(crate) fn receive_batch(&mut self, port: &Port, max: usize) -> usize {
         loop {
-            match self.rx.receive(&port.socket) {
+            match self.rx.receive(&port.socket, max) {
                 Ok(n) => return n,
                 // ICMP port unreachable from an earlier send: the peer is gone; retries and
                 // timeouts will say so.
@@ -1205,13 +1205,39 @@ mod tests {
             let counted: Vec<_> = port.counters.iter().filter(|(_, n)| *n != 0).collect();
             assert!(counted.is_empty(), "GSO {gso}: {counted:?}");
             let mut rx = sys::RecvBatch::new();
-            assert_eq!(rx.receive(&port.socket).unwrap(), 0, "GSO {gso}");
+            assert_eq!(
+                rx.receive(&port.socket, sys::RECV_BATCH).unwrap(),
+                0,
+                "GSO {gso}"
+            );
             if let Some((socket, _)) = &port.gso {
                 socket.set_nonblocking(true).unwrap();
                 let err = socket.recv(&mut [0; 64]).unwrap_err();
                 assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "GSO {gso}");
             }
         }
+    }
+
+    /// A capped receive takes no more buffers than asked, in order, and leaves the rest for
+    /// the next (the progress thread's first `recvmmsg` after a wake-up takes a few).
+    #[test]
+    fn a_capped_receive_takes_what_it_asked_for_and_leaves_the_rest() {
+        let tx = UdpSocket::bind(SocketAddr::new(LO, 0)).unwrap();
+        let rx = Port::open(SocketAddr::new(LO, 0), options(false, false)).unwrap();
+        for k in 0..10u8 {
+            tx.send_to(&[k; 40], rx.local()).unwrap();
+        }
+        let mut link = Link::new(None, None);
+        let mut got = Vec::new();
+        for (max, want) in [(4, 4), (1, 1), (sys::RECV_BATCH, 5), (sys::RECV_BATCH, 0)] {
+            let n = link.receive_batch(&rx, max);
+            assert_eq!(n, want, "asked for {max}");
+            for i in 0..n {
+                let handled = link.handle_buffer(&rx, i, |_, bytes, _| got.push(bytes[0]));
+                assert_eq!(handled, 1);
+            }
+        }
+        assert_eq!(got, (0..10).collect::<Vec<u8>>());
     }
 
     /// A FIRST sent alone and its train sent later leave from one socket: two flows could be
