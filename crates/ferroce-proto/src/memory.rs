@@ -11,7 +11,9 @@
 //! protection domain must be the QP's, the requested access bit must be granted, and
 //! `va ≥ base && len ≤ region.len && va − base ≤ region.len − len`.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 
 /// Access rights of a region (the `IBV_ACCESS_*` flags ferroce implements).
@@ -217,14 +219,14 @@ pub const KEY_QUARANTINE: usize = 4096;
 
 /// The region table: keys to regions, with their checks.
 pub struct MemoryTable {
-    regions: HashMap<RegionId, RegionInfo>,
-    by_lkey: HashMap<u32, RegionId>,
-    by_rkey: HashMap<u32, RegionId>,
+    regions: FxHashMap<RegionId, RegionInfo>,
+    by_lkey: FxHashMap<u32, RegionId>,
+    by_rkey: FxHashMap<u32, RegionId>,
     next_id: u32,
     entropy: Box<dyn Entropy>,
     /// Keys recently deregistered, oldest first, and the same as a set.
     quarantine: VecDeque<u32>,
-    quarantined: HashSet<u32>,
+    quarantined: FxHashSet<u32>,
 }
 
 impl fmt::Debug for MemoryTable {
@@ -246,13 +248,13 @@ impl MemoryTable {
     #[must_use]
     pub fn with_entropy(entropy: Box<dyn Entropy>) -> Self {
         Self {
-            regions: HashMap::new(),
-            by_lkey: HashMap::new(),
-            by_rkey: HashMap::new(),
+            regions: FxHashMap::default(),
+            by_lkey: FxHashMap::default(),
+            by_rkey: FxHashMap::default(),
             next_id: 1,
             entropy,
             quarantine: VecDeque::new(),
-            quarantined: HashSet::new(),
+            quarantined: FxHashSet::default(),
         }
     }
 
@@ -385,7 +387,7 @@ impl MemoryTable {
     /// Finds `key` in one of the key maps, then checks the range and rights against its region.
     fn lookup(
         &self,
-        keys: &HashMap<u32, RegionId>,
+        keys: &FxHashMap<u32, RegionId>,
         key: u32,
         pd: PdId,
         va: u64,
@@ -507,7 +509,7 @@ impl AtomicOp {
 /// Regions backed by plain vectors: for tests, simulations and fuzzing.
 #[derive(Clone, Debug, Default)]
 pub struct HeapMemory {
-    regions: HashMap<RegionId, Vec<u8>>,
+    regions: FxHashMap<RegionId, Vec<u8>>,
 }
 
 impl HeapMemory {

@@ -56,7 +56,8 @@
 //! [`Engine::poll_timeout`] and [`Engine::handle_timeout`] never walk the idle ones.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+
+use rustc_hash::FxHashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -176,10 +177,10 @@ struct DeviceState {
     local_ip: IpAddr,
     /// The UDP port packets arrive on; part of their ICRC.
     local_port: u16,
-    cqs: HashMap<CqId, Cq>,
+    cqs: FxHashMap<CqId, Cq>,
     /// CQs whose armed notification fired, oldest first (`poll_cq_event`).
     cq_events: VecDeque<CqId>,
-    srqs: HashMap<SrqId, Srq>,
+    srqs: FxHashMap<SrqId, Srq>,
     events: VecDeque<AsyncEvent>,
     /// The port's MTU: the most a UD datagram carries.
     port_mtu: u32,
@@ -229,42 +230,16 @@ impl DeviceState {
     }
 }
 
-/// Hashes a queue pair number for the engine's table: one multiplication (Fibonacci hashing),
-/// which spreads the 24 bits over the whole word, where the standard library's SipHash, built
-/// to resist chosen keys, cost a tenth of a WRITE's instructions. The table holds only the
-/// engine's own random QPNs: a peer names any QPN in a packet, which costs one probe, but
-/// inserts none, so it cannot pile keys into one bucket.
-#[derive(Default)]
-struct QpnHasher(u64);
-
-/// The engine's queue pair table's hasher.
-type QpnBuild = BuildHasherDefault<QpnHasher>;
-
-impl Hasher for QpnHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b) | 0x100);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 /// The RoCEv2 protocol engine of one local address: its queue pairs, completion queues and
 /// memory regions. See the module documentation for how to drive it.
 pub struct Engine {
     dev: DeviceState,
-    qps: HashMap<u32, Box<Qp>, QpnBuild>,
+    /// By QPN. The tables here hash with FxHash, one multiplication, where the standard
+    /// library's SipHash, built to resist chosen keys, cost a tenth of a WRITE's
+    /// instructions. They hold only the engine's own numbers (random QPNs and keys): a peer
+    /// names any QPN or key in a packet, which costs one probe, but inserts none, so it cannot
+    /// pile keys into one bucket.
+    qps: FxHashMap<u32, Box<Qp>>,
     /// What may send, and when timers fire.
     schedule: Schedule,
     next_cq: u32,
@@ -334,9 +309,9 @@ impl Engine {
             dev: DeviceState {
                 local_ip: config.local_ip,
                 local_port: ROCE_PORT,
-                cqs: HashMap::new(),
+                cqs: FxHashMap::default(),
                 cq_events: VecDeque::new(),
-                srqs: HashMap::new(),
+                srqs: FxHashMap::default(),
                 events: VecDeque::new(),
                 port_mtu: 1024,
                 table: MemoryTable::new(config.seed),

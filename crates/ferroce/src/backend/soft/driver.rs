@@ -16,7 +16,6 @@
 //! watches its memory for them) has the poll that found its completion stay for the next WRITE
 //! (`Driver::linger`).
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -98,6 +97,7 @@ const ACK_HOLD: Duration = Duration::from_micros(20);
 
 use ferroce_proto::qp::CqId;
 use ferroce_proto::Engine;
+use rustc_hash::FxHashMap;
 
 use super::memory::HostMemory;
 use super::rehearsal;
@@ -110,7 +110,7 @@ pub(crate) struct Locked {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
     /// Each CQ's completion channel, signalled when the engine says an armed CQ fired.
-    pub(crate) cq_channels: HashMap<CqId, Arc<EventFd>>,
+    pub(crate) cq_channels: FxHashMap<CqId, Arc<EventFd>>,
     /// How many events the engine held when last looked at: more now means a new one.
     pub(crate) events_seen: usize,
     /// The threads blocked in `Cq::wait`: the CQ each waits on and its condition variable,
@@ -208,7 +208,7 @@ impl Driver {
             state: Mutex::new(Locked {
                 engine,
                 mem: HostMemory::default(),
-                cq_channels: HashMap::new(),
+                cq_channels: FxHashMap::default(),
                 events_seen: 0,
                 waiting: Vec::new(),
                 link: udp::Link::new(faults, pcap),

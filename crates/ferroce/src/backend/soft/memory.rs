@@ -1,10 +1,10 @@
 //! The bytes of the soft NIC's regions: host memory or a mapping ([`Storage`]), reached only by
 //! copying under a lock ([`HostBuf`]), and the engine's view of them all ([`HostMemory`]).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
+use rustc_hash::FxHashMap;
 
 use crate::sys;
 
@@ -121,7 +121,7 @@ impl HostBuf {
 /// The engine's view of the NIC's regions.
 #[derive(Debug, Default)]
 pub(crate) struct HostMemory {
-    pub(crate) regions: HashMap<RegionId, Arc<HostBuf>>,
+    pub(crate) regions: FxHashMap<RegionId, Arc<HostBuf>>,
 }
 
 impl Memory for HostMemory {
