@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Measures the soft NIC beside the alternatives on this machine and prints the table
 # BENCHMARKS.md keeps: ferroce perf against iperf3 (TCP), sockperf ping-pong (UDP, both ends
-# busy-polling, as ferroce's tools do) and ucx_perftest over TCP. Each round runs every
-# measure and its alternative back to back, and the table gives the medians over the rounds,
-# so that the machine's drift (iperf3 moves by half between minutes here) hits both alike.
+# busy-polling, as ferroce's tools do), the same spin sending an ACK and a WRITE per turn
+# (examples/udp_floor.rs: the floor under any RC ping-pong over UDP) and ucx_perftest over
+# TCP. Each round runs every measure and its alternative back to back, and the table gives
+# the medians over the rounds, so that the machine's drift (iperf3 moves by half between
+# minutes here) hits both alike.
 # Everything runs on loopback addresses 127.0.0.2 (server) and 127.0.0.3 (client).
 # Needs: iperf3 sockperf ucx-utils (apt-get install iperf3 sockperf ucx-utils).
 # Usage: scripts/bench-softnic.sh [seconds-per-run] [rounds]
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 rounds=${2:-3}
 cargo build --release -q -p ferroce-cli
+cargo build --release -q -p ferroce --example udp_floor
 ferroce=./target/release/ferroce
 for tool in iperf3 sockperf ucx_perftest; do
     command -v $tool >/dev/null || { echo "bench: $tool is missing (apt-get install iperf3 sockperf ucx-utils)" >&2; exit 1; }
@@ -74,6 +77,11 @@ for round in $(seq "$rounds"); do
     echo "sockperf ping-pong --nonblocked (UDP, 16 B): median $udp50 us, p99 $udp99 us"
     note udp50 "$udp50"
     note udp99 "$udp99"
+    # The floor under an RC ping-pong: the same spin with an ACK and a WRITE per turn.
+    floor=$(target/release/examples/udp_floor 2 "$secs")
+    echo "$floor"
+    note floor50 "$(echo "$floor" | awk '{print $(NF-4)}')"
+    note floor99 "$(echo "$floor" | awk '{print $(NF-1)}')"
 done
 
 python3 - "$out" "$rounds" <<'PY'
@@ -89,6 +97,8 @@ rows = [
     ("8 B write latency, p99 (µs)", m("write-lat99"), m("udp99"), "%.2f"),
     ("8 B send latency, median (µs)", m("send-lat50"), m("udp50"), "%.2f"),
     ("8 B send latency, p99 (µs)", m("send-lat99"), m("udp99"), "%.2f"),
+    ("8 B write latency, median (µs) vs the two-datagram floor (examples/udp_floor)", m("write-lat50"), m("floor50"), "%.2f"),
+    ("8 B write latency, p99 (µs) vs the two-datagram floor", m("write-lat99"), m("floor99"), "%.2f"),
 ]
 print(f"\nMedians of {rounds} rounds.\n")
 print("| measure | ferroce | alternative | ratio |")

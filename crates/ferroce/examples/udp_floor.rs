@@ -1,0 +1,160 @@
+//! The floor under an RC ping-pong over UDP (issue 26 item 1): a busy-polled UDP ping-pong on
+//! loopback that sends, per turn, what an RC write-lat turn puts on the wire, with nothing of
+//! RDMA in it. With one datagram per turn it is `sockperf ping-pong --nonblocked`; with two,
+//! each side hands the kernel, in one `sendmmsg`, a 20-byte datagram (a RoCE ACK: BTH, AETH,
+//! ICRC) and a 40-byte one (an 8-byte WRITE: BTH, RETH, payload, ICRC), and answers only when
+//! it holds both, as perftest's write-lat with one WRITE outstanding does: its next WRITE waits
+//! for its last one's ACK and for the peer's WRITE. Both ends spin on non-blocking receives,
+//! each on its own thread (one core each here). Prints the half round trip's median and 99th
+//! percentile, as sockperf does, so `scripts/bench-softnic.sh` can set ferroce's write-lat
+//! beside the floor as well as beside sockperf.
+//!
+//! `cargo run --release -p ferroce --example udp_floor -- [datagrams per turn: 1 or 2] [seconds]`
+
+use std::io::ErrorKind;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+const SERVER: &str = "127.0.7.72:47910";
+const CLIENT: &str = "127.0.7.73:47911";
+/// Turns before the clock starts, so that first-touch costs stay out of the figures.
+const WARMUP: usize = 10_000;
+/// A RoCE ACK's UDP payload (BTH 12, AETH 4, ICRC 4) and an 8-byte WRITE's (BTH 12, RETH 16,
+/// payload 8, ICRC 4).
+const ACK_LEN: usize = 20;
+const WRITE_LEN: usize = 40;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let per_turn: usize = args.first().map_or(2, |a| a.parse().expect("1 or 2"));
+    assert!(
+        per_turn == 1 || per_turn == 2,
+        "datagrams per turn: 1 or 2, not {per_turn}"
+    );
+    let seconds: f64 = args.get(1).map_or(5.0, |a| a.parse().expect("seconds"));
+    let server = bind(SERVER);
+    let client = bind(CLIENT);
+    let (server_addr, client_addr) = (server.local_addr().unwrap(), client.local_addr().unwrap());
+    let echo = std::thread::spawn(move || serve(&server, client_addr, per_turn));
+
+    let deadline = Duration::from_secs_f64(seconds);
+    let mut halves = Vec::with_capacity(1 << 20);
+    let mut buf = [0u8; 64];
+    let mut turn = 0usize;
+    let started = Instant::now();
+    loop {
+        let timed = turn >= WARMUP;
+        if timed && started.elapsed() >= deadline {
+            break;
+        }
+        let sent = Instant::now();
+        send_turn(&client, server_addr, per_turn, turn as u8);
+        if !receive_turn(&client, &mut buf, per_turn) {
+            break;
+        }
+        if timed {
+            halves.push(sent.elapsed().as_nanos() as f64 / 2000.0);
+        }
+        turn += 1;
+    }
+    // An empty datagram ends the server.
+    client.send_to(&[], server_addr).expect("send the end");
+    echo.join().expect("the server thread");
+    halves.sort_by(f64::total_cmp);
+    let at = |p: f64| halves[((halves.len() - 1) as f64 * p) as usize];
+    println!(
+        "udp floor, {per_turn} datagram(s) per turn, {} turns: median {:.3} us, p99 {:.3} us",
+        halves.len(),
+        at(0.50),
+        at(0.99)
+    );
+}
+
+fn bind(addr: &str) -> UdpSocket {
+    let socket = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+    socket.set_nonblocking(true).expect("non-blocking");
+    socket
+}
+
+/// Answers every turn with a turn of its own until an empty datagram arrives.
+fn serve(socket: &UdpSocket, peer: SocketAddr, per_turn: usize) {
+    let mut buf = [0u8; 64];
+    let mut turn = 0u8;
+    while receive_turn(socket, &mut buf, per_turn) {
+        send_turn(socket, peer, per_turn, turn);
+        turn = turn.wrapping_add(1);
+    }
+}
+
+/// Spins until `per_turn` datagrams have arrived; false when an empty one (the end) arrives.
+fn receive_turn(socket: &UdpSocket, buf: &mut [u8], per_turn: usize) -> bool {
+    let mut got = 0;
+    while got < per_turn {
+        match socket.recv(buf) {
+            Ok(0) => return false,
+            Ok(_) => got += 1,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => panic!("recv: {e}"),
+        }
+    }
+    true
+}
+
+/// One turn's datagrams: a 16-byte one alone (sockperf's), or an ACK and a WRITE in one
+/// `sendmmsg`, the ACK first as ferroce sends a held ACK.
+fn send_turn(socket: &UdpSocket, to: SocketAddr, per_turn: usize, tag: u8) {
+    if per_turn == 1 {
+        socket.send_to(&[tag; 16], to).expect("send");
+    } else {
+        let (ack, write) = ([tag; ACK_LEN], [tag; WRITE_LEN]);
+        sys::send_both(socket, to, &ack, &write).expect("sendmmsg");
+    }
+}
+
+/// The one system call std does not offer.
+mod sys {
+    use std::io;
+    use std::net::{SocketAddr, UdpSocket};
+    use std::os::fd::AsRawFd;
+
+    /// Sends `a` then `b` to `to` (IPv4) in one `sendmmsg`.
+    pub(crate) fn send_both(socket: &UdpSocket, to: SocketAddr, a: &[u8], b: &[u8]) -> io::Result<()> {
+        let SocketAddr::V4(v4) = to else {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        };
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let mut iov = [a, b].map(|bytes| libc::iovec {
+            iov_base: bytes.as_ptr().cast_mut().cast(),
+            iov_len: bytes.len(),
+        });
+        let mut msgs: [libc::mmsghdr; 2] = [0, 1].map(|i| {
+            // SAFETY: msghdr is plain data (integers and pointers) for which all-zero is a
+            // valid value: no name, no iovecs, no control data.
+            let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+            hdr.msg_name = std::ptr::addr_of!(addr).cast_mut().cast();
+            hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            hdr.msg_iov = std::ptr::addr_of_mut!(iov[i]);
+            hdr.msg_iovlen = 1;
+            libc::mmsghdr {
+                msg_hdr: hdr,
+                msg_len: 0,
+            }
+        });
+        // SAFETY: both headers point at `addr` and at one iovec each, which point at `a` and
+        // `b`; all of them outlive the call, and the kernel only reads them (and writes each
+        // header's msg_len, which `msgs` owns).
+        let sent = unsafe { libc::sendmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), 2, 0) };
+        match sent {
+            2 => Ok(()),
+            -1 => Err(io::Error::last_os_error()),
+            n => Err(io::Error::other(format!("sendmmsg sent {n} of 2"))),
+        }
+    }
+}
