@@ -118,7 +118,12 @@ mod sys {
     use std::os::fd::AsRawFd;
 
     /// Sends `a` then `b` to `to` (IPv4) in one `sendmmsg`.
-    pub(crate) fn send_both(socket: &UdpSocket, to: SocketAddr, a: &[u8], b: &[u8]) -> io::Result<()> {
+    pub(crate) fn send_both(
+        socket: &UdpSocket,
+        to: SocketAddr,
+        a: &[u8],
+        b: &[u8],
+    ) -> io::Result<()> {
         let SocketAddr::V4(v4) = to else {
             return Err(io::Error::from(io::ErrorKind::Unsupported));
         };
