@@ -309,8 +309,7 @@ impl Driver {
     }
 
     /// After the application changed the engine: send what it produced, wake waiters, and
-    /// ring the doorbell if a timer now fires before the progress thread would wake, unless
-    /// the application polls (its polls run the timers).
+    /// ring the doorbell if a timer now fires before the progress thread would wake.
     pub(crate) fn after_command(&self, mut state: MutexGuard<'_, Locked>) {
         let now = Instant::now();
         self.learn_leave_gap(self.nanos(now));
@@ -318,9 +317,6 @@ impl Driver {
         let next = state.next_due();
         self.wake_waiters(&state);
         drop(state);
-        if self.poller_until.load(Ordering::Relaxed) > self.nanos(now) {
-            return;
-        }
         let sleeping = *self
             .sleeping_until
             .lock()
@@ -626,32 +622,30 @@ impl Driver {
             // socket until the poller has been quiet for POLLER_GRACE, or a timer is due.
             let poller_left = Duration::from_nanos(self.poller_until.load(Ordering::Relaxed))
                 .saturating_sub(now.saturating_duration_since(self.epoch));
-            // When this thread wakes by itself. Beside a polling application that is only to
-            // see whether it still polls: its polls run the engine's timers
-            // (`progress_here`), and its posts ring no doorbell (`after_command`). Waking for
-            // those timers too (an early resend's, re-armed by every WRITE a millisecond
-            // ahead) took a core from a spinning application a thousand times a second.
+            // When this thread wakes by itself: a post that arms a later timer need not ring
+            // (`after_command`), so a polling application's posts ring no doorbell.
             let look = poller_left.max(watch);
             let wakes = if poller_left.is_zero() {
                 next
             } else {
-                Some(now + look)
+                Some(next.map_or(now + look, |t| t.min(now + look)))
             };
             *self
                 .sleeping_until
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = wakes;
+            let wait = next.map(|t| t.saturating_duration_since(now));
             if !poller_left.is_zero() {
                 // Asleep on the doorbell alone, so that a poller that stops polling to wait
                 // (`release_poller`) or a close gets the thread back at once.
-                if sys::nap_on(self.bell_rx.as_raw_fd(), look) {
+                let nap = wait.map_or(look, |w| w.min(look));
+                if sys::nap_on(self.bell_rx.as_raw_fd(), nap) {
                     self.answer_bell();
-                } else {
+                } else if nap == look {
                     watch = (watch * 2).min(POLLER_WATCH_MAX);
                 }
                 continue;
             }
-            let wait = next.map(|t| t.saturating_duration_since(now));
             watch = POLLER_GRACE;
             match sys::wait_either(self.port.socket(), &self.bell_rx, wait) {
                 Ok([socket, bell]) => {
