@@ -1,7 +1,7 @@
 //! A CQ's completion channel on the soft NIC: armed with `Cq::req_notify`, its descriptor
 //! (`AsFd`) turns readable at the next completion, or with `solicited_only` at the next
 //! solicited or failed one, once per arming, as `ibv_req_notify_cq` and `ibv_get_cq_event`
-//! behave. Two soft NICs on 127.0.3.21 and 127.0.3.22.
+//! behave; and an event-driven ping-pong as `rping` runs one. Soft NICs on 127.0.3.21–25.
 
 mod poll;
 mod support;
@@ -137,4 +137,146 @@ fn a_cq_resizes_but_not_below_what_it_holds() {
         2,
         "nothing lost on the way"
     );
+}
+
+/// What one side's CQ thread saw.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Sent,
+    Received,
+}
+
+/// A CQ thread as `rping`'s: waits on the channel (armed before anything was posted), takes
+/// the event, arms again, then polls until the CQ is empty, posting a fresh receive for each
+/// one taken. Returns when `stop` is set.
+fn cq_thread(
+    cq: &Cq,
+    qp: &Qp,
+    sink: &Region,
+    tell: &std::sync::mpsc::Sender<Seen>,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::Ordering;
+    while !stop.load(Ordering::Relaxed) {
+        if !readable(cq.as_fd(), Duration::from_millis(50)) {
+            continue;
+        }
+        let _ = cq.take_events();
+        cq.req_notify(false).unwrap();
+        while let Some(c) = cq.poll() {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            let seen = if c.opcode == WcOpcode::Recv {
+                qp.post_recv(RecvWr {
+                    wr_id: c.wr_id,
+                    sges: vec![sink.local(0, 64).unwrap()],
+                })
+                .unwrap();
+                Seen::Received
+            } else {
+                Seen::Sent
+            };
+            let _ = tell.send(seen);
+        }
+    }
+}
+
+/// Waits for what the CQ thread reports next, at most 10 s: a completion the engine had
+/// everything for but waited on a progress thread that nobody woke never comes.
+fn next(seen: &std::sync::mpsc::Receiver<Seen>, round: usize, side: &str) -> Seen {
+    seen.recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| {
+            panic!("round {round}: {side} waited 10 s for a completion (a lost wake-up)")
+        })
+}
+
+/// `rping`'s shape on the soft NIC's own API: on each side a thread that waits on the CQ's
+/// channel, takes the event, arms it again and polls until the CQ is empty, reposting
+/// receives; the pinger's main thread posts a SEND while that thread may still count as
+/// polling and waits for it to report the SEND's completion and the answer; the echo's main
+/// thread READs the pinger's buffer, as rping's server does, then answers with a SEND. Every
+/// completion must come with nobody polling between events: the progress thread has to be
+/// awake for each. One pair for 300 round trips, then four fresh pairs on the same addresses
+/// for 20 each (a NIC's first exchanges run while its progress thread starts). Drop-in
+/// `rping` itself runs in `scripts/test-rdmacm.sh`, which caught a doorbell change that this
+/// test did not (BENCHMARKS.md, the data path's sixth step).
+#[test]
+fn an_event_driven_ping_pong_loses_no_wake_up() {
+    event_driven_ping_pong(300);
+    for _ in 0..4 {
+        event_driven_ping_pong(20);
+    }
+}
+
+fn event_driven_ping_pong(rounds: usize) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::channel;
+    let (a, b) = (
+        soft_nic(Ipv4Addr::new(127, 0, 3, 24)),
+        soft_nic(Ipv4Addr::new(127, 0, 3, 25)),
+    );
+    let (cq_a, cq_b) = (Cq::new(&a, 64).unwrap(), Cq::new(&b, 64).unwrap());
+    let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
+    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
+    qa.connect(&qb.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    qb.connect(&qa.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    let (src_a, src_b) = (
+        host_region(&a, RegionAccess::Remote, vec![1; 64]),
+        host_region(&b, RegionAccess::Local, vec![2; 64]),
+    );
+    let read_into = host_region(&b, RegionAccess::Local, vec![0; 64]);
+    let (sink_a, sink_b) = (
+        host_region(&a, RegionAccess::Local, vec![0; 64]),
+        host_region(&b, RegionAccess::Local, vec![0; 64]),
+    );
+    for (qp, sink) in [(&qa, &sink_a), (&qb, &sink_b)] {
+        for i in 0..4 {
+            qp.post_recv(RecvWr {
+                wr_id: i,
+                sges: vec![sink.local(0, 64).unwrap()],
+            })
+            .unwrap();
+        }
+    }
+    // Armed before the first post: a completion before the arming would raise nothing.
+    cq_a.req_notify(false).unwrap();
+    cq_b.req_notify(false).unwrap();
+    let stop = AtomicBool::new(false);
+    let ((tell_a, seen_a), (tell_b, seen_b)) = (channel(), channel());
+    std::thread::scope(|s| {
+        s.spawn(|| cq_thread(&cq_a, &qa, &sink_a, &tell_a, &stop));
+        s.spawn(|| cq_thread(&cq_b, &qb, &sink_b, &tell_b, &stop));
+        let (qa, qb, src_a, src_b, read_into) = (&qa, &qb, &src_a, &src_b, &read_into);
+        let echo = s.spawn(move || {
+            for round in 0..rounds {
+                assert_eq!(next(&seen_b, round, "the echo"), Seen::Received);
+                // As rping's server: a READ of the pinger's buffer, then the answer.
+                let read = SendWr::new(
+                    round as u64,
+                    SendOp::Read(src_a.remote(0).unwrap()),
+                    Payload::Sge(read_into.local(0, 64).unwrap()),
+                );
+                qb.post_send(read).unwrap();
+                assert_eq!(next(&seen_b, round, "the echo's READ"), Seen::Sent);
+                send(qb, src_b, round as u64, false);
+                assert_eq!(next(&seen_b, round, "the echo"), Seen::Sent);
+            }
+        });
+        let pinger = s.spawn(move || {
+            for round in 0..rounds {
+                send(qa, src_a, round as u64, false);
+                let mut got = [
+                    next(&seen_a, round, "the pinger"),
+                    next(&seen_a, round, "the pinger"),
+                ];
+                got.sort_by_key(|s| *s == Seen::Received);
+                assert_eq!(got, [Seen::Sent, Seen::Received], "round {round}");
+            }
+        });
+        let (pinged, echoed) = (pinger.join(), echo.join());
+        stop.store(true, Ordering::Relaxed);
+        pinged.unwrap();
+        echoed.unwrap();
+    });
 }
