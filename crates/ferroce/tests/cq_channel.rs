@@ -7,7 +7,7 @@ mod poll;
 mod support;
 
 use poll::readable;
-use support::{host_region, soft_nic};
+use support::{host_region, rc_pair, soft_nic, RcPair};
 
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
@@ -214,13 +214,7 @@ fn event_driven_ping_pong(rounds: usize) {
         soft_nic(Ipv4Addr::new(127, 0, 3, 24)),
         soft_nic(Ipv4Addr::new(127, 0, 3, 25)),
     );
-    let (cq_a, cq_b) = (Cq::new(&a, 64).unwrap(), Cq::new(&b, 64).unwrap());
-    let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
-    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
-    qa.connect(&qb.endpoint(), &ConnectOptions::default())
-        .unwrap();
-    qb.connect(&qa.endpoint(), &ConnectOptions::default())
-        .unwrap();
+    let RcPair { qa, qb, cq_a, cq_b } = rc_pair(&a, &b, 64);
     let (src_a, src_b) = (
         host_region(&a, RegionAccess::Remote, vec![1; 64]),
         host_region(&b, RegionAccess::Local, vec![2; 64]),

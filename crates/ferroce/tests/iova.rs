@@ -5,15 +5,15 @@
 
 mod support;
 
-use support::soft_nic;
+use support::{rc_pair, soft_nic, RcPair};
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ferroce::cq::WcStatus;
 use ferroce::proto::memory::WriteOrder;
-use ferroce::qp::{Payload, QpCaps, QpType, SendOp, SendWr};
-use ferroce::{ConnectOptions, Cq, Qp, Region, RegionAccess, RegionError, RegionMemory};
+use ferroce::qp::{Payload, SendOp, SendWr};
+use ferroce::{Region, RegionAccess, RegionError, RegionMemory};
 
 #[test]
 fn a_write_to_iova_zero_lands_at_the_regions_first_byte() {
@@ -21,13 +21,13 @@ fn a_write_to_iova_zero_lands_at_the_regions_first_byte() {
         soft_nic(Ipv4Addr::new(127, 0, 3, 11)),
         soft_nic(Ipv4Addr::new(127, 0, 3, 12)),
     );
-    let (cq_a, cq_b) = (Cq::new(&a, 16).unwrap(), Cq::new(&b, 16).unwrap());
-    let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
-    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
-    qa.connect(&qb.endpoint(), &ConnectOptions::default())
-        .unwrap();
-    qb.connect(&qa.endpoint(), &ConnectOptions::default())
-        .unwrap();
+    // B's side only answers; its QP and CQ stay alive to the end.
+    let RcPair {
+        qa,
+        qb: _qb,
+        cq_a,
+        cq_b: _cq_b,
+    } = rc_pair(&a, &b, 16);
 
     // The source at an IOVA of its own, the sink at 0.
     let src = Region::register_at(

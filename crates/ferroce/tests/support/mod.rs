@@ -139,6 +139,29 @@ pub(crate) fn soft_nic(ip: std::net::Ipv4Addr) -> ferroce::Nic {
     .expect("open a soft NIC on loopback")
 }
 
+/// An RC QP on each of two NICs, connected to each other with the default options, each
+/// with one CQ of `depth` for its sends and receives.
+pub(crate) struct RcPair {
+    pub(crate) qa: ferroce::Qp,
+    pub(crate) qb: ferroce::Qp,
+    pub(crate) cq_a: ferroce::Cq,
+    pub(crate) cq_b: ferroce::Cq,
+}
+
+/// Builds an [`RcPair`] between `a` and `b`.
+pub(crate) fn rc_pair(a: &ferroce::Nic, b: &ferroce::Nic, depth: usize) -> RcPair {
+    use ferroce::qp::{QpCaps, QpType};
+    use ferroce::{ConnectOptions, Cq, Qp};
+    let (cq_a, cq_b) = (Cq::new(a, depth).unwrap(), Cq::new(b, depth).unwrap());
+    let qa = Qp::new(a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
+    let qb = Qp::new(b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
+    qa.connect(&qb.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    qb.connect(&qa.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    RcPair { qa, qb, cq_a, cq_b }
+}
+
 /// `bytes` registered in RAM on `nic` with `access`, writes in order.
 pub(crate) fn host_region(
     nic: &ferroce::Nic,
