@@ -9,12 +9,16 @@
 //! datagram to the NIC's own address: a firewall that drops RoCE traffic would drop that too,
 //! and a lost wake-up would leave the thread asleep for good. An idle NIC costs no CPU.
 //!
-//! While an application polls a CQ, its own thread receives instead (`Driver::progress_here`)
-//! and the progress thread keeps off the socket. What the application does between polls is
-//! learned from when it comes back: one that leaves after each completion to wait elsewhere
-//! gets the progress thread back at once, and one that answers each WRITE its peer sends (it
-//! watches its memory for them) has the poll that found its completion stay for the next WRITE
-//! (`Driver::linger`).
+//! While an application polls a CQ, its own thread receives and runs the timers instead
+//! (`Driver::progress_here`), and the progress thread keeps off the socket: it naps on the
+//! doorbell alone, waking only to look whether the application still polls. It publishes
+//! which of the two sleeps it is in, under the lock, with the timers it saw
+//! (`Locked::thread_sleep`), so that a post knows whether its timer needs the doorbell.
+//!
+//! What the application does between polls is learned from when it comes back: one that
+//! leaves after each completion to wait elsewhere gets the progress thread back at once, and
+//! one that answers each WRITE its peer sends (it watches its memory for them) has the poll
+//! that found its completion stay for the next WRITE (`Driver::linger`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -128,6 +132,21 @@ pub(crate) struct Locked {
     /// of [`ALL_ANSWERS`]: a moving average, ¼ weight to the newest, so that a send that came
     /// late (the application was descheduled) does not undo what the others taught.
     answering: u32,
+    /// How the progress thread sleeps next, set under this lock with the timers it saw, so
+    /// that a post that arms an earlier one knows whether to ring (`Driver::after_command`).
+    thread_sleep: ThreadSleep,
+}
+
+/// The progress thread's two sleeps.
+#[derive(Clone, Copy, Debug)]
+enum ThreadSleep {
+    /// On the socket and the doorbell, until a datagram, a ring, or the engine's next timer
+    /// (`None`: none is armed).
+    Socket(Option<Instant>),
+    /// On the doorbell alone beside a polling application, until the instant: to look
+    /// whether it still polls, or to send the ACKs it holds (`Locked::acks_due`). Its polls
+    /// run the engine's timers (`Driver::progress_here`), so the nap does not end for them.
+    Nap(Instant),
 }
 
 impl Locked {
@@ -182,8 +201,6 @@ pub(crate) struct Driver {
     /// system call that fails with EAGAIN once the doorbell is full.
     rung: AtomicBool,
     stop: AtomicBool,
-    /// When the progress thread will wake by itself; `None` while it sleeps without limit.
-    sleeping_until: Mutex<Option<Instant>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Why the receive path died, if it did.
     pub(crate) failure: Mutex<Option<io::Error>>,
@@ -216,6 +233,7 @@ impl Driver {
                 writes_at_send: 0,
                 landed_at: None,
                 answering: 0,
+                thread_sleep: ThreadSleep::Socket(None),
             }),
             epoch: Instant::now(),
             poller_until: AtomicU64::new(0),
@@ -227,7 +245,6 @@ impl Driver {
             bell_rx,
             rung: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            sleeping_until: Mutex::new(None),
             thread: Mutex::new(None),
             failure: Mutex::new(None),
             async_events: EventFd::new()?,
@@ -309,22 +326,28 @@ impl Driver {
     }
 
     /// After the application changed the engine: send what it produced, wake waiters, and
-    /// ring the doorbell if a timer now fires before the progress thread would wake.
+    /// ring the doorbell if a timer now fires before the progress thread would wake and no
+    /// polling application runs it first.
     pub(crate) fn after_command(&self, mut state: MutexGuard<'_, Locked>) {
         let now = Instant::now();
         self.learn_leave_gap(self.nanos(now));
         self.transmit_ready(&mut state, now, false);
-        let next = state.next_due();
+        // The thread published its sleep under this lock with the timers it saw then: either
+        // it saw this change, or what it published is what it sleeps on.
+        let ring = state
+            .next_due()
+            .is_some_and(|next| match state.thread_sleep {
+                ThreadSleep::Socket(until) => until.is_none_or(|until| next < until),
+                // A poller that stops without a word has the timer wait for the nap's end, at
+                // most `POLLER_WATCH_MAX`.
+                ThreadSleep::Nap(until) => {
+                    next < until && self.poller_until.load(Ordering::Relaxed) <= self.nanos(now)
+                }
+            });
         self.wake_waiters(&state);
         drop(state);
-        let sleeping = *self
-            .sleeping_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(next) = next {
-            if sleeping.is_none_or(|s| next < s) {
-                self.ring();
-            }
+        if ring {
+            self.ring();
         }
     }
 
@@ -609,43 +632,47 @@ impl Driver {
                 }
             }
             let now = Instant::now();
-            let next = {
+            let (sleep, look) = {
                 let mut state = self.lock();
                 state.engine.handle_timeout(now);
                 self.transmit_ready(&mut state, now, false);
                 self.wake_waiters(&state);
-                state.next_due()
+                // An application polling its CQ receives for itself, and runs the timers;
+                // waking this thread too for every packet or timer only adds a context switch
+                // on a core it spins on (an early resend's timer, re-armed a millisecond ahead
+                // by every WRITE, woke it a thousand times a second). Nap on the doorbell
+                // until the poller has been quiet for POLLER_GRACE.
+                let now = Instant::now();
+                let poller_left = Duration::from_nanos(self.poller_until.load(Ordering::Relaxed))
+                    .saturating_sub(now.saturating_duration_since(self.epoch));
+                let look = now + poller_left.max(watch);
+                let sleep = if poller_left.is_zero() {
+                    ThreadSleep::Socket(state.next_due())
+                } else {
+                    // ACKs held for the application's next packet are the peer's to wait
+                    // for: they go when due even if the application stopped without a word.
+                    ThreadSleep::Nap(state.acks_due.map_or(look, |due| due.min(look)))
+                };
+                state.thread_sleep = sleep;
+                (sleep, look)
             };
-            let now = Instant::now();
-            // An application polling its CQ receives for itself; waking this thread too for
-            // every packet only adds a context switch and a contended lock. Stay off the
-            // socket until the poller has been quiet for POLLER_GRACE, or a timer is due.
-            let poller_left = Duration::from_nanos(self.poller_until.load(Ordering::Relaxed))
-                .saturating_sub(now.saturating_duration_since(self.epoch));
-            // When this thread wakes by itself: a post that arms a later timer need not ring
-            // (`after_command`), so a polling application's posts ring no doorbell.
-            let look = poller_left.max(watch);
-            let wakes = if poller_left.is_zero() {
-                next
-            } else {
-                Some(next.map_or(now + look, |t| t.min(now + look)))
-            };
-            *self
-                .sleeping_until
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = wakes;
-            let wait = next.map(|t| t.saturating_duration_since(now));
-            if !poller_left.is_zero() {
-                // Asleep on the doorbell alone, so that a poller that stops polling to wait
-                // (`release_poller`) or a close gets the thread back at once.
-                let nap = wait.map_or(look, |w| w.min(look));
-                if sys::nap_on(self.bell_rx.as_raw_fd(), nap) {
-                    self.answer_bell();
-                } else if nap == look {
-                    watch = (watch * 2).min(POLLER_WATCH_MAX);
+            let wait = match sleep {
+                ThreadSleep::Nap(until) => {
+                    // On the doorbell alone, so that a poller that stops polling to wait
+                    // (`release_poller`), a post beside a poller that left, or a close gets
+                    // the thread back at once.
+                    let nap = until.saturating_duration_since(Instant::now());
+                    if sys::nap_on(self.bell_rx.as_raw_fd(), nap) {
+                        self.answer_bell();
+                    } else if until == look {
+                        watch = (watch * 2).min(POLLER_WATCH_MAX);
+                    }
+                    continue;
                 }
-                continue;
-            }
+                ThreadSleep::Socket(until) => {
+                    until.map(|t| t.saturating_duration_since(Instant::now()))
+                }
+            };
             watch = POLLER_GRACE;
             match sys::wait_either(self.port.socket(), &self.bell_rx, wait) {
                 Ok([socket, bell]) => {
