@@ -1,7 +1,9 @@
 //! A CQ's completion channel on the soft NIC: armed with `Cq::req_notify`, its descriptor
 //! (`AsFd`) turns readable at the next completion, or with `solicited_only` at the next
 //! solicited or failed one, once per arming, as `ibv_req_notify_cq` and `ibv_get_cq_event`
-//! behave; and an event-driven ping-pong as `rping` runs one. Soft NICs on 127.0.3.21–25.
+//! behave; an event-driven ping-pong as `rping` runs one; and a post made beside a poller
+//! that then stops, whose timer the progress thread must still run. Soft NICs on
+//! 127.0.3.21–27.
 
 mod poll;
 mod support;
@@ -273,4 +275,51 @@ fn event_driven_ping_pong(rounds: usize) {
         pinged.unwrap();
         echoed.unwrap();
     });
+}
+
+/// A post made while the application counts as polling, whose only timer is the progress
+/// thread's to run once the application stops: it sleeps on the socket (nothing was in
+/// flight), and the post arms a timer (here the link's, which holds every packet back by
+/// 3 ms). The post must ring it, even though a poller is active, since a poller that then
+/// stops polling without a word (its grace lapses, and waiting in `Cq::wait` then rings
+/// nothing) would otherwise leave the packet held for good: a first form of the progress
+/// thread's nap beside pollers skipped that doorbell, and `rping` on the drop-in hung.
+#[test]
+fn a_post_beside_a_poller_that_then_stops_still_has_its_timer_run() {
+    let delayed = ferroce::NicConfig {
+        addr: std::net::SocketAddr::new(Ipv4Addr::new(127, 0, 3, 26).into(), 4791),
+        faults: Some(ferroce::nic::Faults {
+            delay: Duration::from_millis(3),
+            seed: 1,
+            ..Default::default()
+        }),
+        ..ferroce::NicConfig::default()
+    };
+    let a = ferroce::Nic::open(&delayed).unwrap();
+    let b = soft_nic(Ipv4Addr::new(127, 0, 3, 27));
+    let RcPair {
+        qa, qb, cq_a, cq_b, ..
+    } = rc_pair(&a, &b, 16);
+    let src = host_region(&a, RegionAccess::Local, vec![7; 8]);
+    let sink = host_region(&b, RegionAccess::Local, vec![0; 8]);
+    for round in 0..5u64 {
+        qb.post_recv(RecvWr {
+            wr_id: round,
+            sges: vec![sink.local(0, 8).unwrap()],
+        })
+        .unwrap();
+        // Both progress threads asleep on their sockets, nothing in flight.
+        std::thread::sleep(Duration::from_millis(20));
+        // A poll that finds nothing: the application counts as polling for a while.
+        assert!(cq_a.poll().is_none());
+        send(&qa, &src, round, false);
+        // It stops polling, and waits only after its grace has lapsed.
+        std::thread::sleep(Duration::from_millis(1));
+        let done = cq_a
+            .wait(Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("round {round}: the held SEND never left"));
+        assert_eq!(done.status, WcStatus::Success, "round {round}");
+        let got = cq_b.wait(Duration::from_secs(5)).expect("the receive");
+        assert_eq!(got.wr_id, round);
+    }
 }
