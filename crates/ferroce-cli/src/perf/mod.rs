@@ -168,7 +168,7 @@ pub(crate) struct PerfArgs {
     #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD")]
     atomic_type: String,
     /// READs and atomics outstanding at once (default: what the device takes, as perftest
-    /// asks `max_qp_rd_atom`; 16 on the soft NIC).
+    /// asks `max_qp_rd_atom`; 128 on the soft NIC, as on rxe).
     #[arg(short = 'o', long = "outs")]
     outs: Option<u8>,
     /// ACK timeout exponent: 4.096 µs × 2^timeout.
