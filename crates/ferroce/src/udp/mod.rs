@@ -903,6 +903,11 @@ impl Link {
         }
     }
 
+    /// Touches every page of the receive buffers (`sys::RecvBatch::prefault`).
+    pub(crate) fn prefault(&mut self) {
+        self.rx.prefault();
+    }
+
     /// Injects `faults` into every batch sent from now on; `None` stops.
     pub(crate) fn set_faults(&mut self, faults: Option<tap::Faults>) {
         self.faults = faults.map(tap::FaultInjector::new);

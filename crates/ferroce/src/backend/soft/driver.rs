@@ -412,9 +412,11 @@ impl Driver {
                 let own = sys::progress_scheduling(PROGRESS_SLICE, None);
                 // Before the first packet, so that it does not run the code for the first
                 // time (`rehearsal`): the engine's paths in memory, the send path to a
-                // scratch socket, and the receive path with a datagram to itself.
+                // scratch socket, and the receive path with a datagram to itself; and so
+                // that its burst does not land in receive pages never touched.
                 rehearsal::rehearse(shared.local.ip());
                 shared.port.rehearse_send();
+                shared.lock().link.prefault();
                 shared.poke_socket();
                 shared.progress(raise.then_some(own))
             })?;
