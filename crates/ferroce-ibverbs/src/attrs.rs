@@ -14,7 +14,7 @@
 //! | `max_sge`, `max_sge_rd`, `max_srq_sge` | 256 | scatter lists are vectors in the engine |
 //! | `max_qp` | 2^24 − 2 | queue pair numbers are 24 bits; 0 and 1 are the special QPs |
 //! | `max_cq`, `max_mr`, `max_pd`, `max_ah`, `max_srq` | 2^24 | as many as QPs |
-//! | `max_qp_rd_atom`, `max_qp_init_rd_atom` | [`ferroce::NicCaps::max_rd_atomic`] (128) | rxe's; the engine keeps that many READ and atomic results per QP to replay |
+//! | `max_qp_rd_atom`, `max_qp_init_rd_atom` | [`ferroce::NicCaps::max_rd_atomic`] (128) | rxe's; a QP's responder keeps up to its `max_dest_rd_atomic` READ and atomic results to replay duplicates from |
 //! | `max_mr_size` | 2^64 − 1 | as rxe: any length the address space holds |
 //! | `max_msg_sz` (port) | 2^31 | the engine's largest message (IBTA) |
 //! | `max_mw`, `max_mcast_grp`, `max_ee`, `max_rdd`, `max_fmr` | 0 | not offered |

@@ -186,9 +186,10 @@ impl Nic {
             max_inline: u32::MAX,
             max_qp_wr: u32::MAX,
             max_cqe: u32::MAX,
-            // What rxe advertises (`max_qp_rd_atom`): a peer's tools that ask the device,
-            // as perftest's `-o` does, keep as many READs and atomics in flight as against
-            // rxe. With 16, a guest's atomic-bw was bound by the window: 16 per round trip.
+            // What rxe advertises (`max_qp_rd_atom`): tools that size their window by the
+            // device, as perftest's `-o` does, keep as many READs and atomics in flight here
+            // as on rxe. With 16, a guest's atomic-bw was bound by that window (BENCHMARKS.md,
+            // the data path's seventh step).
             max_rd_atomic: 128,
             per_packet_counters: true,
             fault_injection: true,
