@@ -15,7 +15,7 @@
 //! An event channel is a [`Channel`] (an eventfd, the C channel's `fd`, and a queue), each
 //! event a boxed [`EventBlock`] whose address the queue holds until `rdma_ack_cm_event`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{c_int, c_uint};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -135,6 +135,36 @@ pub(crate) fn claim(at: usize) -> bool {
     }
 }
 
+/// How many destroyed channels [`DESTROYED_CHANNELS`] remembers.
+const DESTROYED_KEPT: usize = 16;
+
+/// The channels the program destroyed last, by the address of their C `rdma_event_channel`,
+/// with whether the program had made their `fd` non-blocking.
+static DESTROYED_CHANNELS: Mutex<VecDeque<(usize, bool)>> = Mutex::new(VecDeque::new());
+
+/// Remembers that the channel at `at` was destroyed (see [`destroyed_lately`]).
+pub(crate) fn channel_destroyed(at: usize, nonblocking: bool) {
+    let mut destroyed = lock(&DESTROYED_CHANNELS);
+    destroyed.retain(|&(a, _)| a != at);
+    if destroyed.len() == DESTROYED_KEPT {
+        destroyed.pop_front();
+    }
+    destroyed.push_back((at, nonblocking));
+}
+
+/// Whether the channel at `at` is one of the last the program destroyed, and if so whether
+/// its `fd` was non-blocking. A thread already waiting in `rdma_get_cm_event` when its channel
+/// is destroyed goes on waiting, as a reader of librdmacm's closed `fd` does; one that comes a
+/// moment later is the same thread losing the same race (rping's CM thread, back from acking
+/// `DISCONNECTED` while the main thread tears down), and `rdma_get_cm_event` lets it wait too
+/// rather than fail.
+pub(crate) fn destroyed_lately(at: usize) -> Option<bool> {
+    lock(&DESTROYED_CHANNELS)
+        .iter()
+        .find(|&&(a, _)| a == at)
+        .map(|&(_, nonblocking)| nonblocking)
+}
+
 /// What one `rdma_cm_id` holds.
 pub(crate) struct IdState {
     /// `enum rdma_port_space`.
@@ -242,6 +272,7 @@ pub(crate) fn new_channel() -> Result<(*mut rdma_event_channel, Arc<Channel>), c
     let c = Box::into_raw(Box::new(rdma_event_channel {
         fd: channel.raw_fd(),
     }));
+    lock(&DESTROYED_CHANNELS).retain(|&(a, _)| a != c as usize);
     EVENT_CHANNELS.add(c as usize, Arc::clone(&channel));
     Ok((c, channel))
 }

@@ -133,6 +133,11 @@ impl Channel {
         self.fd.as_raw_fd()
     }
 
+    /// The channel's fd, to read its flags.
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// Queues the CQ at `cq` (or, on an rdma_cm event channel, the event at `cq`) and makes
     /// the fd readable.
     pub(crate) fn push(&self, cq: usize) {

@@ -53,6 +53,13 @@ pub(crate) fn eventfd_take(fd: &OwnedFd) -> io::Result<()> {
     }
 }
 
+/// Whether the program made `fd` non-blocking (`O_NONBLOCK`); false if it cannot be read.
+pub(crate) fn is_nonblocking(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: F_GETFL takes no pointer and only reads the open descriptor's flags.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
 /// Adds one to an eventfd's count, making it readable.
 pub(crate) fn eventfd_give(fd: &OwnedFd) -> io::Result<()> {
     let value = 1u64;

@@ -154,9 +154,10 @@ pub(crate) unsafe extern "C" fn create_event_channel() -> *mut rdma_event_channe
 
 /// Frees a channel `cm::new_channel` made.
 fn free_channel(channel: *mut rdma_event_channel) -> Result<(), c_int> {
-    EVENT_CHANNELS
+    let gone = EVENT_CHANNELS
         .remove(channel as usize)
         .ok_or(libc::EINVAL)?;
+    cm::channel_destroyed(channel as usize, crate::sys::is_nonblocking(gone.fd()));
     // SAFETY: the table held `channel` from `Box::into_raw` in `cm::new_channel` and has just
     // forgotten it.
     drop(unsafe { Box::from_raw(channel) });
@@ -669,13 +670,23 @@ pub(crate) unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
 }
 
 /// `rdma_get_cm_event`: waits for the channel's next event (or fails with `EAGAIN` on a
-/// non-blocking `fd`).
+/// non-blocking `fd`). On a channel the program has just destroyed it waits for good (`EBADF`
+/// on a non-blocking `fd`, librdmacm's read of a closed one); on an address that was never a
+/// channel it fails with `EINVAL`.
 pub(crate) unsafe extern "C" fn get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
     fence::minus_one(|| {
-        let ch = EVENT_CHANNELS.get(channel as usize).ok_or(libc::EINVAL)?;
+        let Some(ch) = EVENT_CHANNELS.get(channel as usize) else {
+            return match cm::destroyed_lately(channel as usize) {
+                Some(true) => Err(libc::EBADF),
+                Some(false) => loop {
+                    std::thread::park();
+                },
+                None => Err(libc::EINVAL),
+            };
+        };
         if event.is_null() {
             return Err(libc::EINVAL);
         }
@@ -1521,6 +1532,50 @@ mod tests {
         assert_eq!(ai.ai_port_space, RDMA_PS_TCP as c_int);
         // SAFETY: freed once.
         unsafe { freeaddrinfo(res) };
+    }
+
+    /// rping's CM thread acks `DISCONNECTED` and calls `rdma_get_cm_event` again while its
+    /// main thread destroys the id and then the channel: whichever comes first, the CM thread
+    /// must not fail (rping exits with its error).
+    #[test]
+    fn a_late_caller_on_a_destroyed_channel_waits_as_an_early_one() {
+        // SAFETY: a channel made, then destroyed once.
+        let ch = unsafe { create_event_channel() };
+        assert!(!ch.is_null());
+        let at = ch as usize;
+        // SAFETY: as above.
+        unsafe { destroy_event_channel(ch) };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut event = ptr::null_mut();
+            // SAFETY: the channel is only looked up; `event` is where an event would go.
+            let rc = unsafe { get_cm_event(at as *mut rdma_event_channel, &raw mut event) };
+            let _ = tx.send(rc);
+        });
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(200)).ok(),
+            None,
+            "a blocking caller on a destroyed channel returned"
+        );
+
+        // A non-blocking fd reads as librdmacm's closed one; a never-made channel is EINVAL.
+        // SAFETY: as above; the fd is the channel's own while it lives.
+        unsafe {
+            let ch = create_event_channel();
+            assert!(!ch.is_null());
+            let fd = (*ch).fd;
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
+            destroy_event_channel(ch);
+            let mut event = ptr::null_mut();
+            assert_eq!(get_cm_event(ch, &raw mut event), -1);
+            assert_eq!(last_errno(0), libc::EBADF);
+            assert_eq!(
+                get_cm_event(0x20 as *mut rdma_event_channel, &raw mut event),
+                -1
+            );
+            assert_eq!(last_errno(0), libc::EINVAL);
+        }
     }
 
     #[test]
