@@ -509,20 +509,16 @@ pub(crate) fn progress_scheduling(slice: std::time::Duration, nice: Option<i32>)
     own
 }
 
-/// Waits up to `timeout`, to the microsecond (`ppoll(2)`; `poll(2)` counts in milliseconds),
-/// for `fd` to be readable; whether it is. An interrupted wait reads as not readable.
-pub(crate) fn nap_on(fd: RawFd, timeout: std::time::Duration) -> bool {
-    let mut polled = [libc::pollfd {
+/// Waits, without a time limit, for the doorbell `bell` or the timer `timer` to be readable:
+/// whether the doorbell is. An interrupted wait reads as neither.
+pub(crate) fn nap_until_either(bell: RawFd, timer: &TimerFd) -> bool {
+    let mut polled = [bell, timer.0.as_raw_fd()].map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    }];
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: one pollfd on this stack frame and a live timespec; no signal mask is given.
-    let rc = unsafe { libc::ppoll(polled.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+    });
+    // SAFETY: two pollfds on this stack frame; a negative timeout waits without limit.
+    let rc = unsafe { libc::poll(polled.as_mut_ptr(), 2, -1) };
     rc > 0 && polled[0].revents != 0
 }
 
@@ -836,6 +832,49 @@ impl EventFd {
 impl AsFd for EventFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
+    }
+}
+
+/// A one-shot timer on the monotonic clock (`timerfd_create(2)`): readable once it has
+/// expired, until it is set again. Setting it from one thread moves the wake-up of another
+/// that waits on it, without waking that thread.
+#[derive(Debug)]
+pub(crate) struct TimerFd(OwnedFd);
+
+impl TimerFd {
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: timerfd_create takes no pointers; a descriptor it returns is new and ours.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by timerfd_create and nothing else owns it.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Expires `after` from now (at once for zero), replacing any earlier setting and
+    /// clearing an expiry not yet read. Best effort: it fails only for a bad descriptor.
+    pub(crate) fn set_after(&self, after: std::time::Duration) {
+        // A zero `it_value` would disarm the timer instead.
+        let after = after.max(std::time::Duration::from_nanos(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
+                tv_nsec: libc::c_long::from(after.subsec_nanos() as i32),
+            },
+        };
+        // SAFETY: a live itimerspec to read; no old value is asked for.
+        let _ =
+            unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
     }
 }
 

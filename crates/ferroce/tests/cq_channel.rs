@@ -2,8 +2,9 @@
 //! (`AsFd`) turns readable at the next completion, or with `solicited_only` at the next
 //! solicited or failed one, once per arming, as `ibv_req_notify_cq` and `ibv_get_cq_event`
 //! behave; an event-driven ping-pong as `rping` runs one; and a post made beside a poller
-//! that then stops, whose timer the progress thread must still run. Soft NICs on
-//! 127.0.3.21–27.
+//! that then stops, whose timer the progress thread must still run; and a poller that polls
+//! long and then stops, whose peer the progress thread must still answer. Soft NICs on
+//! 127.0.3.21–29.
 
 mod poll;
 mod support;
@@ -322,4 +323,49 @@ fn a_post_beside_a_poller_that_then_stops_still_has_its_timer_run() {
         let got = cq_b.wait(Duration::from_secs(5)).expect("the receive");
         assert_eq!(got.wr_id, round);
     }
+}
+
+/// An application that polls long enough pushes the progress thread's nap on with its polls
+/// instead of having the thread look every 2 ms (a context switch on the core it spins on).
+/// When it then stops polling without a word (no arming, no `Cq::wait`), the last push must
+/// still end the nap and the thread take the socket back: the peer's SEND is acknowledged
+/// although the application makes no call into its NIC. A lost wake-up here leaves the
+/// peer's SEND unanswered until its retries run out.
+#[test]
+fn a_poller_that_polls_long_then_stops_without_a_word_has_the_thread_take_over() {
+    let a = soft_nic(Ipv4Addr::new(127, 0, 3, 28));
+    let b = soft_nic(Ipv4Addr::new(127, 0, 3, 29));
+    let RcPair {
+        qa, qb, cq_a, cq_b, ..
+    } = rc_pair(&a, &b, 16);
+    let src = host_region(&b, RegionAccess::Local, vec![9; 8]);
+    let sink = host_region(&a, RegionAccess::Local, vec![0; 8 * 3]);
+    let mut received = Vec::new();
+    for round in 0..3u64 {
+        qa.post_recv(RecvWr {
+            wr_id: round,
+            sges: vec![sink.local(round * 8, 8).unwrap()],
+        })
+        .unwrap();
+        // Polls, for longer than the looks take to reach 2 ms apart; they find the receive
+        // of the round before, and nothing else.
+        let until = std::time::Instant::now() + Duration::from_millis(30);
+        while std::time::Instant::now() < until {
+            if let Some(wc) = cq_a.poll() {
+                received.push((wc.wr_id, wc.status));
+            }
+        }
+        // The application is away now; only its progress thread can answer.
+        send(&qb, &src, round, false);
+        let done = cq_b
+            .wait(Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("round {round}: the SEND was never acknowledged"));
+        assert_eq!(done.status, WcStatus::Success, "round {round}");
+    }
+    received.extend(cq_a.poll().map(|wc| (wc.wr_id, wc.status)));
+    let want: Vec<_> = (0..3).map(|round| (round, WcStatus::Success)).collect();
+    assert_eq!(received, want);
+    let mut got = [0u8; 24];
+    sink.read(0, &mut got).unwrap();
+    assert_eq!(got, [9; 24]);
 }

@@ -11,9 +11,11 @@
 //!
 //! While an application polls a CQ, its own thread receives and runs the timers instead
 //! (`Driver::progress_here`), and the progress thread keeps off the socket: it naps on the
-//! doorbell alone, waking only to look whether the application still polls. It publishes
-//! which of the two sleeps it is in, under the lock, with the timers it saw
-//! (`Locked::thread_sleep`), so that a post knows whether its timer needs the doorbell.
+//! doorbell and a timer, waking only to look whether the application still polls; once it
+//! has seen the application poll through a few looks, the application's polls push the timer
+//! on, so that the thread wakes only after the polls have stopped. It publishes which of the
+//! two sleeps it is in, under the lock, with the timers it saw (`Locked::thread_sleep`), so
+//! that a post knows whether its timer needs the doorbell.
 //!
 //! What the application does between polls is learned from when it comes back: one that
 //! leaves after each completion to wait elsewhere gets the progress thread back at once, and
@@ -49,8 +51,10 @@ const ALL_LEAVES: u32 = 1024;
 
 /// The longest the progress thread naps between looks at whether a polling application is
 /// still polling. Each look costs a context switch on a core that the application spins on,
-/// so the nap doubles from [`POLLER_GRACE`] to this while the application keeps polling; a
-/// program that then stops polling without arming a CQ or blocking in `Cq::wait` has what
+/// so the nap doubles from [`POLLER_GRACE`] to this while the application keeps polling, and
+/// from then on each poll pushes the nap's end on to this long after it (when less than half
+/// of it is left, `Driver::progress_here`): the thread wakes only once the polls have stopped.
+/// A program that stops polling without arming a CQ or blocking in `Cq::wait` has what
 /// arrives next wait up to this long, once.
 const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 
@@ -143,10 +147,11 @@ enum ThreadSleep {
     /// On the socket and the doorbell, until a datagram, a ring, or the engine's next timer
     /// (`None`: none is armed).
     Socket(Option<Instant>),
-    /// On the doorbell alone beside a polling application, until the instant: to look
-    /// whether it still polls, or to send the ACKs it holds (`Locked::acks_due`). Its polls
-    /// run the engine's timers (`Driver::progress_here`), so the nap does not end for them.
-    Nap(Instant),
+    /// On the doorbell and `Driver::nap_timer` beside a polling application, until `until`:
+    /// to look whether it still polls, or to send the ACKs it holds (`Locked::acks_due`). Its
+    /// polls run the engine's timers (`Driver::progress_here`), so the nap does not end for
+    /// them. With `pushed_on`, a nap at [`POLLER_WATCH_MAX`] that each poll may push on.
+    Nap { until: Instant, pushed_on: bool },
 }
 
 impl Locked {
@@ -180,6 +185,9 @@ pub(crate) struct Driver {
     state: Mutex<Locked>,
     /// The time base of `poller_until`.
     epoch: Instant,
+    /// The end of the progress thread's nap beside a poller (`ThreadSleep::Nap`), set under
+    /// the lock by the thread and by the polls that push it on.
+    nap_timer: sys::TimerFd,
     /// Until when (nanoseconds after `epoch`) an application is taken to be polling.
     poller_until: AtomicU64,
     /// When (nanoseconds after `epoch`) a poll last returned a completion; 0 once the next
@@ -236,6 +244,7 @@ impl Driver {
                 thread_sleep: ThreadSleep::Socket(None),
             }),
             epoch: Instant::now(),
+            nap_timer: sys::TimerFd::new()?,
             poller_until: AtomicU64::new(0),
             satisfied_at: AtomicU64::new(0),
             leaving: AtomicU32::new(0),
@@ -340,7 +349,7 @@ impl Driver {
                 ThreadSleep::Socket(until) => until.is_none_or(|until| next < until),
                 // A poller that stops without a word has the timer wait for the nap's end, at
                 // most `POLLER_WATCH_MAX`.
-                ThreadSleep::Nap(until) => {
+                ThreadSleep::Nap { until, .. } => {
                     next < until && self.poller_until.load(Ordering::Relaxed) <= self.nanos(now)
                 }
             });
@@ -507,6 +516,21 @@ impl Driver {
         let since = now.saturating_duration_since(self.epoch);
         self.poller_until
             .store((since + POLLER_GRACE).as_nanos() as u64, Ordering::Relaxed);
+        if let ThreadSleep::Nap {
+            until,
+            pushed_on: true,
+        } = state.thread_sleep
+        {
+            // Once a millisecond or so: one system call, where a look would be a context
+            // switch on the core this thread spins on.
+            if until.saturating_duration_since(now) < POLLER_WATCH_MAX / 2 {
+                state.thread_sleep = ThreadSleep::Nap {
+                    until: now + POLLER_WATCH_MAX,
+                    pushed_on: true,
+                };
+                self.nap_timer.set_after(POLLER_WATCH_MAX);
+            }
+        }
         self.drain(state, now, true, sys::RECV_BATCH);
         state.engine.handle_timeout(now);
         self.transmit_ready(state, now, true);
@@ -653,18 +677,23 @@ impl Driver {
                 } else {
                     // ACKs held for the application's next packet are the peer's to wait
                     // for: they go when due even if the application stopped without a word.
-                    ThreadSleep::Nap(state.acks_due.map_or(look, |due| due.min(look)))
+                    let until = state.acks_due.map_or(look, |due| due.min(look));
+                    self.nap_timer
+                        .set_after(until.saturating_duration_since(now));
+                    ThreadSleep::Nap {
+                        until,
+                        pushed_on: until == look && watch == POLLER_WATCH_MAX,
+                    }
                 };
                 state.thread_sleep = sleep;
                 (sleep, look)
             };
             let wait = match sleep {
-                ThreadSleep::Nap(until) => {
-                    // On the doorbell alone, so that a poller that stops polling to wait
-                    // (`release_poller`), a post beside a poller that left, or a close gets
-                    // the thread back at once.
-                    let nap = until.saturating_duration_since(Instant::now());
-                    if sys::nap_on(self.bell_rx.as_raw_fd(), nap) {
+                ThreadSleep::Nap { until, .. } => {
+                    // On the doorbell and the timer, so that a poller that stops polling to
+                    // wait (`release_poller`), a post beside a poller that left, or a close
+                    // gets the thread back at once.
+                    if sys::nap_until_either(self.bell_rx.as_raw_fd(), &self.nap_timer) {
                         self.answer_bell();
                     } else if until == look {
                         watch = (watch * 2).min(POLLER_WATCH_MAX);
