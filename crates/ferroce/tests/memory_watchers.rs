@@ -8,9 +8,10 @@
 //! socket) stays a small part of the WRITEs, where before every WRITE was the progress
 //! thread's. On this shared two-core machine about one run in six (measured with the build
 //! before the polls' push too) falls into a mode where the progress thread takes most packets
-//! for the rest of the run, which a peer descheduled past the poll's stay can start: the
-//! exchange runs up to three times, and one run within the bound passes. With the stay
-//! turned off every run is far outside it (3898 packets).
+//! for the rest of the run: the driver takes the program, preempted now and then, for one
+//! that leaves after its completions and hands the socket back at each. The exchange runs up
+//! to three times, and one run within the bound passes. With the stay turned off every run
+//! is far outside it (3898 packets).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
