@@ -509,19 +509,6 @@ pub(crate) fn progress_scheduling(slice: std::time::Duration, nice: Option<i32>)
     own
 }
 
-/// Waits, without a time limit, for the doorbell `bell` or the timer `timer` to be readable:
-/// whether the doorbell is. An interrupted wait reads as neither.
-pub(crate) fn nap_until_either(bell: RawFd, timer: &TimerFd) -> bool {
-    let mut polled = [bell, timer.0.as_raw_fd()].map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
-    // SAFETY: two pollfds on this stack frame; a negative timeout waits without limit.
-    let rc = unsafe { libc::poll(polled.as_mut_ptr(), 2, -1) };
-    rc > 0 && polled[0].revents != 0
-}
-
 /// `poll(2)` for readability on `N` descriptors; an interrupted wait reads as a timeout.
 pub(crate) fn poll_readable<const N: usize>(
     fds: [RawFd; N],
@@ -875,6 +862,12 @@ impl TimerFd {
         // SAFETY: a live itimerspec to read; no old value is asked for.
         let _ =
             unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+}
+
+impl AsRawFd for TimerFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
     }
 }
 

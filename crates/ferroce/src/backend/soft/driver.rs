@@ -666,8 +666,8 @@ impl Driver {
                 // An application polling its CQ receives for itself, and runs the timers;
                 // waking this thread too for every packet or timer only adds a context switch
                 // on a core it spins on (an early resend's timer, re-armed a millisecond ahead
-                // by every WRITE, woke it a thousand times a second). Nap on the doorbell
-                // until the poller has been quiet for POLLER_GRACE.
+                // by every WRITE, woke it a thousand times a second). Nap on the doorbell and
+                // the nap timer until the poller has been quiet for POLLER_GRACE.
                 let now = Instant::now();
                 let poller_left = Duration::from_nanos(self.poller_until.load(Ordering::Relaxed))
                     .saturating_sub(now.saturating_duration_since(self.epoch));
@@ -693,7 +693,9 @@ impl Driver {
                     // On the doorbell and the timer, so that a poller that stops polling to
                     // wait (`release_poller`), a post beside a poller that left, or a close
                     // gets the thread back at once.
-                    if sys::nap_until_either(self.bell_rx.as_raw_fd(), &self.nap_timer) {
+                    // An error reads as the timer's end: the next turn looks again.
+                    let fds = [self.bell_rx.as_raw_fd(), self.nap_timer.as_raw_fd()];
+                    if sys::poll_readable(fds, None).is_ok_and(|[bell, _]| bell) {
                         self.answer_bell();
                     } else if until == look {
                         watch = (watch * 2).min(POLLER_WATCH_MAX);
