@@ -61,7 +61,10 @@ const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 /// A send this soon after a peer's WRITE landed answers it. An application whose sends
 /// mostly do answers the WRITEs it is sent, and watches its memory for them (`ib_write_lat`
 /// spins on the last byte of its buffer after each completion and makes no call into the NIC
-/// until the peer's bytes are there).
+/// until the peer's bytes are there). A send that is the application's first call after its
+/// own request's completion, with a WRITE landed in between, answers it however late
+/// (`Locked::writes_at_completion`): where the progress thread placed that WRITE, the send
+/// comes after the thread's turn and a switch back, 20-50 µs on this host.
 const ANSWERS_WITHIN: Duration = Duration::from_micros(10);
 
 /// `Locked::answering` in full: every send lately answered a WRITE.
@@ -132,6 +135,10 @@ pub(crate) struct Locked {
     writes_at_send: u64,
     /// When a drain last saw a WRITE land.
     landed_at: Option<Instant>,
+    /// WRITE messages received when a poll last returned the completion of the application's
+    /// own request; `None` after a receive's, or where the poll stayed for the peer's WRITE
+    /// and it did not come (a late peer: the send that follows is no sign either way).
+    writes_at_completion: Option<u64>,
     /// How many of the application's sends lately answered a WRITE ([`ANSWERS_WITHIN`]), out
     /// of [`ALL_ANSWERS`]: a moving average, ¼ weight to the newest, so that a send that came
     /// late (the application was descheduled) does not undo what the others taught.
@@ -240,6 +247,7 @@ impl Driver {
                 acks_due: None,
                 writes_at_send: 0,
                 landed_at: None,
+                writes_at_completion: None,
                 answering: 0,
                 thread_sleep: ThreadSleep::Socket(None),
             }),
@@ -361,14 +369,21 @@ impl Driver {
     }
 
     /// The application posted sends: whether they answer a WRITE that landed since its last
-    /// ([`ANSWERS_WITHIN`]), into `Locked::answering`. Called under the lock before
-    /// [`Driver::after_command`].
-    pub(crate) fn sent(&self, state: &mut Locked) {
+    /// ([`ANSWERS_WITHIN`]), into `Locked::answering`. `first`: the post is the application's
+    /// first call since a poll returned a completion ([`Driver::returned`]). Called under the
+    /// lock before [`Driver::after_command`].
+    ///
+    /// Timing alone let a run lock itself out of the poll's stay: once the progress thread
+    /// placed the WRITEs, every answer came too late to count, so the polls no longer stayed,
+    /// so the thread kept placing them (one run in six of `tests/memory_watchers.rs` on two
+    /// cores, every run beside two CPU hogs).
+    pub(crate) fn sent(&self, state: &mut Locked, first: bool) {
         let writes = state.writes_rcvd();
         let answer = writes != state.writes_at_send
-            && state
+            && (state
                 .landed_at
-                .is_some_and(|at| at.elapsed() < ANSWERS_WITHIN);
+                .is_some_and(|at| at.elapsed() < ANSWERS_WITHIN)
+                || first && state.writes_at_completion.is_some_and(|at| writes > at));
         state.writes_at_send = writes;
         state.answering = (3 * state.answering + if answer { ALL_ANSWERS } else { 0 }) / 4;
     }
@@ -549,10 +564,14 @@ impl Driver {
     /// the lock is taken, so that waiting for the lock (while the progress thread holds it)
     /// is not counted as time spent elsewhere: counted, it kept a busy poller taken for one
     /// that leaves, and the progress thread, woken at each completion, kept it so.
-    pub(crate) fn returned(&self) {
-        if self.satisfied_at.load(Ordering::Relaxed) != 0 {
+    ///
+    /// Returns whether this is the application's first call since such a poll.
+    pub(crate) fn returned(&self) -> bool {
+        let first = self.satisfied_at.load(Ordering::Relaxed) != 0;
+        if first {
             self.learn_leave_gap(self.nanos(Instant::now()));
         }
+        first
     }
 
     /// The application's first call into the NIC (a poll, a post, any verb) after a poll
@@ -594,10 +613,14 @@ impl Driver {
         own_request: bool,
     ) {
         let now = Instant::now();
+        state.writes_at_completion = own_request.then(|| state.writes_rcvd());
         // The application is away from when the poll returns: time spent here lingering is
         // not its own.
         let (hand_back, at) = if own_request && state.awaits_write() {
             state = self.linger(state, now + LINGER_MAX);
+            if state.awaits_write() {
+                state.writes_at_completion = None;
+            }
             // Still awaited: the peer is late, and the progress thread will place its WRITE.
             (state.awaits_write(), Instant::now())
         } else {

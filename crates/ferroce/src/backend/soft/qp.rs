@@ -142,10 +142,10 @@ impl Qp {
     }
 
     pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        self.driver.returned();
+        let first = self.driver.returned();
         let mut state = self.driver.lock();
         state.engine.post_send(self.qpn, wr)?;
-        self.driver.sent(&mut state);
+        self.driver.sent(&mut state, first);
         self.driver.after_command(state);
         Ok(())
     }
@@ -155,7 +155,7 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, PostError)> {
-        self.driver.returned();
+        let first = self.driver.returned();
         let mut state = self.driver.lock();
         let mut result = Ok(());
         for (i, wr) in wrs.into_iter().enumerate() {
@@ -164,7 +164,7 @@ impl Qp {
                 break;
             }
         }
-        self.driver.sent(&mut state);
+        self.driver.sent(&mut state, first);
         self.driver.after_command(state);
         result
     }
