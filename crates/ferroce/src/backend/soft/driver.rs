@@ -62,9 +62,10 @@ const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 /// mostly do answers the WRITEs it is sent, and watches its memory for them (`ib_write_lat`
 /// spins on the last byte of its buffer after each completion and makes no call into the NIC
 /// until the peer's bytes are there). A send that is the application's first call after its
-/// own request's completion, with a WRITE landed in between, answers it however late
-/// (`Locked::writes_at_completion`): where the progress thread placed that WRITE, the send
-/// comes after the thread's turn and a switch back, 20-50 µs on this host.
+/// own request's completion answers a WRITE that landed in between, however late, if it
+/// landed soon enough for the poll's stay to have placed it ([`LINGER_MAX`],
+/// `Locked::own_completion`): where the progress thread placed that WRITE, the send comes
+/// after the thread's turn and a switch back, 20-50 µs on this host.
 const ANSWERS_WITHIN: Duration = Duration::from_micros(10);
 
 /// `Locked::answering` in full: every send lately answered a WRITE.
@@ -135,10 +136,11 @@ pub(crate) struct Locked {
     writes_at_send: u64,
     /// When a drain last saw a WRITE land.
     landed_at: Option<Instant>,
-    /// WRITE messages received when a poll last returned the completion of the application's
-    /// own request; `None` after a receive's, or where the poll stayed for the peer's WRITE
-    /// and it did not come (a late peer: the send that follows is no sign either way).
-    writes_at_completion: Option<u64>,
+    /// When a poll last returned the completion of the application's own request, and the
+    /// WRITE messages received then; `None` after a receive's, or where the poll stayed for
+    /// the peer's WRITE and it did not come (a late peer: the send that follows is no sign
+    /// either way).
+    own_completion: Option<(Instant, u64)>,
     /// How many of the application's sends lately answered a WRITE ([`ANSWERS_WITHIN`]), out
     /// of [`ALL_ANSWERS`]: a moving average, ¼ weight to the newest, so that a send that came
     /// late (the application was descheduled) does not undo what the others taught.
@@ -247,7 +249,7 @@ impl Driver {
                 acks_due: None,
                 writes_at_send: 0,
                 landed_at: None,
-                writes_at_completion: None,
+                own_completion: None,
                 answering: 0,
                 thread_sleep: ThreadSleep::Socket(None),
             }),
@@ -376,14 +378,22 @@ impl Driver {
     /// Timing alone let a run lock itself out of the poll's stay: once the progress thread
     /// placed the WRITEs, every answer came too late to count, so the polls no longer stayed,
     /// so the thread kept placing them (one run in six of `tests/memory_watchers.rs` on two
-    /// cores, every run beside two CPU hogs).
+    /// cores, every run beside two CPU hogs). A WRITE that landed later than a stay lasts
+    /// after the completion teaches nothing: the stay would have run out first (in a guest
+    /// under emulation, where the peer's answer takes hundreds of microseconds).
     pub(crate) fn sent(&self, state: &mut Locked, first: bool) {
         let writes = state.writes_rcvd();
+        let stay_would_place = |(at, writes_then): (Instant, u64)| {
+            writes > writes_then
+                && state
+                    .landed_at
+                    .is_some_and(|landed| landed.saturating_duration_since(at) < LINGER_MAX)
+        };
         let answer = writes != state.writes_at_send
             && (state
                 .landed_at
                 .is_some_and(|at| at.elapsed() < ANSWERS_WITHIN)
-                || first && state.writes_at_completion.is_some_and(|at| writes > at));
+                || first && state.own_completion.is_some_and(stay_would_place));
         state.writes_at_send = writes;
         state.answering = (3 * state.answering + if answer { ALL_ANSWERS } else { 0 }) / 4;
     }
@@ -613,13 +623,13 @@ impl Driver {
         own_request: bool,
     ) {
         let now = Instant::now();
-        state.writes_at_completion = own_request.then(|| state.writes_rcvd());
+        state.own_completion = own_request.then(|| (now, state.writes_rcvd()));
         // The application is away from when the poll returns: time spent here lingering is
         // not its own.
         let (hand_back, at) = if own_request && state.awaits_write() {
             state = self.linger(state, now + LINGER_MAX);
             if state.awaits_write() {
-                state.writes_at_completion = None;
+                state.own_completion = None;
             }
             // Still awaited: the peer is late, and the progress thread will place its WRITE.
             (state.awaits_write(), Instant::now())
