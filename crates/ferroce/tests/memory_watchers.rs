@@ -123,6 +123,19 @@ fn ping_pong(me: &Side, peer: &Region, server: bool, rounds: u32, think: Duratio
     }
 }
 
+/// Connects `a` and `b` and runs `rounds` of the ping-pong between them, `b` the server,
+/// thinking `b_thinks` before each answer.
+fn run(a: &Side, b: &Side, rounds: u32, b_thinks: Duration) {
+    a.qp.connect(&b.qp.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    b.qp.connect(&a.qp.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| ping_pong(b, &a.dst, true, rounds, b_thinks));
+        ping_pong(a, &b.dst, false, rounds, Duration::ZERO);
+    });
+}
+
 #[test]
 fn a_program_watching_its_memory_has_its_peers_writes_placed_by_its_own_thread() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
@@ -140,14 +153,7 @@ fn a_program_watching_its_memory_has_its_peers_writes_placed_by_its_own_thread()
 /// took, where that was half the WRITEs or more.
 fn exchange() -> Result<(), String> {
     let (a, b) = (side(116), side(117));
-    a.qp.connect(&b.qp.endpoint(), &ConnectOptions::default())
-        .unwrap();
-    b.qp.connect(&a.qp.endpoint(), &ConnectOptions::default())
-        .unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| ping_pong(&b, &a.dst, true, ROUNDS, Duration::ZERO));
-        ping_pong(&a, &b.dst, false, ROUNDS, Duration::ZERO);
-    });
+    run(&a, &b, ROUNDS, Duration::ZERO);
     for side in [&a, &b] {
         let writes = side.nic.counters().rdma_writes_rcvd;
         assert_eq!(writes, u64::from(ROUNDS));
@@ -179,14 +185,7 @@ fn a_program_whose_peer_thinks_before_it_answers_has_its_polls_stay_for_the_writ
     const THINKING: u32 = 1000;
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     let (a, b) = (side(118), side(119));
-    a.qp.connect(&b.qp.endpoint(), &ConnectOptions::default())
-        .unwrap();
-    b.qp.connect(&a.qp.endpoint(), &ConnectOptions::default())
-        .unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| ping_pong(&b, &a.dst, true, THINKING, Duration::from_micros(25)));
-        ping_pong(&a, &b.dst, false, THINKING, Duration::ZERO);
-    });
+    run(&a, &b, THINKING, Duration::from_micros(25));
     assert_eq!(a.nic.counters().rdma_writes_rcvd, u64::from(THINKING));
     let by_thread = counter(&a.nic, "progress_thread_rcvd");
     assert!(
