@@ -149,8 +149,14 @@ pub const fn round_up(n: usize) -> usize {
     n.div_ceil(METADATA_SIZE) * METADATA_SIZE
 }
 
-/// Widens the device's 16-bit frame counter into a running count, as the bridge's host code
+/// Widens the device's 16-bit frame counter into a running count, as Hololink's host code
 /// does: each new value moves the count on by the 16-bit difference from the last.
+///
+/// The difference is taken as a signed step of up to half the range (serial-number
+/// arithmetic, RFC 1982) where Hololink takes every step as forward: a metadata block the
+/// device overwrote before the receiver read it names a later frame, and the next one steps
+/// back; read as a forward step, that added a whole wrap (65,536) to every later frame's
+/// number. A forward step of 32,768 frames or more between two arrivals is not told apart.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ExtendedCounter {
     last: Option<(u16, u64)>,
@@ -161,7 +167,10 @@ impl ExtendedCounter {
         let low = value as u16;
         let next = match self.last {
             None => u64::from(value),
-            Some((prev, count)) => count.wrapping_add(u64::from(low.wrapping_sub(prev))),
+            Some((prev, count)) => {
+                let step = low.wrapping_sub(prev) as i16;
+                count.saturating_add_signed(i64::from(step))
+            }
         };
         self.last = Some((low, next));
         next
@@ -211,5 +220,24 @@ mod tests {
         assert_eq!(c.update(65_535), 65_535);
         assert_eq!(c.update(0), 65_536);
         assert_eq!(c.update(2), 65_538);
+    }
+
+    #[test]
+    fn a_step_back_in_the_frame_counter_is_not_a_wrap() {
+        // Frame 5's metadata was overwritten by frame 12's before it was read; frame 6's was
+        // read in time. Every later frame keeps its own number.
+        let mut c = ExtendedCounter::default();
+        assert_eq!(c.update(4), 4);
+        assert_eq!(c.update(12), 12);
+        assert_eq!(c.update(6), 6);
+        assert_eq!(c.update(7), 7);
+        // The same across a wrap of the 16 bits.
+        let mut c = ExtendedCounter::default();
+        assert_eq!(c.update(65_530), 65_530);
+        assert_eq!(c.update(3), 65_539);
+        assert_eq!(c.update(65_535), 65_535);
+        assert_eq!(c.update(0), 65_536);
+        // Frames lost in between still count forward.
+        assert_eq!(c.update(30_000), 95_536);
     }
 }
