@@ -80,8 +80,9 @@ pub(crate) struct RecvArgs {
     /// `--device`): 1408 bytes at 1500, 4096 from 4170 (jumbo frames, loopback).
     #[arg(long, default_value_t = 1500)]
     mtu: usize,
-    /// Exit after this many frames (0: run until the stream stops for `--idle` seconds). A
-    /// stream that stops short ends after `--idle` with what arrived, and exit status 1.
+    /// Exit once this many frames have arrived, checked or dropped (0: run until the stream
+    /// stops for `--idle` seconds). A stream that stops short ends after `--idle` with what
+    /// arrived, and exit status 1.
     #[arg(long, default_value_t = 0)]
     frames: u64,
     /// Exit when no frame came for this many seconds (0: never). Default: 5 with `--frames`,
@@ -232,6 +233,12 @@ struct Tally {
 }
 
 impl Tally {
+    /// Frames that arrived: those checked (or counted) and those dropped before this tool
+    /// took them, because its queue was full or the device overwrote their page.
+    fn arrived(&self) -> u64 {
+        self.frames + self.dropped
+    }
+
     fn seconds(&self) -> f64 {
         match (self.first, self.last) {
             (Some(a), Some(b)) if b > a => (b - a).as_secs_f64(),
@@ -542,7 +549,7 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         .idle
         .unwrap_or(if args.frames > 0 { DEFAULT_IDLE } else { 0.0 });
     loop {
-        if args.frames > 0 && tally.frames >= args.frames {
+        if args.frames > 0 && tally.arrived() >= args.frames {
             break;
         }
         if idle > 0.0 && last_frame.elapsed().as_secs_f64() > idle {
@@ -603,11 +610,12 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
     if args.stats {
         eprintln!("{}", nic.statistics_line(nic.device_name()));
     }
-    let short = args.frames > 0 && tally.frames < args.frames;
+    let short = args.frames > 0 && tally.arrived() < args.frames;
     if short {
         eprintln!(
             "stream recv: the stream stopped after {} of {} frames (none for {idle} s)",
-            tally.frames, args.frames
+            tally.arrived(),
+            args.frames
         );
     }
     Ok(if tally.content_errors > 0 || short {
@@ -1014,7 +1022,7 @@ fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
     let mut buf = frame_buffer(rx.frame_size());
     let mut last = Instant::now();
     let live = !json_out && io::stderr().is_terminal();
-    while tally.frames + tally.dropped < DEMO_FRAMES {
+    while tally.arrived() < DEMO_FRAMES {
         match rx.next_frame(Duration::from_millis(100))? {
             Some(frame) => {
                 last = Instant::now();

@@ -2,11 +2,12 @@
 //! control protocol or told its target on the command line, every frame's JSON checked
 //! against the pattern the device sent, loss reported per frame.
 //!
-//! Addresses: 127.0.0.120 to 127.0.0.129. The CUDA test skips, saying so, without a GPU.
+//! Addresses: 127.0.0.120 to 127.0.0.129 and 127.0.8.1 to 127.0.8.4. The CUDA test skips,
+//! saying so, without a GPU.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferroce::frames::control::DataChannel;
 use ferroce::frames::Pattern;
@@ -378,4 +379,82 @@ fn a_receiver_whose_sender_stops_short_ends_and_says_what_arrived() {
     assert_eq!(summary["frames"], 10);
     assert_eq!(summary["content_errors"], 0);
     assert!(device.0.wait().unwrap().success());
+}
+
+/// `stream recv --frames N` ends once the Nth frame has arrived, counting the frames it
+/// dropped: here its output is not read until the device has sent all 300 frames, so it
+/// blocks writing a frame's line once the pipe is full (64 KiB, about a hundred lines) and its
+/// queue of two drops the rest. It used to count only the frames it checked and wait out
+/// `--idle`, then say the stream had stopped short (seen on a GPU machine: "stopped after 13
+/// of 120" when all 120 had arrived). Addresses 127.0.8.3 and 127.0.8.4.
+#[test]
+fn a_receiver_that_drops_frames_ends_when_the_last_one_arrives() {
+    let mut device = device("127.0.8.4", "1000", "300");
+    let recv = ferroce(&[
+        "stream",
+        "recv",
+        "--local",
+        "127.0.8.3",
+        "--device",
+        "127.0.8.4",
+        "--frame-size",
+        "10000",
+        "--pages",
+        "4",
+        "--queue",
+        "2",
+        "--frames",
+        "300",
+        "--idle",
+        "600",
+        "--json",
+    ])
+    .spawn()
+    .unwrap();
+    let mut recv = Reaper(recv);
+    assert!(device.0.wait().unwrap().success());
+    let mut stdout = recv.0.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        stdout.read_to_end(&mut out).unwrap();
+        out
+    });
+    // A liveness bound, not a measurement: the receiver has nothing left to wait for.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = recv.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stream recv still waits 60 s after the device sent its last frame"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    recv.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(status.success(), "{stderr}");
+    let lines = json_lines(&reader.join().unwrap());
+    let summary = lines.last().unwrap();
+    let taken = summary["frames"].as_u64().unwrap();
+    let dropped = summary["dropped"].as_u64().unwrap();
+    assert_eq!(taken + dropped, 300, "{summary}");
+    assert!(
+        dropped > 0,
+        "the receiver was held back, yet dropped nothing: {summary}"
+    );
+    assert_eq!(summary["content_errors"], 0, "{summary}");
+    let frames = &lines[1..lines.len() - 1];
+    assert_eq!(frames.len() as u64, taken);
+    for f in frames {
+        let n = f["frame_number"].as_u64().unwrap();
+        assert_eq!(f["data_crc32"], pattern_crc(n, 10_000), "frame {n}");
+    }
+    // The last frame the device sent is among those taken: the queue drops the oldest.
+    assert_eq!(frames.last().unwrap()["frame_number"], 299, "{summary}");
 }
