@@ -33,13 +33,13 @@ for line in sys.stdin:
     cargo build --release --locked --features cuda -p ferroce-cli
     cp target/release/ferroce "$dir/ferroce"
     strip "$dir"/* 2>/dev/null || true
-    # The Python package with the cuda feature, as a wheel, and its tests (the `gpu` ones run
-    # there). maturin comes from scripts/test-python.sh's environment.
+    # The Python package with the cuda feature, as a wheel (its tests travel with the working
+    # tree and run where they are, since some read files beside them). maturin comes from
+    # scripts/test-python.sh's environment.
     local venv=target/pyenv
     [ -x "$venv/bin/maturin" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet 'maturin>=1.9.4,<2'; }
     "$venv/bin/maturin" build --release --features cuda -m crates/ferroce-py/Cargo.toml \
         -o "$dir/wheels" --quiet
-    cp -r crates/ferroce-py/tests "$dir/pytests"
     ls -la "$dir" "$dir/wheels"
 }
 
@@ -88,7 +88,7 @@ EOF
         rm -rf "$dir/py" && python3 -m pip install --quiet --no-deps --no-index --target "$dir/py" "$dir"/wheels/*.whl
         # CuPy is what the GPU cases read frames with; without it they skip and say so.
         PYTHONPATH="$dir/py" FERROCE_GPU=1 python3 -m pytest -q -rs -p no:cacheprovider -m gpu \
-            "$dir/pytests" 2>&1 | tee "$logs/python.log" || failed=1
+            crates/ferroce-py/tests 2>&1 | tee "$logs/python.log" || failed=1
     else
         echo "gpu-check: SKIPPED the Python GPU tests: no pytest or numpy on this machine" | tee "$logs/python.log"
     fi
