@@ -324,7 +324,10 @@ fn a_stream_recovers_when_its_address_comes_back() {
     assert!(stderr.contains("is no longer on this host"), "{stderr}");
     assert!(stderr.contains("restarted"), "{stderr}");
     let summary = rest.last().unwrap();
-    assert_eq!(summary["frames"], 60, "{summary}");
+    // `--frames 60` counts the frames that arrived, checked or dropped (the receive path may
+    // drop one while it starts again).
+    let arrived = summary["frames"].as_u64().unwrap() + summary["dropped"].as_u64().unwrap();
+    assert!(arrived >= 60, "{summary}");
     assert!(summary["restarts"].as_u64().unwrap() >= 1, "{summary}");
     assert_eq!(summary["content_errors"], 0, "{summary}");
 }
