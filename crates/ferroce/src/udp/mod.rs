@@ -656,6 +656,12 @@ impl TxPacket {
     pub(crate) fn len(&self) -> usize {
         (self.head.1 + self.body.1 + self.tail.1) as usize
     }
+
+    /// Where its ICRC lies in the batch's bytes: the last four of its tail.
+    fn icrc_range(&self) -> std::ops::Range<usize> {
+        let end = (self.tail.0 + self.tail.1) as usize;
+        end - 4..end
+    }
 }
 
 /// Packets waiting to leave, in order.
@@ -675,16 +681,15 @@ pub(crate) struct TxBatch {
 struct ResealCache([Option<(bool, usize, Reseal)>; 64]);
 
 impl ResealCache {
-    fn get(&mut self, ipv4: bool, len: usize) -> Reseal {
+    fn get(&mut self, ipv4: bool, len: usize) -> &Reseal {
         let slot = &mut self.0[len % 64];
-        match slot {
-            Some((v4, l, r)) if *v4 == ipv4 && *l == len => *r,
-            _ => {
-                let r = Reseal::new(ipv4, len);
-                *slot = Some((ipv4, len, r));
-                r
-            }
+        if !matches!(slot, Some((v4, l, _)) if *v4 == ipv4 && *l == len) {
+            *slot = Some((ipv4, len, Reseal::new(ipv4, len)));
         }
+        let Some((_, _, reseal)) = slot else {
+            unreachable!("the slot was filled above")
+        };
+        reseal
     }
 }
 
@@ -860,19 +865,13 @@ impl TxBatch {
         n
     }
 
-    /// The bytes of the packet's ICRC.
-    fn icrc_mut(&mut self, p: &TxPacket) -> &mut [u8] {
-        let end = (p.tail.0 + p.tail.1) as usize;
-        &mut self.bytes[end - 4..end]
-    }
-
     /// Applies to every packet of `g` the ICRC change for segment *i* of a GSO send (IPv4 ID
     /// *i*) and the source port change `port_xor`. Applying it twice undoes it.
     fn reseal_group(&mut self, g: &gso::Group, port_xor: u16) {
         for i in 0..g.count {
             let p = self.packets[g.first + i];
             let reseal = self.reseals.get(p.dst.is_ipv4(), p.len());
-            reseal.apply(self.icrc_mut(&p), i as u16, port_xor);
+            reseal.apply(&mut self.bytes[p.icrc_range()], i as u16, port_xor);
         }
     }
 }
