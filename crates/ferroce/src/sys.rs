@@ -312,6 +312,10 @@ pub(crate) struct RecvBatch {
     lens: [usize; RECV_BATCH],
     truncated: [bool; RECV_BATCH],
     segments: [Option<usize>; RECV_BATCH],
+    /// The first `armed` headers have had their full name and control sizes set.
+    armed: usize,
+    /// The headers the kernel filled in the last call, whose sizes it shrank to what it wrote.
+    filled: usize,
 }
 
 /// One received buffer of a [`RecvBatch`].
@@ -364,6 +368,8 @@ impl RecvBatch {
             lens: [0; RECV_BATCH],
             truncated: [false; RECV_BATCH],
             segments: [None; RECV_BATCH],
+            armed: 0,
+            filled: 0,
         };
         let base = batch.bufs.as_mut_ptr();
         for i in 0..RECV_BATCH {
@@ -384,12 +390,19 @@ impl RecvBatch {
     /// how many; 0 when none is waiting.
     pub(crate) fn receive(&mut self, socket: &UdpSocket, max: usize) -> io::Result<usize> {
         let max = max.clamp(1, RECV_BATCH);
-        for h in self.headers[..max].iter_mut() {
-            // The kernel shrinks these to what it wrote; give each its full room again.
+        // The kernel shrinks the sizes of the headers it fills to what it wrote: give those of
+        // the last call their full room again, and any not armed yet theirs. A busy poll's
+        // empty calls re-arm nothing.
+        let arm = |h: &mut libc::mmsghdr| {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_controllen = size_of::<Cmsg>() as _;
-            h.msg_hdr.msg_flags = 0;
+        };
+        self.headers[..self.filled].iter_mut().for_each(arm);
+        if max > self.armed {
+            self.headers[self.armed..max].iter_mut().for_each(arm);
+            self.armed = max;
         }
+        self.filled = 0;
         // SAFETY: each of the first `max` headers points at one room of `bufs` (DATAGRAM_ROOM
         // bytes, through its iovec), at one sockaddr_storage of `addrs` and at one control
         // buffer of `controls`, each with its size, all owned by `self` and alive for the
@@ -412,6 +425,7 @@ impl RecvBatch {
             };
         }
         let n = n as usize;
+        self.filled = n;
         for i in 0..n {
             let h = &self.headers[i];
             self.lens[i] = (h.msg_len as usize).min(DATAGRAM_ROOM);
