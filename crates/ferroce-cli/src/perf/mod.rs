@@ -632,6 +632,16 @@ impl TestResources {
             RegionMemory::Host(vec![0; len]),
         )
         .map_err(|e| format!(" Couldn't allocate MR: {e}"))?;
+        // Every page written once before the exchange, as perftest zeroes its buffer: the
+        // allocator's zeroed pages are untouched, and the peer's first WRITEs would fault
+        // their target pages in on the way to the first answer.
+        let zeros = vec![0u8; len.min(1 << 20)];
+        for at in (0..len).step_by(zeros.len()) {
+            let n = (len - at).min(zeros.len());
+            region
+                .write(at as u64, &zeros[..n])
+                .map_err(|e| format!(" Couldn't write the MR: {e}"))?;
+        }
         // Atomic targets must be 8-aligned; start the areas on a cache line.
         let base = (64 - region.va() % 64) % 64;
         let res = Self {
