@@ -684,12 +684,11 @@ impl ResealCache {
     fn get(&mut self, ipv4: bool, len: usize) -> &Reseal {
         let slot = &mut self.0[len % 64];
         if !matches!(slot, Some((v4, l, _)) if *v4 == ipv4 && *l == len) {
-            *slot = Some((ipv4, len, Reseal::new(ipv4, len)));
+            *slot = None;
         }
-        let Some((_, _, reseal)) = slot else {
-            unreachable!("the slot was filled above")
-        };
-        reseal
+        &slot
+            .get_or_insert_with(|| (ipv4, len, Reseal::new(ipv4, len)))
+            .2
     }
 }
 
