@@ -312,8 +312,6 @@ pub(crate) struct RecvBatch {
     lens: [usize; RECV_BATCH],
     truncated: [bool; RECV_BATCH],
     segments: [Option<usize>; RECV_BATCH],
-    /// The first `armed` headers have had their full name and control sizes set.
-    armed: usize,
     /// The headers the kernel filled in the last call, whose sizes it shrank to what it wrote.
     filled: usize,
 }
@@ -333,6 +331,13 @@ pub(crate) struct Received<'a> {
 // SAFETY: the raw pointers in `iovs` and `headers` point only into the batch's own heap
 // buffers, which move with it and are only touched through `&mut self`.
 unsafe impl Send for RecvBatch {}
+
+/// Gives a receive header its full name and control sizes, which the kernel shrinks to what
+/// it wrote whenever it fills the header.
+fn arm(h: &mut libc::mmsghdr) {
+    h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    h.msg_hdr.msg_controllen = size_of::<Cmsg>() as _;
+}
 
 impl std::fmt::Debug for RecvBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -368,7 +373,6 @@ impl RecvBatch {
             lens: [0; RECV_BATCH],
             truncated: [false; RECV_BATCH],
             segments: [None; RECV_BATCH],
-            armed: 0,
             filled: 0,
         };
         let base = batch.bufs.as_mut_ptr();
@@ -381,6 +385,7 @@ impl RecvBatch {
             h.msg_iov = &raw mut batch.iovs[i];
             h.msg_iovlen = 1;
             h.msg_control = (&raw mut batch.controls[i]).cast();
+            arm(&mut batch.headers[i]);
         }
         batch
     }
@@ -391,17 +396,8 @@ impl RecvBatch {
     pub(crate) fn receive(&mut self, socket: &UdpSocket, max: usize) -> io::Result<usize> {
         let max = max.clamp(1, RECV_BATCH);
         // The kernel shrinks the sizes of the headers it fills to what it wrote: give those of
-        // the last call their full room again, and any not armed yet theirs. A busy poll's
-        // empty calls re-arm nothing.
-        let arm = |h: &mut libc::mmsghdr| {
-            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_controllen = size_of::<Cmsg>() as _;
-        };
+        // the last call their full room again. A busy poll's empty calls re-arm nothing.
         self.headers[..self.filled].iter_mut().for_each(arm);
-        if max > self.armed {
-            self.headers[self.armed..max].iter_mut().for_each(arm);
-            self.armed = max;
-        }
         self.filled = 0;
         // SAFETY: each of the first `max` headers points at one room of `bufs` (DATAGRAM_ROOM
         // bytes, through its iovec), at one sockaddr_storage of `addrs` and at one control
