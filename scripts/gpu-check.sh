@@ -86,7 +86,8 @@ EOF
     echo "== the Python package's GPU tests (frames in CUDA memory through CuPy and DLPack)"
     if python3 -c 'import pytest, numpy' 2>/dev/null; then
         rm -rf "$dir/py" && python3 -m pip install --quiet --no-deps --no-index --target "$dir/py" "$dir"/wheels/*.whl
-        # CuPy is what the GPU cases read frames with; without it they skip and say so.
+        # CuPy is what the GPU cases read frames with; FERROCE_REQUIRE_GPU=1 (set above) makes
+        # its absence a failure rather than a skip.
         PYTHONPATH="$dir/py" FERROCE_GPU=1 python3 -m pytest -q -rs -p no:cacheprovider -m gpu \
             crates/ferroce-py/tests 2>&1 | tee "$logs/python.log" || failed=1
     else
