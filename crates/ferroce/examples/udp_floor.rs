@@ -4,12 +4,15 @@
 //! each side hands the kernel, in one `sendmmsg`, a 20-byte datagram (a RoCE ACK: BTH, AETH,
 //! ICRC) and a 40-byte one (an 8-byte WRITE: BTH, RETH, payload, ICRC), and answers only when
 //! it holds both, as perftest's write-lat with one WRITE outstanding does: its next WRITE waits
-//! for its last one's ACK and for the peer's WRITE. Both ends spin on non-blocking receives,
-//! each on its own thread (one core each here). Prints the half round trip's median and 99th
-//! percentile, as sockperf does, so `scripts/bench-softnic.sh` can set ferroce's write-lat
-//! beside the floor as well as beside sockperf.
+//! for its last one's ACK and for the peer's WRITE. With `gso`, the two leave as one UDP GSO
+//! send (the WRITE, then the ACK as its shorter last segment) to a socket that receives with
+//! UDP GRO, as ferroce's soft NIC sends a held ACK behind the reply: one trip through each
+//! kernel's stack for both. Both ends spin on non-blocking receives, each on its own thread
+//! (one core each here). Prints the half round trip's median and 99th percentile, as sockperf
+//! does, so `scripts/bench-softnic.sh` can set ferroce's write-lat beside the floor as well as
+//! beside sockperf.
 //!
-//! `cargo run --release -p ferroce --example udp_floor -- [datagrams per turn: 1 or 2] [seconds]`
+//! `cargo run --release -p ferroce --example udp_floor -- [1 | 2 | gso] [seconds]`
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
@@ -24,18 +27,40 @@ const WARMUP: usize = 10_000;
 const ACK_LEN: usize = 20;
 const WRITE_LEN: usize = 40;
 
+/// What one turn puts on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Turn {
+    /// One 16-byte datagram (sockperf's).
+    One,
+    /// An ACK and a WRITE, two datagrams in one `sendmmsg`.
+    Two,
+    /// A WRITE and an ACK, two segments of one GSO send, received by GRO.
+    Gso,
+}
+
+impl Turn {
+    /// The bytes that make a whole turn at the receiver.
+    fn bytes(self) -> usize {
+        match self {
+            Self::One => 16,
+            Self::Two | Self::Gso => ACK_LEN + WRITE_LEN,
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let per_turn: usize = args.first().map_or(2, |a| a.parse().expect("1 or 2"));
-    assert!(
-        per_turn == 1 || per_turn == 2,
-        "datagrams per turn: 1 or 2, not {per_turn}"
-    );
+    let turn_kind = match args.first().map_or("2", String::as_str) {
+        "1" => Turn::One,
+        "2" => Turn::Two,
+        "gso" => Turn::Gso,
+        other => panic!("per turn: 1, 2 or gso, not {other}"),
+    };
     let seconds: f64 = args.get(1).map_or(5.0, |a| a.parse().expect("seconds"));
-    let server = bind(SERVER);
-    let client = bind(CLIENT);
+    let server = bind(SERVER, turn_kind);
+    let client = bind(CLIENT, turn_kind);
     let (server_addr, client_addr) = (server.local_addr().unwrap(), client.local_addr().unwrap());
-    let echo = std::thread::spawn(move || serve(&server, client_addr, per_turn));
+    let echo = std::thread::spawn(move || serve(&server, client_addr, turn_kind));
 
     let deadline = Duration::from_secs_f64(seconds);
     let mut halves = Vec::with_capacity(1 << 20);
@@ -48,8 +73,8 @@ fn main() {
             break;
         }
         let sent = Instant::now();
-        send_turn(&client, server_addr, per_turn, turn as u8);
-        if !receive_turn(&client, &mut buf, per_turn) {
+        send_turn(&client, server_addr, turn_kind, turn as u8);
+        if !receive_turn(&client, &mut buf, turn_kind) {
             break;
         }
         if timed {
@@ -63,36 +88,42 @@ fn main() {
     halves.sort_by(f64::total_cmp);
     let at = |p: f64| halves[((halves.len() - 1) as f64 * p) as usize];
     println!(
-        "udp floor, {per_turn} datagram(s) per turn, {} turns: median {:.3} us, p99 {:.3} us",
+        "udp floor, {turn_kind:?} per turn, {} turns: median {:.3} us, p99 {:.3} us",
         halves.len(),
         at(0.50),
         at(0.99)
     );
 }
 
-fn bind(addr: &str) -> UdpSocket {
+fn bind(addr: &str, turn: Turn) -> UdpSocket {
     let socket = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
     socket.set_nonblocking(true).expect("non-blocking");
+    if turn == Turn::Gso {
+        sys::set_udp_option(&socket, libc::UDP_SEGMENT, WRITE_LEN as libc::c_int)
+            .expect("UDP_SEGMENT");
+        sys::set_udp_option(&socket, libc::UDP_GRO, 1).expect("UDP_GRO");
+    }
     socket
 }
 
 /// Answers every turn with a turn of its own until an empty datagram arrives.
-fn serve(socket: &UdpSocket, peer: SocketAddr, per_turn: usize) {
+fn serve(socket: &UdpSocket, peer: SocketAddr, turn_kind: Turn) {
     let mut buf = [0u8; 64];
     let mut turn = 0u8;
-    while receive_turn(socket, &mut buf, per_turn) {
-        send_turn(socket, peer, per_turn, turn);
+    while receive_turn(socket, &mut buf, turn_kind) {
+        send_turn(socket, peer, turn_kind, turn);
         turn = turn.wrapping_add(1);
     }
 }
 
-/// Spins until `per_turn` datagrams have arrived; false when an empty one (the end) arrives.
-fn receive_turn(socket: &UdpSocket, buf: &mut [u8], per_turn: usize) -> bool {
+/// Spins until a whole turn's bytes have arrived (one buffer by GRO, or one per datagram);
+/// false when an empty datagram (the end) arrives.
+fn receive_turn(socket: &UdpSocket, buf: &mut [u8], turn: Turn) -> bool {
     let mut got = 0;
-    while got < per_turn {
+    while got < turn.bytes() {
         match socket.recv(buf) {
             Ok(0) => return false,
-            Ok(_) => got += 1,
+            Ok(n) => got += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
             Err(e) => panic!("recv: {e}"),
         }
@@ -100,22 +131,55 @@ fn receive_turn(socket: &UdpSocket, buf: &mut [u8], per_turn: usize) -> bool {
     true
 }
 
-/// One turn's datagrams: a 16-byte one alone (sockperf's), or an ACK and a WRITE in one
-/// `sendmmsg`, the ACK first as ferroce sends a held ACK.
-fn send_turn(socket: &UdpSocket, to: SocketAddr, per_turn: usize, tag: u8) {
-    if per_turn == 1 {
-        socket.send_to(&[tag; 16], to).expect("send");
-    } else {
-        let (ack, write) = ([tag; ACK_LEN], [tag; WRITE_LEN]);
-        sys::send_both(socket, to, &ack, &write).expect("sendmmsg");
+/// One turn's datagrams: a 16-byte one alone (sockperf's); an ACK and a WRITE in one
+/// `sendmmsg`; or the WRITE and the ACK as one send, which the socket's `UDP_SEGMENT` cuts
+/// after the WRITE.
+fn send_turn(socket: &UdpSocket, to: SocketAddr, turn: Turn, tag: u8) {
+    match turn {
+        Turn::One => {
+            socket.send_to(&[tag; 16], to).expect("send");
+        }
+        Turn::Two => {
+            let (ack, write) = ([tag; ACK_LEN], [tag; WRITE_LEN]);
+            sys::send_both(socket, to, &ack, &write).expect("sendmmsg");
+        }
+        Turn::Gso => {
+            socket
+                .send_to(&[tag; WRITE_LEN + ACK_LEN], to)
+                .expect("GSO send");
+        }
     }
 }
 
-/// The one system call std does not offer.
+/// The system calls std does not offer.
 mod sys {
     use std::io;
     use std::net::{SocketAddr, UdpSocket};
     use std::os::fd::AsRawFd;
+
+    /// Sets a `SOL_UDP` option to `value`.
+    pub(crate) fn set_udp_option(
+        socket: &UdpSocket,
+        option: libc::c_int,
+        value: libc::c_int,
+    ) -> io::Result<()> {
+        // SAFETY: `value` is a live c_int and the length passed is its size; the kernel only
+        // reads it.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_UDP,
+                option,
+                std::ptr::addr_of!(value).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 
     /// Sends `a` then `b` to `to` (IPv4) in one `sendmmsg`.
     pub(crate) fn send_both(

@@ -278,6 +278,7 @@ impl Port {
                 // flow's packets to coalesce them while another's pass, cannot hand a
                 // message's train to the peer before the FIRST that left alone earlier.
                 batch.groups.clear();
+                batch.trail_acks(at..end);
                 let packets = &batch.packets[at..end];
                 gso::plan(
                     packets.len(),
@@ -334,11 +335,17 @@ impl Port {
                 return end;
             }
         }
+        // A few small groups (a reply and the ACK that trails it): small arrays, as for
+        // plain sends.
+        let few = groups.len() <= 2 && groups.iter().all(|g| g.count <= 2);
         let mut done = 0;
         while done < groups.len() {
             let chunk = &groups[done..groups.len().min(done + sys::MAX_MESSAGES)];
-            let result =
-                send_groups::<{ sys::MAX_MESSAGES }, { 3 * TX_BATCH }>(socket, batch, chunk, ext);
+            let result = if few {
+                send_groups::<2, 12>(socket, batch, chunk, ext)
+            } else {
+                send_groups::<{ sys::MAX_MESSAGES }, { 3 * TX_BATCH }>(socket, batch, chunk, ext)
+            };
             match result {
                 Ok(sent) => {
                     self.record_groups(batch, &chunk[..sent], ext, addr, pcap.as_deref_mut());
@@ -864,6 +871,27 @@ impl TxBatch {
         n
     }
 
+    /// Lets each bare ACK among packets `range` trade places with the packet after it when
+    /// that one goes to the same peer, is longer, and may not wait itself: the ACK then ends
+    /// that packet's GSO send ([`gso::plan`]) instead of leaving alone before it. In a
+    /// ping-pong the ACK held for the peer's last message and the reply posted after it thus
+    /// leave as one send of two segments and reach a GRO peer as one buffer, where two
+    /// datagrams cost the kernels about twice one (BENCHMARKS.md, the eleventh step). Safe to
+    /// reorder: a positive ACK only acknowledges, a request after it travels the other way,
+    /// and a response after it from the same queue pair acknowledges at least as far.
+    fn trail_acks(&mut self, range: std::ops::Range<usize>) {
+        let mut i = range.start;
+        while i + 1 < range.end {
+            let (ack, next) = (self.packets[i], self.packets[i + 1]);
+            if ack.deferrable && !next.deferrable && ack.dst == next.dst && next.len() > ack.len() {
+                self.packets.swap(i, i + 1);
+                i += 2;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// Applies to every packet of `g` the ICRC change for segment *i* of a GSO send (IPv4 ID
     /// *i*) and the source port change `port_xor`. Applying it twice undoes it.
     fn reseal_group(&mut self, g: &gso::Group, port_xor: u16) {
@@ -1272,6 +1300,71 @@ mod tests {
                 assert!(verifies(*sender, rx.local(), id, bytes), "packet {k}");
             }
         }
+    }
+
+    /// Pushes `bytes` as a bare ACK would be pushed: written in place, allowed to wait.
+    fn push_ack(batch: &mut TxBatch, dst: SocketAddr, bytes: &[u8]) {
+        batch.slot()[..bytes.len()].copy_from_slice(bytes);
+        batch.push_written(dst, bytes.len(), true);
+    }
+
+    /// A ping-pong's turn: the ACK held for the peer's last WRITE, then the reply. The ACK
+    /// trails the reply in one GSO send, and a GRO peer gets both in one buffer, each sealed
+    /// for its own segment's ID.
+    #[test]
+    fn a_held_ack_leaves_behind_the_reply_in_one_send() {
+        let tx = Port::open(SocketAddr::new(LO, 0), options(true, false)).unwrap();
+        let rx = Port::open(SocketAddr::new(LO, 0), options(false, true)).unwrap();
+        let (mut link, mut rx_link) = (Link::new(None, None), Link::new(None, None));
+        let ack = sealed(tx.local(), rx.local(), 20, 1);
+        let write = sealed(tx.local(), rx.local(), 40, 2);
+        push_ack(&mut link.tx, rx.local(), &ack);
+        link.tx.push_copy(rx.local(), &write);
+        link.transmit(&tx, Instant::now(), &[]);
+        let got = collect(&mut rx_link, &rx, 2);
+        let lengths: Vec<_> = got.iter().map(|(_, b, i)| (b.len(), *i)).collect();
+        assert_eq!(lengths, [(40, 0), (20, 1)]);
+        for (from, bytes, index) in &got {
+            assert!(verifies(*from, rx.local(), *index, bytes));
+        }
+        assert_eq!(tx.counters.gso_sends.load(Ordering::Relaxed), 1);
+        assert_eq!(rx.counters.gro_buffers.load(Ordering::Relaxed), 1);
+    }
+
+    /// An ACK keeps its place before a packet to another peer, one no longer than it (a NAK),
+    /// or one that may wait too.
+    #[test]
+    fn an_ack_trails_only_a_longer_packet_to_the_same_peer() {
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "10.0.0.2:4791".parse().unwrap(),
+            "10.0.0.3:4791".parse().unwrap(),
+        );
+        let order = |packets: &[(SocketAddr, usize, bool)]| {
+            let mut batch = TxBatch::default();
+            for (k, &(dst, len, ack)) in packets.iter().enumerate() {
+                let bytes = vec![k as u8; len];
+                if ack {
+                    push_ack(&mut batch, dst, &bytes);
+                } else {
+                    batch.push_copy(dst, &bytes);
+                }
+            }
+            batch.trail_acks(0..batch.len());
+            (0..batch.len())
+                .map(|i| batch.parts(&batch.packet(i), &[]).concat()[0])
+                .collect::<Vec<u8>>()
+        };
+        assert_eq!(order(&[(a, 20, true), (a, 40, false)]), [1, 0]);
+        assert_eq!(order(&[(a, 20, true), (b, 40, false)]), [0, 1]);
+        assert_eq!(order(&[(a, 20, true), (a, 20, false)]), [0, 1]);
+        assert_eq!(
+            order(&[(a, 20, true), (a, 20, true), (a, 40, false)]),
+            [0, 2, 1]
+        );
+        assert_eq!(
+            order(&[(a, 20, true), (a, 40, false), (b, 20, true), (b, 60, false)]),
+            [1, 0, 3, 2]
+        );
     }
 
     #[test]
