@@ -320,12 +320,13 @@ impl Driver {
             && link.next_due().is_none_or(|due| now < due)
         {
             acks_due.get_or_insert(now + ACK_HOLD);
-            return;
+        } else {
+            *acks_due = None;
+            if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
+                link.transmit(&self.port, now, &[]);
+            }
         }
-        *acks_due = None;
-        if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
-            link.transmit(&self.port, now, &[]);
-        }
+        // Completions the command or the packets made are signalled whether or not ACKs wait.
         self.signal(state);
     }
 
@@ -347,10 +348,14 @@ impl Driver {
     /// After the application changed the engine: send what it produced, wake waiters, and
     /// ring the doorbell if a timer now fires before the progress thread would wake and no
     /// polling application runs it first.
+    ///
+    /// ACKs a poll held stay held through a command that sends nothing (perftest's send-lat
+    /// posts the next receive between taking a message and answering it), so that they still
+    /// leave with the answer; the doorbell below covers their due time as any timer's.
     pub(crate) fn after_command(&self, mut state: MutexGuard<'_, Locked>) {
         let now = Instant::now();
         self.learn_leave_gap(self.nanos(now));
-        self.transmit_ready(&mut state, now, false);
+        self.transmit_ready(&mut state, now, true);
         // The thread published its sleep under this lock with the timers it saw then: either
         // it saw this change, or what it published is what it sleeps on.
         let ring = state
