@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use ferroce_proto::engine::MAX_PACKET;
 use ferroce_proto::wire::icrc::Reseal;
+use ferroce_proto::wire::{Opcode, Operation};
 
 use crate::sys;
 
@@ -1009,7 +1010,8 @@ impl Link {
     }
 
     /// Hands each packet of buffer `i` of the last [`Link::receive_batch`] to `handle`, as
-    /// [`Link::receive`] describes. Returns how many packets it held.
+    /// [`Link::receive`] describes, in order but for a trailing bare ACK, which goes first
+    /// (see [`trailing_ack`]). Returns how many packets it held.
     pub(crate) fn handle_buffer(
         &mut self,
         port: &Port,
@@ -1040,18 +1042,41 @@ impl Link {
             UdpCounters::add(&counters.gro_buffers, 1);
             UdpCounters::add(&counters.gro_segments, bytes.len().div_ceil(segment) as u64);
         }
-        let mut handled = 0;
-        for (index, packet) in bytes.chunks(segment).enumerate() {
-            if let Some(pcap) = self.pcap.as_mut() {
+        if let Some(pcap) = self.pcap.as_mut() {
+            for packet in bytes.chunks(segment) {
                 if pcap.record(got.from, port.local, &[packet], None).is_err() {
                     UdpCounters::add(&counters.pcap_errors, 1);
                 }
             }
-            handle(got.from, packet, index as u16);
-            handled += 1;
         }
-        handled
+        let count = bytes.len().div_ceil(segment);
+        let last = count - 1;
+        // A bare ACK its sender let trail the next packet (`TxBatch::trail_acks`) was made
+        // before it: handled first, as a NIC that sends each ACK at once is heard, a reply's
+        // sender sees its own request complete no later than the reply arrive.
+        let ack_first = last > 0 && trailing_ack(bytes, segment);
+        if ack_first {
+            handle(got.from, &bytes[last * segment..], last as u16);
+        }
+        let rest = if ack_first { last } else { count };
+        for (index, packet) in bytes.chunks(segment).take(rest).enumerate() {
+            handle(got.from, packet, index as u16);
+        }
+        count
     }
+}
+
+/// Whether the last segment of a coalesced buffer is a bare ACK that trails requests only: no
+/// other segment is a response, whose order against the ACK matters (an ACK past a READ's
+/// responses would say they were lost).
+fn trailing_ack(bytes: &[u8], segment: usize) -> bool {
+    let opcode = |packet: &[u8]| packet.first().and_then(|&b| Opcode::new(b));
+    let mut packets = bytes.chunks(segment);
+    let Some(last) = packets.next_back() else {
+        return false;
+    };
+    opcode(last).is_some_and(|o| o.operation() == Operation::Acknowledge)
+        && packets.all(|p| opcode(p).is_some_and(|o| !o.is_response()))
 }
 
 #[cfg(test)]
@@ -1308,27 +1333,60 @@ mod tests {
         batch.push_written(dst, bytes.len(), true);
     }
 
+    /// RC opcodes as the first byte of `sealed`'s packets: ACKNOWLEDGE, RDMA WRITE ONLY, RDMA
+    /// READ RESPONSE LAST.
+    const ACK: u8 = 0x11;
+    const WRITE_ONLY: u8 = 0x0A;
+    const READ_RESPONSE_LAST: u8 = 0x0F;
+
     /// A ping-pong's turn: the ACK held for the peer's last WRITE, then the reply. The ACK
     /// trails the reply in one GSO send, and a GRO peer gets both in one buffer, each sealed
-    /// for its own segment's ID.
+    /// for its own segment's ID, and handles the ACK first, in the order they were made.
     #[test]
     fn a_held_ack_leaves_behind_the_reply_in_one_send() {
         let tx = Port::open(SocketAddr::new(LO, 0), options(true, false)).unwrap();
         let rx = Port::open(SocketAddr::new(LO, 0), options(false, true)).unwrap();
         let (mut link, mut rx_link) = (Link::new(None, None), Link::new(None, None));
-        let ack = sealed(tx.local(), rx.local(), 20, 1);
-        let write = sealed(tx.local(), rx.local(), 40, 2);
+        let ack = sealed(tx.local(), rx.local(), 20, ACK);
+        let write = sealed(tx.local(), rx.local(), 40, WRITE_ONLY);
         push_ack(&mut link.tx, rx.local(), &ack);
         link.tx.push_copy(rx.local(), &write);
         link.transmit(&tx, Instant::now(), &[]);
         let got = collect(&mut rx_link, &rx, 2);
-        let lengths: Vec<_> = got.iter().map(|(_, b, i)| (b.len(), *i)).collect();
-        assert_eq!(lengths, [(40, 0), (20, 1)]);
+        let handled: Vec<_> = got.iter().map(|(_, b, i)| (b[0], b.len(), *i)).collect();
+        assert_eq!(handled, [(ACK, 20, 1), (WRITE_ONLY, 40, 0)]);
         for (from, bytes, index) in &got {
             assert!(verifies(*from, rx.local(), *index, bytes));
         }
         assert_eq!(tx.counters.gso_sends.load(Ordering::Relaxed), 1);
         assert_eq!(rx.counters.gro_buffers.load(Ordering::Relaxed), 1);
+    }
+
+    /// Only a bare ACK behind requests is taken out of a coalesced buffer's order: behind a
+    /// READ's responses it would say they were lost.
+    #[test]
+    fn a_trailing_ack_goes_first_only_behind_requests() {
+        let buffer = |packets: &[(u8, usize)]| -> Vec<u8> {
+            packets
+                .iter()
+                .flat_map(|&(op, len)| std::iter::once(op).chain(std::iter::repeat_n(0, len - 1)))
+                .collect()
+        };
+        let cases = [
+            (vec![(WRITE_ONLY, 40), (ACK, 20)], true),
+            (vec![(WRITE_ONLY, 40), (WRITE_ONLY, 40), (ACK, 20)], true),
+            (vec![(READ_RESPONSE_LAST, 40), (ACK, 20)], false),
+            (
+                vec![(WRITE_ONLY, 40), (READ_RESPONSE_LAST, 40), (ACK, 20)],
+                false,
+            ),
+            (vec![(WRITE_ONLY, 40), (WRITE_ONLY, 20)], false),
+            // An opcode ferroce does not know (RD's) is not taken for a request.
+            (vec![(0x40, 40), (ACK, 20)], false),
+        ];
+        for (packets, first) in cases {
+            assert_eq!(trailing_ack(&buffer(&packets), 40), first, "{packets:?}");
+        }
     }
 
     /// An ACK keeps its place before a packet to another peer, one no longer than it (a NAK),
