@@ -1039,9 +1039,10 @@ impl Link {
             return 1;
         }
         let segment = got.segment.unwrap_or(bytes.len()).max(1);
-        if bytes.len() > segment {
+        let count = bytes.len().div_ceil(segment);
+        if count > 1 {
             UdpCounters::add(&counters.gro_buffers, 1);
-            UdpCounters::add(&counters.gro_segments, bytes.len().div_ceil(segment) as u64);
+            UdpCounters::add(&counters.gro_segments, count as u64);
         }
         if let Some(pcap) = self.pcap.as_mut() {
             for packet in bytes.chunks(segment) {
@@ -1050,7 +1051,6 @@ impl Link {
                 }
             }
         }
-        let count = bytes.len().div_ceil(segment);
         let last = count - 1;
         // A bare ACK its sender let trail the next packet (`TxBatch::trail_acks`) was made
         // before it: handled first, as a NIC that sends each ACK at once is heard, a reply's
