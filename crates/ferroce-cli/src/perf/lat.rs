@@ -20,6 +20,37 @@ const PEEK_EVERY: Duration = Duration::from_millis(2);
 /// Round trips are halved for the ping-pong tests, as perftest does.
 const PINGPONG_FACTOR: u64 = 2;
 
+/// Idle turns between two looks at the clock in a wait that spins.
+const LOOK_EVERY: u32 = 64;
+
+/// The clock of a wait that spins: whether the peer has gone quiet ([`STALL`]) and, in a timed
+/// run, when to look whether it ended the run ([`PEEK_EVERY`]). It reads the clock once every
+/// [`LOOK_EVERY`] idle turns, not every turn: on a virtual machine whose clock read traps, a
+/// read costs as much as the rest of a turn's own work, and the turns are what detects the
+/// peer's message. A turn is at least one system call (the poll drives the engine), so the
+/// looks stay microseconds apart.
+#[derive(Default)]
+struct Patience {
+    turns: u32,
+    /// The first look: the wait counts from there.
+    since: Option<Instant>,
+    peeked: Option<Instant>,
+}
+
+impl Patience {
+    /// Counts one idle turn; every [`LOOK_EVERY`]th returns the time.
+    fn turn(&mut self) -> Option<Instant> {
+        self.turns = self.turns.wrapping_add(1);
+        (self.turns % LOOK_EVERY == 0).then(Instant::now)
+    }
+
+    /// One idle turn: whether the wait has lasted longer than [`STALL`].
+    fn exhausted(&mut self) -> bool {
+        self.turn()
+            .is_some_and(|now| now - *self.since.get_or_insert(now) > STALL)
+    }
+}
+
 fn stalled(what: &str) -> String {
     format!(
         " No progress for {} s while {what}: is the peer still there?",
@@ -120,21 +151,22 @@ impl Sends {
         &mut self,
         res: &TestResources,
         comm: &Comm,
-        since: Instant,
-        last_peek: &mut Instant,
+        patience: &mut Patience,
         waiting_for: impl FnOnce() -> String,
     ) -> Result<bool, String> {
         if self.reap(res)? {
             return Ok(false);
         }
-        if !self.record && last_peek.elapsed() >= PEEK_EVERY {
-            *last_peek = Instant::now();
-            if comm.peer_spoke() {
-                return Ok(true);
+        if let Some(now) = patience.turn() {
+            if !self.record && now - *patience.peeked.get_or_insert(now) >= PEEK_EVERY {
+                patience.peeked = Some(now);
+                if comm.peer_spoke() {
+                    return Ok(true);
+                }
             }
-        }
-        if since.elapsed() > STALL {
-            return Err(stalled(&waiting_for()));
+            if now - *patience.since.get_or_insert(now) > STALL {
+                return Err(stalled(&waiting_for()));
+            }
         }
         std::hint::spin_loop();
         Ok(false)
@@ -175,10 +207,10 @@ impl Sends {
 
     /// Waits until fewer than `depth` sends are outstanding.
     fn make_room(&mut self, res: &TestResources, depth: u64) -> Result<(), String> {
-        let since = Instant::now();
+        let mut patience = Patience::default();
         while self.posted - self.completed >= depth {
             if !self.reap(res)? {
-                if since.elapsed() > STALL {
+                if patience.exhausted() {
                     return Err(stalled("waiting for a send to complete"));
                 }
                 std::hint::spin_loop();
@@ -217,8 +249,7 @@ pub(super) fn write_pingpong(
     'run: while sends.posted < iters || rcnt < iters {
         if rcnt < iters && !(sends.posted < 1 && server) {
             let want = (rcnt + 1) as u8;
-            let since = Instant::now();
-            let mut last_peek = since;
+            let mut patience = Patience::default();
             let mut byte = [0u8; 1];
             loop {
                 res.region
@@ -227,7 +258,7 @@ pub(super) fn write_pingpong(
                 if byte[0] == want {
                     break;
                 }
-                if sends.idle(res, comm, since, &mut last_peek, || {
+                if sends.idle(res, comm, &mut patience, || {
                     format!("waiting for the peer's write {}", rcnt + 1)
                 })? {
                     break 'run;
@@ -304,14 +335,14 @@ pub(super) fn one_at_a_time(
         res.qps[0]
             .post_send(wr)
             .map_err(|e| format!(" Couldn't post send: scnt={count} ({e})"))?;
-        let since = Instant::now();
+        let mut patience = Patience::default();
         loop {
             match res.send_cq.poll() {
                 Some(wc) if wc.status != WcStatus::Success => {
                     return Err(send_error(&wc, count + 1, count))
                 }
                 Some(_) => break,
-                None if since.elapsed() > STALL => return Err(stalled("waiting for a completion")),
+                None if patience.exhausted() => return Err(stalled("waiting for a completion")),
                 None => std::hint::spin_loop(),
             }
         }
@@ -389,13 +420,12 @@ impl SendPingpong {
         let depth = u64::from(s.tx_depth);
         'run: while sends.posted < iters || rcnt < iters {
             if rcnt < iters && !(sends.posted < 1 && client) {
-                let since = Instant::now();
-                let mut last_peek = since;
+                let mut patience = Patience::default();
                 let wc = loop {
                     if let Some(wc) = res.recv_cq.poll() {
                         break wc;
                     }
-                    if sends.idle(res, comm, since, &mut last_peek, || {
+                    if sends.idle(res, comm, &mut patience, || {
                         format!("waiting for message {}", rcnt + 1)
                     })? {
                         break 'run;

@@ -352,8 +352,12 @@ impl Driver {
     /// ACKs a poll held stay held through a command that sends nothing (perftest's send-lat
     /// posts the next receive between taking a message and answering it), so that they still
     /// leave with the answer; the doorbell below covers their due time as any timer's.
-    pub(crate) fn after_command(&self, mut state: MutexGuard<'_, Locked>) {
-        let now = Instant::now();
+    pub(crate) fn after_command(&self, state: MutexGuard<'_, Locked>) {
+        self.after_command_at(state, Instant::now());
+    }
+
+    /// [`Driver::after_command`] at `now`, read under the lock.
+    fn after_command_at(&self, mut state: MutexGuard<'_, Locked>, now: Instant) {
         self.learn_leave_gap(self.nanos(now));
         self.transmit_ready(&mut state, now, true);
         // The thread published its sleep under this lock with the timers it saw then: either
@@ -376,9 +380,9 @@ impl Driver {
     }
 
     /// The application posted sends: whether they answer a WRITE that landed since its last
-    /// ([`ANSWERS_WITHIN`]), into `Locked::answering`. `first`: the post is the application's
-    /// first call since a poll returned a completion ([`Driver::returned`]). Called under the
-    /// lock before [`Driver::after_command`].
+    /// ([`ANSWERS_WITHIN`]), into `Locked::answering`; then [`Driver::after_command`], both
+    /// at one clock read. `first`: the post is the application's first call since a poll
+    /// returned a completion ([`Driver::returned`]).
     ///
     /// Timing alone let a run lock itself out of the poll's stay: once the progress thread
     /// placed the WRITEs, every answer came too late to count, so the polls no longer stayed,
@@ -386,7 +390,8 @@ impl Driver {
     /// cores, every run beside two CPU hogs). A WRITE that landed later than a stay lasts
     /// after the completion teaches nothing: the stay would have run out first (in a guest
     /// under emulation, where the peer's answer takes hundreds of microseconds).
-    pub(crate) fn sent(&self, state: &mut Locked, first: bool) {
+    pub(crate) fn sent(&self, mut state: MutexGuard<'_, Locked>, first: bool) {
+        let now = Instant::now();
         let writes = state.writes_rcvd();
         let stay_would_place = |(at, writes_then): (Instant, u64)| {
             writes > writes_then
@@ -397,10 +402,11 @@ impl Driver {
         let answer = writes != state.writes_at_send
             && (state
                 .landed_at
-                .is_some_and(|at| at.elapsed() < ANSWERS_WITHIN)
+                .is_some_and(|at| now.saturating_duration_since(at) < ANSWERS_WITHIN)
                 || first && state.own_completion.is_some_and(stay_would_place));
         state.writes_at_send = writes;
         state.answering = (3 * state.answering + if answer { ALL_ANSWERS } else { 0 }) / 4;
+        self.after_command_at(state, now);
     }
 
     /// Rings the doorbell: the progress thread wakes and looks at its timers and `stop`.
@@ -503,6 +509,9 @@ impl Driver {
         let writes = state.writes_rcvd();
         let (mut handled, mut since_sent, mut sent_at) = (0, 0, now);
         let (mut want, mut taken) = (first, 0);
+        // Until the first buffer is handled, the time since `now` is that of nothing: the
+        // clock is looked at from the second on.
+        let mut past_first = false;
         while taken < 2 * sys::RECV_BATCH {
             let n = state.link.receive_batch(&self.port, want);
             taken += n;
@@ -515,7 +524,10 @@ impl Driver {
                 });
                 handled += got;
                 since_sent += got;
-                if since_sent > 0 && (since_sent >= ACK_EVERY || sent_at.elapsed() >= ACK_WITHIN) {
+                let due = since_sent >= ACK_EVERY
+                    || since_sent > 0 && past_first && sent_at.elapsed() >= ACK_WITHIN;
+                past_first = true;
+                if due {
                     self.transmit_ready(state, now, hold_acks);
                     since_sent = 0;
                     sent_at = Instant::now();
@@ -539,7 +551,9 @@ impl Driver {
     /// Drives the engine on the caller's thread: takes what has arrived, runs due timers and
     /// sends what is ready. Polling a CQ calls this, so an application that polls needs no
     /// other thread to make progress (the lowest latency on few cores).
-    pub(crate) fn progress_here(&self, state: &mut Locked) {
+    ///
+    /// Returns the time it ran at, its one clock read.
+    pub(crate) fn progress_here(&self, state: &mut Locked) -> Instant {
         let now = Instant::now();
         // While the application polls, the progress thread keeps off the socket (see
         // `progress`): one thread woken per packet instead of two.
@@ -566,6 +580,7 @@ impl Driver {
         self.transmit_ready(state, now, true);
         // What this thread received may complete another thread's wait (the CM's, say).
         self.wake_waiters(state);
+        now
     }
 
     /// `t` in the time base of `poller_until` and `satisfied_at`: nanoseconds
@@ -657,8 +672,8 @@ impl Driver {
         until: Instant,
     ) -> MutexGuard<'a, Locked> {
         loop {
-            self.progress_here(&mut state);
-            if !state.awaits_write() || Instant::now() >= until {
+            let now = self.progress_here(&mut state);
+            if !state.awaits_write() || now >= until {
                 return state;
             }
             drop(state);

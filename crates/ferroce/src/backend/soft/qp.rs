@@ -145,8 +145,7 @@ impl Qp {
         let first = self.driver.returned();
         let mut state = self.driver.lock();
         state.engine.post_send(self.qpn, wr)?;
-        self.driver.sent(&mut state, first);
-        self.driver.after_command(state);
+        self.driver.sent(state, first);
         Ok(())
     }
 
@@ -164,8 +163,7 @@ impl Qp {
                 break;
             }
         }
-        self.driver.sent(&mut state, first);
-        self.driver.after_command(state);
+        self.driver.sent(state, first);
         result
     }
 
