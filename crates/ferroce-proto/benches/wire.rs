@@ -3,7 +3,8 @@
 //! The ratio of the two throughputs is the figure that matters: parsing and the ICRC's masked
 //! headers should cost little beyond the CRC itself. Run with
 //! `cargo bench -p ferroce-proto --bench wire`. A second group times re-sealing a packet for
-//! another IPv4 ID and source port (what each GSO segment needs) against sealing it anew.
+//! another IPv4 ID and source port (what each GSO segment needs) against sealing it anew, and a
+//! third the ICRC of a latency test's packets (an 8-byte WRITE, a bare ACK), mostly headers.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
@@ -14,6 +15,11 @@ use ferroce_proto::wire::{icrc, Bth, IpHeader, Opcode, Packet, PacketRepr, Qpn, 
 use ferroce_proto::Psn;
 
 fn write_packet() -> (IpHeader, UdpHeader, Vec<u8>) {
+    write_packet_of(4096)
+}
+
+/// A sealed RDMA WRITE_ONLY of `len` bytes.
+fn write_packet_of(len: u32) -> (IpHeader, UdpHeader, Vec<u8>) {
     let ip = IpHeader::between([10, 0, 0, 1].into(), [10, 0, 0, 2].into()).unwrap();
     let udp = UdpHeader::to_roce_port(0xd194);
     let mut bth = Bth::new(
@@ -26,10 +32,10 @@ fn write_packet() -> (IpHeader, UdpHeader, Vec<u8>) {
     repr.reth = Some(Reth {
         va: 0x7f00_1234_5000,
         rkey: 0x1acf,
-        len: 4096,
+        len,
     });
-    repr.payload_len = 4096;
-    let payload: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    repr.payload_len = len as usize;
+    let payload: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
     let mut buf = vec![0; repr.buffer_len()];
     repr.emit(&payload, &mut buf).unwrap();
     icrc::seal(&ip, &udp, &mut buf).unwrap();
@@ -83,6 +89,25 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("reseal_new", |b| {
         b.iter(|| icrc::Reseal::new(true, black_box(packet.len())))
+    });
+    group.finish();
+
+    // What a latency test's round trip verifies and seals: an 8-byte WRITE and a bare ACK,
+    // where the headers are most of the bytes.
+    let mut group = c.benchmark_group("small");
+    let (ip, udp, mut write8) = write_packet_of(8);
+    let mut ack = vec![0; Bth::LEN + 4 + 4];
+    ack[..Bth::LEN].copy_from_slice(&write8[..Bth::LEN]);
+    ack[0] = Opcode::RC_ACKNOWLEDGE.value();
+    icrc::seal(&ip, &udp, &mut ack).unwrap();
+    group.bench_function("verify_write8", |b| {
+        b.iter(|| assert!(icrc::verify(&ip, &udp, black_box(&write8[..]))))
+    });
+    group.bench_function("verify_ack", |b| {
+        b.iter(|| assert!(icrc::verify(&ip, &udp, black_box(&ack[..]))))
+    });
+    group.bench_function("seal_write8", |b| {
+        b.iter(|| icrc::seal(&ip, &udp, black_box(&mut write8[..])).unwrap())
     });
     group.finish();
 }
