@@ -584,13 +584,16 @@ impl Driver {
             }
         }
         // A poll right after a look that took datagrams and found the socket empty behind them
-        // does not look again: the kernel said so a moment ago, and a look is a system call,
-        // most of an empty poll's cost (about 1 µs on this host). Programs poll until a poll
-        // comes back empty (perf's reap, `while (ibv_poll_cq(..) > 0)`), and that last poll
-        // paid a look for nothing on every message; the poll after it looks again.
-        if !std::mem::take(&mut state.drained_dry) {
-            self.drain(state, now, true, sys::RECV_BATCH);
+        // neither looks again nor runs the engine: the kernel said the socket was empty a
+        // moment ago, a look is a system call (most of an empty poll's cost, about 1 µs on
+        // this host), and the engine's timers and sends ran after that look (a command since
+        // has sent what it made). Programs poll until a poll comes back empty (perf's reap,
+        // `while (ibv_poll_cq(..) > 0)`), and that last poll, between taking a message and
+        // answering it, paid a look for nothing each time; the poll after it does it all.
+        if std::mem::take(&mut state.drained_dry) {
+            return now;
         }
+        self.drain(state, now, true, sys::RECV_BATCH);
         state.engine.handle_timeout(now);
         self.transmit_ready(state, now, true);
         // What this thread received may complete another thread's wait (the CM's, say).
