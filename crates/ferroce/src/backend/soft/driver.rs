@@ -229,6 +229,9 @@ pub(crate) struct Driver {
     /// Packets the progress thread received and handled (`progress_thread_rcvd`); the rest
     /// were received by application threads that polled a CQ ([`Driver::progress_here`]).
     pub(crate) progress_rcvd: AtomicU64,
+    /// Polls that did not look at the socket because the look before them had emptied it
+    /// (`dry_polls`, [`Driver::progress_here`]).
+    pub(crate) dry_polls: AtomicU64,
 }
 
 impl Driver {
@@ -272,6 +275,7 @@ impl Driver {
             failure: Mutex::new(None),
             async_events: EventFd::new()?,
             progress_rcvd: AtomicU64::new(0),
+            dry_polls: AtomicU64::new(0),
         }))
     }
 
@@ -507,8 +511,8 @@ impl Driver {
     /// [`ACK_WITHIN`], what the engine has to send (ACKs, READ responses) goes out, so that a
     /// peer's window keeps moving while the rest is handled; `hold_acks` as for
     /// [`Driver::transmit_ready`]. The first `recvmmsg` takes up to `first` buffers, the
-    /// others a whole batch. Sets `Locked::drained_dry` when it took datagrams and its last
-    /// look came back short of a batch: the socket was empty then.
+    /// others a whole batch. Where it took datagrams, `Locked::drained_dry` says whether its
+    /// last look came back short of a batch: the socket was empty then.
     fn drain(&self, state: &mut Locked, now: Instant, hold_acks: bool, first: usize) -> usize {
         let dst = self.local.ip();
         let writes = state.writes_rcvd();
@@ -549,7 +553,10 @@ impl Driver {
         // handed it over before what it follows (`Engine::set_batch_holding`).
         let Locked { engine, mem, .. } = &mut *state;
         engine.end_batch(now, mem);
-        state.drained_dry = dry;
+        // A look that took nothing leaves the mark as it was: it found the socket empty too.
+        if taken > 0 {
+            state.drained_dry = dry;
+        }
         if state.writes_rcvd() != writes {
             state.landed_at = Some(Instant::now());
         }
@@ -591,6 +598,7 @@ impl Driver {
         // `while (ibv_poll_cq(..) > 0)`), and that last poll, between taking a message and
         // answering it, paid a look for nothing each time; the poll after it does it all.
         if std::mem::take(&mut state.drained_dry) {
+            self.dry_polls.fetch_add(1, Ordering::Relaxed);
             return now;
         }
         self.drain(state, now, true, sys::RECV_BATCH);

@@ -243,6 +243,8 @@ impl Nic {
         }
         let progress = self.driver.progress_rcvd.load(Ordering::Relaxed);
         line.push_str(&format!(" progress_thread_rcvd {progress}"));
+        let dry = self.driver.dry_polls.load(Ordering::Relaxed);
+        line.push_str(&format!(" dry_polls {dry}"));
         line
     }
 
