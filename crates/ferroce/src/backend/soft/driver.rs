@@ -102,6 +102,12 @@ const ACK_WITHIN: Duration = Duration::from_micros(100);
 /// all of it ahead of the first ACK. Natively it costs one more system call per wake-up.
 const WOKEN_BATCH: usize = 4;
 
+/// How long a look that emptied the socket spares the next poll its own (`Locked::drained_dry`):
+/// a few looks' time (about 1 µs each on this host). A program that polls until a poll comes
+/// back empty makes that poll within a few microseconds; one that polls now and then, with
+/// other work between, has each poll look.
+const DRY_FOR: Duration = Duration::from_micros(10);
+
 /// How long ACKs wait for the polling application's next packet, to leave with it in one
 /// system call: a fraction of the shortest ACK timeout in use (4.096 µs × 2^timeout; the
 /// tools' default of 14 is 67 ms, and 1 ms is already a short one).
@@ -136,9 +142,10 @@ pub(crate) struct Locked {
     writes_at_send: u64,
     /// When a drain last saw a WRITE land.
     landed_at: Option<Instant>,
-    /// The last look at the socket took datagrams and found none behind them: the next poll
-    /// that drives the engine does not look again (`Driver::progress_here`).
-    drained_dry: bool,
+    /// When the last look at the socket took datagrams and found none behind them: a poll
+    /// that drives the engine within [`DRY_FOR`] of it does not look again
+    /// (`Driver::progress_here`).
+    drained_dry: Option<Instant>,
     /// When a poll last returned the completion of the application's own request, and the
     /// WRITE messages received then; `None` after a receive's, or where the poll stayed for
     /// the peer's WRITE and it did not come (a late peer: the send that follows is no sign
@@ -255,7 +262,7 @@ impl Driver {
                 acks_due: None,
                 writes_at_send: 0,
                 landed_at: None,
-                drained_dry: false,
+                drained_dry: None,
                 own_completion: None,
                 answering: 0,
                 thread_sleep: ThreadSleep::Socket(None),
@@ -555,7 +562,7 @@ impl Driver {
         engine.end_batch(now, mem);
         // A look that took nothing leaves the mark as it was: it found the socket empty too.
         if taken > 0 {
-            state.drained_dry = dry;
+            state.drained_dry = dry.then_some(now);
         }
         if state.writes_rcvd() != writes {
             state.landed_at = Some(Instant::now());
@@ -591,13 +598,17 @@ impl Driver {
             }
         }
         // A poll right after a look that took datagrams and found the socket empty behind them
-        // neither looks again nor runs the engine: the kernel said the socket was empty a
-        // moment ago, a look is a system call (most of an empty poll's cost, about 1 µs on
+        // (within `DRY_FOR`) neither looks again nor runs the engine: the kernel said the
+        // socket was empty a moment ago, a look is a system call (most of an empty poll's cost, about 1 µs on
         // this host), and the engine's timers and sends ran after that look (a command since
         // has sent what it made). Programs poll until a poll comes back empty (perf's reap,
         // `while (ibv_poll_cq(..) > 0)`), and that last poll, between taking a message and
         // answering it, paid a look for nothing each time; the poll after it does it all.
-        if std::mem::take(&mut state.drained_dry) {
+        if state
+            .drained_dry
+            .take()
+            .is_some_and(|at| now.saturating_duration_since(at) < DRY_FOR)
+        {
             self.dry_polls.fetch_add(1, Ordering::Relaxed);
             return now;
         }
