@@ -5,13 +5,14 @@
 //! so nothing waits longer than one poll; and only a poll soon after the look (10 µs) skips.
 //! Counted, not timed.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+mod support;
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ferroce::proto::memory::WriteOrder;
-use ferroce::qp::{Payload, QpCaps, QpType, RecvWr, SendOp, SendWr};
-use ferroce::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
+use ferroce::qp::{Payload, RecvWr, SendOp, SendWr};
+use ferroce::{Cq, Nic, Qp, Region, RegionAccess};
+use support::{counter, host_region, rc_pair, soft_nic};
 
 /// Messages in the run.
 const ROUNDS: u64 = 300;
@@ -21,32 +22,6 @@ struct Side {
     cq: Cq,
     qp: Qp,
     buf: Region,
-}
-
-fn side(host: u8) -> Side {
-    let nic = Nic::open(&NicConfig {
-        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 13, host)), 24812),
-        ..NicConfig::default()
-    })
-    .unwrap();
-    let cq = Cq::new(&nic, 64).unwrap();
-    let qp = Qp::new(&nic, QpType::Rc, &cq, &cq, QpCaps::default()).unwrap();
-    let buf = Region::register(
-        &nic,
-        RegionAccess::Local,
-        WriteOrder::InOrder,
-        RegionMemory::Host(vec![7; 8]),
-    )
-    .unwrap();
-    Side { nic, cq, qp, buf }
-}
-
-/// A counter of the NIC's statistics line.
-fn counter(nic: &Nic, name: &str) -> u64 {
-    let line = nic.statistics_line("ferroce0");
-    let mut words = line.split(' ');
-    words.find(|w| *w == name).unwrap();
-    words.next().unwrap().parse().unwrap()
 }
 
 /// Within this of the start of the poll that took a message, the next poll certainly came
@@ -113,11 +88,21 @@ fn receive(b: &Side, deadline: Instant, ready: mpsc::Sender<()>) -> (u64, u64) {
 
 #[test]
 fn the_poll_after_a_look_that_emptied_the_socket_skips_one_look() {
-    let (a, b) = (side(1), side(2));
-    a.qp.connect(&b.qp.endpoint(), &ConnectOptions::default())
-        .unwrap();
-    b.qp.connect(&a.qp.endpoint(), &ConnectOptions::default())
-        .unwrap();
+    let (nic_a, nic_b) = (
+        soft_nic([127, 0, 13, 1].into()),
+        soft_nic([127, 0, 13, 2].into()),
+    );
+    let pair = rc_pair(&nic_a, &nic_b, 64);
+    let side = |nic, cq, qp| Side {
+        buf: host_region(&nic, RegionAccess::Local, vec![7; 8]),
+        nic,
+        cq,
+        qp,
+    };
+    let (a, b) = (
+        side(nic_a, pair.cq_a, pair.qa),
+        side(nic_b, pair.cq_b, pair.qb),
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     let (ready, is_ready) = mpsc::channel();
     let (soon, late) = std::thread::scope(|s| {

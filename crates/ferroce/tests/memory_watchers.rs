@@ -13,6 +13,8 @@
 //! to three times, for a machine as busy as that, and one run within the bound passes. With
 //! the stay turned off every run is far outside it (3898 packets).
 
+mod support;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -21,6 +23,7 @@ use ferroce::cq::WcStatus;
 use ferroce::proto::memory::WriteOrder;
 use ferroce::qp::{Payload, QpCaps, QpType, SendOp, SendWr};
 use ferroce::{ConnectOptions, Cq, Nic, NicConfig, Qp, Region, RegionAccess, RegionMemory};
+use support::counter;
 
 /// Round trips in the run.
 const ROUNDS: u32 = 3000;
@@ -66,14 +69,6 @@ fn side(host: u8) -> Side {
         qp,
         nic,
     }
-}
-
-/// A counter of the NIC's statistics line.
-fn counter(nic: &Nic, name: &str) -> u64 {
-    let line = nic.statistics_line("ferroce0");
-    let mut words = line.split(' ');
-    words.find(|w| *w == name).unwrap();
-    words.next().unwrap().parse().unwrap()
 }
 
 /// `ib_write_lat`'s loop: wait for the peer's next WRITE by watching the last byte (the

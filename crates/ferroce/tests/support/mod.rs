@@ -177,6 +177,14 @@ pub(crate) fn host_region(
     .expect("register host memory")
 }
 
+/// A counter of `nic`'s statistics line (`Nic::statistics_line`), by name.
+pub(crate) fn counter(nic: &ferroce::Nic, name: &str) -> u64 {
+    let line = nic.statistics_line("ferroce0");
+    let mut words = line.split(' ');
+    words.find(|w| *w == name).expect("a counter of that name");
+    words.next().unwrap().parse().unwrap()
+}
+
 /// The threads of this process named `name`, as far as the kernel keeps a thread's name (15
 /// bytes): their IDs. A soft NIC's progress thread is "ferroce ADDR:PORT".
 pub(crate) fn threads_named(name: &str) -> Vec<u32> {
