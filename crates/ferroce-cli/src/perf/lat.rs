@@ -46,8 +46,12 @@ impl Patience {
 
     /// One idle turn: whether the wait has lasted longer than [`STALL`].
     fn exhausted(&mut self) -> bool {
-        self.turn()
-            .is_some_and(|now| now - *self.since.get_or_insert(now) > STALL)
+        self.turn().is_some_and(|now| self.stalled_at(now))
+    }
+
+    /// Whether the wait, at a look at `now`, has lasted longer than [`STALL`].
+    fn stalled_at(&mut self, now: Instant) -> bool {
+        now - *self.since.get_or_insert(now) > STALL
     }
 }
 
@@ -164,7 +168,7 @@ impl Sends {
                     return Ok(true);
                 }
             }
-            if now - *patience.since.get_or_insert(now) > STALL {
+            if patience.stalled_at(now) {
                 return Err(stalled(&waiting_for()));
             }
         }

@@ -1334,11 +1334,10 @@ mod tests {
         batch.push_written(dst, bytes.len(), true);
     }
 
-    /// RC opcodes as the first byte of `sealed`'s packets: ACKNOWLEDGE, RDMA WRITE ONLY, RDMA
-    /// READ RESPONSE LAST.
-    const ACK: u8 = 0x11;
-    const WRITE_ONLY: u8 = 0x0A;
-    const READ_RESPONSE_LAST: u8 = 0x0F;
+    /// RC opcodes as the first byte of `sealed`'s packets.
+    const ACK: u8 = Opcode::RC_ACKNOWLEDGE.value();
+    const WRITE_ONLY: u8 = Opcode::RC_RDMA_WRITE_ONLY.value();
+    const READ_RESPONSE_LAST: u8 = Opcode::RC_RDMA_READ_RESPONSE_LAST.value();
 
     /// A ping-pong's turn: the ACK held for the peer's last WRITE, then the reply. The ACK
     /// trails the reply in one GSO send, and a GRO peer gets both in one buffer, each sealed
