@@ -142,10 +142,13 @@ pub(crate) struct Locked {
     writes_at_send: u64,
     /// When a drain last saw a WRITE land.
     landed_at: Option<Instant>,
-    /// When the last look at the socket took datagrams and found none behind them: a poll
-    /// that drives the engine within [`DRY_FOR`] of it does not look again
-    /// (`Driver::progress_here`).
+    /// When the last look at the socket took datagrams and found none behind them, or took
+    /// the one buffer a look after an empty one asks for (`found_empty`): a poll that drives
+    /// the engine within [`DRY_FOR`] of it does not look again (`Driver::progress_here`).
     drained_dry: Option<Instant>,
+    /// Whether the last look at the socket found it empty: a poll's next look asks for one
+    /// buffer, not a batch (`Driver::progress_here`).
+    found_empty: bool,
     /// When a poll last returned the completion of the application's own request, and the
     /// WRITE messages received then; `None` after a receive's, or where the poll stayed for
     /// the peer's WRITE and it did not come (a late peer: the send that follows is no sign
@@ -263,6 +266,7 @@ impl Driver {
                 writes_at_send: 0,
                 landed_at: None,
                 drained_dry: None,
+                found_empty: false,
                 own_completion: None,
                 answering: 0,
                 thread_sleep: ThreadSleep::Socket(None),
@@ -519,7 +523,8 @@ impl Driver {
     /// peer's window keeps moving while the rest is handled; `hold_acks` as for
     /// [`Driver::transmit_ready`]. The first `recvmmsg` takes up to `first` buffers, the
     /// others a whole batch. Where it took datagrams, `Locked::drained_dry` says whether its
-    /// last look came back short of a batch: the socket was empty then.
+    /// last look came back short of a batch (the socket was empty then), or, asked for one
+    /// buffer (`first` 1), took it: a ping-pong's message, presumed alone.
     fn drain(&self, state: &mut Locked, now: Instant, hold_acks: bool, first: usize) -> usize {
         let dst = self.local.ip();
         let writes = state.writes_rcvd();
@@ -554,12 +559,21 @@ impl Driver {
                 dry = taken > 0;
                 break;
             }
+            if want == 1 {
+                // A look after one that found the socket empty (`Locked::found_empty`) took the
+                // one datagram it asked for: what a ping-pong receives. The next poll is spared
+                // its look as if the kernel had said the socket was empty; the look after that
+                // takes a whole batch, so that a queue that grew meanwhile is taken in batches.
+                dry = true;
+                break;
+            }
             want = sys::RECV_BATCH;
         }
         // What arrived ahead of sequence was held for the rest of the batch, in case GRO
         // handed it over before what it follows (`Engine::set_batch_holding`).
         let Locked { engine, mem, .. } = &mut *state;
         engine.end_batch(now, mem);
+        state.found_empty = taken == 0;
         // A look that took nothing leaves the mark as it was: it found the socket empty too.
         if taken > 0 {
             state.drained_dry = dry.then_some(now);
@@ -612,7 +626,16 @@ impl Driver {
             self.dry_polls.fetch_add(1, Ordering::Relaxed);
             return now;
         }
-        self.drain(state, now, true, sys::RECV_BATCH);
+        // After a look that found nothing, the next asks for one buffer: `recvmmsg` that takes
+        // a datagram goes on to try the next header, and that try, when the datagram came
+        // alone, is a second trip into the socket before the first is handled (0.1-0.2 µs of
+        // each write-lat turn here: BENCHMARKS.md, the data path's thirteenth step).
+        let first = if state.found_empty {
+            1
+        } else {
+            sys::RECV_BATCH
+        };
+        self.drain(state, now, true, first);
         state.engine.handle_timeout(now);
         self.transmit_ready(state, now, true);
         // What this thread received may complete another thread's wait (the CM's, say).
