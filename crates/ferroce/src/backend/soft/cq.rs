@@ -85,12 +85,12 @@ impl Cq {
 
     /// The oldest completion; when there is none, drives the engine here first.
     pub(crate) fn poll(&self) -> Option<Completion> {
-        self.driver.returned();
+        let seen = self.driver.returned();
         let mut state = self.driver.lock();
         let found = match state.engine.poll_completion(self.id) {
             Some(c) => Some(c),
             None => {
-                self.driver.progress_here(&mut state);
+                self.driver.progress_here(&mut state, seen);
                 state.engine.poll_completion(self.id)
             }
         };

@@ -533,8 +533,9 @@ impl Driver {
         // Until the first buffer is handled, the time since `now` is that of nothing: the
         // clock is looked at from the second on.
         let mut past_first = false;
-        let mut dry = false;
+        let (mut dry, mut looks) = (false, 0);
         while taken < 2 * sys::RECV_BATCH {
+            looks += 1;
             let n = state.link.receive_batch(&self.port, want);
             taken += n;
             for i in 0..n {
@@ -579,7 +580,9 @@ impl Driver {
             state.drained_dry = dry.then_some(now);
         }
         if state.writes_rcvd() != writes {
-            state.landed_at = Some(Instant::now());
+            // What one look took landed within that look of `now` (a ping-pong's message): no
+            // clock read for it on the way to the application.
+            state.landed_at = Some(if looks == 1 { now } else { Instant::now() });
         }
         handled
     }
@@ -588,9 +591,25 @@ impl Driver {
     /// sends what is ready. Polling a CQ calls this, so an application that polls needs no
     /// other thread to make progress (the lowest latency on few cores).
     ///
+    /// `seen`: the clock as this poll read it before it took the lock ([`Driver::returned`]),
+    /// if it did; a poll the dry mark spares needs no other read.
+    ///
     /// Returns the time it ran at, its one clock read.
-    pub(crate) fn progress_here(&self, state: &mut Locked) -> Instant {
-        let now = Instant::now();
+    pub(crate) fn progress_here(&self, state: &mut Locked, seen: Option<Instant>) -> Instant {
+        // A poll right after a look that took datagrams and found the socket empty behind them
+        // (within `DRY_FOR`) neither looks again nor runs the engine: the kernel said the
+        // socket was empty a moment ago, a look is a system call (most of an empty poll's
+        // cost, about 1 µs on this host), and the engine's timers and sends ran after that
+        // look (a command since has sent what it made). Programs poll until a poll comes back
+        // empty (perf's reap, `while (ibv_poll_cq(..) > 0)`), and that last poll, between
+        // taking a message and answering it, paid a look for nothing each time; the poll after
+        // it does it all. That poll is often the first call after a completion, which read the
+        // clock already.
+        let spared_at = state.drained_dry.take().and_then(|at| {
+            let t = seen.unwrap_or_else(Instant::now);
+            (t.saturating_duration_since(at) < DRY_FOR).then_some(t)
+        });
+        let now = spared_at.unwrap_or_else(Instant::now);
         // While the application polls, the progress thread keeps off the socket (see
         // `progress`): one thread woken per packet instead of two.
         let since = now.saturating_duration_since(self.epoch);
@@ -611,18 +630,7 @@ impl Driver {
                 self.nap_timer.set_after(POLLER_WATCH_MAX);
             }
         }
-        // A poll right after a look that took datagrams and found the socket empty behind them
-        // (within `DRY_FOR`) neither looks again nor runs the engine: the kernel said the
-        // socket was empty a moment ago, a look is a system call (most of an empty poll's cost, about 1 µs on
-        // this host), and the engine's timers and sends ran after that look (a command since
-        // has sent what it made). Programs poll until a poll comes back empty (perf's reap,
-        // `while (ibv_poll_cq(..) > 0)`), and that last poll, between taking a message and
-        // answering it, paid a look for nothing each time; the poll after it does it all.
-        if state
-            .drained_dry
-            .take()
-            .is_some_and(|at| now.saturating_duration_since(at) < DRY_FOR)
-        {
+        if spared_at.is_some() {
             self.dry_polls.fetch_add(1, Ordering::Relaxed);
             return now;
         }
@@ -655,13 +663,15 @@ impl Driver {
     /// is not counted as time spent elsewhere: counted, it kept a busy poller taken for one
     /// that leaves, and the progress thread, woken at each completion, kept it so.
     ///
-    /// Returns whether this is the application's first call since such a poll.
-    pub(crate) fn returned(&self) -> bool {
-        let first = self.satisfied_at.load(Ordering::Relaxed) != 0;
-        if first {
-            self.learn_leave_gap(self.nanos(Instant::now()));
+    /// Returns, where this is the application's first call since such a poll, the clock it
+    /// read to say so.
+    pub(crate) fn returned(&self) -> Option<Instant> {
+        if self.satisfied_at.load(Ordering::Relaxed) == 0 {
+            return None;
         }
-        first
+        let now = Instant::now();
+        self.learn_leave_gap(self.nanos(now));
+        Some(now)
     }
 
     /// The application's first call into the NIC (a poll, a post, any verb) after a poll
@@ -732,7 +742,7 @@ impl Driver {
         until: Instant,
     ) -> MutexGuard<'a, Locked> {
         loop {
-            let now = self.progress_here(&mut state);
+            let now = self.progress_here(&mut state, None);
             if !state.awaits_write() || now >= until {
                 return state;
             }

@@ -142,7 +142,7 @@ impl Qp {
     }
 
     pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        let first = self.driver.returned();
+        let first = self.driver.returned().is_some();
         let mut state = self.driver.lock();
         state.engine.post_send(self.qpn, wr)?;
         self.driver.sent(state, first);
@@ -154,7 +154,7 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, PostError)> {
-        let first = self.driver.returned();
+        let first = self.driver.returned().is_some();
         let mut state = self.driver.lock();
         let mut result = Ok(());
         for (i, wr) in wrs.into_iter().enumerate() {
