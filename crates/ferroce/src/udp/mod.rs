@@ -7,8 +7,9 @@
 //! which receives everything, and, when GSO is on, a send-only socket on another source port
 //! of the same address with checksums on (the kernel refuses GSO without them, gso.md §2).
 //! While GSO is on every packet leaves from that socket, runs and lone packets alike, so that
-//! a peer sees one flow and its kernel's GRO cannot reorder it; otherwise packets leave the
-//! endpoint's socket with zero UDP checksums, as rxe's do. Peers answer to 4791 whatever port
+//! a peer sees one flow and its kernel's GRO cannot reorder it; it is connected to the peer it
+//! sends to ([`GsoSocket`]), whose sends then take the route the socket keeps. Otherwise
+//! packets leave the endpoint's socket with zero UDP checksums, as rxe's do. Peers answer to 4791 whatever port
 //! a request came from. A [`Link`] is what one sender owns around a port: the batch being built, the
 //! receive buffers, and the taps.
 //!
