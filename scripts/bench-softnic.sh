@@ -2,9 +2,8 @@
 # Measures the soft NIC beside the alternatives on this machine and prints the table
 # BENCHMARKS.md keeps: ferroce perf against iperf3 (TCP), sockperf ping-pong (UDP, both ends
 # busy-polling, as ferroce's tools do), the same spin sending an ACK and a WRITE per turn, as
-# two datagrams and as one GSO send, unconnected and from a connected socket as the soft NIC
-# sends (examples/udp_floor.rs: the floor under any RC ping-pong over UDP) and ucx_perftest
-# over TCP. Each round runs every measure and its alternative back to back, and the table gives
+# two datagrams and as one GSO send (examples/udp_floor.rs: the floor under any RC ping-pong
+# over UDP) and ucx_perftest over TCP. Each round runs every measure and its alternative back to back, and the table gives
 # the medians over the rounds, so that the machine's drift (iperf3 moves by half between
 # minutes here) hits both alike.
 # Everything runs on loopback addresses 127.0.0.2 (server) and 127.0.0.3 (client).
@@ -79,13 +78,12 @@ for round in $(seq "$rounds"); do
     note udp50 "$udp50"
     note udp99 "$udp99"
     # The floor under an RC ping-pong: the same spin with an ACK and a WRITE per turn, as two
-    # datagrams and as the two segments of one GSO send, by sendto and from a socket
-    # connected to the peer (which is how ferroce sends on loopback).
-    for kind in 2 gso gso-connected; do
+    # datagrams and as the two segments of one GSO send (which ferroce sends on loopback).
+    for kind in 2 gso; do
         floor=$(target/release/examples/udp_floor $kind "$secs")
         echo "$floor"
-        note "floor${kind//-/}50" "$(echo "$floor" | awk '{print $(NF-4)}')"
-        note "floor${kind//-/}99" "$(echo "$floor" | awk '{print $(NF-1)}')"
+        note "floor${kind}50" "$(echo "$floor" | awk '{print $(NF-4)}')"
+        note "floor${kind}99" "$(echo "$floor" | awk '{print $(NF-1)}')"
     done
 done
 
@@ -106,8 +104,6 @@ rows = [
     ("8 B write latency, p99 (µs) vs the two-datagram floor", m("write-lat99"), m("floor299"), "%.2f"),
     ("8 B write latency, median (µs) vs the one-GSO-send floor (udp_floor gso)", m("write-lat50"), m("floorgso50"), "%.2f"),
     ("8 B write latency, p99 (µs) vs the one-GSO-send floor", m("write-lat99"), m("floorgso99"), "%.2f"),
-    ("8 B write latency, median (µs) vs that floor sent connected (udp_floor gso-connected)", m("write-lat50"), m("floorgsoconnected50"), "%.2f"),
-    ("8 B write latency, p99 (µs) vs that floor sent connected", m("write-lat99"), m("floorgsoconnected99"), "%.2f"),
 ]
 print(f"\nMedians of {rounds} rounds.\n")
 print("| measure | ferroce | alternative | ratio |")

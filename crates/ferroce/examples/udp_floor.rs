@@ -7,14 +7,12 @@
 //! for its last one's ACK and for the peer's WRITE. With `gso`, the two leave as one UDP GSO
 //! send (the WRITE, then the ACK as its shorter last segment) to a socket that receives with
 //! UDP GRO, as ferroce's soft NIC sends a held ACK behind the reply: one trip through each
-//! kernel's stack for both. With `gso-connected`, the same send leaves, as the soft NIC's do,
-//! from a send-only socket on another port connected to the peer (its route kept, not looked
-//! up per send). Both ends spin on non-blocking receives, each on its own thread
+//! kernel's stack for both. Both ends spin on non-blocking receives, each on its own thread
 //! (one core each here). Prints the half round trip's median and 99th percentile, as sockperf
 //! does, so `scripts/bench-softnic.sh` can set ferroce's write-lat beside the floor as well as
 //! beside sockperf.
 //!
-//! `cargo run --release -p ferroce --example udp_floor -- [1 | 2 | gso | gso-connected] [seconds]`
+//! `cargo run --release -p ferroce --example udp_floor -- [1 | 2 | gso] [seconds]`
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
@@ -38,8 +36,6 @@ enum Turn {
     Two,
     /// A WRITE and an ACK, two segments of one GSO send, received by GRO.
     Gso,
-    /// The same from a send-only socket connected to the peer.
-    GsoConnected,
 }
 
 impl Turn {
@@ -47,7 +43,7 @@ impl Turn {
     fn bytes(self) -> usize {
         match self {
             Self::One => 16,
-            Self::Two | Self::Gso | Self::GsoConnected => ACK_LEN + WRITE_LEN,
+            Self::Two | Self::Gso => ACK_LEN + WRITE_LEN,
         }
     }
 }
@@ -58,16 +54,13 @@ fn main() {
         "1" => Turn::One,
         "2" => Turn::Two,
         "gso" => Turn::Gso,
-        "gso-connected" => Turn::GsoConnected,
-        other => panic!("per turn: 1, 2, gso or gso-connected, not {other}"),
+        other => panic!("per turn: 1, 2 or gso, not {other}"),
     };
     let seconds: f64 = args.get(1).map_or(5.0, |a| a.parse().expect("seconds"));
     let server = bind(SERVER, turn_kind);
     let client = bind(CLIENT, turn_kind);
     let (server_addr, client_addr) = (server.local_addr().unwrap(), client.local_addr().unwrap());
-    let server_tx = sender(&server, client_addr, turn_kind);
-    let client_tx = sender(&client, server_addr, turn_kind);
-    let echo = std::thread::spawn(move || serve(&server, &server_tx, client_addr, turn_kind));
+    let echo = std::thread::spawn(move || serve(&server, client_addr, turn_kind));
 
     let deadline = Duration::from_secs_f64(seconds);
     let mut halves = Vec::with_capacity(1 << 20);
@@ -80,7 +73,7 @@ fn main() {
             break;
         }
         let sent = Instant::now();
-        send_turn(&client_tx, server_addr, turn_kind, turn as u8);
+        send_turn(&client, server_addr, turn_kind, turn as u8);
         if !receive_turn(&client, &mut buf, turn_kind) {
             break;
         }
@@ -108,33 +101,17 @@ fn bind(addr: &str, turn: Turn) -> UdpSocket {
     if turn == Turn::Gso {
         sys::set_udp_option(&socket, libc::UDP_SEGMENT, WRITE_LEN as libc::c_int)
             .expect("UDP_SEGMENT");
-    }
-    if matches!(turn, Turn::Gso | Turn::GsoConnected) {
         sys::set_udp_option(&socket, libc::UDP_GRO, 1).expect("UDP_GRO");
     }
     socket
 }
 
-/// The socket an end sends from: its own, or with `gso-connected` a send-only socket on
-/// another port of its address, connected to `peer`.
-fn sender(own: &UdpSocket, peer: SocketAddr, turn: Turn) -> UdpSocket {
-    if turn != Turn::GsoConnected {
-        return own.try_clone().expect("clone the socket");
-    }
-    let mut addr = own.local_addr().expect("local address");
-    addr.set_port(0);
-    let socket = UdpSocket::bind(addr).expect("bind the send socket");
-    sys::set_udp_option(&socket, libc::UDP_SEGMENT, WRITE_LEN as libc::c_int).expect("UDP_SEGMENT");
-    socket.connect(peer).expect("connect the send socket");
-    socket
-}
-
 /// Answers every turn with a turn of its own until an empty datagram arrives.
-fn serve(socket: &UdpSocket, tx: &UdpSocket, peer: SocketAddr, turn_kind: Turn) {
+fn serve(socket: &UdpSocket, peer: SocketAddr, turn_kind: Turn) {
     let mut buf = [0u8; 64];
     let mut turn = 0u8;
     while receive_turn(socket, &mut buf, turn_kind) {
-        send_turn(tx, peer, turn_kind, turn);
+        send_turn(socket, peer, turn_kind, turn);
         turn = turn.wrapping_add(1);
     }
 }
@@ -170,11 +147,6 @@ fn send_turn(socket: &UdpSocket, to: SocketAddr, turn: Turn, tag: u8) {
             socket
                 .send_to(&[tag; WRITE_LEN + ACK_LEN], to)
                 .expect("GSO send");
-        }
-        Turn::GsoConnected => {
-            socket
-                .send(&[tag; WRITE_LEN + ACK_LEN])
-                .expect("connected GSO send");
         }
     }
 }

@@ -135,9 +135,7 @@ struct Cmsg([u8; 32]);
 /// send that the kernel cuts into datagrams of that many bytes (the last may be shorter).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OutMessage<'a> {
-    /// Where it goes; `None`: to the peer the socket is connected to, by the route the socket
-    /// keeps (no lookup per send).
-    pub(crate) dst: Option<std::net::SocketAddr>,
+    pub(crate) dst: std::net::SocketAddr,
     pub(crate) iov: &'a [io::IoSlice<'a>],
     pub(crate) segment: Option<u16>,
 }
@@ -166,11 +164,10 @@ fn send_up_to<const N: usize>(socket: &UdpSocket, msgs: &[OutMessage<'_>]) -> io
     let mut headers: [libc::mmsghdr; N] = unsafe { std::mem::zeroed() };
     let mut controls = [Cmsg([0; 32]); N];
     for (i, m) in msgs[..n].iter().enumerate() {
+        let name_len = sockaddr(m.dst, &mut names[i]);
         let h = &mut headers[i].msg_hdr;
-        if let Some(dst) = m.dst {
-            h.msg_namelen = sockaddr(dst, &mut names[i]);
-            h.msg_name = (&raw mut names[i]).cast();
-        }
+        h.msg_name = (&raw mut names[i]).cast();
+        h.msg_namelen = name_len;
         // IoSlice is guaranteed ABI-compatible with iovec on Unix.
         h.msg_iov = m.iov.as_ptr().cast_mut().cast();
         h.msg_iovlen = m.iov.len() as _;
