@@ -533,9 +533,8 @@ impl Driver {
         // Until the first buffer is handled, the time since `now` is that of nothing: the
         // clock is looked at from the second on.
         let mut past_first = false;
-        let (mut dry, mut looks) = (false, 0);
+        let mut dry = false;
         while taken < 2 * sys::RECV_BATCH {
-            looks += 1;
             let n = state.link.receive_batch(&self.port, want);
             taken += n;
             for i in 0..n {
@@ -580,9 +579,9 @@ impl Driver {
             state.drained_dry = dry.then_some(now);
         }
         if state.writes_rcvd() != writes {
-            // What one look took landed within that look of `now` (a ping-pong's message): no
-            // clock read for it on the way to the application.
-            state.landed_at = Some(if looks == 1 { now } else { Instant::now() });
+            // One buffer (a ping-pong's message) landed within its look of `now`: no clock
+            // read for it on the way to the application.
+            state.landed_at = Some(if taken == 1 { now } else { Instant::now() });
         }
         handled
     }
@@ -605,11 +604,20 @@ impl Driver {
         // taking a message and answering it, paid a look for nothing each time; the poll after
         // it does it all. That poll is often the first call after a completion, which read the
         // clock already.
-        let spared_at = state.drained_dry.take().and_then(|at| {
-            let t = seen.unwrap_or_else(Instant::now);
-            (t.saturating_duration_since(at) < DRY_FOR).then_some(t)
-        });
-        let now = spared_at.unwrap_or_else(Instant::now);
+        let (now, spared) = match state.drained_dry.take() {
+            Some(at) => {
+                let t = seen.unwrap_or_else(Instant::now);
+                let spared = t.saturating_duration_since(at) < DRY_FOR;
+                // The engine runs on a read made under the lock: `seen` may have waited for it.
+                let now = if spared || seen.is_none() {
+                    t
+                } else {
+                    Instant::now()
+                };
+                (now, spared)
+            }
+            None => (Instant::now(), false),
+        };
         // While the application polls, the progress thread keeps off the socket (see
         // `progress`): one thread woken per packet instead of two.
         let since = now.saturating_duration_since(self.epoch);
@@ -630,13 +638,13 @@ impl Driver {
                 self.nap_timer.set_after(POLLER_WATCH_MAX);
             }
         }
-        if spared_at.is_some() {
+        if spared {
             self.dry_polls.fetch_add(1, Ordering::Relaxed);
             return now;
         }
         // After a look that found nothing, the next asks for one buffer: `recvmmsg` that takes
         // a datagram goes on to try the next header, and that try, when the datagram came
-        // alone, is a second trip into the socket before the first is handled (0.1-0.2 µs of
+        // alone, is a second trip into the socket before the first is handled (0.1-0.3 µs of
         // each write-lat turn here: BENCHMARKS.md, the data path's thirteenth step).
         let first = if state.found_empty {
             1
