@@ -866,3 +866,78 @@ impl Driver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, UdpSocket};
+
+    use ferroce_proto::EngineConfig;
+
+    use super::*;
+
+    /// A driver whose progress thread never started: the test's calls are the only looks at
+    /// its socket, so each can be counted by the packets the engine received.
+    fn driver_alone(ip: Ipv4Addr) -> Arc<Driver> {
+        let options = udp::PortOptions {
+            gso: false,
+            gro: false,
+            buffers: 1 << 20,
+        };
+        let port = udp::Port::open(SocketAddr::from((ip, 0)), options).unwrap();
+        let mut engine = Engine::new(EngineConfig {
+            local_ip: ip.into(),
+            seed: 1,
+        });
+        engine.set_batch_holding(true);
+        Driver::new(port, engine, None, None).unwrap()
+    }
+
+    /// After an empty look a poll asks for one buffer (what a ping-pong's next message
+    /// needs), and the poll after the one the dry mark spares asks for a whole batch again:
+    /// datagrams that queued up behind the one buffer are taken by that poll, not one a poll.
+    #[test]
+    fn a_queue_grown_behind_a_one_buffer_look_is_taken_in_a_batch() {
+        let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 1));
+        let peer = UdpSocket::bind((Ipv4Addr::new(127, 0, 14, 2), 0)).unwrap();
+        let mut state = driver.lock();
+        let rcvd = |state: &Locked| state.engine.counters().rcvd_pkts;
+
+        driver.progress_here(&mut state, None);
+        assert!(state.found_empty, "a look at an empty socket says so");
+        // Loopback queues each datagram before `send_to` returns. Too short for a BTH: the
+        // engine counts each as received and drops it.
+        for _ in 0..5 {
+            peer.send_to(&[0; 8], driver.local).unwrap();
+        }
+
+        driver.progress_here(&mut state, None);
+        assert_eq!(
+            rcvd(&state),
+            1,
+            "the look after an empty one takes one buffer"
+        );
+        let mark = state
+            .drained_dry
+            .expect("taking the one buffer sets the dry mark");
+
+        driver.progress_here(&mut state, Some(mark));
+        assert_eq!(
+            (rcvd(&state), driver.dry_polls.load(Ordering::Relaxed)),
+            (1, 1),
+            "the poll within DRY_FOR of that look does not look"
+        );
+
+        driver.progress_here(&mut state, None);
+        assert_eq!(
+            rcvd(&state),
+            5,
+            "the next poll takes the four left in one batch"
+        );
+        assert!(!state.found_empty);
+        driver.progress_here(&mut state, Some(Instant::now() + DRY_FOR));
+        assert!(
+            state.found_empty,
+            "the look after the batch found the socket empty"
+        );
+    }
+}
