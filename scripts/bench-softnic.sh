@@ -3,9 +3,10 @@
 # BENCHMARKS.md keeps: ferroce perf against iperf3 (TCP), sockperf ping-pong (UDP, both ends
 # busy-polling, as ferroce's tools do), the same spin sending an ACK and a WRITE per turn, as
 # two datagrams and as one GSO send (examples/udp_floor.rs: the floor under any RC ping-pong
-# over UDP) and ucx_perftest over TCP. Each round runs every measure and its alternative back to back, and the table gives
-# the medians over the rounds, so that the machine's drift (iperf3 moves by half between
-# minutes here) hits both alike.
+# over UDP) and ucx_perftest over TCP. Each round runs every measure and its alternative back
+# to back, and the table gives the medians over the rounds, so that the machine's drift
+# (iperf3 moves by half between minutes here) hits both alike; the latencies are also given
+# paired, each round's against the sockperf runs just before and after it.
 # Everything runs on loopback addresses 127.0.0.2 (server) and 127.0.0.3 (client).
 # Needs: iperf3 sockperf ucx-utils (apt-get install iperf3 sockperf ucx-utils).
 # Usage: scripts/bench-softnic.sh [seconds-per-run] [rounds]
@@ -35,6 +36,21 @@ perf() {
 result() { awk -v s="$1" '$1 == s { print; exit }'; }
 # Appends a value to the named series.
 note() { echo "$2" >> "$out/$1"; }
+# One sockperf ping-pong (UDP, 16 B, both ends busy-polling): prints "median p99" in us.
+sockperf_run() {
+    sockperf server -i 127.0.0.2 -p 11111 --nonblocked > /dev/null 2>&1 &
+    local server=$!
+    sleep 0.5
+    local sp
+    sp=$(sockperf ping-pong -i 127.0.0.2 -p 11111 -m 16 -t "$secs" --nonblocked 2>&1)
+    kill $server 2>/dev/null || true
+    wait $server 2>/dev/null || true
+    local udp50 udp99
+    udp50=$(echo "$sp" | awk '/percentile 50.000/ {print $NF}')
+    udp99=$(echo "$sp" | awk '/percentile 99.000/ {print $NF}')
+    echo "sockperf ping-pong --nonblocked (UDP, 16 B): median $udp50 us, p99 $udp99 us" >&2
+    echo "$udp50 $udp99"
+}
 
 for round in $(seq "$rounds"); do
     echo "## round $round"
@@ -60,23 +76,22 @@ for round in $(seq "$rounds"); do
     echo "ucx_perftest ucp_put_bw 64 B over TCP: $ucx msg/s"
     note ucx "$ucx"
 
+    # sockperf runs just before and just after the two latency runs: the host here changes
+    # pace every few minutes (the same binary 5.1 or 6.2 us), and a ratio of medians taken
+    # minutes apart can pair a fast ferroce run with a slow sockperf one. Each round's ratio
+    # is to the mean of the two runs around it; the table gives the median of those too.
+    around=$(sockperf_run)
     for test in write-lat send-lat; do
         line=$(perf $test -s 8 -n 20000 | result 8)
         echo "ferroce $test 8 B: $line"
         note "${test}50" "$(echo "$line" | awk '{print $5}')"
         note "${test}99" "$(echo "$line" | awk '{print $8}')"
     done
-    sockperf server -i 127.0.0.2 -p 11111 --nonblocked > /dev/null 2>&1 &
-    sp_server=$!
-    sleep 0.5
-    sp=$(sockperf ping-pong -i 127.0.0.2 -p 11111 -m 16 -t "$secs" --nonblocked 2>&1)
-    kill $sp_server 2>/dev/null || true
-    wait $sp_server 2>/dev/null || true
-    udp50=$(echo "$sp" | awk '/percentile 50.000/ {print $NF}')
-    udp99=$(echo "$sp" | awk '/percentile 99.000/ {print $NF}')
-    echo "sockperf ping-pong --nonblocked (UDP, 16 B): median $udp50 us, p99 $udp99 us"
-    note udp50 "$udp50"
-    note udp99 "$udp99"
+    around="$around $(sockperf_run)"
+    set -- $around
+    note udp50 "$1"; note udp50 "$3"
+    note udp99 "$2"; note udp99 "$4"
+    note around50 "$(python3 -c "print(($1 + $3) / 2)")"
     # The floor under an RC ping-pong: the same spin with an ACK and a WRITE per turn, as two
     # datagrams and as the two segments of one GSO send (which ferroce sends on loopback).
     for kind in 2 gso; do
@@ -90,7 +105,11 @@ done
 python3 - "$out" "$rounds" <<'PY'
 import os, statistics, sys
 d, rounds = sys.argv[1], sys.argv[2]
-m = lambda name: statistics.median(float(x) for x in open(os.path.join(d, name)).read().split())
+series = lambda name: [float(x) for x in open(os.path.join(d, name)).read().split()]
+m = lambda name: statistics.median(series(name))
+# A latency's median of per-round ratios, each to the mean of the sockperf runs around it.
+paired = lambda name: statistics.median(
+    a / b for a, b in zip(series(name), series("around50")))
 rows = [
     ("write bandwidth, 4 KiB (MB/s) vs TCP", m("bw4096"), m("tcp"), "%.1f"),
     ("write bandwidth, 64 KiB (MB/s) vs TCP", m("bw65536"), m("tcp"), "%.1f"),
@@ -110,4 +129,7 @@ print("| measure | ferroce | alternative | ratio |")
 print("|---|---:|---:|---:|")
 for name, a, b, f in rows:
     print(f"| {name} | {f % a} | {f % b} | {a / b:.2f} |")
+print(f"\nPaired with the sockperf runs around them, each round's ratio, median of {rounds}: "
+      f"write-lat {paired('write-lat50'):.2f}, send-lat {paired('send-lat50'):.2f} "
+      f"(each round: {', '.join('%.2f' % (a / b) for a, b in zip(series('write-lat50'), series('around50')))}).")
 PY
