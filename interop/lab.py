@@ -701,19 +701,25 @@ class Lab:
             raise LabError(f"nft: {p.stdout.strip()}\n{rules}")
         return p
 
-    def set_loss(self, percent, acks=True):
+    def set_loss(self, percent, acks=True, dreqs_in=True):
         """Drops `percent` % of RoCE packets at random in both directions: those to the host on
         the inet input hook, those to or between guests on the bridge family's forward and output
         hooks (a drop on the inet output hook would make the sender's sendto fail instead).
         With acks=False, bare ACKs (BTH opcode 0x11, the UDP payload's first byte) pass: a
         tool without a closing handshake (ibv_rc_pingpong, ib_*_lat) destroys its QP after its
-        last completion, and a lost final ACK would leave the peer retrying into the void."""
+        last completion, and a lost final ACK would leave the peer retrying into the void.
+        With dreqs_in=False, a CM DREQ to the host passes (a UD SEND, opcode 0x64, whose MAD
+        attribute, 36 bytes into the UDP payload, is 0x0015): a guest's rping client destroys
+        its id right after rdma_disconnect, which cancels the kernel CM's retries of its DREQ,
+        so a lost one leaves the host's server waiting for a disconnect that never comes. The
+        host's DREQs to guests stay lossy, so ferroce's own retries are still tried."""
         self.clear_loss()
         match = "udp dport 4791" + ("" if acks else " @th,64,8 != 0x11")
         rule = f"{match} numgen random mod 100 < {int(percent)} counter drop"
+        keep = "" if dreqs_in else "udp dport 4791 @th,64,8 == 0x64 @th,352,16 == 0x0015 accept; "
         self.nft(f"""
 table inet ferroce_loss {{
-  chain drop_in {{ type filter hook input priority 0; {rule}; }}
+  chain drop_in {{ type filter hook input priority 0; {keep}{rule}; }}
 }}
 table bridge ferroce_loss {{
   chain drop_fwd {{ type filter hook forward priority 0; {rule}; }}
