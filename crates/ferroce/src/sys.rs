@@ -474,6 +474,23 @@ pub(crate) fn precise_timers() {
     let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
 }
 
+/// How many times the scheduler has taken the core from the calling thread while it could
+/// still run (`getrusage(RUSAGE_THREAD)`'s `ru_nivcsw`): preemptions, and yields that handed
+/// the core to another thread (a yield with nobody waiting does not count). A spinning wait
+/// reads it to learn whether it shares its core. 0 where the call fails.
+pub(crate) fn involuntary_switches() -> u64 {
+    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one `rusage` into `usage`, which lives across the call;
+    // RUSAGE_THREAD reports the calling thread only.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &raw mut usage) };
+    if rc == 0 {
+        usage.ru_nivcsw as u64
+    } else {
+        0
+    }
+}
+
 /// `struct sched_attr` as `sched_setattr(2)` takes it (`SCHED_ATTR_SIZE_VER1`, 56 bytes).
 #[repr(C)]
 #[derive(Default)]

@@ -26,6 +26,7 @@ use ferroce_proto::qp::{
 };
 
 use super::handshake;
+use super::spin::Spin;
 use super::types::{
     ChannelDesc, Collected, ConnectInfo, CoprocessorFn, DeviceCall, DeviceCoprocessorFn, MemRegion,
     MemoryKind, PeerRef, RequestId, Role, SessionError, Step,
@@ -194,6 +195,8 @@ pub(super) struct CheckedSession {
     stopped: bool,
     server: Option<(Arc<ServerShared>, JoinHandle<()>)>,
     rtt: Arc<AtomicU64>,
+    /// The controller's wait for replies.
+    spin: Spin,
 }
 
 impl std::fmt::Debug for CheckedSession {
@@ -222,6 +225,7 @@ impl CheckedSession {
             stopped: false,
             server: None,
             rtt: Arc::new(AtomicU64::new(0)),
+            spin: Spin::new(),
         }
     }
 
@@ -697,6 +701,7 @@ impl CheckedSession {
         };
         let liveness = self.watchdog.as_ref().map(|w| Arc::clone(w.liveness()));
         let started = Instant::now();
+        let spin = &mut self.spin;
         let mut spinning = true;
         loop {
             if let Some(arrived) = channel.slots.arrived.front().copied() {
@@ -738,6 +743,9 @@ impl CheckedSession {
                 });
                 continue;
             }
+            if spinning && !spin.empty_poll() {
+                continue;
+            }
             reap_sends(connection, channel)?;
             if let Some(reason) = liveness.as_ref().and_then(|l| l.gone()) {
                 return Err(SessionError::PeerGone { reason });
@@ -751,12 +759,8 @@ impl CheckedSession {
                     });
                 }
             }
-            if spinning {
-                if waited >= SPIN {
-                    spinning = false;
-                } else {
-                    std::thread::yield_now();
-                }
+            if spinning && waited >= SPIN {
+                spinning = false;
             }
         }
     }
@@ -1016,29 +1020,33 @@ impl Server {
     fn serve(&mut self) -> Result<(), String> {
         let mut scratch = Scratch::new(&self.desc);
         let mut last_work = Instant::now();
+        let mut spin = Spin::new();
+        let mut spinning = true;
         while !self.shared.stop.load(Ordering::SeqCst) {
-            let spinning = last_work.elapsed() < SPIN;
             let wc = if spinning {
                 self.recv_cq.poll()
             } else {
                 self.recv_cq.wait(NAP)
             };
-            self.reap_replies(&mut scratch.posted)?;
             let Some(wc) = wc else {
+                if spinning && !spin.empty_poll() {
+                    continue;
+                }
+                self.reap_replies(&mut scratch.posted)?;
                 if self.liveness.gone().is_some() {
                     // The controller left; nothing more will come.
                     return Ok(());
                 }
-                if spinning {
-                    std::thread::yield_now();
-                }
+                spinning = last_work.elapsed() < SPIN;
                 continue;
             };
-            last_work = Instant::now();
+            // The controller's ACK of the last reply usually came with this request.
+            self.reap_replies(&mut scratch.posted)?;
             let Some((slot, len)) = self.take_request(&wc)? else {
                 return Ok(());
             };
-            self.answer(slot, len, &mut scratch)?;
+            last_work = self.answer(slot, len, &mut scratch)?;
+            spinning = true;
         }
         Ok(())
     }
@@ -1093,14 +1101,15 @@ impl Server {
     /// Answers the request in `slot`, `len` bytes long: runs the function, stages the reply,
     /// counts the request served, posts the reply and wakes `collect`. The count comes before
     /// the post, so that a controller holding the reply never sees a count that lacks it.
-    fn answer(&mut self, slot: u16, len: usize, scratch: &mut Scratch) -> Result<(), String> {
+    /// Returns when the reply was posted.
+    fn answer(&mut self, slot: u16, len: usize, scratch: &mut Scratch) -> Result<Instant, String> {
         let (kind, n) = self.run_function(slot, len, scratch)?;
         let reply = &mut scratch.reply[..n];
         let sges = self.stage_reply(slot, kind, reply)?;
         self.record_served(kind, reply);
-        self.post_reply(slot, kind, sges, &mut scratch.posted)?;
+        let posted = self.post_reply(slot, kind, sges, &mut scratch.posted)?;
         self.shared.wake_collectors();
-        Ok(())
+        Ok(posted)
     }
 
     /// Runs the function on the request in `slot`, `len` bytes long; returns what the reply is
@@ -1221,25 +1230,28 @@ impl Server {
 
     /// WRITEs the staged reply, with an immediate naming the slot and what the reply is, into
     /// the controller's same-numbered reply slot, and notes when (for the round-trip time).
+    /// Returns that time.
     fn post_reply(
         &self,
         slot: u16,
         kind: ReplyKind,
         sges: Vec<Sge>,
         posted: &mut [Option<Instant>],
-    ) -> Result<(), String> {
+    ) -> Result<Instant, String> {
         let remote = RemoteAddr {
             va: self.peer.va + u64::from(slot) * u64::from(self.desc.reply_bytes),
             rkey: self.peer.rkey,
         };
-        posted[usize::from(slot)] = Some(Instant::now());
+        let now = Instant::now();
+        posted[usize::from(slot)] = Some(now);
         self.qp
             .post_send(SendWr::new(
                 u64::from(slot),
                 SendOp::WriteWithImm(remote, imm(slot, kind)),
                 Payload::Sges(sges),
             ))
-            .map_err(|e| format!("cannot post a reply: {e}"))
+            .map_err(|e| format!("cannot post a reply: {e}"))?;
+        Ok(now)
     }
 
     /// Offset of slot `slot` of the reply staging area, after the request slots.

@@ -100,6 +100,7 @@
 
 mod checked;
 mod handshake;
+mod spin;
 mod types;
 mod watchdog;
 
