@@ -4,14 +4,18 @@
 # session-lat` (controller against an echoing coprocessor) against sockperf ping-pong over UDP and
 # over TCP, at 64 B and 4 KiB. Every figure is half a round trip, as perftest and sockperf report
 # it. Everything runs on loopback, server 127.0.0.62, client 127.0.0.63.
+# Then, because this host changes pace every few minutes, ROUNDS rounds (default 5) of a
+# busy-polled sockperf run, a 64 B session run and another sockperf run, and the median of the
+# rounds' ratios, each session run against the mean of the two sockperf runs around it.
 # Needs: sockperf (apt-get install sockperf).
-# Usage: scripts/bench-session.sh [iterations] [seconds-per-sockperf-run] [mtu]
+# Usage: [ROUNDS=n] scripts/bench-session.sh [iterations] [seconds-per-sockperf-run] [mtu]
 # Without an MTU, the NIC's active MTU (4096 on loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-20000}
 secs=${2:-5}
 mtu=${3:-}
+rounds=${ROUNDS:-5}
 mtu_flag=${mtu:+-m $mtu}
 cargo build --release -q -p ferroce-cli
 ferroce=./target/release/ferroce
@@ -65,3 +69,16 @@ for size in 64 4096; do
         echo "| $size B | $name | $s | $u | $b | $t | $(python3 -c "print('%.2f' % ($s / $u))") | $(python3 -c "print('%.2f' % ($s / $b))") |"
     done
 done
+
+echo
+ratios=""
+for round in $(seq "$rounds"); do
+    read -r before _ <<< "$(sockperf_pp 64 --nonblocked)"
+    read -r s50 _ <<< "$(session 64 | awk '$1 == 64 { print $5; exit }')"
+    read -r after _ <<< "$(sockperf_pp 64 --nonblocked)"
+    ratio=$(python3 -c "print('%.2f' % ($s50 / (($before + $after) / 2)))")
+    echo "round $round: busy-polled UDP $before, session $s50, busy-polled UDP $after: ${ratio}x"
+    ratios="$ratios $ratio"
+done
+echo "64 B session median / busy-polled UDP median, paired, median of $rounds rounds:" \
+    "$(python3 -c "import statistics, sys; print('%.2f' % statistics.median(map(float, sys.argv[1:])))" $ratios)x"
