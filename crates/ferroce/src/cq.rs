@@ -15,6 +15,9 @@ use crate::backend;
 use crate::error::NicError;
 use crate::nic::Nic;
 
+mod spin;
+pub use spin::Spin;
+
 /// A completion queue of a [`Nic`].
 #[derive(Clone)]
 pub struct Cq {

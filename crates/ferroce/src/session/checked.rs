@@ -26,12 +26,12 @@ use ferroce_proto::qp::{
 };
 
 use super::handshake;
-use super::spin::Spin;
 use super::types::{
     ChannelDesc, Collected, ConnectInfo, CoprocessorFn, DeviceCall, DeviceCoprocessorFn, MemRegion,
     MemoryKind, PeerRef, RequestId, Role, SessionError, Step,
 };
 use super::watchdog::{Liveness, Watchdog};
+use crate::cq::Spin;
 use crate::device::DeviceMemory;
 use crate::exchange::{PeerInfo, RemoteRegion};
 use crate::oob::{self, RcConnection, RcPlan};
@@ -743,14 +743,20 @@ impl CheckedSession {
                 });
                 continue;
             }
-            if spinning && !spin.empty_poll() {
-                continue;
-            }
+            // Spinning, the rest comes at every 32nd empty poll, which reads the clock.
+            let now = if spinning {
+                match spin.empty_poll() {
+                    Some(now) => now,
+                    None => continue,
+                }
+            } else {
+                Instant::now()
+            };
             reap_sends(connection, channel)?;
             if let Some(reason) = liveness.as_ref().and_then(|l| l.gone()) {
                 return Err(SessionError::PeerGone { reason });
             }
-            let waited = started.elapsed();
+            let waited = now.saturating_duration_since(started);
             if let Some(timeout) = timeout {
                 if waited >= timeout {
                     return Err(SessionError::Timeout {
@@ -1029,15 +1035,20 @@ impl Server {
                 self.recv_cq.wait(NAP)
             };
             let Some(wc) = wc else {
-                if spinning && !spin.empty_poll() {
-                    continue;
-                }
+                let now = if spinning {
+                    match spin.empty_poll() {
+                        Some(now) => now,
+                        None => continue,
+                    }
+                } else {
+                    Instant::now()
+                };
                 self.reap_replies(&mut scratch.posted)?;
                 if self.liveness.gone().is_some() {
                     // The controller left; nothing more will come.
                     return Ok(());
                 }
-                spinning = last_work.elapsed() < SPIN;
+                spinning = now.saturating_duration_since(last_work) < SPIN;
                 continue;
             };
             // The controller's ACK of the last reply usually came with this request.

@@ -100,7 +100,6 @@
 
 mod checked;
 mod handshake;
-mod spin;
 mod types;
 mod watchdog;
 
