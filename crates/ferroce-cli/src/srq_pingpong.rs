@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use ferroce::cq::WcStatus;
+use ferroce::cq::{Spin, WcStatus};
 use ferroce::exchange::PingpongDest;
 use ferroce::proto::memory::WriteOrder;
 use ferroce::proto::wire::Qpn;
@@ -173,7 +173,9 @@ fn ping_pong(args: &SrqPingpongArgs) -> Result<(), String> {
         .collect();
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     let start = Instant::now();
-    let mut last_progress = Instant::now();
+    let mut last_progress = start;
+    let mut progressed = false;
+    let mut spin = Spin::new();
     while rcnt < args.iters || scnt < args.iters {
         let completion = if args.events {
             cq.wait(Duration::from_millis(100))
@@ -181,15 +183,22 @@ fn ping_pong(args: &SrqPingpongArgs) -> Result<(), String> {
             cq.poll()
         };
         let Some(wc) = completion else {
-            if last_progress.elapsed() > Duration::from_secs(10) {
-                return Err("No completion for 10 s: the peer stopped answering".into());
-            }
-            if !args.events {
-                std::thread::yield_now();
+            // As `ibv_rc_pingpong`'s loop does here (`common::pingpong::exchange_loop`).
+            let now = if args.events {
+                Some(Instant::now())
+            } else {
+                spin.empty_poll()
+            };
+            if let Some(now) = now {
+                if std::mem::take(&mut progressed) {
+                    last_progress = now;
+                } else if now - last_progress > Duration::from_secs(10) {
+                    return Err("No completion for 10 s: the peer stopped answering".into());
+                }
             }
             continue;
         };
-        last_progress = Instant::now();
+        progressed = true;
         if wc.status != WcStatus::Success {
             return Err(format!(
                 "Failed status {} ({}) for wr_id {}",
