@@ -15,6 +15,7 @@
 //!
 //! [`Cq::poll`]: super::Cq::poll
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::sys;
@@ -54,12 +55,16 @@ const SHARE_CHECK_EVERY: Duration = Duration::from_micros(20);
 /// ```
 ///
 /// A `Spin` counts for the thread that calls it: moved to another, its next check may find
-/// the core shared once.
+/// the core shared once. Where the process may use one CPU only (a one-vCPU guest, an affinity
+/// mask or a cgroup quota of one), every spin shares it with whatever else runs, and every
+/// empty poll yields, as the session and the pingpong tools did before `Spin`.
 #[derive(Debug)]
 pub struct Spin {
     idle: u32,
-    /// Whether the scheduler took the core from this thread between the last two checks:
-    /// then every empty poll yields.
+    /// The process may run on one CPU only: every empty poll yields.
+    one_cpu: bool,
+    /// Whether the scheduler took the core from this thread between the last two checks (or
+    /// `one_cpu`): then every empty poll yields.
     shared: bool,
     /// The thread's involuntary context switches at the last check.
     switches: u64,
@@ -68,12 +73,19 @@ pub struct Spin {
 }
 
 impl Spin {
-    /// A spin that starts with the core to itself.
+    /// A spin that starts with the core to itself, unless the process has one CPU.
     #[must_use]
     pub fn new() -> Self {
+        Self::on_cpus(cpus())
+    }
+
+    /// A spin for a process that may run on `cpus` CPUs.
+    fn on_cpus(cpus: usize) -> Self {
+        let one_cpu = cpus == 1;
         Self {
             idle: 0,
-            shared: false,
+            one_cpu,
+            shared: one_cpu,
             switches: sys::involuntary_switches(),
             checked: Instant::now(),
         }
@@ -98,7 +110,7 @@ impl Spin {
         if now.saturating_duration_since(self.checked) >= SHARE_CHECK_EVERY {
             self.checked = now;
             let switches = sys::involuntary_switches();
-            self.shared = switches != self.switches;
+            self.shared = self.one_cpu || switches != self.switches;
             self.switches = switches;
             std::thread::yield_now();
         } else {
@@ -120,6 +132,14 @@ impl Spin {
             std::hint::spin_loop();
         }
     }
+}
+
+/// How many CPUs this process may run on (`std::thread::available_parallelism`: its affinity
+/// mask and cgroup quota), read once: it parses cgroup files, and a loop may make a `Spin` per
+/// wait.
+fn cpus() -> usize {
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
 }
 
 impl Default for Spin {
@@ -146,6 +166,23 @@ mod tests {
         assert_eq!(polls, [LOOK_EVERY, 2 * LOOK_EVERY, 3 * LOOK_EVERY]);
         assert!(looks.windows(2).all(|w| w[0].1 <= w[1].1));
         assert!(looks.iter().all(|&(_, now)| before <= now && now <= after));
+    }
+
+    #[test]
+    fn on_one_cpu_every_empty_poll_yields() {
+        let mut spin = Spin::on_cpus(1);
+        assert!(spin.shared(), "a spin on one CPU shares it from the start");
+        // A check finds no switch (the test does not preempt itself) and still counts it shared.
+        let mut checks = 0;
+        let deadline = Instant::now() + SHARE_CHECK_EVERY * 10;
+        while Instant::now() < deadline {
+            if spin.empty_poll().is_some() {
+                checks += 1;
+            }
+        }
+        assert!(checks > 0);
+        assert!(spin.shared());
+        assert!(!Spin::on_cpus(2).shared());
     }
 
     /// With more busy threads than cores the scheduler must take this thread's core now and
