@@ -57,7 +57,7 @@ const SHARE_CHECK_EVERY: Duration = Duration::from_micros(20);
 /// A `Spin` counts for the thread that calls it: moved to another, its next check may find
 /// the core shared once. Where the process may use one CPU only (a one-vCPU guest, an affinity
 /// mask or a cgroup quota of one), every spin shares it with whatever else runs, and every
-/// empty poll yields, as the session and the pingpong tools did before `Spin`.
+/// empty poll yields.
 #[derive(Debug)]
 pub struct Spin {
     idle: u32,
