@@ -4,10 +4,10 @@
 //! apart by the QP it names.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Args;
-use ferroce::cq::{Spin, WcStatus};
+use ferroce::cq::WcStatus;
 use ferroce::exchange::PingpongDest;
 use ferroce::proto::memory::WriteOrder;
 use ferroce::proto::wire::Qpn;
@@ -16,8 +16,8 @@ use ferroce::qp::{Mtu, Payload, QpCaps, QpType, SendOp, SendWr};
 use ferroce::{ConnectOptions, Cq, Qp, Region, RegionAccess, RegionMemory, Srq};
 
 use crate::common::pingpong::{
-    client_exchange, fail, post_receives, print_result, server_exchange, NicFlags, RECV_WRID,
-    SEND_WRID,
+    client_exchange, fail, post_receives, print_result, server_exchange, NicFlags, Stalled, Waiter,
+    RECV_WRID, SEND_WRID,
 };
 /// The lines `ibv_srq_pingpong` exchanges, whatever `-q` says.
 const MAX_QP: usize = 256;
@@ -173,32 +173,14 @@ fn ping_pong(args: &SrqPingpongArgs) -> Result<(), String> {
         .collect();
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     let start = Instant::now();
-    let mut last_progress = start;
-    let mut progressed = false;
-    let mut spin = Spin::new();
+    let mut waiter = Waiter::new(args.events, start);
     while rcnt < args.iters || scnt < args.iters {
-        let completion = if args.events {
-            cq.wait(Duration::from_millis(100))
-        } else {
-            cq.poll()
-        };
-        let Some(wc) = completion else {
-            // As `ibv_rc_pingpong`'s loop does here (`common::pingpong::exchange_loop`).
-            let now = if args.events {
-                Some(Instant::now())
-            } else {
-                spin.empty_poll()
-            };
-            if let Some(now) = now {
-                if std::mem::take(&mut progressed) {
-                    last_progress = now;
-                } else if now - last_progress > Duration::from_secs(10) {
-                    return Err("No completion for 10 s: the peer stopped answering".into());
-                }
-            }
+        let Some(wc) = waiter.next(&cq).map_err(|Stalled| {
+            String::from("No completion for 10 s: the peer stopped answering")
+        })?
+        else {
             continue;
         };
-        progressed = true;
         if wc.status != WcStatus::Success {
             return Err(format!(
                 "Failed status {} ({}) for wr_id {}",

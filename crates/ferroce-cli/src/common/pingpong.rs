@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use ferroce::cq::{Spin, WcStatus};
+use ferroce::cq::{Completion, Spin, WcStatus};
 use ferroce::exchange::PingpongDest;
 use ferroce::qp::{PostError, RecvWr, Sge};
 use ferroce::{Cq, DeviceOptions, Nic, NicConfig};
@@ -106,6 +106,65 @@ pub(crate) fn post_receives(
         .count() as u32
 }
 
+/// How long the pingpong loops wait for a completion before they give up.
+const STALL: Duration = Duration::from_secs(10);
+
+/// No completion came for [`STALL`].
+pub(crate) struct Stalled;
+
+/// How the pingpong loops wait for each completion: busy polling, as the originals do, or
+/// asleep on the CQ's channel with `--events`. Polling, the core goes to another thread between
+/// polls only while one needs it (on a machine with fewer cores than busy threads, the peer's:
+/// [`Spin`]), and the clock is read at every 32nd empty poll.
+pub(crate) struct Waiter {
+    events: bool,
+    spin: Spin,
+    last_progress: Instant,
+    progressed: bool,
+}
+
+impl Waiter {
+    /// A wait whose [`STALL`] counts from `start`.
+    pub(crate) fn new(events: bool, start: Instant) -> Self {
+        Self {
+            events,
+            spin: Spin::new(),
+            last_progress: start,
+            progressed: false,
+        }
+    }
+
+    /// One poll of `cq` (with `--events` one wait of up to 100 ms): its completion, or `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Stalled`] when no completion has come for [`STALL`].
+    pub(crate) fn next(&mut self, cq: &Cq) -> Result<Option<Completion>, Stalled> {
+        let completion = if self.events {
+            cq.wait(Duration::from_millis(100))
+        } else {
+            cq.poll()
+        };
+        if completion.is_some() {
+            self.progressed = true;
+            return Ok(completion);
+        }
+        let now = if self.events {
+            Some(Instant::now())
+        } else {
+            self.spin.empty_poll()
+        };
+        if let Some(now) = now {
+            if std::mem::take(&mut self.progressed) {
+                self.last_progress = now;
+            } else if now - self.last_progress > STALL {
+                return Err(Stalled);
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// The loop `ibv_rc_pingpong` and `ibv_ud_pingpong` share: the client sends first; each side
 /// sends again once its last send and receive have both completed, until `iters` of each.
 /// `on_recv` sees each receive (with the count before it) and reposts what it needs;
@@ -133,34 +192,14 @@ pub(crate) fn exchange_loop(
     }
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     let start = Instant::now();
-    let mut last_progress = start;
-    let mut progressed = false;
-    let mut spin = Spin::new();
+    let mut waiter = Waiter::new(events, start);
     while rcnt < iters || scnt < iters {
-        let completion = if events {
-            cq.wait(Duration::from_millis(100))
-        } else {
-            cq.poll()
-        };
-        let Some(wc) = completion else {
-            // Busy polling, as the originals do; the core goes to another thread between
-            // polls only while one needs it (on a machine with fewer cores than busy threads,
-            // the peer's), and the clock is read at every 32nd empty poll.
-            let now = if events {
-                Some(Instant::now())
-            } else {
-                spin.empty_poll()
-            };
-            if let Some(now) = now {
-                if std::mem::take(&mut progressed) {
-                    last_progress = now;
-                } else if now - last_progress > Duration::from_secs(10) {
-                    return Err(format!("No completion for 10 s: {stalled}"));
-                }
-            }
+        let Some(wc) = waiter
+            .next(cq)
+            .map_err(|Stalled| format!("No completion for 10 s: {stalled}"))?
+        else {
             continue;
         };
-        progressed = true;
         if wc.status != WcStatus::Success {
             return Err(format!(
                 "Failed status {} ({}) for wr_id {}",

@@ -743,14 +743,8 @@ impl CheckedSession {
                 });
                 continue;
             }
-            // Spinning, the rest comes at every 32nd empty poll, which reads the clock.
-            let now = if spinning {
-                match spin.empty_poll() {
-                    Some(now) => now,
-                    None => continue,
-                }
-            } else {
-                Instant::now()
+            let Some(now) = after_empty_poll(spin, spinning) else {
+                continue;
             };
             reap_sends(connection, channel)?;
             if let Some(reason) = liveness.as_ref().and_then(|l| l.gone()) {
@@ -876,6 +870,17 @@ impl CheckedSession {
 impl Drop for CheckedSession {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// After an empty poll of a wait: the time for the wait's other checks (liveness, deadline,
+/// send completions), or `None` to poll again at once. Spinning, they come at every 32nd
+/// empty poll, with the clock the spin read; after a nap on the CQ, every time.
+fn after_empty_poll(spin: &mut Spin, spinning: bool) -> Option<Instant> {
+    if spinning {
+        spin.empty_poll()
+    } else {
+        Some(Instant::now())
     }
 }
 
@@ -1035,13 +1040,8 @@ impl Server {
                 self.recv_cq.wait(NAP)
             };
             let Some(wc) = wc else {
-                let now = if spinning {
-                    match spin.empty_poll() {
-                        Some(now) => now,
-                        None => continue,
-                    }
-                } else {
-                    Instant::now()
+                let Some(now) = after_empty_poll(&mut spin, spinning) else {
+                    continue;
                 };
                 self.reap_replies(&mut scratch.posted)?;
                 if self.liveness.gone().is_some() {
