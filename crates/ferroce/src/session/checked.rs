@@ -1000,12 +1000,12 @@ struct Server {
 /// What one call of the function came to: its return, or the panic it raised.
 type Ran = std::thread::Result<Result<usize, String>>;
 
-/// The serving loop's scratch: host copies of the request and the reply being served, and when
-/// each slot's last reply was posted (for the round-trip time).
+/// The serving loop's scratch: host copies of the request and the reply being served, and the
+/// replies not yet acknowledged.
 struct Scratch {
     request: Vec<u8>,
     reply: Vec<u8>,
-    posted: Vec<Option<Instant>>,
+    posted: Posted,
 }
 
 impl Scratch {
@@ -1013,8 +1013,33 @@ impl Scratch {
         Self {
             request: vec![0u8; desc.request_bytes as usize],
             reply: vec![0u8; desc.reply_bytes as usize],
-            posted: vec![None; usize::from(desc.slots)],
+            posted: Posted {
+                at: vec![None; usize::from(desc.slots)],
+                waiting: 0,
+            },
         }
+    }
+}
+
+/// When each slot's last reply was posted, until its completion (for the round-trip time).
+struct Posted {
+    at: Vec<Option<Instant>>,
+    /// How many slots hold a time: replies whose acknowledgement has not been taken.
+    waiting: usize,
+}
+
+impl Posted {
+    fn post(&mut self, slot: u16, now: Instant) {
+        if self.at[usize::from(slot)].replace(now).is_none() {
+            self.waiting += 1;
+        }
+    }
+
+    /// When the reply that `wr_id` names was posted, if it still waited.
+    fn take(&mut self, wr_id: u64) -> Option<Instant> {
+        let at = self.at.get_mut(usize::try_from(wr_id).ok()?)?.take()?;
+        self.waiting -= 1;
+        Some(at)
     }
 }
 
@@ -1040,6 +1065,11 @@ impl Server {
                 self.recv_cq.wait(NAP)
             };
             let Some(wc) = wc else {
+                // A reply's acknowledgement is taken at the poll that brings it, so that its
+                // round-trip time is the acknowledgement's; the rest waits for the spin.
+                if scratch.posted.waiting > 0 {
+                    self.reap_replies(&mut scratch.posted)?;
+                }
                 let Some(now) = after_empty_poll(&mut spin, spinning) else {
                     continue;
                 };
@@ -1064,7 +1094,7 @@ impl Server {
 
     /// Takes the completions of reply WRITEs: a failed one ends serving, a good one gives the
     /// round-trip time from its posting.
-    fn reap_replies(&self, posted: &mut [Option<Instant>]) -> Result<(), String> {
+    fn reap_replies(&self, posted: &mut Posted) -> Result<(), String> {
         while let Some(sent) = self.send_cq.poll() {
             if sent.status != WcStatus::Success {
                 return Err(format!(
@@ -1072,7 +1102,7 @@ impl Server {
                     sent.status
                 ));
             }
-            if let Some(Some(at)) = posted.get_mut(sent.wr_id as usize).map(Option::take) {
+            if let Some(at) = posted.take(sent.wr_id) {
                 self.rtt
                     .store(at.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
@@ -1247,14 +1277,14 @@ impl Server {
         slot: u16,
         kind: ReplyKind,
         sges: Vec<Sge>,
-        posted: &mut [Option<Instant>],
+        posted: &mut Posted,
     ) -> Result<Instant, String> {
         let remote = RemoteAddr {
             va: self.peer.va + u64::from(slot) * u64::from(self.desc.reply_bytes),
             rkey: self.peer.rkey,
         };
         let now = Instant::now();
-        posted[usize::from(slot)] = Some(now);
+        posted.post(slot, now);
         self.qp
             .post_send(SendWr::new(
                 u64::from(slot),
