@@ -16,7 +16,7 @@ use ferroce::qp::{Mtu, Payload, QpCaps, QpType, SendOp, SendWr};
 use ferroce::{ConnectOptions, Cq, Qp, Region, RegionAccess, RegionMemory, Srq};
 
 use crate::common::pingpong::{
-    client_exchange, fail, post_receives, print_result, server_exchange, NicFlags, Stalled, Waiter,
+    client_exchange, fail, post_receives, print_result, server_exchange, NicFlags, Waiter,
     RECV_WRID, SEND_WRID,
 };
 /// The lines `ibv_srq_pingpong` exchanges, whatever `-q` says.
@@ -175,9 +175,9 @@ fn ping_pong(args: &SrqPingpongArgs) -> Result<(), String> {
     let start = Instant::now();
     let mut waiter = Waiter::new(args.events, start);
     while rcnt < args.iters || scnt < args.iters {
-        let Some(wc) = waiter.next(&cq).map_err(|Stalled| {
-            String::from("No completion for 10 s: the peer stopped answering")
-        })?
+        let Some(wc) = waiter
+            .next(&cq)
+            .map_err(|e| format!("{e}: the peer stopped answering"))?
         else {
             continue;
         };

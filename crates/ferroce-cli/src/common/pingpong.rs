@@ -109,8 +109,14 @@ pub(crate) fn post_receives(
 /// How long the pingpong loops wait for a completion before they give up.
 const STALL: Duration = Duration::from_secs(10);
 
-/// No completion came for [`STALL`].
+/// No completion came for [`STALL`]: says so, as the start of the tools' message.
 pub(crate) struct Stalled;
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "No completion for {} s", STALL.as_secs())
+    }
+}
 
 /// How the pingpong loops wait for each completion: busy polling, as the originals do, or
 /// asleep on the CQ's channel with `--events`. Polling, the core goes to another thread between
@@ -194,10 +200,7 @@ pub(crate) fn exchange_loop(
     let start = Instant::now();
     let mut waiter = Waiter::new(events, start);
     while rcnt < iters || scnt < iters {
-        let Some(wc) = waiter
-            .next(cq)
-            .map_err(|Stalled| format!("No completion for 10 s: {stalled}"))?
-        else {
+        let Some(wc) = waiter.next(cq).map_err(|e| format!("{e}: {stalled}"))? else {
             continue;
         };
         if wc.status != WcStatus::Success {

@@ -20,8 +20,9 @@
 //! Every send names its destination. An unconnected socket has the kernel look the route up
 //! for each; an IPv6 GSO socket is therefore connected to the first peer it sends to, and the
 //! kernel keeps that route for the sends that name it (0.8 µs of a write-lat half round trip
-//! over IPv6 here: BENCHMARKS.md, the data path's fourteenth step). An IPv4 one never is: connected, the kernel would number its IPv4 IDs from
-//! a random start that user space cannot read, and the ICRC covers them.
+//! over IPv6 here: BENCHMARKS.md, the data path's fourteenth step). An IPv4 one never is:
+//! connected, the kernel would number its IPv4 IDs from a random start that user space cannot
+//! read, and the ICRC covers them.
 
 pub(crate) mod gso;
 pub(crate) mod tap;
