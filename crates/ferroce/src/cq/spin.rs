@@ -173,15 +173,16 @@ mod tests {
     fn on_one_cpu_every_empty_poll_yields() {
         let mut spin = Spin::on_cpus(1);
         assert!(spin.shared(), "a spin on one CPU shares it from the start");
-        // Looks that would check on more CPUs (20 µs apart) leave it shared.
-        let mut checks = 0;
-        let deadline = Instant::now() + SHARE_CHECK_EVERY * 10;
-        while Instant::now() < deadline {
+        // Looks that would check on more CPUs (20 µs apart) leave it shared. Counted in
+        // polls, not time: a yield beside the other tests may take milliseconds.
+        let mut looks = 0;
+        for _ in 0..10 * LOOK_EVERY {
             if spin.empty_poll().is_some() {
-                checks += 1;
+                looks += 1;
+                std::thread::sleep(SHARE_CHECK_EVERY);
             }
         }
-        assert!(checks > 0);
+        assert_eq!(looks, 10);
         assert!(spin.shared());
         assert!(!Spin::on_cpus(2).shared());
     }
