@@ -227,6 +227,34 @@ impl Region {
         Ok(())
     }
 
+    /// Shows `len` bytes from offset `at` to `seen`, a piece (64 KiB) at a time, without
+    /// copying them out where the NIC allows: a checksum of a frame this way reads each byte
+    /// from memory once and writes none (`ferroce stream recv` checks every frame's CRC so).
+    /// On the soft NIC's host memory each piece is shown where it lies, under the lock its
+    /// writes take: a piece is never seen half-written, and a packet landing in the region
+    /// waits while `seen` looks. A mapped region's pieces, and a verbs device's (which may
+    /// write its memory at any moment), are copied into a buffer of one piece first. Nothing is
+    /// shown for a range that is refused.
+    ///
+    /// `seen` must not use this region, nor poll a CQ of its NIC: on the soft NIC that
+    /// would take the lock it is shown under, which panics rather than deadlock.
+    ///
+    /// # Errors
+    ///
+    /// [`RegionError::OutOfRange`].
+    pub fn inspect(
+        &self,
+        at: u64,
+        len: u64,
+        mut seen: impl FnMut(&[u8]),
+    ) -> Result<(), RegionError> {
+        self.check(at, len)?;
+        if let Some(backend) = &self.backend {
+            backend.inspect(at, len, &mut seen);
+        }
+        Ok(())
+    }
+
     /// Copies `data` to offset `at`.
     ///
     /// # Errors

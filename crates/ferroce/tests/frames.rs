@@ -14,8 +14,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ferroce::frames::{
-    FrameInfo, ImmediateLayout, MonitorError, NotStarted, Pattern, Receiver, ReceiverConfig,
-    Sender, StartError, Target, METADATA_SIZE,
+    FrameInfo, FrameReadError, ImmediateLayout, MonitorError, NotStarted, Pattern, Receiver,
+    ReceiverConfig, Sender, StartError, Target, METADATA_SIZE,
 };
 use ferroce::proto::wire::{icrc, Bth, IpHeader, Opcode, PacketRepr, Qpn, Reth, UdpHeader};
 use ferroce::proto::Psn;
@@ -59,6 +59,17 @@ fn read(rx: &Receiver, frame: &FrameInfo) -> Vec<u8> {
     let mut out = vec![0; frame.metadata.bytes_written as usize];
     rx.read_frame(frame, &mut out).unwrap();
     out
+}
+
+/// The frame as `inspect_frame` shows it, and in how many pieces.
+fn inspected(rx: &Receiver, frame: &FrameInfo) -> Result<(Vec<u8>, usize), FrameReadError> {
+    let (mut seen, mut pieces) = (Vec::new(), 0);
+    rx.inspect_frame(frame, frame.metadata.bytes_written as usize, |piece| {
+        assert!(piece.len() <= 64 * 1024, "a piece of {} bytes", piece.len());
+        seen.extend_from_slice(piece);
+        pieces += 1;
+    })?;
+    Ok((seen, pieces))
 }
 
 fn stop(rx: &Receiver, monitor: JoinHandle<Result<(), MonitorError>>) {
@@ -600,6 +611,10 @@ fn frames_land_in_device_memory_and_a_failed_copy_is_fatal_until_restarted() {
         .unwrap()
         .expect("a frame after the restart");
     assert!(read(&rx, &frame) == data);
+    // Shown from the device a piece at a time, as the copy brings it.
+    let (seen, pieces) = inspected(&rx, &frame).unwrap();
+    assert!(seen == data);
+    assert_eq!(pieces, 5);
     stop(&rx, monitor);
 }
 
@@ -609,7 +624,7 @@ fn frames_land_in_device_memory_and_a_failed_copy_is_fatal_until_restarted() {
 /// `linux_receiver` hands one over.
 #[test]
 fn frame_views_are_zero_copy_and_tell_when_overtaken() {
-    use ferroce::frames::{FrameReadError, ViewMemory};
+    use ferroce::frames::ViewMemory;
 
     let socket = UdpSocket::bind(SocketAddr::new(ip(118), 4791)).unwrap();
     let nic = Nic::from_udp_socket(socket, &NicConfig::default()).unwrap();
@@ -633,6 +648,14 @@ fn frame_views_are_zero_copy_and_tell_when_overtaken() {
         view.copy_into(&mut vec![0; rx.page_size() + 1]),
         Err(FrameReadError::OutOfPage { .. })
     ));
+    // Inspected where it landed, whole; nothing shown past the page.
+    assert!(inspected(&rx, &first).unwrap().0 == frame_bytes(0, 5000));
+    let mut shown = 0;
+    assert!(matches!(
+        rx.inspect_frame(&first, rx.page_size() + 1, |_| shown += 1),
+        Err(FrameReadError::OutOfPage { .. })
+    ));
+    assert_eq!(shown, 0);
 
     // The next frame lands in page 1, the one after in page 0 again: the first view is then
     // stale, and says so.
@@ -656,6 +679,10 @@ fn frame_views_are_zero_copy_and_tell_when_overtaken() {
         rx.frame_view(&first),
         Err(FrameReadError::Overwritten { page: 0 })
     ));
+    assert_eq!(
+        inspected(&rx, &first),
+        Err(FrameReadError::Overwritten { page: 0 })
+    );
 
     // The view keeps the ring mapped after the receiver closes and is dropped.
     let third_view = rx.frame_view(&third).unwrap();
@@ -676,6 +703,7 @@ fn frame_views_are_zero_copy_and_tell_when_overtaken() {
         Err(FrameReadError::NoView(_))
     ));
     assert!(read(&rx, &frame) == frame_bytes(3, 5000));
+    assert!(inspected(&rx, &frame).unwrap().0 == frame_bytes(3, 5000));
     stop(&rx, monitor);
 
     // The address of an adopted socket's NIC is taken like any other.

@@ -409,6 +409,47 @@ fn a_read_shows_each_piece_it_copied() {
     assert_eq!(calls, 0);
 }
 
+/// `inspect` shows the bytes in 64 KiB pieces, in order, without a copy to give; a refused
+/// range shows nothing; a closure that uses the region it is shown panics with the reason
+/// (the region's lock is held) rather than deadlock, and leaves the region usable.
+#[test]
+fn an_inspect_shows_each_piece_in_place() {
+    let nic = nic(2, 24813);
+    let len = 3 * 65536 + 100;
+    let bytes = pattern(len, 4);
+    let r = region(&nic, RegionAccess::Local, bytes.clone());
+    let (mut seen, mut pieces) = (Vec::new(), 0);
+    r.inspect(10, len as u64 - 10, |piece| {
+        seen.extend_from_slice(piece);
+        pieces += 1;
+    })
+    .unwrap();
+    assert!(seen == bytes[10..]);
+    assert_eq!(pieces, 4);
+    let mut calls = 0;
+    assert!(matches!(
+        r.inspect(len as u64 - 1, 2, |_| calls += 1),
+        Err(RegionError::OutOfRange { .. })
+    ));
+    assert_eq!(calls, 0);
+
+    let inside = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        r.inspect(0, 8, |_| {
+            let _ = r.read(0, &mut [0; 1]);
+        })
+    }));
+    let why = inside.expect_err("a read inside the region's own inspect");
+    let why = why
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| why.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("");
+    assert!(why.contains("from inside its own inspect"), "{why}");
+    let mut one = [0; 1];
+    r.read(10, &mut one).unwrap();
+    assert_eq!(one[0], bytes[10]);
+}
+
 /// A dma-buf region is mapped by the soft backend: a peer's WRITE lands in the exporter's
 /// memory (here a plain file, which maps the same way), at the registered offset, and a READ
 /// returns it; a descriptor that cannot be mapped is refused with the reason.

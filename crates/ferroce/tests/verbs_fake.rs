@@ -362,8 +362,8 @@ fn async_events_reach_the_qp_the_cq_and_the_nic() {
     assert!(nic.failure().unwrap().contains("device fatal"));
 }
 
-/// Mapped memory goes to `ibv_reg_mr` at its own address, is read and written through the
-/// region and the handle alike, and comes back whole from `deregister`.
+/// Mapped memory goes to `ibv_reg_mr` at its own address, is read, written and inspected
+/// through the region and the handle alike, and comes back whole from `deregister`.
 #[test]
 fn mapped_memory_is_registered_in_place_and_given_back() {
     let _serial = serial();
@@ -382,6 +382,12 @@ fn mapped_memory_is_registered_in_place_and_given_back() {
     let mut seen = [0; 18];
     memory.read(100, &mut seen).unwrap();
     assert_eq!(&seen, b"through the region");
+    // Inspected through a buffer of one piece: the device may write the memory any time.
+    let mut shown = Vec::new();
+    region
+        .inspect(100, 18, |piece| shown.extend_from_slice(piece))
+        .unwrap();
+    assert_eq!(shown, b"through the region");
     match region.deregister().unwrap() {
         RegionMemory::Mapped(back) => assert_eq!(back.addr(), memory.addr()),
         other => panic!("{other:?}"),

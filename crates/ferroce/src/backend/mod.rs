@@ -560,6 +560,15 @@ impl Region {
         }
     }
 
+    /// Shows `len` bytes a piece at a time, without copying them out where the backend can;
+    /// the caller has checked the range.
+    pub(crate) fn inspect(&self, at: u64, len: u64, seen: &mut dyn FnMut(&[u8])) {
+        match self {
+            Self::Soft(r) => r.inspect(at, len, seen),
+            Self::Verbs(r) => r.inspect(at, len, seen),
+        }
+    }
+
     /// Copies in; the caller has checked the range.
     pub(crate) fn write(&self, at: u64, data: &[u8]) {
         match self {

@@ -1076,15 +1076,7 @@ impl Receiver {
         out: &mut [u8],
         mut seen: impl FnMut(&[u8]),
     ) -> Result<(), FrameReadError> {
-        let run = self.run().map_err(|_| FrameReadError::NotStarted)?;
-        if frame.page >= run.pages || out.len() > run.page_size {
-            return Err(FrameReadError::OutOfPage {
-                page: frame.page,
-                len: out.len(),
-                page_size: run.page_size,
-            });
-        }
-        let at = u64::from(frame.page) * run.page_size as u64;
+        let (run, at) = self.frame_span(frame, out.len())?;
         epoch_checked(&run.book, frame.page, frame.page_epoch, || {
             match &run.device {
                 Some(device) => {
@@ -1100,6 +1092,67 @@ impl Receiver {
                     .map_err(|e| FrameReadError::Region(e.to_string())),
             }
         })
+    }
+
+    /// Shows the first `len` bytes of a frame's page to `seen`, a piece (64 KiB) at a time,
+    /// without copying the frame out: what checks a frame (a CRC, say) where it landed. In
+    /// the receiver's own ring each piece is shown where it lies ([`Region::inspect`]), so the
+    /// check reads memory once and writes none; from device memory each piece is copied into
+    /// a buffer of one piece first. As with [`Receiver::read_frame`], the pieces belong to one
+    /// frame only when the call returns `Ok`: the device may begin rewriting the page while
+    /// `seen` looks, and the call then says so.
+    ///
+    /// `seen` must not read from the receiver or poll its NIC ([`Region::inspect`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Receiver::read_frame`], with `len` for the length of `out`.
+    pub fn inspect_frame(
+        &self,
+        frame: &FrameInfo,
+        len: usize,
+        mut seen: impl FnMut(&[u8]),
+    ) -> Result<(), FrameReadError> {
+        const PIECE: usize = 64 * 1024;
+        let (run, at) = self.frame_span(frame, len)?;
+        epoch_checked(&run.book, frame.page, frame.page_epoch, || {
+            match &run.device {
+                Some(device) => {
+                    let mut piece = vec![0; len.min(PIECE)];
+                    for start in (0..len).step_by(PIECE) {
+                        let piece = &mut piece[..(len - start).min(PIECE)];
+                        device
+                            .read(at + start as u64, piece)
+                            .map_err(|e| FrameReadError::Device(e.to_string()))?;
+                        seen(piece);
+                    }
+                    Ok(())
+                }
+                None => run
+                    .region
+                    .inspect(at, len as u64, &mut seen)
+                    .map_err(|e| FrameReadError::Region(e.to_string())),
+            }
+        })
+    }
+
+    /// The receive path and where a frame's page starts in the ring, if `len` bytes fit in
+    /// the page.
+    fn frame_span(
+        &self,
+        frame: &FrameInfo,
+        len: usize,
+    ) -> Result<(Arc<ReceivePath>, u64), FrameReadError> {
+        let run = self.run().map_err(|_| FrameReadError::NotStarted)?;
+        if frame.page >= run.pages || len > run.page_size {
+            return Err(FrameReadError::OutOfPage {
+                page: frame.page,
+                len,
+                page_size: run.page_size,
+            });
+        }
+        let at = u64::from(frame.page) * run.page_size as u64;
+        Ok((run, at))
     }
 
     /// A view of a frame where it landed, without a copy: in the ring when it is

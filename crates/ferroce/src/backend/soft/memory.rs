@@ -1,6 +1,8 @@
-//! The bytes of the soft NIC's regions: host memory or a mapping ([`Storage`]), reached only by
-//! copying under a lock ([`HostBuf`]), and the engine's view of them all ([`HostMemory`]).
+//! The bytes of the soft NIC's regions: host memory or a mapping ([`Storage`]), reached only
+//! under a lock ([`HostBuf`]), by copying or by a look that ends with the lock, and the
+//! engine's view of them all ([`HostMemory`]).
 
+use std::cell::Cell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
@@ -29,6 +31,26 @@ impl Storage {
                 }
             }
             Self::Mapped(map) => map.read(at, out),
+        }
+    }
+
+    /// Shows `len` bytes from `at` to `seen`: where they lie for host memory, through
+    /// `scratch` for a mapping (shared with a device or another process, so never a `&[u8]`).
+    fn show(&self, at: usize, len: usize, scratch: &mut Vec<u8>, seen: &mut dyn FnMut(&[u8])) {
+        let Some(end) = at.checked_add(len) else {
+            return;
+        };
+        match self {
+            Self::Heap(bytes) => {
+                if let Some(piece) = bytes.get(at..end) {
+                    seen(piece);
+                }
+            }
+            Self::Mapped(map) => {
+                scratch.resize(len, 0);
+                map.read(at, scratch);
+                seen(scratch);
+            }
         }
     }
 
@@ -64,7 +86,18 @@ impl HostBuf {
     }
 
     fn lock(&self) -> MutexGuard<'_, Storage> {
+        // A std mutex taken again by the thread that holds it deadlocks: say why instead.
+        assert!(
+            INSPECTING.get() != self.id(),
+            "a region was used, or its NIC polled, from inside its own inspect: \
+             the region's lock is held while the bytes are shown"
+        );
         self.storage.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This buffer's identity for [`INSPECTING`]: its address.
+    fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     /// Copies `out.len()` bytes from offset `at`; the caller has checked the range. A long
@@ -82,6 +115,29 @@ impl HostBuf {
         for (i, piece) in out.chunks_mut(COPY_CHUNK).enumerate() {
             self.lock().read(at.saturating_add(i * COPY_CHUNK), piece);
             seen(piece);
+        }
+    }
+
+    /// Shows `len` bytes from offset `at` to `seen` without copying them out: a piece at a
+    /// time, each under the lock, so that a piece is seen whole and the engine's writes wait
+    /// for no more than one piece's look; the caller has checked the range. A mapping's
+    /// pieces go through a buffer of one piece, which stays in the cache.
+    ///
+    /// # Panics
+    ///
+    /// When `seen` uses this buffer (a region call, a poll of the NIC that lands a packet in
+    /// it): the lock it holds would deadlock.
+    pub(crate) fn inspect(&self, at: u64, len: u64, seen: &mut dyn FnMut(&[u8])) {
+        let mut at = usize::try_from(at).unwrap_or(usize::MAX);
+        let mut left = usize::try_from(len).unwrap_or(usize::MAX);
+        let mut scratch = Vec::new();
+        while left > 0 {
+            let n = left.min(COPY_CHUNK);
+            let storage = self.lock();
+            let _mark = Inspecting::mark(self.id());
+            storage.show(at, n, &mut scratch, seen);
+            at = at.saturating_add(n);
+            left -= n;
         }
     }
 
@@ -115,6 +171,32 @@ impl HostBuf {
             sys::munlock(bytes);
         }
         storage
+    }
+}
+
+thread_local! {
+    /// The [`HostBuf`] whose lock this thread holds while [`HostBuf::inspect`] shows its bytes
+    /// (its address; 0 when none), so that taking that lock again panics with a reason.
+    static INSPECTING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks this thread as inside an inspect of one buffer until dropped, even when `seen`
+/// panics (a C caller's panic is caught, and the thread goes on).
+struct Inspecting {
+    outer: usize,
+}
+
+impl Inspecting {
+    fn mark(id: usize) -> Self {
+        Self {
+            outer: INSPECTING.replace(id),
+        }
+    }
+}
+
+impl Drop for Inspecting {
+    fn drop(&mut self) {
+        INSPECTING.set(self.outer);
     }
 }
 

@@ -121,6 +121,14 @@ impl Region {
         }
     }
 
+    /// Shows the bytes a piece at a time without copying them out ([`HostBuf::inspect`]);
+    /// the caller has checked the range.
+    pub(crate) fn inspect(&self, at: u64, len: u64, seen: &mut dyn FnMut(&[u8])) {
+        if let Some(buf) = &self.buf {
+            buf.inspect(at, len, seen);
+        }
+    }
+
     /// Copies in; the caller has checked the range.
     pub(crate) fn write(&self, at: u64, data: &[u8]) {
         if let Some(buf) = &self.buf {

@@ -14,6 +14,9 @@ use crate::error::{memlock_error, RegionError};
 use crate::memory::{MappedMemory, RegionMemory};
 use crate::sys;
 
+/// The bytes a piece of a long read shows at a time: small enough to stay in the cache.
+const PIECE: usize = 64 * 1024;
+
 /// A registration on a verbs device, which owns the host bytes.
 pub(crate) struct Region {
     /// `None` once deregistered.
@@ -107,10 +110,24 @@ impl Region {
     /// Copies out a piece at a time, showing each to `seen` once copied (the device writes
     /// the memory itself: no lock to leave between pieces, only the cache to use).
     pub(crate) fn read_with(&self, at: u64, out: &mut [u8], seen: &mut dyn FnMut(&[u8])) {
-        const PIECE: usize = 64 * 1024;
         for (i, piece) in out.chunks_mut(PIECE).enumerate() {
             self.read(at + (i * PIECE) as u64, piece);
             seen(piece);
+        }
+    }
+
+    /// Shows `len` bytes a piece at a time, each copied into a buffer of one piece that
+    /// stays in the cache: the device may write the memory at any moment, so it is never
+    /// shown as a `&[u8]`. The caller has checked the range.
+    pub(crate) fn inspect(&self, at: u64, len: u64, seen: &mut dyn FnMut(&[u8])) {
+        let mut scratch = vec![0; PIECE.min(usize::try_from(len).unwrap_or(PIECE))];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(PIECE as u64) as usize;
+            let piece = &mut scratch[..n];
+            self.read(at + done, piece);
+            seen(piece);
+            done += n as u64;
         }
     }
 
