@@ -92,7 +92,7 @@ pub(crate) struct RecvArgs {
     /// Print JSON: a description of the receiver, one object per frame, then a summary.
     #[arg(long)]
     json: bool,
-    /// Do not copy frames out or check their CRC: measure the receive path alone.
+    /// Do not check frames' CRC: measure the receive path alone.
     #[arg(long)]
     no_check: bool,
     /// Older bridges' immediate layout (psn << 8 | buffer).
@@ -317,31 +317,18 @@ fn cpu_seconds() -> Option<f64> {
     Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
-/// The buffer frames are copied into, written through once now: its first frame must not
-/// pay a page fault for every 4 KiB while the device's next frames arrive (at 120 fps a 4K
-/// frame's 3,000 faults cost the first frames their place in the ring).
-#[expect(
-    clippy::slow_vector_initialization,
-    reason = "`vec![0; n]` maps zero pages lazily; the point is to write every page now"
-)]
-fn frame_buffer(frame_size: usize) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(frame_size);
-    buf.resize(frame_size, 0);
-    buf
-}
-
-/// Takes one frame's data, checks it against the CRC the device put in the metadata, and
+/// Takes one frame: checks its data against the CRC the device put in the metadata, and
 /// counts it. Returns the CRC-32 of the data, or `None` when the device overtook the frame
 /// (counted as dropped).
-fn take(rx: &Receiver, frame: &FrameInfo, buf: &mut Vec<u8>, tally: &mut Tally) -> Option<u32> {
+fn take(rx: &Receiver, frame: &FrameInfo, tally: &mut Tally) -> Option<u32> {
     let len = usize::try_from(frame.metadata.bytes_written)
         .unwrap_or(usize::MAX)
         .min(rx.frame_size());
-    buf.resize(len, 0);
-    // The CRC is taken of each piece as it is copied, while the piece is in the cache.
+    // The CRC reads the frame where it landed: a copy out first cost the check three times
+    // the memory traffic (BENCHMARKS.md, the data path's sixteenth step).
     let mut crc = crc32fast::Hasher::new();
     if rx
-        .read_frame_with(frame, buf, |piece| crc.update(piece))
+        .inspect_frame(frame, len, |piece| crc.update(piece))
         .is_err()
     {
         // The device has moved on to this page again: this tool fell a ring behind.
@@ -521,8 +508,6 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(monitor)
     };
-    // Before the device starts sending: the first frames leave no time for it.
-    let mut buf = frame_buffer(args.frame_size);
     let mut monitor = Some(bring_up()?);
     let described = describe(&rx, peer)?;
     if args.json {
@@ -580,7 +565,7 @@ fn recv(args: &RecvArgs) -> anyhow::Result<ExitCode> {
                 count(&frame, rx.frame_size(), &mut tally);
                 continue;
             }
-            let crc = take(&rx, &frame, &mut buf, &mut tally);
+            let crc = take(&rx, &frame, &mut tally);
             if let (true, Some(crc)) = (args.json, crc) {
                 writeln!(out, "{}", frame_json(&frame, crc))?;
             }
@@ -1019,7 +1004,6 @@ fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
             })?
     };
     let mut tally = Tally::default();
-    let mut buf = frame_buffer(rx.frame_size());
     let mut last = Instant::now();
     let live = !json_out && io::stderr().is_terminal();
     while tally.arrived() < DEMO_FRAMES {
@@ -1027,7 +1011,7 @@ fn run_demo(json_out: bool) -> anyhow::Result<ExitCode> {
             Some(frame) => {
                 last = Instant::now();
                 // Checked against the CRC the device computed over what it sent.
-                take(&rx, &frame, &mut buf, &mut tally);
+                take(&rx, &frame, &mut tally);
             }
             None if last.elapsed() > Duration::from_secs(3) => break,
             None => {}
