@@ -93,7 +93,14 @@ fn frames_arrive_whole_in_rotating_pages() {
         tx.set_psn(0xff_fff0); // across the 24-bit wrap
         for n in 0..7u32 {
             let data = frame_bytes(n, 10_000);
-            let sent = tx.send_frame(&data, None).unwrap();
+            // Odd frames are filled as they leave, into the sender's batch.
+            let sent = if n % 2 == 0 {
+                tx.send_frame(&data, None).unwrap()
+            } else {
+                let mut fill = |at: usize, piece: &mut [u8]| Pattern::Counter.fill_at(n, at, piece);
+                tx.send_frame_filled(10_000, None, &mut fill, &mut |_, b| crc32fast::hash(b))
+                    .unwrap()
+            };
             let frame = rx.next_frame(WAIT).unwrap().expect("a frame");
             assert_eq!(frame.page, n % 3);
             assert_eq!(frame.frame_number, u64::from(n));
@@ -605,7 +612,16 @@ fn frames_land_in_device_memory_and_a_failed_copy_is_fatal_until_restarted() {
     };
     tx.retarget(target(&rx, 4096)).unwrap();
     let data = frame_bytes(3, 300_000);
-    tx.send_frame(&data, None).unwrap();
+    // 74 packets: two batches filled as they leave, and a tail.
+    let sent = tx
+        .send_frame_filled(
+            300_000,
+            None,
+            &mut |at, piece| Pattern::Counter.fill_at(3, at, piece),
+            &mut |_, bytes| crc32fast::hash(bytes),
+        )
+        .unwrap();
+    assert_eq!((sent.packets, sent.crc32), (75, crc32fast::hash(&data)));
     let frame = rx
         .next_frame(WAIT)
         .unwrap()

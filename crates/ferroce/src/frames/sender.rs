@@ -138,9 +138,27 @@ pub enum Pattern {
 impl Pattern {
     /// Fills `out` with frame `frame_number`'s bytes.
     pub fn fill(self, frame_number: u32, out: &mut [u8]) {
+        self.fill_at(frame_number, 0, out);
+    }
+
+    /// Fills `out` with frame `frame_number`'s bytes from offset `at` on: a piece of what
+    /// [`Pattern::fill`] writes, for [`Sender::send_frame_filled`].
+    pub fn fill_at(self, frame_number: u32, at: usize, out: &mut [u8]) {
         match self {
             Self::Zeros => out.fill(0),
-            Self::Counter => counter_words(0, counter_salt(frame_number), out),
+            Self::Counter => {
+                let salt = counter_salt(frame_number);
+                let (word, skew) = ((at / 8) as u64, at % 8);
+                if skew == 0 {
+                    counter_words(word, salt, out);
+                } else {
+                    // The rest of the word `at` falls in, then whole words.
+                    let bytes = (counter_word(word) ^ salt).to_le_bytes();
+                    let head = (8 - skew).min(out.len());
+                    out[..head].copy_from_slice(&bytes[skew..skew + head]);
+                    counter_words(word + 1, salt, &mut out[head..]);
+                }
+            }
         }
     }
 }
@@ -254,6 +272,8 @@ pub struct Sender {
     frame_number: u32,
     packet: Vec<u8>,
     scratch: Vec<u8>,
+    /// Where [`Sender::send_frame_filled`] has each batch's bytes written.
+    batch: Vec<u8>,
     packets_sent: u64,
     window: Option<Window>,
 }
@@ -350,6 +370,7 @@ impl Sender {
             frame_number: 0,
             packet: vec![0; MAX_PAYLOAD + 128],
             scratch: Vec::with_capacity(MAX_PAYLOAD),
+            batch: Vec::new(),
             packets_sent: 0,
             window: None,
         })
@@ -453,6 +474,8 @@ impl Sender {
     /// headers, its chunk of `data` and its ICRC, so the payload is never copied in user
     /// space. Each payload's CRC-32 is combined into `frame_crc`, the CRC of the frame's data
     /// so far, on the way.
+    /// Sends packets `first..first + n` of a frame, whose bytes are `data`: the frame's
+    /// from offset `first × payload` on.
     fn send_batch(
         &mut self,
         base: u64,
@@ -479,9 +502,11 @@ impl Sender {
         let mut trailer = [0u8; 8];
         let full = icrc::CrcShift::new(t.payload);
         for k in 0..n {
-            let off = (first + k) * t.payload;
-            let end = (off + t.payload).min(data.len());
-            let payload = &data[off..end];
+            // The packet's offset in `data`, and in the frame.
+            let rel = k * t.payload;
+            let end = (rel + t.payload).min(data.len());
+            let payload = &data[rel..end];
+            let off = first * t.payload + rel;
             let psn = self.psn.add(k as u32);
             let mut repr = PacketRepr::new(Bth::new(
                 Opcode::UC_RDMA_WRITE_ONLY,
@@ -519,7 +544,7 @@ impl Sender {
             trailer[pad..pad + 4].copy_from_slice(&icrc.to_le_bytes());
             self.link
                 .tx
-                .push_gathered(t.dest, &head[..len], off..end, &trailer[..pad + 4]);
+                .push_gathered(t.dest, &head[..len], rel..end, &trailer[..pad + 4]);
         }
         self.transmit(data)?;
         self.psn = self.psn.add(n as u32);
@@ -625,10 +650,54 @@ impl Sender {
         pace: Option<Duration>,
         crc_of: &mut dyn FnMut(usize, &[u8]) -> u32,
     ) -> Result<FrameSent, SendError> {
+        self.send_frame_of(FrameBytes::Slice(data), pace, crc_of)
+    }
+
+    /// [`Sender::send_frame_with`] for a frame of `len` bytes that `fill(offset, piece)`
+    /// writes a batch of packets (at most 64) at a time, just before the batch leaves, as a
+    /// sensor reads its lines out: the socket then copies bytes that are still in the cache,
+    /// where a whole 4K frame written first (12 MB) has left it by the time it is sent, and
+    /// is read from memory again. `stream send` sends its patterns so ([`Pattern::fill_at`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Sender::send_frame`], with `len` for the length of the data.
+    pub fn send_frame_filled(
+        &mut self,
+        len: usize,
+        pace: Option<Duration>,
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        crc_of: &mut dyn FnMut(usize, &[u8]) -> u32,
+    ) -> Result<FrameSent, SendError> {
+        self.send_frame_of(FrameBytes::Filled { len, fill }, pace, crc_of)
+    }
+
+    fn send_frame_of(
+        &mut self,
+        mut bytes: FrameBytes<'_>,
+        pace: Option<Duration>,
+        crc_of: &mut dyn FnMut(usize, &[u8]) -> u32,
+    ) -> Result<FrameSent, SendError> {
+        let mut batch = std::mem::take(&mut self.batch);
+        let sent = self.send_frame_into(&mut bytes, &mut batch, pace, crc_of);
+        self.batch = batch;
+        sent
+    }
+
+    /// Sends the frame, the bytes of each batch from `bytes` (filled into `batch` if
+    /// they are to be filled).
+    fn send_frame_into(
+        &mut self,
+        bytes: &mut FrameBytes<'_>,
+        batch: &mut Vec<u8>,
+        pace: Option<Duration>,
+        crc_of: &mut dyn FnMut(usize, &[u8]) -> u32,
+    ) -> Result<FrameSent, SendError> {
         let t = self.target;
-        if data.len() > t.frame_size {
+        let len = bytes.len();
+        if len > t.frame_size {
             return Err(SendError::FrameTooLarge {
-                len: data.len(),
+                len,
                 frame_size: t.frame_size,
             });
         }
@@ -637,7 +706,7 @@ impl Sender {
         let page = self.page;
         let base = t.address.wrapping_add(u64::from(page) * t.page_size as u64);
         let md_offset = t.metadata_offset();
-        let chunks = data.len().div_ceil(t.payload);
+        let chunks = len.div_ceil(t.payload);
         let total = chunks as u64 + 1;
         let first_psn = self.psn;
         let mut sent = 0u64;
@@ -652,13 +721,13 @@ impl Sender {
         };
         // The last chunk folds into the frame-ending packet when it, the pad to the
         // metadata offset and the metadata fit in one payload.
-        let tail_len = data.len() - chunks.saturating_sub(1) * t.payload;
+        let tail_len = len - chunks.saturating_sub(1) * t.payload;
         let fold = t.fold_metadata
             && chunks > 0
-            && tail_len + (md_offset - data.len()) + METADATA_SIZE <= t.payload;
+            && tail_len + (md_offset - len) + METADATA_SIZE <= t.payload;
         let plain = if fold { chunks - 1 } else { chunks };
-        // Packets are gathered straight from `data`, a batch at a time; the taps, when set,
-        // work on the batches.
+        // Packets are gathered straight from the bytes, a batch at a time; the taps, when
+        // set, work on the batches.
         let burst = self
             .window
             .as_ref()
@@ -669,18 +738,20 @@ impl Sender {
             let n = (plain - first).min(burst);
             pace_to(sent);
             self.wait_window(n as u64);
+            let span = first * t.payload..((first + n) * t.payload).min(len);
+            let data = bytes.piece(span, batch);
             self.send_batch(base, data, first, n, &mut frame_crc, crc_of)?;
             first += n;
             sent += n as u64;
         }
         let end_psn = self.psn;
         // The frame's CRC: what the plain packets carried, then the tail the last one folds.
-        let tail_at = (plain * t.payload).min(data.len());
-        let tail = &data[tail_at..];
+        let tail_at = (plain * t.payload).min(len);
+        let tail = bytes.piece(tail_at..len, batch);
         let crc32 = icrc::CrcShift::new(tail.len()).combine(frame_crc, crc_of(tail_at, tail));
         let (metadata_s, metadata_ns) = now_parts();
         let metadata = Metadata {
-            flags: if data.len() < t.frame_size {
+            flags: if len < t.frame_size {
                 FLAG_EARLY_END
             } else {
                 0
@@ -690,7 +761,7 @@ impl Sender {
             crc: !crc32,
             timestamp_s,
             timestamp_ns,
-            bytes_written: data.len() as u64,
+            bytes_written: len as u64,
             frame_number: self.frame_number,
             metadata_s,
             metadata_ns,
@@ -702,10 +773,9 @@ impl Sender {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         let va = if fold {
-            let off = plain * t.payload;
-            scratch.extend_from_slice(&data[off..]);
-            scratch.resize(md_offset - off, 0);
-            base + off as u64
+            scratch.extend_from_slice(tail);
+            scratch.resize(md_offset - tail_at, 0);
+            base + tail_at as u64
         } else {
             base + md_offset as u64
         };
@@ -718,7 +788,7 @@ impl Sender {
             frame_number: self.frame_number,
             psn: end_psn.value(),
             packets: u64::from(first_psn.steps_to(self.psn)),
-            bytes: data.len() as u64,
+            bytes: len as u64,
             crc32,
         };
         self.page = (self.page + 1) % t.pages;
@@ -727,9 +797,68 @@ impl Sender {
     }
 }
 
+/// Where a frame's bytes come from: [`Sender::send_frame_with`]'s or
+/// [`Sender::send_frame_filled`]'s.
+enum FrameBytes<'a> {
+    Slice(&'a [u8]),
+    Filled {
+        len: usize,
+        fill: &'a mut dyn FnMut(usize, &mut [u8]),
+    },
+}
+
+impl FrameBytes<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::Slice(data) => data.len(),
+            Self::Filled { len, .. } => *len,
+        }
+    }
+
+    /// The bytes of `span`: the slice's, or filled into `buf` now.
+    fn piece<'b>(&'b mut self, span: std::ops::Range<usize>, buf: &'b mut Vec<u8>) -> &'b [u8] {
+        match self {
+            Self::Slice(data) => &data[span],
+            Self::Filled { fill, .. } => {
+                buf.resize(span.len(), 0);
+                fill(span.start, buf);
+                buf
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Pattern, PatternCrcs};
+
+    /// A frame filled a piece at a time, at offsets whole words apart or not, is the frame
+    /// filled at once, for both patterns.
+    #[test]
+    fn pieces_filled_at_their_offsets_make_the_frame() {
+        for pattern in [Pattern::Counter, Pattern::Zeros] {
+            let mut whole = vec![1; 1000];
+            pattern.fill(7, &mut whole);
+            for cuts in [
+                &[0, 8, 4096][..],
+                &[3, 5, 6, 17, 999],
+                &[1, 2, 3, 4, 5, 6, 7],
+            ] {
+                let mut pieces = vec![1; 1000];
+                let mut at = 0;
+                for &cut in cuts.iter().chain(&[1000]) {
+                    let cut = cut.min(1000);
+                    pattern.fill_at(7, at, &mut pieces[at..cut.max(at)]);
+                    at = cut.max(at);
+                }
+                assert!(pieces == whole, "{pattern:?} cut at {cuts:?}");
+            }
+        }
+        let (mut one, mut other) = ([0; 64], [0; 64]);
+        Pattern::Counter.fill(1, &mut one);
+        Pattern::Counter.fill(2, &mut other);
+        assert_ne!(one, other, "frames differ");
+    }
 
     /// Worked-out CRCs equal read ones: whole-word offsets of several frames (the salt
     /// changes, the cached words do not), lengths of whole packets, a tail and a few bytes,
