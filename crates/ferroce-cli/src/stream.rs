@@ -640,6 +640,8 @@ enum Source {
 }
 
 impl Source {
+    /// A file's frame `frame_number` into `out`; a pattern's frames are filled as they are
+    /// sent ([`Sender::send_frame_filled`]).
     fn fill(&self, frame_number: u32, out: &mut [u8]) {
         match self {
             Self::Pattern(p) => p.fill(frame_number, out),
@@ -811,11 +813,19 @@ impl Streamer {
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
             }
             let number = sent as u32;
-            self.source.fill(number, &mut data);
             let sending = match self.source {
-                Source::Pattern(p) => sender
-                    .send_frame_with(&data, pace, &mut |at, bytes| crcs.crc(p, number, at, bytes)),
-                Source::File(_) => sender.send_frame(&data, pace),
+                // Each batch written just before it leaves, still in the cache for the
+                // socket's copy (BENCHMARKS.md, the data path's sixteenth step).
+                Source::Pattern(p) => sender.send_frame_filled(
+                    data.len(),
+                    pace,
+                    &mut |at, piece| p.fill_at(number, at, piece),
+                    &mut |at, bytes| crcs.crc(p, number, at, bytes),
+                ),
+                Source::File(_) => {
+                    self.source.fill(number, &mut data);
+                    sender.send_frame(&data, pace)
+                }
             };
             let frame = match sending {
                 Ok(frame) => frame,
