@@ -96,9 +96,10 @@ impl Cq {
     /// Waits up to `timeout` for a completion, driving the engine on this thread meanwhile:
     /// it waits on the NIC's socket itself and handles what arrives, so the thread that waits
     /// is the thread that receives (the frame receiver's `blocking_monitor`). While it is
-    /// busy, the progress thread stays off the socket; after 20 ms without a completion it
-    /// waits in longer steps, so an idle stream costs next to no CPU. On a verbs device the
-    /// device progresses by itself, and this is [`Cq::wait`].
+    /// busy, and while it waits on the socket (a millisecond at a time), the progress thread
+    /// stays off the socket; after 20 ms without a completion it waits in longer steps, so an
+    /// idle stream costs next to no CPU. On a verbs device the device progresses by itself,
+    /// and this is [`Cq::wait`].
     #[must_use]
     pub fn drive(&self, timeout: Duration) -> Option<Completion> {
         self.backend.drive(timeout)

@@ -131,6 +131,10 @@ impl Cq {
                 return None;
             }
             let step = if now - start < Duration::from_millis(20) {
+                // This thread receives: the progress thread stays away until it is back. It
+                // runs the timers once this wait gives up (POLLER_WATCH_MAX, 2 ms, is the
+                // longest a poller holds them).
+                self.driver.hold_socket(now + Duration::from_millis(1));
                 Duration::from_millis(1)
             } else {
                 Duration::from_millis(50)

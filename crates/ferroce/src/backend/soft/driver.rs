@@ -760,6 +760,15 @@ impl Driver {
         }
     }
 
+    /// The polling thread is about to wait on the socket itself until `until` at the latest
+    /// (`Cq::drive`), and will handle what arrives: the progress thread keeps off the socket
+    /// until then, as beside a poller, rather than wake with it for every datagram and take
+    /// its share of them.
+    pub(crate) fn hold_socket(&self, until: Instant) {
+        self.poller_until
+            .fetch_max(self.nanos(until), Ordering::Relaxed);
+    }
+
     /// The application has stopped polling (it arms a CQ's channel, or blocks in
     /// `Cq::wait`): the progress thread goes back to the socket now rather than after
     /// [`POLLER_GRACE`], so that what arrives meanwhile is handled, and signalled, at once.
