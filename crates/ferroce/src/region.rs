@@ -233,11 +233,11 @@ impl Region {
     /// On the soft NIC's host memory each piece is shown where it lies, under the lock its
     /// writes take: a piece is never seen half-written, and a packet landing in the region
     /// waits while `seen` looks. A mapped region's pieces, and a verbs device's (which may
-    /// write its memory at any moment), are copied into a buffer of one piece first. Nothing is
-    /// shown for a range that is refused.
+    /// write its memory at any moment), are copied into a buffer of one piece, which stays in
+    /// the cache, and shown from there. Nothing is shown for a range that is refused.
     ///
-    /// `seen` must not use this region, nor poll a CQ of its NIC: on the soft NIC that
-    /// would take the lock it is shown under, which panics rather than deadlock.
+    /// `seen` must not use this region, nor poll a CQ of its NIC: shown the soft NIC's host
+    /// memory, that would take the lock it is shown under, which panics rather than deadlock.
     ///
     /// # Errors
     ///

@@ -1095,12 +1095,13 @@ impl Receiver {
     }
 
     /// Shows the first `len` bytes of a frame's page to `seen`, a piece (64 KiB) at a time,
-    /// without copying the frame out: what checks a frame (a CRC, say) where it landed. In
-    /// the receiver's own ring each piece is shown where it lies ([`Region::inspect`]), so the
-    /// check reads memory once and writes none; from device memory each piece is copied into
-    /// a buffer of one piece first. As with [`Receiver::read_frame`], the pieces belong to one
-    /// frame only when the call returns `Ok`: the device may begin rewriting the page while
-    /// `seen` looks, and the call then says so.
+    /// without copying the frame out: what checks a frame (a CRC, say) where it landed, reading
+    /// it from memory once and writing none ([`Region::inspect`]). A ring of host memory shows
+    /// each piece where it lies; a mapped ring (the default, so that the ring has an address)
+    /// and device memory copy each piece into a buffer of one piece, which stays in the
+    /// cache, first. As with [`Receiver::read_frame`], the pieces belong to one frame only
+    /// when the call returns `Ok`: the device may begin rewriting the page while `seen` looks,
+    /// and the call then says so.
     ///
     /// `seen` must not read from the receiver or poll its NIC ([`Region::inspect`]).
     ///

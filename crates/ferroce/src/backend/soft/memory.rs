@@ -34,26 +34,6 @@ impl Storage {
         }
     }
 
-    /// Shows `len` bytes from `at` to `seen`: where they lie for host memory, through
-    /// `scratch` for a mapping (shared with a device or another process, so never a `&[u8]`).
-    fn show(&self, at: usize, len: usize, scratch: &mut Vec<u8>, seen: &mut dyn FnMut(&[u8])) {
-        let Some(end) = at.checked_add(len) else {
-            return;
-        };
-        match self {
-            Self::Heap(bytes) => {
-                if let Some(piece) = bytes.get(at..end) {
-                    seen(piece);
-                }
-            }
-            Self::Mapped(map) => {
-                scratch.resize(len, 0);
-                map.read(at, scratch);
-                seen(scratch);
-            }
-        }
-    }
-
     fn write(&mut self, at: usize, data: &[u8]) {
         match self {
             Self::Heap(bytes) => {
@@ -118,15 +98,17 @@ impl HostBuf {
         }
     }
 
-    /// Shows `len` bytes from offset `at` to `seen` without copying them out: a piece at a
-    /// time, each under the lock, so that a piece is seen whole and the engine's writes wait
-    /// for no more than one piece's look; the caller has checked the range. A mapping's
-    /// pieces go through a buffer of one piece, which stays in the cache.
+    /// Shows `len` bytes from offset `at` to `seen`, a piece at a time; the caller has
+    /// checked the range. Host memory's pieces are shown where they lie, under the lock, so
+    /// that a piece is seen whole and the engine's writes wait for no more than one piece's
+    /// look. A mapping is shared with a device or another process, so never shown as a
+    /// `&[u8]`: each piece is copied out under the lock into a buffer of one piece, which
+    /// stays in the cache, and shown after.
     ///
     /// # Panics
     ///
-    /// When `seen` uses this buffer (a region call, a poll of the NIC that lands a packet in
-    /// it): the lock it holds would deadlock.
+    /// When `seen`, shown host memory, uses this buffer (a region call, a poll of the NIC
+    /// that lands a packet in it): the lock it is shown under would deadlock.
     pub(crate) fn inspect(&self, at: u64, len: u64, seen: &mut dyn FnMut(&[u8])) {
         let mut at = usize::try_from(at).unwrap_or(usize::MAX);
         let mut left = usize::try_from(len).unwrap_or(usize::MAX);
@@ -134,8 +116,17 @@ impl HostBuf {
         while left > 0 {
             let n = left.min(COPY_CHUNK);
             let storage = self.lock();
-            let _mark = Inspecting::mark(self.id());
-            storage.show(at, n, &mut scratch, seen);
+            if let Storage::Heap(bytes) = &*storage {
+                let _mark = Inspecting::mark(self.id());
+                if let Some(piece) = at.checked_add(n).and_then(|end| bytes.get(at..end)) {
+                    seen(piece);
+                }
+            } else {
+                scratch.resize(n, 0);
+                storage.read(at, &mut scratch);
+                drop(storage);
+                seen(&scratch);
+            }
             at = at.saturating_add(n);
             left -= n;
         }
