@@ -1,5 +1,6 @@
 //! The memory a region is registered on ([`RegionMemory`]), and [`MappedMemory`], the one kind
-//! whose address may leave Rust. Data for the API and both backends: no backend is named here.
+//! whose address may leave Rust. Data for the API and both backends: no backend is named here;
+//! also the piece a long read handles at a time ([`PIECE`], [`show_copied`]).
 
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -169,6 +170,32 @@ impl MappedMemory {
                 size: self.len() as u64,
             })
     }
+}
+
+/// The bytes a long read or look at memory handles at a time: small enough to stay in the
+/// cache between being copied and being looked at, and on the soft NIC the most a region's
+/// lock is held for.
+pub(crate) const PIECE: usize = 64 * 1024;
+
+/// Shows `len` bytes to `seen` a [`PIECE`] at a time, each copied by `read(offset, piece)`
+/// into one buffer of one piece first: for memory that may change under a `&[u8]` (a
+/// mapping, a device's), so that a look costs one read of memory and no write of it.
+/// Stops at the first read that fails.
+pub(crate) fn show_copied<E>(
+    len: u64,
+    mut read: impl FnMut(u64, &mut [u8]) -> Result<(), E>,
+    seen: &mut dyn FnMut(&[u8]),
+) -> Result<(), E> {
+    let mut piece = vec![0; usize::try_from(len).map_or(PIECE, |len| len.min(PIECE))];
+    let mut done = 0;
+    while done < len {
+        let n = usize::try_from(len - done).map_or(PIECE, |left| left.min(PIECE));
+        let piece = &mut piece[..n];
+        read(done, piece)?;
+        seen(piece);
+        done += n as u64;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

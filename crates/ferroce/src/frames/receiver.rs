@@ -21,6 +21,7 @@ use ferroce_proto::{InboundWrite, Psn, WriteFilter};
 
 use super::metadata::{round_up, ExtendedCounter, ImmediateLayout, Metadata, METADATA_SIZE};
 use crate::device::DeviceMemory;
+use crate::memory::show_copied;
 use crate::qp::{ConnectOptions, Mtu, QpEndpoint};
 use crate::{Cq, MappedMemory, Nic, Qp, Region, RegionAccess, RegionError, RegionMemory};
 
@@ -1114,21 +1115,18 @@ impl Receiver {
         len: usize,
         mut seen: impl FnMut(&[u8]),
     ) -> Result<(), FrameReadError> {
-        const PIECE: usize = 64 * 1024;
         let (run, at) = self.frame_span(frame, len)?;
         epoch_checked(&run.book, frame.page, frame.page_epoch, || {
             match &run.device {
-                Some(device) => {
-                    let mut piece = vec![0; len.min(PIECE)];
-                    for start in (0..len).step_by(PIECE) {
-                        let piece = &mut piece[..(len - start).min(PIECE)];
+                Some(device) => show_copied(
+                    len as u64,
+                    |off, piece| {
                         device
-                            .read(at + start as u64, piece)
-                            .map_err(|e| FrameReadError::Device(e.to_string()))?;
-                        seen(piece);
-                    }
-                    Ok(())
-                }
+                            .read(at + off, piece)
+                            .map_err(|e| FrameReadError::Device(e.to_string()))
+                    },
+                    &mut seen,
+                ),
                 None => run
                     .region
                     .inspect(at, len as u64, &mut seen)

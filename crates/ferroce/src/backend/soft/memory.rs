@@ -8,10 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
 use rustc_hash::FxHashMap;
 
+use crate::memory::{show_copied, PIECE};
 use crate::sys;
-
-/// The most bytes a region copy moves under one take of the region's lock.
-const COPY_CHUNK: usize = 64 * 1024;
 
 /// Where a region's bytes live.
 #[derive(Debug)]
@@ -92,8 +90,8 @@ impl HostBuf {
     /// and while it is still in the cache.
     pub(crate) fn read_with(&self, at: u64, out: &mut [u8], seen: &mut dyn FnMut(&[u8])) {
         let at = usize::try_from(at).unwrap_or(usize::MAX);
-        for (i, piece) in out.chunks_mut(COPY_CHUNK).enumerate() {
-            self.lock().read(at.saturating_add(i * COPY_CHUNK), piece);
+        for (i, piece) in out.chunks_mut(PIECE).enumerate() {
+            self.lock().read(at.saturating_add(i * PIECE), piece);
             seen(piece);
         }
     }
@@ -110,25 +108,30 @@ impl HostBuf {
     /// When `seen`, shown host memory, uses this buffer (a region call, a poll of the NIC
     /// that lands a packet in it): the lock it is shown under would deadlock.
     pub(crate) fn inspect(&self, at: u64, len: u64, seen: &mut dyn FnMut(&[u8])) {
-        let mut at = usize::try_from(at).unwrap_or(usize::MAX);
-        let mut left = usize::try_from(len).unwrap_or(usize::MAX);
-        let mut scratch = Vec::new();
-        while left > 0 {
-            let n = left.min(COPY_CHUNK);
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        // A buffer's storage is one kind for its life.
+        if matches!(*self.lock(), Storage::Mapped(_)) {
+            let read = |off, piece: &mut [u8]| {
+                let off = usize::try_from(off).unwrap_or(usize::MAX);
+                self.lock().read(at.saturating_add(off), piece);
+                Ok::<_, std::convert::Infallible>(())
+            };
+            let Ok(()) = show_copied(len, read, seen);
+            return;
+        }
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(PIECE);
             let storage = self.lock();
-            if let Storage::Heap(bytes) = &*storage {
-                let _mark = Inspecting::mark(self.id());
-                if let Some(piece) = at.checked_add(n).and_then(|end| bytes.get(at..end)) {
+            let _mark = Inspecting::mark(self.id());
+            let start = at.saturating_add(done);
+            if let (Storage::Heap(bytes), Some(end)) = (&*storage, start.checked_add(n)) {
+                if let Some(piece) = bytes.get(start..end) {
                     seen(piece);
                 }
-            } else {
-                scratch.resize(n, 0);
-                storage.read(at, &mut scratch);
-                drop(storage);
-                seen(&scratch);
             }
-            at = at.saturating_add(n);
-            left -= n;
+            done += n;
         }
     }
 
@@ -136,8 +139,8 @@ impl HostBuf {
     /// piece at a time, as reads do.
     pub(crate) fn write(&self, at: u64, data: &[u8]) {
         let at = usize::try_from(at).unwrap_or(usize::MAX);
-        for (i, piece) in data.chunks(COPY_CHUNK).enumerate() {
-            self.lock().write(at.saturating_add(i * COPY_CHUNK), piece);
+        for (i, piece) in data.chunks(PIECE).enumerate() {
+            self.lock().write(at.saturating_add(i * PIECE), piece);
         }
     }
 

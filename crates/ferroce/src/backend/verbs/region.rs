@@ -11,11 +11,8 @@ use super::device::Device;
 use super::ffi::Mr;
 use crate::attr::RegionAccess;
 use crate::error::{memlock_error, RegionError};
-use crate::memory::{MappedMemory, RegionMemory};
+use crate::memory::{show_copied, MappedMemory, RegionMemory, PIECE};
 use crate::sys;
-
-/// The bytes a piece of a long read shows at a time: small enough to stay in the cache.
-const PIECE: usize = 64 * 1024;
 
 /// A registration on a verbs device, which owns the host bytes.
 pub(crate) struct Region {
@@ -120,15 +117,11 @@ impl Region {
     /// stays in the cache: the device may write the memory at any moment, so it is never
     /// shown as a `&[u8]`. The caller has checked the range.
     pub(crate) fn inspect(&self, at: u64, len: u64, seen: &mut dyn FnMut(&[u8])) {
-        let mut scratch = vec![0; PIECE.min(usize::try_from(len).unwrap_or(PIECE))];
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(PIECE as u64) as usize;
-            let piece = &mut scratch[..n];
-            self.read(at + done, piece);
-            seen(piece);
-            done += n as u64;
-        }
+        let read = |off, piece: &mut [u8]| {
+            self.read(at + off, piece);
+            Ok::<_, std::convert::Infallible>(())
+        };
+        let Ok(()) = show_copied(len, read, seen);
     }
 
     /// Copies in; the caller has checked the range.
