@@ -469,13 +469,11 @@ impl Sender {
         Ok(())
     }
 
-    /// Sends `n` WRITE ONLY packets carrying chunks `first..first + n` of `data` to the page
-    /// at `base` as one batch (GSO sends where the path allows), each gathered from its
-    /// headers, its chunk of `data` and its ICRC, so the payload is never copied in user
-    /// space. Each payload's CRC-32 is combined into `frame_crc`, the CRC of the frame's data
-    /// so far, on the way.
-    /// Sends packets `first..first + n` of a frame, whose bytes are `data`: the frame's
-    /// from offset `first × payload` on.
+    /// Sends `n` WRITE ONLY packets carrying chunks `first..first + n` of a frame to the page
+    /// at `base` as one batch (GSO sends where the path allows); `data` is the frame's bytes
+    /// from chunk `first` on. Each packet is gathered from its headers, its piece of `data`
+    /// and its ICRC, so the payload is never copied in user space. Each payload's CRC-32 is
+    /// combined into `frame_crc`, the CRC of the frame's data so far, on the way.
     fn send_batch(
         &mut self,
         base: u64,
