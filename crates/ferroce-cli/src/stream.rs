@@ -782,7 +782,8 @@ impl Streamer {
         let mut schedule = Schedule::new(self.fps, *sender.target(), start);
         // A sensor's readout takes most of its frame time; pace the packets over 80% of it.
         let pace = schedule.period().map(|p| p.mul_f64(0.8));
-        let mut data = vec![0; sender.target().frame_size];
+        // A file's frame, copied out of the file (a pattern's are filled as they are sent).
+        let mut data = Vec::new();
         // A pattern's CRCs are worked out, not read: a third of the sender's time otherwise.
         let mut crcs = PatternCrcs::new();
         let mut sent = 0u64;
@@ -804,7 +805,6 @@ impl Streamer {
                         };
                         // Pages start again at 0 for the new receiver; PSNs run on.
                         sender.retarget(t)?;
-                        data.resize(t.frame_size, 0);
                         eprintln!("{}", programmed_line(&t, self.fps));
                     }
                 }
@@ -813,16 +813,18 @@ impl Streamer {
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
             }
             let number = sent as u32;
+            let frame_size = sender.target().frame_size;
             let sending = match self.source {
                 // Each batch written just before it leaves, still in the cache for the
                 // socket's copy (BENCHMARKS.md, the data path's sixteenth step).
                 Source::Pattern(p) => sender.send_frame_filled(
-                    data.len(),
+                    frame_size,
                     pace,
                     &mut |at, piece| p.fill_at(number, at, piece),
                     &mut |at, bytes| crcs.crc(p, number, at, bytes),
                 ),
                 Source::File(_) => {
+                    data.resize(frame_size, 0);
                     self.source.fill(number, &mut data);
                     sender.send_frame(&data, pace)
                 }
