@@ -8,12 +8,12 @@
 # follows a wake-up); beside the median and 99th percentile. Each lost core is a round trip
 # that waits for the thread to be scheduled again, a time slice when another task took it.
 # Needs: perf (linux-perf), sockperf, a release build (cargo build --release -p ferroce-cli).
-# Usage: scripts/bench-loaded-switches.sh [ITERS] [ROUNDS]        defaults 50000 and 2
+# Usage: [FERROCE_BIN=path] scripts/bench-loaded-switches.sh [ITERS] [ROUNDS]   defaults 50000, 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-50000}
 rounds=${2:-2}
-bin=target/release/ferroce
+bin=${FERROCE_BIN:-target/release/ferroce}
 work=$(mktemp -d)
 hogs=()
 stop() {
