@@ -4,8 +4,9 @@
 # two CPU-bound shell loops (one per core of a two-core machine, standing in for a build), the
 # client recorded with `perf record -e sched:sched_switch`. Per round trip: how often the
 # client's polling thread lost its core to its own NIC's progress thread and to anything else
-# (a loop's time slice, mostly), and how often the progress thread went to sleep (each sleep
-# follows a wake-up); beside the median and 99th percentile. Each lost core is a round trip
+# (a loop's time slice, mostly), how often it then stayed off its core for 100 us or more, and
+# how often the progress thread went to sleep (each sleep follows a wake-up); beside the median
+# and 99th percentile. Each lost core is a round trip
 # that waits for the thread to be scheduled again, a time slice when another task took it.
 # Needs: perf (linux-perf), sockperf, a release build (cargo build --release -p ferroce-cli).
 # Usage: [FERROCE_BIN=path] scripts/bench-loaded-switches.sh [ITERS] [ROUNDS]   defaults 50000, 2
@@ -30,18 +31,20 @@ sleep 0.5
 
 # The recorded client's switches, per round trip: count ROUND-TRIPS.
 count() {
-    perf script -i "$work/sched.data" -F pid,tid,trace 2>/dev/null | awk -v n="$1" '
+    perf script -i "$work/sched.data" -F pid,tid,time,trace 2>/dev/null | awk -v n="$1" '
         match($0, /prev_comm=.* prev_pid=/) {
             pid = $1; sub(/\/.*/, "", pid)
+            t = $2; sub(/:$/, "", t)
             split(substr($0, RSTART), f, / prev_pid=| prev_prio=| prev_state=| ==> next_comm=| next_pid=| next_prio=/)
             comm = substr(f[1], 11); from = f[2]; state = f[4]; to = f[6]
             if (comm ~ /^ferroce 127/) progress[from] = 1
             if (state == "S" && comm ~ /^ferroce 127/) sleeps++
-            if (from == pid && state ~ /^R/) lost[to]++
+            if (from == pid && state ~ /^R/) { lost[to]++; off = t }
+            if (to == pid && off != "") { if (t - off >= 0.0001) long++; off = "" }
         }
         END {
             for (t in lost) if (t in progress) own += lost[t]; else other += lost[t]
-            printf "lost to own progress thread %.4f, to others %.4f, progress thread sleeps %.4f", own / n, other / n, sleeps / n
+            printf "lost to own progress thread %.4f, to others %.4f, for 100 us or more %.4f, progress thread sleeps %.4f", own / n, other / n, long / n, sleeps / n
         }'
 }
 
