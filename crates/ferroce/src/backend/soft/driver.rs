@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -169,10 +169,12 @@ enum ThreadSleep {
     /// On the socket and the doorbell, until a datagram, a ring, or the engine's next timer
     /// (`None`: none is armed).
     Socket(Option<Instant>),
-    /// On the doorbell and `Driver::nap_timer` beside a polling application, until `until`:
-    /// to look whether it still polls, or to send the ACKs it holds (`Locked::acks_due`). Its
-    /// polls run the engine's timers (`Driver::progress_here`), so the nap does not end for
-    /// them. With `pushed_on`, a nap at [`POLLER_WATCH_MAX`] that each poll may push on.
+    /// On the doorbell and `Driver::nap_timer` beside a polling application, until `until`
+    /// (or a longer nap after it, begun without the lock while the application was inside
+    /// the NIC): to look whether it still polls, or to send the ACKs it holds
+    /// (`Locked::acks_due`). Its polls run the engine's timers (`Driver::progress_here`), so
+    /// the nap does not end for them. With `pushed_on`, a nap at [`POLLER_WATCH_MAX`] that
+    /// each poll may push on.
     Nap { until: Instant, pushed_on: bool },
 }
 
@@ -380,7 +382,9 @@ impl Driver {
         self.learn_leave_gap(self.nanos(now));
         self.transmit_ready(&mut state, now, true);
         // The thread published its sleep under this lock with the timers it saw then: either
-        // it saw this change, or what it published is what it sleeps on.
+        // it saw this change, or what it published is what it sleeps on (a nap beside a
+        // polling application may since have been followed by a longer one, taken without
+        // the lock; `progress`).
         let ring = state
             .next_due()
             .is_some_and(|next| match state.thread_sleep {
@@ -835,10 +839,31 @@ impl Driver {
                     // gets the thread back at once.
                     // An error reads as the timer's end: the next turn looks again.
                     let fds = [self.bell_rx.as_raw_fd(), self.nap_timer.as_raw_fd()];
-                    if sys::poll_readable(fds, None).is_ok_and(|[bell, _]| bell) {
-                        self.answer_bell();
-                    } else if until == look {
+                    loop {
+                        if sys::poll_readable(fds, None).is_ok_and(|[bell, _]| bell) {
+                            self.answer_bell();
+                            break;
+                        }
+                        if until != look {
+                            break;
+                        }
                         watch = (watch * 2).min(POLLER_WATCH_MAX);
+                        // The look. An application inside the NIC right now (its lock is
+                        // taken) still polls: the next, longer nap begins without waiting for
+                        // the lock. Waiting woke this thread a second time on the core the
+                        // application spins on, and then handed that core to whatever else
+                        // was runnable there (BENCHMARKS.md, the data path's seventeenth step).
+                        // The nap published under the lock keeps its earlier end meanwhile:
+                        // a post after the application has left, arming a timer due within
+                        // this nap, does not ring, and the timer waits for the nap's end, at
+                        // most `POLLER_WATCH_MAX`, as one for an application that stopped
+                        // without a word does anyway. An application that holds the lock at
+                        // every look keeps this thread looking every `POLLER_WATCH_MAX`
+                        // rather than publish a nap its polls push on.
+                        if !matches!(self.state.try_lock(), Err(TryLockError::WouldBlock)) {
+                            break;
+                        }
+                        self.nap_timer.set_after(watch);
                     }
                     continue;
                 }
