@@ -244,6 +244,9 @@ pub(crate) struct Driver {
     /// Polls that did not look at the socket because the look before them had emptied it
     /// (`dry_polls`, [`Driver::progress_here`]).
     pub(crate) dry_polls: AtomicU64,
+    /// The progress thread's looks at a polling application that found it inside the NIC
+    /// (the lock taken) and began the next nap without waiting for the lock (`busy_looks`).
+    pub(crate) busy_looks: AtomicU64,
 }
 
 impl Driver {
@@ -289,6 +292,7 @@ impl Driver {
             async_events: EventFd::new()?,
             progress_rcvd: AtomicU64::new(0),
             dry_polls: AtomicU64::new(0),
+            busy_looks: AtomicU64::new(0),
         }))
     }
 
@@ -863,6 +867,7 @@ impl Driver {
                         if !matches!(self.state.try_lock(), Err(TryLockError::WouldBlock)) {
                             break;
                         }
+                        self.busy_looks.fetch_add(1, Ordering::Relaxed);
                         self.nap_timer.set_after(watch);
                     }
                     continue;
@@ -973,5 +978,45 @@ mod tests {
             state.found_empty,
             "the look after the batch found the socket empty"
         );
+    }
+
+    /// A look at a polling application that finds it inside the NIC does not wait for the
+    /// lock: the progress thread naps on. The test holds the lock as an application does
+    /// while it polls, and keeps saying it polls (`hold_socket`, as `Cq::drive` does); the
+    /// progress thread, once napping beside it, counts a look that found the lock taken.
+    /// Waiting for the lock instead, it would count none before the lock is let go.
+    #[test]
+    fn a_look_beside_an_application_inside_the_nic_does_not_wait_for_its_lock() {
+        let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 3));
+        driver.start(false).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let polls = |driver: &Driver| driver.hold_socket(Instant::now() + Duration::from_millis(5));
+        // Until the thread naps beside the "application": it may first sleep on the socket,
+        // from which a poke brings it back to see the poller. (Not a ring: one left on the
+        // doorbell would end the nap, and the thread would then wait for the lock.)
+        let state = loop {
+            polls(&driver);
+            let state = driver.lock();
+            if matches!(state.thread_sleep, ThreadSleep::Nap { .. }) {
+                break state;
+            }
+            drop(state);
+            driver.poke_socket();
+            assert!(
+                Instant::now() < deadline,
+                "the progress thread never napped"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        while driver.busy_looks.load(Ordering::Relaxed) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no look began its nap while the lock was taken"
+            );
+            polls(&driver);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(state);
+        driver.stop();
     }
 }

@@ -245,6 +245,8 @@ impl Nic {
         line.push_str(&format!(" progress_thread_rcvd {progress}"));
         let dry = self.driver.dry_polls.load(Ordering::Relaxed);
         line.push_str(&format!(" dry_polls {dry}"));
+        let busy = self.driver.busy_looks.load(Ordering::Relaxed);
+        line.push_str(&format!(" busy_looks {busy}"));
         line
     }
 
