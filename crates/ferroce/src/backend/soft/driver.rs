@@ -914,8 +914,9 @@ mod tests {
 
     use super::*;
 
-    /// A driver whose progress thread never started: the test's calls are the only looks at
-    /// its socket, so each can be counted by the packets the engine received.
+    /// A driver whose progress thread has not started (a test may start it): the test's
+    /// calls are the only looks at its socket, so each can be counted by the packets the
+    /// engine received.
     fn driver_alone(ip: Ipv4Addr) -> Arc<Driver> {
         let options = udp::PortOptions {
             gso: false,
