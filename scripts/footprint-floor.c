@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "floor.h"
+
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
@@ -41,20 +43,6 @@ extern unsigned fp_chain(int calls, unsigned x);
 static int calls;
 static size_t data_len;
 static volatile unsigned char *data;
-
-static double now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static struct sockaddr_in addr_of(const char *ip)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(4791)};
-    a.sin_addr.s_addr = inet_addr(ip);
-    return a;
-}
 
 /* A socket as ferroce's: GSO cuts each send after the WRITE, GRO hands a train over whole. */
 static int bound(const char *ip)
@@ -124,7 +112,8 @@ int main(int argc, char **argv)
     struct sockaddr_in client = addr_of("127.0.15.3"), server = addr_of("127.0.15.4");
     unsigned char msg[TURN];
     memset(msg, 7, sizeof msg);
-    unsigned sink = 1;
+    /* Where each block's result goes, so that the compiler keeps the block. */
+    volatile unsigned sink = 1;
 
     pid_t echo = fork();
     if (echo == 0) {
@@ -133,7 +122,7 @@ int main(int argc, char **argv)
             sink = block(sink);
             sendto(fd, msg, sizeof msg, 0, (struct sockaddr *)&client, sizeof client);
         }
-        _exit(sink == 0xdeadbeef);
+        _exit(0);
     }
     int fd = bound("127.0.15.3");
     usleep(100000);
@@ -147,8 +136,8 @@ int main(int argc, char **argv)
         sink = block(sink);
         double done = now_ns();
         if (i >= WARMUP) {
-            /* The round trip holds the peer's block; this end's comes after it. */
-            halves[i - WARMUP] = (got - sent + done - got) / 2000.0;
+            /* The round trip held the peer's block; this end's follows it. */
+            halves[i - WARMUP] = (done - sent) / 2000.0;
             inside[i - WARMUP] = (done - got) / 1000.0;
         }
     }
@@ -164,8 +153,7 @@ int main(int argc, char **argv)
     }
     double half = median(halves, turns), in_place = median(inside, turns);
     printf("calls %5d, data %5zu KiB: half round trip %.3f us, block in place %.3f us, "
-           "warm %.3f us, kernel's share %.3f us (%u)\n",
-           calls, data_len / 1024, half, in_place, median(warm, 2000), half - in_place,
-           sink & 1);
+           "warm %.3f us, kernel's share %.3f us\n",
+           calls, data_len / 1024, half, in_place, median(warm, 2000), half - in_place);
     return 0;
 }

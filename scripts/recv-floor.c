@@ -34,25 +34,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "floor.h"
+
 #ifndef UDP_GRO
 #define UDP_GRO 104
 #endif
 
 enum { PAYLOAD = 48, ROOM = 2048, CONTROL = 64 };
-
-static double now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static struct sockaddr_in addr_of(const char *ip)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(4791)};
-    a.sin_addr.s_addr = inet_addr(ip);
-    return a;
-}
 
 static int bound(const char *ip)
 {

@@ -1,0 +1,28 @@
+/*
+ * What the floor programs (recv-floor.c, footprint-floor.c) share: their clock and the
+ * RoCE port on a loopback address. Included by each; nothing to build on its own.
+ */
+#ifndef FERROCE_FLOOR_H
+#define FERROCE_FLOOR_H
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <time.h>
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+static inline double now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+/* Port 4791 on `ip`, a dotted IPv4 address. */
+static inline struct sockaddr_in addr_of(const char *ip)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(4791)};
+    a.sin_addr.s_addr = inet_addr(ip);
+    return a;
+}
+
+#endif
