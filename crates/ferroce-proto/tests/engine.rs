@@ -583,6 +583,63 @@ fn a_lost_tail_is_resent_after_a_few_round_trips_not_the_ack_timeout() {
     assert_eq!(c.completer_retry_err, 0, "no retry_cnt spent");
 }
 
+/// The schedule files timers lazily: an ACK that disarms a request's timers leaves its entry
+/// in the index, and the next request's later timers stay behind it. That entry comes due with
+/// nothing to do, sends nothing, and must file the timer really armed then, or a loss behind
+/// it would wait for nothing.
+#[test]
+fn a_timer_left_from_an_answered_request_files_the_next_one_when_it_comes_due() {
+    let mut f = Fabric::new(2, 31);
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 8192, Access::LOCAL, 0);
+    let dst = f.region(1, 8192, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, 9));
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 4096)),
+        )
+        .unwrap();
+    // Answered within the first 200 us; its early-resend timer (a millisecond at least) is
+    // disarmed but still filed.
+    assert!(!f.run_for(Duration::from_micros(200)), "an entry is left");
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    let left = f.nodes[0].engine.poll_timeout().expect("an entry is left");
+    // The second WRITE leaves just before that entry comes due, so that its own timers, a
+    // millisecond or more later, stay filed behind it.
+    assert!(!f.run_for(left - f.now - Duration::from_micros(100)));
+    let sent = f.nodes[0].engine.counters().sent_pkts;
+    let before = f.elapsed();
+    drop_first(&mut f, 0, Operation::RdmaWriteLast);
+    post_and_complete(
+        &mut f,
+        qa,
+        SendWr::new(2, SendOp::Write(remote(&dst, 4096)), sge(&src, 4096, 4096)),
+    );
+    assert!(f.bytes(1, &dst) == &pattern(8192, 9)[..], "bytes differ");
+    let took = f.elapsed() - before;
+    let ack_timeout = Duration::from_nanos(4096 << 14);
+    assert!(
+        took < ack_timeout / 10,
+        "{took:?}: recovered by the ACK timeout, not early"
+    );
+    let c = f.nodes[0].engine.counters();
+    assert_eq!(c.early_resends, 1, "the left entry resent nothing");
+    assert_eq!(c.completer_retry_err, 0);
+    // The second WRITE's four packets, and the four its early resend probed with.
+    assert_eq!(c.sent_pkts - sent, 8);
+    assert_eq!(
+        f.nodes[0].engine.poll_timeout(),
+        None,
+        "idle: nothing filed"
+    );
+}
+
 /// A peer that suddenly answers slowly (an emulated rxe working through a window) is not a
 /// loss: the early resend probes with a few packets only, the ACKs for the originals show it
 /// was needless, and the requester carries on from where it had got to instead of sending

@@ -105,7 +105,7 @@ fn run(work: Work, loss_percent: u32, seed: u64) -> Figures {
         .iter()
         .filter(|&&b| b == 0x5a)
         .count();
-    let secs = f.elapsed().as_secs_f64();
+    let secs = f.busy_for().as_secs_f64();
     let c = *f.nodes[0].engine.counters();
     let r = *f.nodes[1].engine.counters();
     Figures {

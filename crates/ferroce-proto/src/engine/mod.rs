@@ -1211,7 +1211,9 @@ impl Engine {
         None
     }
 
-    /// When [`Engine::handle_timeout`] should next be called, if any timer is armed.
+    /// When [`Engine::handle_timeout`] should next be called, if any timer is armed: at or
+    /// before the earliest, and now and then at a time when nothing is left due, after a timer
+    /// was disarmed (the schedule files its entries lazily).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.schedule.next_deadline()
@@ -1224,8 +1226,9 @@ impl Engine {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
             };
-            Timers::take_due(&mut qp.timers.rnr_wait, now);
-            if Timers::take_due(&mut qp.timers.early, now) {
+            let rnr_ended = Timers::take_due(&mut qp.timers.rnr_wait, now);
+            let early = Timers::take_due(&mut qp.timers.early, now);
+            if early {
                 let due_anyway = qp.timers.retransmit.is_some_and(|t| t <= now);
                 // An RNR wait is the responder's word, not a loss.
                 if qp.state == QpState::Rts
@@ -1236,16 +1239,19 @@ impl Engine {
                     qp.resend_early(&mut self.dev, now);
                 }
             }
-            if Timers::take_due(&mut qp.timers.retransmit, now)
-                && qp.state == QpState::Rts
-                && qp.comp_psn != qp.req_psn
-            {
+            let timed_out = Timers::take_due(&mut qp.timers.retransmit, now);
+            if timed_out && qp.state == QpState::Rts && qp.comp_psn != qp.req_psn {
                 let from = qp.comp_psn;
                 qp.probing = qp.timed_out;
                 qp.timed_out = true;
                 qp.retry(&mut self.dev, from, RetryCause::Timeout);
             }
-            self.touch(qpn);
+            // The entry was due: filed again under what is armed now, or taken out. One left
+            // from a disarmed timer has nothing more to do.
+            self.schedule.refile(qpn, qp);
+            if rnr_ended || early || timed_out {
+                self.schedule.touch(qpn, qp);
+            }
         }
     }
 }

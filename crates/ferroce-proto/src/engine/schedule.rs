@@ -3,7 +3,17 @@
 //! turn) and when each one's earliest timer fires (an ordered index).
 //!
 //! Every input that reaches a queue pair ends in [`Schedule::touch`] or [`Schedule::sync`],
-//! which bring the queue pair's entries up to date from its state; nothing else writes them.
+//! which bring the queue pair's entries up to date from its state, and each pass of the
+//! timers in [`Schedule::refile`]; nothing else writes them.
+//!
+//! The timer index is filed lazily: a queue pair's entry is at or before its earliest timer,
+//! or left behind when no timer is armed, and moves only when a timer comes due earlier than
+//! it. A request's timers are armed when it leaves and disarmed by its ACK, so a latency-bound
+//! exchange moved its entry out and back at each round trip (two ordered-set updates, about
+//! 600 of a write-lat round trip's 10,200 instructions); now an entry comes due at most once
+//! per early-resend delay (a millisecond or more), finds what is really armed, and is filed
+//! again there. An engine's [`Engine::poll_timeout`] may so name a time at which nothing is
+//! due: its caller wakes once for nothing, as it would for a timer disarmed while it slept.
 //!
 //! Nothing here shares a budget of packets in flight across the queue pairs towards one peer.
 //! One was tried (four windows per peer): a thousand queue pairs then had half a packet each
@@ -18,7 +28,8 @@ use super::*;
 pub(super) struct Sched {
     /// In the ready queue.
     pub(super) queued: bool,
-    /// The deadline under which the timer index holds it.
+    /// The deadline under which the timer index holds it: at or before its earliest armed
+    /// timer, or left from an earlier one (see the module documentation).
     pub(super) filed: Option<Instant>,
 }
 
@@ -40,18 +51,33 @@ impl Schedule {
         self.sync(qpn, qp);
     }
 
-    /// Files `qp`'s earliest timer again.
+    /// Files `qp`'s earliest timer again where it comes due before its entry, or has none;
+    /// an entry at or before it stays (see the module documentation).
     pub(super) fn sync(&mut self, qpn: u32, qp: &mut Qp) {
+        match (qp.timers.next(), qp.sched.filed) {
+            (Some(next), Some(filed)) if filed <= next => {}
+            (None, _) => {}
+            (next, _) => self.file(qpn, qp, next),
+        }
+    }
+
+    /// Files `qp` under exactly its earliest timer, or takes it out of the index: after a
+    /// pass of the timers that found its entry due, whether or not anything was.
+    pub(super) fn refile(&mut self, qpn: u32, qp: &mut Qp) {
         let next = qp.timers.next();
         if next != qp.sched.filed {
-            if let Some(old) = qp.sched.filed {
-                self.deadlines.remove(&(old, qpn));
-            }
-            if let Some(new) = next {
-                self.deadlines.insert((new, qpn));
-            }
-            qp.sched.filed = next;
+            self.file(qpn, qp, next);
         }
+    }
+
+    fn file(&mut self, qpn: u32, qp: &mut Qp, next: Option<Instant>) {
+        if let Some(old) = qp.sched.filed {
+            self.deadlines.remove(&(old, qpn));
+        }
+        if let Some(new) = next {
+            self.deadlines.insert((new, qpn));
+        }
+        qp.sched.filed = next;
     }
 
     /// The next queue pair in line; the caller skips one that is no longer there or no longer
@@ -78,7 +104,7 @@ impl Schedule {
         }
     }
 
-    /// The earliest deadline of any queue pair.
+    /// The earliest deadline of any queue pair, which may have nothing left due at it.
     pub(super) fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.first().map(|&(t, _)| t)
     }

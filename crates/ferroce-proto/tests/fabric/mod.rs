@@ -118,6 +118,8 @@ pub struct Fabric {
     in_flight: BinaryHeap<InFlight>,
     seq: u64,
     pub delivered: u64,
+    /// When the last packet reached its node.
+    last_delivery: Instant,
     pub dropped: u64,
 }
 
@@ -155,12 +157,19 @@ impl Fabric {
             in_flight: BinaryHeap::new(),
             seq: 0,
             delivered: 0,
+            last_delivery: start,
             dropped: 0,
         }
     }
 
     pub fn elapsed(&self) -> Duration {
         self.now - self.start
+    }
+
+    /// Virtual time from the start to the last packet's arrival: how long the traffic took,
+    /// without the timers that ran after it (one left from a disarmed timer does nothing).
+    pub fn busy_for(&self) -> Duration {
+        self.last_delivery - self.start
     }
 
     /// Registers `len` bytes filled with `fill` on node `i`.
@@ -446,6 +455,7 @@ impl Fabric {
                 node.engine
                     .handle_datagram(self.now, p.src, dst, &p.bytes, &mut node.mem);
                 self.delivered += 1;
+                self.last_delivery = self.now;
                 let _ = p.from;
             }
             for node in &mut self.nodes {
