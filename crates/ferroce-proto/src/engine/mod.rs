@@ -1222,6 +1222,10 @@ impl Engine {
     /// Runs the timers that are due at `now`: retransmission (go-back-N, or retry exhaustion)
     /// and the end of RNR waits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        // Called at every poll of a polling driver: most find nothing due.
+        if self.schedule.next_deadline().is_none_or(|t| t > now) {
+            return;
+        }
         for qpn in self.schedule.due(now) {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
