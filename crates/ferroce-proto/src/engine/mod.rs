@@ -1191,7 +1191,14 @@ impl Engine {
                 Schedule::idle(qp);
                 continue;
             };
-            self.schedule.again(key);
+            // One that certainly has nothing more leaves the line now, rather than at a turn
+            // that would find so (a latency-bound exchange's one packet a message: a turn of
+            // the line each, then another to find it empty).
+            if qp.is_ud() || qp.may_send_more() {
+                self.schedule.again(key);
+            } else {
+                Schedule::idle(qp);
+            }
             let ip = IpHeader::between(self.dev.local_ip, peer.ip())?;
             // A UDP socket sends from its own port, not the per-QP port rxe picks when it
             // builds the IP header itself; the ICRC must cover the port actually used.

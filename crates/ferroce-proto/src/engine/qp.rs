@@ -211,6 +211,13 @@ impl Qp {
         self.init.qp_type == QpType::Ud
     }
 
+    /// Whether the connected queue pair may have another packet to send after one just
+    /// made: a response queued, or a request not yet sent whole. `false` is certain (its next
+    /// turn would find nothing); `true` may not be (a closed window, an RNR wait).
+    pub(super) fn may_send_more(&self) -> bool {
+        !self.resp.responses.is_empty() || self.req_index < self.sq.len()
+    }
+
     /// QP 1, whose Q_Key is fixed.
     pub(super) fn is_gsi(&self) -> bool {
         self.qpn.value() == 1
