@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# How many instructions a write-lat round trip runs on the client's polling thread (issue 26,
+# item 1), by callgrind: (a run of 12,000 round trips - a run of 2,000) / 10,000, the server
+# running natively beside it.
+#
+# Under valgrind the client runs some 50 times slower, and the soft NIC's driver decides by the
+# clock: with its own timing, an ACK held for the next reply (20 us) goes out alone, the dry
+# poll's mark (10 us) lapses, and the profile is of a path the native client does not take (two
+# sends a round trip instead of one GSO send of two packets). So each REV is built, in a
+# scratch worktree, with the driver's timing constants multiplied by 50 (POLLER_WATCH_MAX 2 ms
+# -> 100 ms); the script checks the client's counters for one GSO send a round trip. The
+# count still moves with how often the client polls an empty socket while it waits (runs of
+# one build spread by 2-3 %), so each build runs ROUNDS times, builds alternating, and the
+# median is what to compare.
+# Needs: valgrind. Usage: scripts/bench-turn-instructions.sh [ROUNDS] REV...  (REV: a commit,
+# or WT for the working tree as it is)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+shift
+[ $# -gt 0 ] || { echo "usage: $0 [ROUNDS] REV..." >&2; exit 2; }
+root=$(pwd)
+work=$(mktemp -d)
+trees=()
+stop() {
+    for t in "${trees[@]}"; do git -C "$root" worktree remove --force "$t" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap stop EXIT
+
+scale='s/^(const (POLLER_GRACE|LEAVES_AFTER|ANSWERS_WITHIN|LINGER_MAX|PROGRESS_SLICE|ACK_WITHIN|DRY_FOR|ACK_HOLD): Duration = Duration::from_micros)\(([0-9]+)\);/\1(\3 * 50);/; s/^(const POLLER_WATCH_MAX: Duration = Duration::from_millis)\(2\);/\1(100);/'
+driver=crates/ferroce/src/backend/soft/driver.rs
+i=0
+bins=()
+for rev in "$@"; do
+    i=$((i + 1))
+    tree="$work/tree$i"
+    if [ "$rev" = WT ]; then
+        mkdir -p "$tree"
+        git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$tree"
+    else
+        git worktree add -q --detach "$tree" "$rev"
+        trees+=("$tree")
+    fi
+    sed -i -E "$scale" "$tree/$driver"
+    [ "$(grep -c ' \* 50);' "$tree/$driver")" -eq 8 ] || { echo "$rev: driver constants not found" >&2; exit 1; }
+    echo "building $rev (timing x50)..." >&2
+    (cd "$tree" && CARGO_TARGET_DIR="$root/target/turn-instructions" \
+        cargo build -q --release -p ferroce-cli)
+    cp "$root/target/turn-instructions/release/ferroce" "$work/ferroce$i"
+    bins+=("$work/ferroce$i")
+done
+
+# One run of N round trips with the client under callgrind; prints its main thread's total.
+run() {
+    local bin=$1 n=$2
+    local out="$work/cg.$n"
+    "$bin" perf write-lat --local 127.0.0.2 -s 8 -n "$n" > /dev/null 2>&1 &
+    local server=$!
+    sleep 0.5
+    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out" \
+        "$bin" perf write-lat --local 127.0.0.3 -s 8 -n "$n" --stats 127.0.0.2 > "$work/client.$n" 2>&1
+    wait "$server"
+    local gso
+    gso=$(grep -o 'udp_gso_sends [0-9]*' "$work/client.$n" | awk '{print $2}')
+    if [ "${gso:-0}" -lt $((n * 9 / 10)) ]; then
+        echo "warning: $gso GSO sends in $n round trips: not the native path" >&2
+    fi
+    callgrind_annotate "$out-01" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+    rm -f "$out"*
+}
+
+declare -A per
+for r in $(seq "$rounds"); do
+    line="round $r:"
+    for j in "${!bins[@]}"; do
+        a=$(run "${bins[$j]}" 2000)
+        b=$(run "${bins[$j]}" 12000)
+        v=$(( (b - a) / 10000 ))
+        per[$j]="${per[$j]:-} $v"
+        line="$line ${*:$((j + 1)):1}=$v"
+    done
+    echo "$line"
+done
+for j in "${!bins[@]}"; do
+    med=$(echo "${per[$j]}" | tr ' ' '\n' | sed '/^$/d' | sort -n | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}')
+    echo "${*:$((j + 1)):1}: median $med instructions a round trip (runs:${per[$j]})"
+done
