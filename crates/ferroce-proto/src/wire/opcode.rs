@@ -183,6 +183,57 @@ struct Row {
     offsets: [u8; 9],
     /// BTH plus extension headers, in bytes.
     header_len: u8,
+    /// What the packet path asks of every packet's opcode ([`RESPONSE`], [`FIRST`],
+    /// [`LAST`], [`REQUEST`]): computed at compile time, one load and a mask each.
+    kind: u8,
+}
+
+/// [`Row::kind`]: an ACK, an atomic ACK or a READ response.
+const RESPONSE: u8 = 1;
+/// [`Row::kind`]: starts a message (FIRST or ONLY, or a single-packet operation).
+const FIRST: u8 = 2;
+/// [`Row::kind`]: ends a message (LAST or ONLY, or a single-packet operation).
+const LAST: u8 = 4;
+/// [`Row::kind`]: sent by a requester.
+const REQUEST: u8 = 8;
+
+const fn kind(op: Operation) -> u8 {
+    use Operation as O;
+    let response = matches!(
+        op,
+        O::Acknowledge
+            | O::AtomicAcknowledge
+            | O::RdmaReadResponseFirst
+            | O::RdmaReadResponseMiddle
+            | O::RdmaReadResponseLast
+            | O::RdmaReadResponseOnly
+    );
+    let first = !matches!(
+        op,
+        O::SendMiddle
+            | O::SendLast
+            | O::SendLastWithImmediate
+            | O::SendLastWithInvalidate
+            | O::RdmaWriteMiddle
+            | O::RdmaWriteLast
+            | O::RdmaWriteLastWithImmediate
+            | O::RdmaReadResponseMiddle
+            | O::RdmaReadResponseLast
+    );
+    let last = !matches!(
+        op,
+        O::SendFirst
+            | O::SendMiddle
+            | O::RdmaWriteFirst
+            | O::RdmaWriteMiddle
+            | O::RdmaReadResponseFirst
+            | O::RdmaReadResponseMiddle
+    );
+    let request = !response && !matches!(op, O::CongestionNotification);
+    (if response { RESPONSE } else { 0 })
+        | (if first { FIRST } else { 0 })
+        | (if last { LAST } else { 0 })
+        | (if request { REQUEST } else { 0 })
 }
 
 const fn offsets(headers: HeaderSet) -> [u8; 9] {
@@ -222,6 +273,7 @@ macro_rules! opcodes {
                 payload: $payload,
                 offsets: offsets($headers),
                 header_len: (super::Bth::LEN + $headers.len()) as u8,
+                kind: kind(Operation::$op),
             },
         )*];
     };
@@ -384,53 +436,30 @@ impl Opcode {
 
     /// Whether this opcode is sent by a requester (as opposed to an ACK or a READ response).
     #[must_use]
+    #[inline]
     pub const fn is_request(self) -> bool {
-        !self.is_response() && !matches!(self.operation(), Operation::CongestionNotification)
+        self.row().kind & REQUEST != 0
     }
 
     /// Whether this opcode is a response: an ACK, an atomic ACK or a READ response.
     #[must_use]
+    #[inline]
     pub const fn is_response(self) -> bool {
-        matches!(
-            self.operation(),
-            Operation::Acknowledge
-                | Operation::AtomicAcknowledge
-                | Operation::RdmaReadResponseFirst
-                | Operation::RdmaReadResponseMiddle
-                | Operation::RdmaReadResponseLast
-                | Operation::RdmaReadResponseOnly
-        )
+        self.row().kind & RESPONSE != 0
     }
 
     /// Whether this packet starts a message (FIRST or ONLY, or a single-packet operation).
     #[must_use]
+    #[inline]
     pub const fn is_first(self) -> bool {
-        !matches!(
-            self.operation(),
-            Operation::SendMiddle
-                | Operation::SendLast
-                | Operation::SendLastWithImmediate
-                | Operation::SendLastWithInvalidate
-                | Operation::RdmaWriteMiddle
-                | Operation::RdmaWriteLast
-                | Operation::RdmaWriteLastWithImmediate
-                | Operation::RdmaReadResponseMiddle
-                | Operation::RdmaReadResponseLast
-        )
+        self.row().kind & FIRST != 0
     }
 
     /// Whether this packet ends a message (LAST or ONLY, or a single-packet operation).
     #[must_use]
+    #[inline]
     pub const fn is_last(self) -> bool {
-        !matches!(
-            self.operation(),
-            Operation::SendFirst
-                | Operation::SendMiddle
-                | Operation::RdmaWriteFirst
-                | Operation::RdmaWriteMiddle
-                | Operation::RdmaReadResponseFirst
-                | Operation::RdmaReadResponseMiddle
-        )
+        self.row().kind & LAST != 0
     }
 }
 
@@ -463,6 +492,31 @@ impl fmt::Display for Opcode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kind bits agree with what each opcode's IBTA name says: FIRST, MIDDLE, LAST or
+    /// ONLY place a packet in its message (an operation without them is one packet), and
+    /// ACKs and READ responses are the responses.
+    #[test]
+    fn kinds_follow_the_ibta_names() {
+        for &op in Opcode::ALL {
+            let name = op.name();
+            let part = |p: &str| name.contains(p);
+            let staged = part("_FIRST") || part("_MIDDLE") || part("_LAST") || part("_ONLY");
+            let response = part("ACKNOWLEDGE") || part("READ_RESPONSE");
+            assert_eq!(
+                op.is_first(),
+                !staged || part("_FIRST") || part("_ONLY"),
+                "{name}"
+            );
+            assert_eq!(
+                op.is_last(),
+                !staged || part("_LAST") || part("_ONLY"),
+                "{name}"
+            );
+            assert_eq!(op.is_response(), response, "{name}");
+            assert_eq!(op.is_request(), !response && name != "CNP", "{name}");
+        }
+    }
 
     #[test]
     fn header_lengths_match_rxe_opcode_table() {
