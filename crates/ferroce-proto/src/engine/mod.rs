@@ -1149,7 +1149,7 @@ impl Engine {
             qp.handle_request(&packet, &mut self.dev, mem);
         }
         // An ACK may open the window or end a wait; a request may owe a response.
-        self.touch(qpn);
+        self.schedule.touch(qpn, qp);
     }
 
     /// Writes the next packet to send into `buf` (at least [`MAX_PACKET`] bytes), ICRC
