@@ -11,7 +11,10 @@
 # -> 100 ms); the script checks the client's counters for one GSO send a round trip. The
 # count still moves with how often the client polls an empty socket while it waits (runs of
 # one build spread by 2-3 %), so each build runs ROUNDS times, builds alternating, and the
-# median is what to compare.
+# median is what to compare. The parts that do the turn's work do not wait, and move less: per
+# round trip, inclusive, the application's post (`Qp::post_send`: the WRITE built, sealed and
+# sent with the held ACK), the two packets received (`Engine::handle_received`), and every
+# packet built (`Engine::poll_transmit`), from the last round's runs.
 # Needs: valgrind. Usage: scripts/bench-turn-instructions.sh [ROUNDS] REV...  (REV: a commit,
 # or WT for the working tree as it is)
 set -euo pipefail
@@ -66,11 +69,20 @@ run() {
     if [ "${gso:-0}" -lt $((n * 9 / 10)) ]; then
         echo "warning: $gso GSO sends in $n round trips: not the native path" >&2
     fi
-    callgrind_annotate "$out-01" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+    callgrind_annotate --inclusive=yes "$out-01" 2>/dev/null > "$work/annotated.$n"
+    awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}' "$work/annotated.$n"
     rm -f "$out"*
 }
 
-declare -A per
+# Per round trip, from the last pair of runs: the inclusive count of function NAME.
+part() {
+    local a b
+    a=$(awk -v f="$1 [" 'index($0, f) {gsub(",", "", $1); print $1; exit}' "$work/annotated.2000")
+    b=$(awk -v f="$1 [" 'index($0, f) {gsub(",", "", $1); print $1; exit}' "$work/annotated.12000")
+    echo $(( (${b:-0} - ${a:-0}) / 10000 ))
+}
+
+declare -A per parts
 for r in $(seq "$rounds"); do
     line="round $r:"
     for j in "${!bins[@]}"; do
@@ -79,10 +91,11 @@ for r in $(seq "$rounds"); do
         v=$(( (b - a) / 10000 ))
         per[$j]="${per[$j]:-} $v"
         line="$line ${*:$((j + 1)):1}=$v"
+        parts[$j]="post $(part ferroce::qp::Qp::post_send), receive $(part ferroce_proto::engine::Engine::handle_received), build $(part ferroce_proto::engine::Engine::poll_transmit)"
     done
     echo "$line"
 done
 for j in "${!bins[@]}"; do
     med=$(echo "${per[$j]}" | tr ' ' '\n' | sed '/^$/d' | sort -n | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}')
-    echo "${*:$((j + 1)):1}: median $med instructions a round trip (runs:${per[$j]})"
+    echo "${*:$((j + 1)):1}: median $med instructions a round trip (runs:${per[$j]}); ${parts[$j]}"
 done
