@@ -54,16 +54,19 @@ impl Window {
 }
 
 /// The smoothed round trip and its mean deviation (RFC 6298), from packets that asked for
-/// an answer and were sent once.
+/// an answer and were sent once. Kept in nanoseconds: each ACK takes a sample, and
+/// `Duration`'s division by 4 and 8 are integer divisions where these are shifts; the results
+/// are the same to the nanosecond.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct RttEstimate {
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    srtt: Option<u64>,
+    rttvar: u64,
 }
 
 impl RttEstimate {
     /// Takes one measured round trip.
     pub(super) fn sample(&mut self, rtt: Duration) {
+        let rtt = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX / 8);
         match self.srtt {
             None => {
                 self.srtt = Some(rtt);
@@ -71,15 +74,16 @@ impl RttEstimate {
             }
             Some(srtt) => {
                 let dev = rtt.abs_diff(srtt);
-                self.rttvar = (self.rttvar * 3 + dev) / 4;
-                self.srtt = Some((srtt * 7 + rtt) / 8);
+                self.rttvar = (self.rttvar.saturating_mul(3).saturating_add(dev)) / 4;
+                self.srtt = Some(srtt.saturating_mul(7).saturating_add(rtt) / 8);
             }
         }
     }
 
     /// RFC 6298's timeout, `srtt + 4 × rttvar`; `None` before the first sample.
     pub(super) fn timeout(self) -> Option<Duration> {
-        self.srtt.map(|srtt| srtt + 4 * self.rttvar)
+        self.srtt
+            .map(|srtt| Duration::from_nanos(srtt.saturating_add(self.rttvar.saturating_mul(4))))
     }
 }
 
@@ -309,6 +313,29 @@ mod tests {
         e.sample(ms(16));
         // rttvar = (3×4 + |16−8|)/4 = 5, srtt = (7×8 + 16)/8 = 9: 9 + 20.
         assert_eq!(e.timeout(), Some(ms(29)));
+
+        // Kept in nanoseconds, it truncates where `Duration` arithmetic does.
+        let (mut srtt, mut rttvar) = (None::<Duration>, Duration::ZERO);
+        let mut e = RttEstimate::default();
+        for ns in [
+            7_777_777u64,
+            3_000_001,
+            12_345,
+            999_999_999,
+            1_000_000_007,
+            5,
+        ] {
+            let rtt = Duration::from_nanos(ns);
+            e.sample(rtt);
+            match srtt {
+                None => (srtt, rttvar) = (Some(rtt), rtt / 2),
+                Some(s) => {
+                    rttvar = (rttvar * 3 + rtt.abs_diff(s)) / 4;
+                    srtt = Some((s * 7 + rtt) / 8);
+                }
+            }
+            assert_eq!(e.timeout(), srtt.map(|s| s + 4 * rttvar), "after {ns} ns");
+        }
     }
 
     #[test]
