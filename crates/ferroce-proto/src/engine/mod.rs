@@ -1063,8 +1063,10 @@ impl Engine {
         let opcode = packet.opcode();
         let qpn = packet.dest_qp().value();
         let is_cnp = opcode.transport() == Transport::Cnp;
+        // Looked up once: the checks and then the handling take the same queue pair.
+        let mut found = None;
         if !is_cnp {
-            let Some(qp) = self.qps.get(&qpn) else {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
                 counters.unknown_qp += 1;
                 return;
             };
@@ -1094,6 +1096,7 @@ impl Engine {
                 counters.qp_state_drop += 1;
                 return;
             }
+            found = Some(qp);
         }
         let udp = UdpHeader {
             src_port: src.port(),
@@ -1125,7 +1128,10 @@ impl Engine {
             counters.rcvd_cnp += 1;
             return;
         }
-        let qp = self.qps.get_mut(&qpn).expect("checked above");
+        // Found above: only a CNP has no queue pair, and it returned.
+        let Some(qp) = found else {
+            return;
+        };
         if qp.is_ud() {
             qp.handle_datagram(&packet, &ip, &mut self.dev, mem);
             return;
