@@ -9,8 +9,9 @@
 //! The timer index is filed lazily: a queue pair's entry is at or before its earliest timer,
 //! or left behind when no timer is armed, and moves only when a timer comes due earlier than
 //! it. A request's timers are armed when it leaves and disarmed by its ACK, so a latency-bound
-//! exchange moved its entry out and back at each round trip (two ordered-set updates, about
-//! 600 of a write-lat round trip's 10,200 instructions); now an entry comes due at most once
+//! exchange moved its entry out and back at each round trip (two ordered-set updates and the
+//! syncs around them: about 340 of the 9,800 instructions a write-lat round trip ran on the
+//! client, BENCHMARKS.md's eighteenth step); now an entry comes due at most once
 //! per early-resend delay (a millisecond or more), finds what is really armed, and is filed
 //! again there. An engine's [`Engine::poll_timeout`] may so name a time at which nothing is
 //! due: its caller wakes once for nothing, as it would for a timer disarmed while it slept.
