@@ -318,6 +318,23 @@ impl Driver {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The NIC's lock for a command, with the time to run the engine at: `seen`, the clock the
+    /// caller read just before ([`Driver::returned`]), when the lock was free at once; a read
+    /// made once the lock is held when the caller had to wait for it (meanwhile another
+    /// thread may have run the engine at a later time, which a command must not go back
+    /// behind). A clock read is about 30 ns here, the one a post saves after each completion.
+    pub(crate) fn lock_at(&self, seen: Option<Instant>) -> (MutexGuard<'_, Locked>, Instant) {
+        if let Some(seen) = seen {
+            match self.state.try_lock() {
+                Ok(state) => return (state, seen),
+                Err(TryLockError::Poisoned(p)) => return (p.into_inner(), seen),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        let state = self.lock();
+        (state, Instant::now())
+    }
+
     /// Sends everything the engine has ready (and held packets now due), a batch at a time,
     /// through the taps. With `hold_acks`, a batch of nothing but bare positive ACKs
     /// (`Transmit::ack`) stays in the link
@@ -381,8 +398,9 @@ impl Driver {
         self.after_command_at(state, Instant::now());
     }
 
-    /// [`Driver::after_command`] at `now`, read under the lock.
-    fn after_command_at(&self, mut state: MutexGuard<'_, Locked>, now: Instant) {
+    /// [`Driver::after_command`] at `now`, read under the lock or given by
+    /// [`Driver::lock_at`].
+    pub(crate) fn after_command_at(&self, mut state: MutexGuard<'_, Locked>, now: Instant) {
         self.learn_leave_gap(self.nanos(now));
         self.transmit_ready(&mut state, now, true);
         // The thread published its sleep under this lock with the timers it saw then: either
@@ -408,8 +426,8 @@ impl Driver {
 
     /// The application posted sends: whether they answer a WRITE that landed since its last
     /// ([`ANSWERS_WITHIN`]), into `Locked::answering`; then [`Driver::after_command`], both
-    /// at one clock read. `first`: the post is the application's first call since a poll
-    /// returned a completion ([`Driver::returned`]).
+    /// at `now` ([`Driver::lock_at`]). `first`: the post is the application's first call
+    /// since a poll returned a completion ([`Driver::returned`]).
     ///
     /// Timing alone let a run lock itself out of the poll's stay: once the progress thread
     /// placed the WRITEs, every answer came too late to count, so the polls no longer stayed,
@@ -417,8 +435,7 @@ impl Driver {
     /// cores, every run beside two CPU hogs). A WRITE that landed later than a stay lasts
     /// after the completion teaches nothing: the stay would have run out first (in a guest
     /// under emulation, where the peer's answer takes hundreds of microseconds).
-    pub(crate) fn sent(&self, mut state: MutexGuard<'_, Locked>, first: bool) {
-        let now = Instant::now();
+    pub(crate) fn sent(&self, mut state: MutexGuard<'_, Locked>, first: bool, now: Instant) {
         let writes = state.writes_rcvd();
         let stay_would_place = |(at, writes_then): (Instant, u64)| {
             writes > writes_then

@@ -142,10 +142,10 @@ impl Qp {
     }
 
     pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        let first = self.driver.returned().is_some();
-        let mut state = self.driver.lock();
+        let seen = self.driver.returned();
+        let (mut state, now) = self.driver.lock_at(seen);
         state.engine.post_send(self.qpn, wr)?;
-        self.driver.sent(state, first);
+        self.driver.sent(state, seen.is_some(), now);
         Ok(())
     }
 
@@ -154,8 +154,8 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, PostError)> {
-        let first = self.driver.returned().is_some();
-        let mut state = self.driver.lock();
+        let seen = self.driver.returned();
+        let (mut state, now) = self.driver.lock_at(seen);
         let mut result = Ok(());
         for (i, wr) in wrs.into_iter().enumerate() {
             if let Err(e) = state.engine.post_send(self.qpn, wr) {
@@ -163,15 +163,14 @@ impl Qp {
                 break;
             }
         }
-        self.driver.sent(state, first);
+        self.driver.sent(state, seen.is_some(), now);
         result
     }
 
     pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        self.driver.returned();
-        let mut state = self.driver.lock();
+        let (mut state, now) = self.driver.lock_at(self.driver.returned());
         state.engine.post_recv(self.qpn, wr)?;
-        self.driver.after_command(state);
+        self.driver.after_command_at(state, now);
         Ok(())
     }
 

@@ -28,10 +28,9 @@ impl Srq {
     }
 
     pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        self.driver.returned();
-        let mut state = self.driver.lock();
+        let (mut state, now) = self.driver.lock_at(self.driver.returned());
         state.engine.post_srq_recv(self.id, wr)?;
-        self.driver.after_command(state);
+        self.driver.after_command_at(state, now);
         Ok(())
     }
 
