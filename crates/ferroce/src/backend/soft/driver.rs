@@ -320,9 +320,13 @@ impl Driver {
 
     /// The NIC's lock for a command, with the time to run the engine at: `seen`, the clock the
     /// caller read just before ([`Driver::returned`]), when the lock was free at once; a read
-    /// made once the lock is held when the caller had to wait for it (meanwhile another
-    /// thread may have run the engine at a later time, which a command must not go back
-    /// behind). A clock read is about 30 ns here, the one a post saves after each completion.
+    /// made once the lock is held when the caller had to wait for it (another thread ran the
+    /// engine meanwhile, at a later time than `seen`). A free lock can still leave `seen` a
+    /// moment behind the engine's last time, where another thread held the lock at the read
+    /// and left it before the look, as the progress thread's own turns, which read the clock
+    /// before taking the lock, can be; the engine's time arithmetic saturates, so a time a
+    /// moment behind moves a timer by that moment. A clock read is about 30 ns here, the one a
+    /// post after each completion saves.
     pub(crate) fn lock_at(&self, seen: Option<Instant>) -> (MutexGuard<'_, Locked>, Instant) {
         if let Some(seen) = seen {
             match self.state.try_lock() {
