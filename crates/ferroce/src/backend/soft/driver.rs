@@ -318,25 +318,28 @@ impl Driver {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The NIC's lock for a command, with the time to run the engine at: `seen`, the clock the
-    /// caller read just before ([`Driver::returned`]), when the lock was free at once; a read
-    /// made once the lock is held when the caller had to wait for it (another thread ran the
-    /// engine meanwhile, at a later time than `seen`). A free lock can still leave `seen` a
-    /// moment behind the engine's last time, where another thread held the lock at the read
-    /// and left it before the look, as the progress thread's own turns, which read the clock
-    /// before taking the lock, can be; the engine's time arithmetic saturates, so a time a
-    /// moment behind moves a timer by that moment. A clock read is about 30 ns here, the one a
-    /// post after each completion saves.
-    pub(crate) fn lock_at(&self, seen: Option<Instant>) -> (MutexGuard<'_, Locked>, Instant) {
-        if let Some(seen) = seen {
-            match self.state.try_lock() {
-                Ok(state) => return (state, seen),
-                Err(TryLockError::Poisoned(p)) => return (p.into_inner(), seen),
-                Err(TryLockError::WouldBlock) => {}
-            }
-        }
-        let state = self.lock();
-        (state, Instant::now())
+    /// The application enters the NIC for a command (a post): [`Driver::returned`], then the
+    /// NIC's lock with the time to run the engine at, and whether this is its first call since
+    /// a poll returned a completion. The time is the clock `returned` read, when it read one
+    /// and the lock was free at once; otherwise a read made once the lock is held (a caller
+    /// that waited for the lock finds the engine run meanwhile, at a later time than its
+    /// read). A free lock can still leave that read a moment behind the engine's last time,
+    /// where another thread held the lock at the read and left it before the look, as the
+    /// progress thread's own turns, which read the clock before taking the lock, can be; the
+    /// engine's time arithmetic saturates, so a time a moment behind moves a timer by that
+    /// moment. A clock read is about 30 ns here (BENCHMARKS.md, the eighteenth step), the one
+    /// a post after each completion saves.
+    pub(crate) fn enter(&self) -> (MutexGuard<'_, Locked>, Instant, bool) {
+        let Some(seen) = self.returned() else {
+            let state = self.lock();
+            return (state, Instant::now(), false);
+        };
+        let state = match self.state.try_lock() {
+            Ok(state) => return (state, seen, true),
+            Err(TryLockError::Poisoned(p)) => return (p.into_inner(), seen, true),
+            Err(TryLockError::WouldBlock) => self.lock(),
+        };
+        (state, Instant::now(), true)
     }
 
     /// Sends everything the engine has ready (and held packets now due), a batch at a time,
@@ -403,7 +406,7 @@ impl Driver {
     }
 
     /// [`Driver::after_command`] at `now`, read under the lock or given by
-    /// [`Driver::lock_at`].
+    /// [`Driver::enter`].
     pub(crate) fn after_command_at(&self, mut state: MutexGuard<'_, Locked>, now: Instant) {
         self.learn_leave_gap(self.nanos(now));
         self.transmit_ready(&mut state, now, true);
@@ -430,8 +433,9 @@ impl Driver {
 
     /// The application posted sends: whether they answer a WRITE that landed since its last
     /// ([`ANSWERS_WITHIN`]), into `Locked::answering`; then [`Driver::after_command`], both
-    /// at `now` ([`Driver::lock_at`]). `first`: the post is the application's first call
-    /// since a poll returned a completion ([`Driver::returned`]).
+    /// at `now`. `now` and `first` are what [`Driver::enter`] gave: the time to run the engine
+    /// at, and whether the post is the application's first call since a poll returned a
+    /// completion.
     ///
     /// Timing alone let a run lock itself out of the poll's stay: once the progress thread
     /// placed the WRITEs, every answer came too late to count, so the polls no longer stayed,

@@ -142,10 +142,9 @@ impl Qp {
     }
 
     pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        let seen = self.driver.returned();
-        let (mut state, now) = self.driver.lock_at(seen);
+        let (mut state, now, first) = self.driver.enter();
         state.engine.post_send(self.qpn, wr)?;
-        self.driver.sent(state, seen.is_some(), now);
+        self.driver.sent(state, first, now);
         Ok(())
     }
 
@@ -154,8 +153,7 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, PostError)> {
-        let seen = self.driver.returned();
-        let (mut state, now) = self.driver.lock_at(seen);
+        let (mut state, now, first) = self.driver.enter();
         let mut result = Ok(());
         for (i, wr) in wrs.into_iter().enumerate() {
             if let Err(e) = state.engine.post_send(self.qpn, wr) {
@@ -163,12 +161,12 @@ impl Qp {
                 break;
             }
         }
-        self.driver.sent(state, seen.is_some(), now);
+        self.driver.sent(state, first, now);
         result
     }
 
     pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        let (mut state, now) = self.driver.lock_at(self.driver.returned());
+        let (mut state, now, _) = self.driver.enter();
         state.engine.post_recv(self.qpn, wr)?;
         self.driver.after_command_at(state, now);
         Ok(())

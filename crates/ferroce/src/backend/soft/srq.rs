@@ -28,7 +28,7 @@ impl Srq {
     }
 
     pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        let (mut state, now) = self.driver.lock_at(self.driver.returned());
+        let (mut state, now, _) = self.driver.enter();
         state.engine.post_srq_recv(self.id, wr)?;
         self.driver.after_command_at(state, now);
         Ok(())
