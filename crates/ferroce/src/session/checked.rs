@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use ferroce_proto::memory::WriteOrder;
 use ferroce_proto::qp::{
-    Completion, Payload, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    Completion, Payload, QpCaps, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
 use super::handshake;
@@ -651,19 +651,20 @@ impl CheckedSession {
         };
         let at = channel.staging(role, slot);
         let len = request.len() as u32;
-        let mut sges = Vec::new();
-        if len > 0 {
+        let payload = if len > 0 {
             channel.region.write(at, request)?;
             if let Some(device) = &channel.device {
                 device.write(at, request)?;
             }
-            sges.push(channel.region.local(at, len)?);
-        }
+            Payload::Sge(channel.region.local(at, len)?)
+        } else {
+            Payload::Sges(Vec::new())
+        };
         let id = RequestId(channel.slots.next_id);
         let wr = SendWr::new(
             u64::from(slot),
             SendOp::WriteWithImm(channel.remote(role, slot), imm(slot, ReplyKind::Ok)),
-            Payload::Sges(sges),
+            payload,
         );
         channel.slots.in_flight[usize::from(slot)] = Some((id, Instant::now()));
         if let Err(e) = connection.qp.post_send(wr) {
@@ -1148,9 +1149,9 @@ impl Server {
     fn answer(&mut self, slot: u16, len: usize, scratch: &mut Scratch) -> Result<Instant, String> {
         let (kind, n) = self.run_function(slot, len, scratch)?;
         let reply = &mut scratch.reply[..n];
-        let sges = self.stage_reply(slot, kind, reply)?;
+        let payload = self.stage_reply(slot, kind, reply)?;
         self.record_served(kind, reply);
-        let posted = self.post_reply(slot, kind, sges, &mut scratch.posted)?;
+        let posted = self.post_reply(slot, kind, payload, &mut scratch.posted)?;
         self.shared.wake_collectors();
         Ok(posted)
     }
@@ -1214,18 +1215,13 @@ impl Server {
         }
     }
 
-    /// Puts the reply in the slot's staging area and returns the gather list that sends it.
+    /// Puts the reply in the slot's staging area and returns the payload that sends it.
     /// A device function's own reply is in the device memory already and is copied into
     /// `reply`; error replies and a host function's are in `reply` and are copied to the device
     /// memory, if there is one, to keep the two in step.
-    fn stage_reply(
-        &self,
-        slot: u16,
-        kind: ReplyKind,
-        reply: &mut [u8],
-    ) -> Result<Vec<Sge>, String> {
+    fn stage_reply(&self, slot: u16, kind: ReplyKind, reply: &mut [u8]) -> Result<Payload, String> {
         if reply.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Payload::Sges(Vec::new()));
         }
         let staging = self.staging(slot);
         let on_device = kind == ReplyKind::Ok && matches!(self.function, Function::Device(_));
@@ -1246,24 +1242,41 @@ impl Server {
             .region
             .local(staging, reply.len() as u32)
             .map_err(|e| e.to_string())?;
-        Ok(vec![sge])
+        Ok(Payload::Sge(sge))
     }
 
     /// Counts the request served and keeps its outcome for the coprocessor's `collect` (the
     /// last [`HISTORY`]).
     fn record_served(&self, kind: ReplyKind, reply: &[u8]) {
-        let outcome = match kind {
-            ReplyKind::Ok => Ok(reply.to_vec()),
-            _ => Err((kind, String::from_utf8_lossy(reply).into_owned())),
-        };
         let mut history = self
             .shared
             .history
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if history.len() == HISTORY {
-            history.pop_front();
-        }
+        // A full history drops its oldest, whose copy of a reply takes this one: a server
+        // nobody collects from allocates nothing per request.
+        let oldest = if history.len() == HISTORY {
+            history.pop_front()
+        } else {
+            None
+        };
+        let outcome = match kind {
+            ReplyKind::Ok => {
+                let mut copy = match oldest {
+                    Some(Served {
+                        outcome: Ok(mut copy),
+                        ..
+                    }) => {
+                        copy.clear();
+                        copy
+                    }
+                    _ => Vec::with_capacity(reply.len()),
+                };
+                copy.extend_from_slice(reply);
+                Ok(copy)
+            }
+            _ => Err((kind, String::from_utf8_lossy(reply).into_owned())),
+        };
         // Only this thread counts, so the count so far numbers this request.
         let request = RequestId(self.shared.served.load(Ordering::Relaxed));
         history.push_back(Served { request, outcome });
@@ -1278,7 +1291,7 @@ impl Server {
         &self,
         slot: u16,
         kind: ReplyKind,
-        sges: Vec<Sge>,
+        payload: Payload,
         posted: &mut Posted,
     ) -> Result<Instant, String> {
         let remote = RemoteAddr {
@@ -1291,7 +1304,7 @@ impl Server {
             .post_send(SendWr::new(
                 u64::from(slot),
                 SendOp::WriteWithImm(remote, imm(slot, kind)),
-                Payload::Sges(sges),
+                payload,
             ))
             .map_err(|e| format!("cannot post a reply: {e}"))?;
         Ok(now)
