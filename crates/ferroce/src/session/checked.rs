@@ -48,6 +48,13 @@ pub(super) enum Function {
 const SPIN: Duration = Duration::from_millis(5);
 /// How long one sleep on a CQ lasts before liveness and stop are checked again.
 const NAP: Duration = Duration::from_millis(1);
+/// Receives posted beyond one per slot. Each side posts the receive a message took again only
+/// after it has answered it (the coprocessor once its reply has left, the controller in the
+/// `collect` after the one that took the reply), so that the post is not on the round trip's
+/// path; the spare is what the peer's next message lands in meanwhile. At most one taken
+/// receive waits to be posted again on either side (each call handles one message), so a
+/// message never finds the queue empty (no RNR NAK).
+const SPARE_RECEIVES: u16 = 1;
 /// How many served requests the coprocessor keeps for `collect`.
 const HISTORY: usize = 64;
 
@@ -107,6 +114,9 @@ struct Slots {
     free: Vec<u16>,
     arrived: VecDeque<Arrived>,
     next_id: u64,
+    /// Receives taken by replies and not posted again yet: the next `collect` posts them, its
+    /// request having left (see [`SPARE_RECEIVES`]).
+    recvs_owed: u16,
 }
 
 /// An established channel.
@@ -455,8 +465,9 @@ impl CheckedSession {
         })?;
         // Receives first: once the peer has our answer below, it may send at once. The
         // descriptions are compared before the peer's region, so that a mismatch is named as
-        // such on both sides.
-        for slot in 0..desc.slots {
+        // such on both sides. One per slot and a spare, so that a receive taken by a message
+        // can be posted again after the answer to it has left.
+        for slot in 0..desc.slots + SPARE_RECEIVES {
             connection.qp.post_recv(RecvWr {
                 wr_id: u64::from(slot),
                 sges: Vec::new(),
@@ -492,6 +503,7 @@ impl CheckedSession {
                 free: (0..desc.slots).rev().collect(),
                 arrived: VecDeque::new(),
                 next_id: 0,
+                recvs_owed: 0,
             },
         });
         Ok(())
@@ -700,6 +712,14 @@ impl CheckedSession {
                 missing: Step::EstablishChannel,
             });
         };
+        // The receive the last reply took, posted again now that the next request has left.
+        while channel.slots.recvs_owed > 0 {
+            connection.qp.post_recv(RecvWr {
+                wr_id: u64::from(channel.desc.slots),
+                sges: Vec::new(),
+            })?;
+            channel.slots.recvs_owed -= 1;
+        }
         let liveness = self.watchdog.as_ref().map(|w| Arc::clone(w.liveness()));
         // The wait is timed from its first check (32 empty polls in, `after_empty_poll`):
         // a reply that comes sooner, as most do, costs no clock read for it.
@@ -735,10 +755,7 @@ impl CheckedSession {
                 };
                 self.rtt
                     .store(posted.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                connection.qp.post_recv(RecvWr {
-                    wr_id: u64::from(slot),
-                    sges: Vec::new(),
-                })?;
+                channel.slots.recvs_owed += 1;
                 channel.slots.arrived.push_back(Arrived {
                     slot,
                     len: wc.byte_len,
@@ -1090,6 +1107,7 @@ impl Server {
                 return Ok(());
             };
             last_work = self.answer(slot, len, &mut scratch)?;
+            self.repost_recv(slot)?;
             spinning = true;
         }
         Ok(())
@@ -1113,9 +1131,8 @@ impl Server {
         Ok(())
     }
 
-    /// Takes the request a receive completion announces and re-posts its slot's receive
-    /// (before the reply, so that the next request never finds the queue empty). Returns its
-    /// slot and length, or `None` when the queue pair is being torn down.
+    /// Takes the request a receive completion announces. Returns its slot and length, or
+    /// `None` when the queue pair is being torn down.
     fn take_request(&self, wc: &Completion) -> Result<Option<(u16, usize)>, String> {
         if wc.status != WcStatus::Success || wc.opcode != WcOpcode::RecvRdmaWithImm {
             if self.shared.stop.load(Ordering::SeqCst) || wc.status == WcStatus::WrFlushErr {
@@ -1133,13 +1150,18 @@ impl Server {
                 self.desc.slots
             ));
         }
+        Ok(Some((slot, wc.byte_len as usize)))
+    }
+
+    /// Posts again the receive a request took, once its reply has left (the spare of
+    /// [`SPARE_RECEIVES`] stood in for it meanwhile).
+    fn repost_recv(&self, slot: u16) -> Result<(), String> {
         self.qp
             .post_recv(RecvWr {
                 wr_id: u64::from(slot),
                 sges: Vec::new(),
             })
-            .map_err(|e| format!("cannot post a receive: {e}"))?;
-        Ok(Some((slot, wc.byte_len as usize)))
+            .map_err(|e| format!("cannot post a receive: {e}"))
     }
 
     /// Answers the request in `slot`, `len` bytes long: runs the function, stages the reply,
@@ -1363,4 +1385,90 @@ fn cuda_memory(device: u32, _size: usize) -> Result<Arc<dyn DeviceMemory>, Sessi
     Err(SessionError::Unsupported(format!(
         "CUDA memory (device {device}): this build of ferroce has no `cuda` feature"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The receives each side keeps posted, seen in each side's NIC counters (127.0.12.1 and
+    //! 127.0.12.2, out-of-band port 19593).
+
+    use super::*;
+    use crate::session::state::Running;
+    use crate::session::{ChannelDesc, ConnectInfo, Controller, Coprocessor, MemoryKind};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+    fn info(host: u8) -> ConnectInfo {
+        let ip = |host| IpAddr::V4(Ipv4Addr::new(127, 0, 12, host));
+        ConnectInfo::new(ip(host), SocketAddr::new(ip(2), 19593))
+            .with_timeout(Duration::from_secs(10))
+    }
+
+    fn counters(session: &CheckedSession) -> ferroce_proto::counters::Counters {
+        session
+            .connection
+            .as_ref()
+            .expect("a connected session")
+            .nic
+            .counters()
+    }
+
+    /// A controller posts again the receive a reply took only in its next `collect`; a reply
+    /// that lands before that call finds the spare. Without it the controller's NIC answers
+    /// with an RNR NAK and the coprocessor resends after the RNR timer: every reply arrives,
+    /// late, and only the counters tell.
+    #[test]
+    fn a_reply_that_lands_before_collect_finds_a_receive() {
+        let desc = ChannelDesc::new(1, 64, 64);
+        let size = desc.region_bytes() as usize;
+        let coprocessor = std::thread::spawn(move || {
+            let (s, mem) = Coprocessor::new()
+                .connect(&info(2))?
+                .alloc_memory(size, MemoryKind::Host)?;
+            let (s, peer) = s.exchange_keys(&mem)?;
+            s.establish_channel(&desc, &mem, &peer)?
+                .set_coprocessor_fn(|request: &[u8], reply: &mut [u8]| {
+                    reply[..request.len()].copy_from_slice(request);
+                    Ok(request.len())
+                })?
+                .start()
+        });
+        let (s, mem) = Controller::new()
+            .connect(&info(1))
+            .unwrap()
+            .alloc_memory(size, MemoryKind::Host)
+            .unwrap();
+        let (s, peer) = s.exchange_keys(&mem).unwrap();
+        let mut controller = s
+            .establish_channel(&desc, &mem, &peer)
+            .unwrap()
+            .start()
+            .unwrap();
+        let mut coprocessor: Coprocessor<Running> = coprocessor.join().unwrap().unwrap();
+        let mut reply = [0u8; 64];
+        for i in 0..20u8 {
+            let request = [i; 64];
+            controller.submit(&request).unwrap();
+            // Served, then a moment for the reply to land: the next collect comes after it.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while coprocessor.served() < u64::from(i) + 1 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            let got = controller
+                .collect_timeout(&mut [&mut reply[..]], Duration::from_secs(10))
+                .unwrap();
+            assert_eq!((got.bytes, reply), (64, request));
+        }
+        let (c, p) = (
+            counters(&controller.session),
+            counters(&coprocessor.session),
+        );
+        assert_eq!(
+            (c.send_rnr_err, p.rcvd_rnr_err),
+            (0, 0),
+            "RNR NAKs sent by the controller, and received by the coprocessor"
+        );
+        controller.stop();
+        coprocessor.stop();
+    }
 }
