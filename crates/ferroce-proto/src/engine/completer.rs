@@ -292,7 +292,9 @@ impl Qp {
             // Acknowledged past what a rewind left to resend: carry on from there.
             self.rewind(self.comp_psn);
         }
-        self.sample_rtt(now);
+        if let Some(rtt) = self.sample_rtt(now) {
+            dev.round_trip.sample(rtt);
+        }
         self.rearm(now);
     }
 }

@@ -186,6 +186,8 @@ struct DeviceState {
     port_mtu: u32,
     table: MemoryTable,
     counters: Counters,
+    /// Every reliable queue pair's round-trip samples in one estimate ([`Engine::round_trip`]).
+    round_trip: RttEstimate,
 }
 
 impl DeviceState {
@@ -316,6 +318,7 @@ impl Engine {
                 port_mtu: 1024,
                 table: MemoryTable::new(config.seed),
                 counters: Counters::default(),
+                round_trip: RttEstimate::default(),
             },
             qps: HashMap::default(),
             schedule: Schedule::default(),
@@ -363,6 +366,16 @@ impl Engine {
     #[must_use]
     pub fn counters(&self) -> &Counters {
         &self.dev.counters
+    }
+
+    /// The smoothed round trip of this engine's reliable queue pairs, all of them in one
+    /// estimate (RFC 6298's, from requests sent once, to the ACK that answered them, whether
+    /// the peer answered at once or held it for its own next packet); `None` before the first
+    /// answer. A driver scales its timing by it: what the peer and the application take to
+    /// answer grows with it, in a guest under emulation a hundredfold.
+    #[must_use]
+    pub fn round_trip(&self) -> Option<Duration> {
+        self.dev.round_trip.smoothed()
     }
 
     /// A new protection domain.

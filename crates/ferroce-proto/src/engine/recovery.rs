@@ -80,6 +80,11 @@ impl RttEstimate {
         }
     }
 
+    /// The smoothed round trip; `None` before the first sample.
+    pub(super) fn smoothed(self) -> Option<Duration> {
+        self.srtt.map(Duration::from_nanos)
+    }
+
     /// RFC 6298's timeout, `srtt + 4 × rttvar`; `None` before the first sample.
     pub(super) fn timeout(self) -> Option<Duration> {
         self.srtt
@@ -197,15 +202,16 @@ impl Qp {
     }
 
     /// Takes the round-trip sample if its packet is now answered, and updates the estimate.
-    pub(super) fn sample_rtt(&mut self, now: Instant) {
-        let Some((psn, sent)) = self.rtt_sample else {
-            return;
-        };
+    /// Returns the sample taken.
+    pub(super) fn sample_rtt(&mut self, now: Instant) -> Option<Duration> {
+        let (psn, sent) = self.rtt_sample?;
         if !psn.precedes(self.comp_psn) {
-            return;
+            return None;
         }
         self.rtt_sample = None;
-        self.rtt.sample(now.saturating_duration_since(sent));
+        let rtt = now.saturating_duration_since(sent);
+        self.rtt.sample(rtt);
+        Some(rtt)
     }
 
     /// When an early resend would be due if nothing is answered from `now` on: the RFC 6298
