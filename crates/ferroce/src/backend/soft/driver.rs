@@ -31,6 +31,22 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The round trip at which the driver's timing of the application and its peer holds as
+/// written ([`POLLER_GRACE`], [`LEAVES_AFTER`], [`POLLER_WATCH_MAX`], [`ANSWERS_WITHIN`],
+/// [`LINGER_MAX`]): they were measured on loopback on the 2-core development host, where a
+/// write-lat round trip takes 12-16 µs. Where the engine's round trip
+/// ([`Engine::round_trip`]) is n times this, they are n times as long, up to
+/// [`MAX_TIME_SCALE`]: the application's turn and its peer's answer take longer with it. In a
+/// guest under emulation (round trips of 0.6-1 ms) the native timing took every return of a
+/// polling application for a leave and every answer for a late one, and the progress thread
+/// received half the packets that the application's polls should have; scaled, it receives a
+/// few in a run (BENCHMARKS.md, the data path's nineteenth step).
+const REFERENCE_ROUND_TRIP: Duration = Duration::from_micros(16);
+
+/// The most the timing stretches: 64 × `POLLER_WATCH_MAX` is 128 ms, the longest that what
+/// arrives for a program that stops polling without a word can wait, once.
+const MAX_TIME_SCALE: u32 = 64;
+
 /// How long after its last poll that found nothing an application is taken to be still
 /// polling: the progress thread keeps off the socket meanwhile (one thread woken per packet,
 /// not two). A busy poller polls again within microseconds; one that stops to sleep arms a CQ
@@ -222,6 +238,10 @@ pub(crate) struct Driver {
     /// so that one return delayed by a preemption does not make a busy poller look like one
     /// that leaves (a mean of the gaps did, and each flip rang the doorbell twice).
     leaving: AtomicU32,
+    /// The timing's scale: the engine's round trip over [`REFERENCE_ROUND_TRIP`], 1 to
+    /// [`MAX_TIME_SCALE`], followed at each completion an application polls
+    /// ([`Driver::scaled`]).
+    time_scale: AtomicU32,
     /// The sockets: everything is received on `port.socket()`.
     pub(crate) port: udp::Port,
     pub(crate) local: SocketAddr,
@@ -281,6 +301,7 @@ impl Driver {
             poller_until: AtomicU64::new(0),
             satisfied_at: AtomicU64::new(0),
             leaving: AtomicU32::new(0),
+            time_scale: AtomicU32::new(1),
             local: port.local(),
             port,
             bell,
@@ -445,16 +466,17 @@ impl Driver {
     /// under emulation, where the peer's answer takes hundreds of microseconds).
     pub(crate) fn sent(&self, mut state: MutexGuard<'_, Locked>, first: bool, now: Instant) {
         let writes = state.writes_rcvd();
+        let (linger_max, answers_within) = (self.scaled(LINGER_MAX), self.scaled(ANSWERS_WITHIN));
         let stay_would_place = |(at, writes_then): (Instant, u64)| {
             writes > writes_then
                 && state
                     .landed_at
-                    .is_some_and(|landed| landed.saturating_duration_since(at) < LINGER_MAX)
+                    .is_some_and(|landed| landed.saturating_duration_since(at) < linger_max)
         };
         let answer = writes != state.writes_at_send
             && (state
                 .landed_at
-                .is_some_and(|at| now.saturating_duration_since(at) < ANSWERS_WITHIN)
+                .is_some_and(|at| now.saturating_duration_since(at) < answers_within)
                 || first && state.own_completion.is_some_and(stay_would_place));
         state.writes_at_send = writes;
         state.answering = (3 * state.answering + if answer { ALL_ANSWERS } else { 0 }) / 4;
@@ -654,8 +676,10 @@ impl Driver {
         // While the application polls, the progress thread keeps off the socket (see
         // `progress`): one thread woken per packet instead of two.
         let since = now.saturating_duration_since(self.epoch);
-        self.poller_until
-            .store((since + POLLER_GRACE).as_nanos() as u64, Ordering::Relaxed);
+        self.poller_until.store(
+            (since + self.scaled(POLLER_GRACE)).as_nanos() as u64,
+            Ordering::Relaxed,
+        );
         if let ThreadSleep::Nap {
             until,
             pushed_on: true,
@@ -663,12 +687,13 @@ impl Driver {
         {
             // Once a millisecond or so: one system call, where a look would be a context
             // switch on the core this thread spins on.
-            if until.saturating_duration_since(now) < POLLER_WATCH_MAX / 2 {
+            let watch_max = self.scaled(POLLER_WATCH_MAX);
+            if until.saturating_duration_since(now) < watch_max / 2 {
                 state.thread_sleep = ThreadSleep::Nap {
-                    until: now + POLLER_WATCH_MAX,
+                    until: now + watch_max,
                     pushed_on: true,
                 };
-                self.nap_timer.set_after(POLLER_WATCH_MAX);
+                self.nap_timer.set_after(watch_max);
             }
         }
         if spared {
@@ -721,7 +746,7 @@ impl Driver {
     fn learn_leave_gap(&self, at: u64) {
         let satisfied = self.satisfied_at.swap(0, Ordering::Relaxed);
         if satisfied != 0 {
-            let left = at.saturating_sub(satisfied) > LEAVES_AFTER.as_nanos() as u64;
+            let left = at.saturating_sub(satisfied) > self.scaled(LEAVES_AFTER).as_nanos() as u64;
             let before = self.leaves_after_completions();
             let share = self.leaving.load(Ordering::Relaxed);
             let share = (3 * share + if left { ALL_LEAVES } else { 0 }) / 4;
@@ -754,11 +779,12 @@ impl Driver {
         own_request: bool,
     ) {
         let now = Instant::now();
+        self.follow_round_trip(&state);
         state.own_completion = own_request.then(|| (now, state.writes_rcvd()));
         // The application is away from when the poll returns: time spent here lingering is
         // not its own.
         let (hand_back, at) = if own_request && state.awaits_write() {
-            state = self.linger(state, now + LINGER_MAX);
+            state = self.linger(state, now + self.scaled(LINGER_MAX));
             if state.awaits_write() {
                 state.own_completion = None;
             }
@@ -773,6 +799,20 @@ impl Driver {
         if hand_back && self.poller_until.swap(0, Ordering::Relaxed) > at {
             self.ring();
         }
+    }
+
+    /// The timing's scale, from the engine's round trip now ([`REFERENCE_ROUND_TRIP`]).
+    fn follow_round_trip(&self, state: &Locked) {
+        let scale = state.engine.round_trip().map_or(1, |rtt| {
+            (rtt.as_nanos() / REFERENCE_ROUND_TRIP.as_nanos()).clamp(1, u128::from(MAX_TIME_SCALE))
+                as u32
+        });
+        self.time_scale.store(scale, Ordering::Relaxed);
+    }
+
+    /// `base`, one of the timing constants, on this NIC's scale ([`REFERENCE_ROUND_TRIP`]).
+    fn scaled(&self, base: Duration) -> Duration {
+        base * self.time_scale.load(Ordering::Relaxed)
     }
 
     /// Drives the engine on the caller's thread until the peer's next WRITE lands or
@@ -821,7 +861,7 @@ impl Driver {
         let mut raised = false;
         // How long the next nap beside a polling application lasts at least: it doubles
         // while the application keeps polling ([`POLLER_WATCH_MAX`]).
-        let mut watch = POLLER_GRACE;
+        let mut watch = self.scaled(POLLER_GRACE);
         while !self.stop.load(Ordering::SeqCst) {
             if let Some(own) = raise {
                 if self.leaves_after_completions() != raised {
@@ -855,7 +895,7 @@ impl Driver {
                         .set_after(until.saturating_duration_since(now));
                     ThreadSleep::Nap {
                         until,
-                        pushed_on: until == look && watch == POLLER_WATCH_MAX,
+                        pushed_on: until == look && watch >= self.scaled(POLLER_WATCH_MAX),
                     }
                 };
                 state.thread_sleep = sleep;
@@ -876,7 +916,7 @@ impl Driver {
                         if until != look {
                             break;
                         }
-                        watch = (watch * 2).min(POLLER_WATCH_MAX);
+                        watch = (watch * 2).min(self.scaled(POLLER_WATCH_MAX));
                         // The look. An application inside the NIC right now (its lock is
                         // taken) still polls: the next, longer nap begins without waiting for
                         // the lock. Waiting woke this thread a second time on the core the
@@ -901,7 +941,7 @@ impl Driver {
                     until.map(|t| t.saturating_duration_since(Instant::now()))
                 }
             };
-            watch = POLLER_GRACE;
+            watch = self.scaled(POLLER_GRACE);
             match sys::wait_either(self.port.socket(), &self.bell_rx, wait) {
                 Ok([socket, bell]) => {
                     if bell {
