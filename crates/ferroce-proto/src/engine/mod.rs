@@ -186,8 +186,8 @@ struct DeviceState {
     port_mtu: u32,
     table: MemoryTable,
     counters: Counters,
-    /// Every reliable queue pair's round-trip samples in one estimate ([`Engine::round_trip`]).
-    round_trip: RttEstimate,
+    /// Every reliable queue pair's round-trip samples together ([`Engine::round_trip`]).
+    round_trip: RttMedian,
 }
 
 impl DeviceState {
@@ -318,7 +318,7 @@ impl Engine {
                 port_mtu: 1024,
                 table: MemoryTable::new(config.seed),
                 counters: Counters::default(),
-                round_trip: RttEstimate::default(),
+                round_trip: RttMedian::default(),
             },
             qps: HashMap::default(),
             schedule: Schedule::default(),
@@ -368,14 +368,16 @@ impl Engine {
         &self.dev.counters
     }
 
-    /// The smoothed round trip of this engine's reliable queue pairs, all of them in one
-    /// estimate (RFC 6298's, from requests sent once, to the ACK that answered them, whether
-    /// the peer answered at once or held it for its own next packet); `None` before the first
-    /// answer. A driver scales its timing by it: what the peer and the application take to
-    /// answer grows with it, in a guest under emulation a hundredfold.
+    /// The usual round trip of this engine's reliable queue pairs, all of them together:
+    /// from a request sent once to the ACK that answered it (at once, or held for the peer's
+    /// own next packet): the median of each 32 such samples, the lesser of the last two
+    /// windows'; `None` before the first 32 answers. The path's round trip and the peer's usual
+    /// turn are in it; the stalls of a loaded host, which come and go, are not. A driver scales its timing by it:
+    /// what the peer and the application take to answer grows with it, in a guest under
+    /// emulation fiftyfold.
     #[must_use]
     pub fn round_trip(&self) -> Option<Duration> {
-        self.dev.round_trip.smoothed()
+        self.dev.round_trip.usual()
     }
 
     /// A new protection domain.

@@ -80,15 +80,61 @@ impl RttEstimate {
         }
     }
 
-    /// The smoothed round trip; `None` before the first sample.
-    pub(super) fn smoothed(self) -> Option<Duration> {
-        self.srtt.map(Duration::from_nanos)
-    }
-
     /// RFC 6298's timeout, `srtt + 4 × rttvar`; `None` before the first sample.
     pub(super) fn timeout(self) -> Option<Duration> {
         self.srtt
             .map(|srtt| Duration::from_nanos(srtt.saturating_add(self.rttvar.saturating_mul(4))))
+    }
+}
+
+/// Round trips an [`RttMedian`] keeps: its median is recomputed each time it has taken as
+/// many new ones.
+const MEDIAN_OF: usize = 32;
+
+/// The usual round trip: the median of each window of [`MEDIAN_OF`] samples, the lesser of
+/// the last two windows' (none before the first window is full: a queue pair's first round
+/// trips pay for its setup), so that taking a sample costs a store. Where a mean follows a
+/// stalled peer or a queue, whose round trips of milliseconds come and go on a loaded host,
+/// this keeps the path's round trip and the peer's usual turn: it rises once they have been
+/// slower for half of two windows in a row, and falls with the first quicker window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RttMedian {
+    samples: [u64; MEDIAN_OF],
+    taken: u64,
+    /// The medians of the last full window and of the one before it.
+    medians: [Option<u64>; 2],
+}
+
+impl Default for RttMedian {
+    fn default() -> Self {
+        Self {
+            samples: [0; MEDIAN_OF],
+            taken: 0,
+            medians: [None; 2],
+        }
+    }
+}
+
+impl RttMedian {
+    /// Takes one measured round trip.
+    pub(super) fn sample(&mut self, rtt: Duration) {
+        let rtt = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX);
+        self.samples[(self.taken % MEDIAN_OF as u64) as usize] = rtt;
+        self.taken += 1;
+        if self.taken % MEDIAN_OF as u64 == 0 {
+            let mut sorted = self.samples;
+            let (_, median, _) = sorted.select_nth_unstable(MEDIAN_OF / 2);
+            self.medians = [Some(*median), self.medians[0]];
+        }
+    }
+
+    /// The lesser of the last two windows' medians; `None` before the first full window.
+    pub(super) fn usual(self) -> Option<Duration> {
+        let usual = match self.medians {
+            [Some(a), Some(b)] => Some(a.min(b)),
+            [a, b] => a.or(b),
+        };
+        usual.map(Duration::from_nanos)
     }
 }
 
@@ -306,6 +352,41 @@ mod tests {
         w.narrow();
         w.acked(63);
         assert_eq!(w.psns(), 64, "a retry forgets the credit");
+    }
+
+    #[test]
+    fn the_usual_round_trip_is_a_median_that_stalls_do_not_move() {
+        let us = Duration::from_micros;
+        let mut m = RttMedian::default();
+        // A window of quick answers with a few stalls among them, after a slow first one.
+        let window = |m: &mut RttMedian, slow: usize, slow_us: u64, fast_us: u64| {
+            for i in 0..MEDIAN_OF {
+                m.sample(us(if i < slow { slow_us } else { fast_us }));
+            }
+        };
+        m.sample(us(900));
+        for _ in 1..MEDIAN_OF - 1 {
+            m.sample(us(15));
+        }
+        assert_eq!(m.usual(), None, "not before a whole window");
+        m.sample(us(4000));
+        assert_eq!(
+            m.usual(),
+            Some(us(15)),
+            "the setup and a stall do not move it"
+        );
+        // Slower for less than half of a window: still 15.
+        window(&mut m, MEDIAN_OF / 2 - 1, 700, 15);
+        assert_eq!(m.usual(), Some(us(15)));
+        // Slower for all of one window: the lesser of the two is still the quick one's.
+        window(&mut m, MEDIAN_OF, 700, 15);
+        assert_eq!(m.usual(), Some(us(15)), "one slow window does not move it");
+        // And for the next: the slower path's.
+        window(&mut m, MEDIAN_OF, 700, 15);
+        assert_eq!(m.usual(), Some(us(700)));
+        // One quick window brings it back.
+        window(&mut m, 0, 700, 20);
+        assert_eq!(m.usual(), Some(us(20)));
     }
 
     #[test]

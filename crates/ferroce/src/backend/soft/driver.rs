@@ -34,9 +34,13 @@ use std::time::{Duration, Instant};
 /// The round trip at which the driver's timing of the application and its peer holds as
 /// written ([`POLLER_GRACE`], [`LEAVES_AFTER`], [`POLLER_WATCH_MAX`], [`ANSWERS_WITHIN`],
 /// [`LINGER_MAX`]): they were measured on loopback on the 2-core development host, where a
-/// write-lat round trip takes 12-16 µs. Where the engine's round trip
-/// ([`Engine::round_trip`]) is n times this, they are n times as long, up to
-/// [`MAX_TIME_SCALE`]: the application's turn and its peer's answer take longer with it. In a
+/// write-lat round trip takes 12-16 µs. Where the engine's usual round trip (the median of
+/// its recent ones, [`Engine::round_trip`]) is n times this, they are n times as long, up to
+/// [`MAX_TIME_SCALE`]: the application's turn and its peer's answer take longer with it. The
+/// median, not a mean: on a loaded host a descheduled peer stretches single round trips to
+/// milliseconds, and a grace stretched with them would keep the progress thread away while
+/// the application is off its core; nor the least, which in a guest is a quick exception and
+/// left the stay too short for the usual answer. In a
 /// guest under emulation (round trips of 0.6-1 ms) the native timing took every return of a
 /// polling application for a leave and every answer for a late one, and the progress thread
 /// received half the packets that the application's polls should have; scaled, it receives a
