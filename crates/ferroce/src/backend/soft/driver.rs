@@ -36,15 +36,16 @@ use std::time::{Duration, Instant};
 /// [`LINGER_MAX`]): they were measured on loopback on the 2-core development host, where a
 /// write-lat round trip takes 12-16 µs. Where the engine's usual round trip (the median of
 /// its recent ones, [`Engine::round_trip`]) is n times this, they are n times as long, up to
-/// [`MAX_TIME_SCALE`]: the application's turn and its peer's answer take longer with it. The
-/// median, not a mean: on a loaded host a descheduled peer stretches single round trips to
-/// milliseconds, and a grace stretched with them would keep the progress thread away while
-/// the application is off its core; nor the least, which in a guest is a quick exception and
-/// left the stay too short for the usual answer. In a
+/// [`MAX_TIME_SCALE`]: the application's turn and its peer's answer take longer with it. In a
 /// guest under emulation (round trips of 0.6-1 ms) the native timing took every return of a
 /// polling application for a leave and every answer for a late one, and the progress thread
-/// received half the packets that the application's polls should have; scaled, it receives a
-/// few in a run (BENCHMARKS.md, the data path's nineteenth step).
+/// received up to half the packets that the application's polls should have; scaled, it
+/// receives a few dozen in a run (BENCHMARKS.md, the data path's nineteenth step).
+///
+/// The median, not a mean: on a loaded host a descheduled peer stretches single round trips
+/// to milliseconds, and a grace stretched with them would keep the progress thread away while
+/// the application is off its core. Nor the least, which in a guest is a quick exception and
+/// left the stay too short for the usual answer.
 const REFERENCE_ROUND_TRIP: Duration = Duration::from_micros(16);
 
 /// The most the timing stretches: 64 × `POLLER_WATCH_MAX` is 128 ms, the longest that what
@@ -242,7 +243,7 @@ pub(crate) struct Driver {
     /// so that one return delayed by a preemption does not make a busy poller look like one
     /// that leaves (a mean of the gaps did, and each flip rang the doorbell twice).
     leaving: AtomicU32,
-    /// The timing's scale: the engine's round trip over [`REFERENCE_ROUND_TRIP`], 1 to
+    /// The timing's scale: the engine's usual round trip over [`REFERENCE_ROUND_TRIP`], 1 to
     /// [`MAX_TIME_SCALE`], followed at each completion an application polls
     /// ([`Driver::scaled`]).
     time_scale: AtomicU32,
@@ -805,7 +806,7 @@ impl Driver {
         }
     }
 
-    /// The timing's scale, from the engine's round trip now ([`REFERENCE_ROUND_TRIP`]).
+    /// The timing's scale, from the engine's usual round trip now ([`REFERENCE_ROUND_TRIP`]).
     fn follow_round_trip(&self, state: &Locked) {
         let scale = state.engine.round_trip().map_or(1, |rtt| {
             (rtt.as_nanos() / REFERENCE_ROUND_TRIP.as_nanos()).clamp(1, u128::from(MAX_TIME_SCALE))
