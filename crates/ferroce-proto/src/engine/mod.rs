@@ -372,9 +372,9 @@ impl Engine {
     /// from a request sent once to the ACK that answered it (at once, or held for the peer's
     /// own next packet): the median of each 32 such samples, the lesser of the last two
     /// windows'; `None` before the first 32 answers. The path's round trip and the peer's usual
-    /// turn are in it; the stalls of a loaded host, which come and go, are not. A driver scales its timing by it:
-    /// what the peer and the application take to answer grows with it, in a guest under
-    /// emulation fiftyfold.
+    /// turn are in it; the stalls of a loaded host, which come and go, are not. A driver
+    /// scales its timing by it: what the peer and the application take to answer grows with
+    /// it, in a guest under emulation some fiftyfold.
     #[must_use]
     pub fn round_trip(&self) -> Option<Duration> {
         self.dev.round_trip.usual()

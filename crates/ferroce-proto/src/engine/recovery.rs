@@ -97,22 +97,12 @@ const MEDIAN_OF: usize = 32;
 /// stalled peer or a queue, whose round trips of milliseconds come and go on a loaded host,
 /// this keeps the path's round trip and the peer's usual turn: it rises once they have been
 /// slower for half of two windows in a row, and falls with the first quicker window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct RttMedian {
     samples: [u64; MEDIAN_OF],
     taken: u64,
     /// The medians of the last full window and of the one before it.
     medians: [Option<u64>; 2],
-}
-
-impl Default for RttMedian {
-    fn default() -> Self {
-        Self {
-            samples: [0; MEDIAN_OF],
-            taken: 0,
-            medians: [None; 2],
-        }
-    }
 }
 
 impl RttMedian {
@@ -130,11 +120,8 @@ impl RttMedian {
 
     /// The lesser of the last two windows' medians; `None` before the first full window.
     pub(super) fn usual(self) -> Option<Duration> {
-        let usual = match self.medians {
-            [Some(a), Some(b)] => Some(a.min(b)),
-            [a, b] => a.or(b),
-        };
-        usual.map(Duration::from_nanos)
+        let [last, before] = self.medians;
+        last.map(|last| Duration::from_nanos(before.map_or(last, |before| last.min(before))))
     }
 }
 
