@@ -1024,7 +1024,7 @@ def cmd_bench(args):
     # the ratio is the backend's own cost
     other = args.against
     results = {"rxe": [], other: []}
-    with Lab(guests=("vm1", "vm2"), binary=binary) as lab:
+    with Lab(guests=("vm1", "vm2"), binary=binary, offloads=args.offloads) as lab:
         outdir = os.path.join(lab.rundir, "runs")
         os.makedirs(outdir)
         state = {"rxe": True, "mtu": 1500}
@@ -1270,6 +1270,9 @@ def main():
                         "backend on the same rxe0 as perftest")
     b.add_argument("--time", action="store_true",
                    help="run each tool under time, and log its CPU time beside its run time")
+    b.add_argument("--offloads", action="store_true",
+                   help="boot the guests with virtio-net's offloads at QEMU's defaults, as a "
+                        "user's VM has them (checksums and UDP GSO), not off for captures")
     r = sub.add_parser("responder")
     r.add_argument("--reps", type=int, default=1)
     r.add_argument("--iters", type=int, default=300)
