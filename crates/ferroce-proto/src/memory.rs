@@ -470,6 +470,32 @@ pub trait Memory {
     /// Atomically reads the 8-byte host-endian value at `offset` (8-aligned in the region's
     /// address space), applies `op`, writes the result and returns the original value.
     fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64;
+
+    /// Whether a request packet may leave the `len` bytes at `offset` of the region out of
+    /// its buffer, for the sender to hand the kernel where they lie ([`Lent`]): one copy
+    /// fewer per payload byte. Memory that cannot lend says no, the default, and the engine
+    /// copies the payload in. An implementation that says yes must keep those bytes where
+    /// they are until the packet has left.
+    ///
+    /// [`Lent`]: crate::engine::Lent
+    fn can_lend(&self, region: RegionId, offset: u64, len: usize) -> bool {
+        let _ = (region, offset, len);
+        false
+    }
+
+    /// Shows `len` bytes from `offset` of the region to `seen`, in order, a piece at a time:
+    /// how the engine computes a lent payload's ICRC. The default copies each piece out with
+    /// [`Memory::read`].
+    fn look(&self, region: RegionId, offset: u64, len: usize, seen: &mut dyn FnMut(&[u8])) {
+        let mut piece = [0u8; 4096];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(piece.len());
+            self.read(region, offset + done as u64, &mut piece[..n]);
+            seen(&piece[..n]);
+            done += n;
+        }
+    }
 }
 
 /// An atomic operation on an 8-byte target.

@@ -5,7 +5,7 @@ mod fabric;
 use std::time::Duration;
 
 use fabric::{ConnectOptions, Fabric};
-use ferroce_proto::memory::Access;
+use ferroce_proto::memory::{Access, Memory, RegionId};
 use ferroce_proto::qp::{
     Completion, ModifyError, Mtu, Payload, PostError, QpAttr, QpState, QpType, RemoteAddr, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,
@@ -1613,4 +1613,81 @@ fn a_request_and_its_duplicate_in_one_batch_draw_two_acks() {
     assert_eq!(acks(&deliver_batch(&mut f, &[write, write])), 2);
     assert_eq!(f.nodes[1].engine.counters().duplicate_request, 1);
     assert_eq!(acks(&deliver_batch(&mut f, &[write, write, write])), 2);
+}
+
+/// Memory that lends every payload of `min` bytes or more, as the soft NIC's driver does.
+struct Lending<'a> {
+    mem: &'a ferroce_proto::memory::HeapMemory,
+    min: usize,
+}
+
+impl Memory for Lending<'_> {
+    fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
+        self.mem.read(region, offset, out);
+    }
+    fn write(&mut self, _: RegionId, _: u64, _: &[u8]) {
+        unreachable!("nothing is written while packets are built");
+    }
+    fn atomic(&mut self, _: RegionId, _: u64, _: ferroce_proto::memory::AtomicOp) -> u64 {
+        unreachable!("nothing is written while packets are built");
+    }
+    fn can_lend(&self, _: RegionId, _: u64, len: usize) -> bool {
+        len >= self.min
+    }
+}
+
+/// A payload the memory lends stays out of the buffer (`Transmit::lent` says where it lies and
+/// where it goes), and the packet gathered from the headers, the region's bytes and the rest
+/// is whole: the peer checks its ICRC, lands the data and acknowledges it.
+#[test]
+fn a_lent_payload_gathered_is_a_packet_the_peer_takes() {
+    let mut f = Fabric::new(2, 21);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 4096, Access::LOCAL, 0);
+    for (i, b) in f.bytes_mut(0, &src).iter_mut().enumerate() {
+        *b = (i * 7 + 3) as u8;
+    }
+    let dst = f.region(1, 4096, Access::REMOTE, 0);
+    // 2,500 bytes at MTU 1024: two full packets lent, and a last of 452 copied (under `min`).
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 100, 2500)),
+        )
+        .unwrap();
+    let now = f.now;
+    let mut lent = Vec::new();
+    for _ in 0..3 {
+        let mut buf = vec![0; ferroce_proto::engine::MAX_PACKET];
+        let node = &mut f.nodes[0];
+        let memory = Lending {
+            mem: &node.mem,
+            min: 1000,
+        };
+        let t = node
+            .engine
+            .poll_transmit(now, &memory, &mut buf)
+            .expect("a packet to send");
+        let packet = match t.lent {
+            Some(l) => {
+                assert_eq!(l.region, src.id);
+                let body = &node.mem.bytes(src.id).unwrap()[l.offset as usize..][..l.len];
+                [&buf[..l.at], body, &buf[l.at..t.len]].concat()
+            }
+            None => buf[..t.len].to_vec(),
+        };
+        lent.push(t.lent.map(|l| (l.offset, l.len)));
+        let from = std::net::SocketAddr::new(node.ip, 4791);
+        let dst_ip = f.nodes[1].ip;
+        let peer = &mut f.nodes[1];
+        peer.engine
+            .handle_datagram(now, from, dst_ip, &packet, &mut peer.mem);
+    }
+    assert_eq!(lent, [Some((100, 1024)), Some((1124, 1024)), None]);
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert_eq!(f.bytes(1, &dst)[..2500], f.bytes(0, &src)[100..2600]);
+    let counters = f.nodes[1].engine.counters();
+    assert_eq!((counters.icrc_err, counters.rcvd_seq_err), (0, 0));
 }

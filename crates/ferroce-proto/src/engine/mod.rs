@@ -136,7 +136,8 @@ pub struct EngineConfig {
 }
 
 /// A packet ready to send: `len` bytes at the start of the buffer given to
-/// [`Engine::poll_transmit`], to go from UDP port `src_port` to `dst`.
+/// [`Engine::poll_transmit`], to go from UDP port `src_port` to `dst`, with a payload lent
+/// from registered memory between them where `lent` says so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
 pub struct Transmit {
@@ -150,6 +151,24 @@ pub struct Transmit {
     /// everything up to its PSN, so a driver may hold it briefly to leave with the next packet
     /// (a NAK, a READ response or an atomic ACK is never one).
     pub ack: bool,
+    /// The payload, when the memory lent it ([`Memory::can_lend`]): the buffer then holds
+    /// the headers, pad and ICRC only (`len` bytes), and the packet on the wire is the first
+    /// `at` of them, the lent bytes, then the rest. The ICRC already covers the lent bytes as
+    /// they were when the engine looked.
+    pub lent: Option<Lent>,
+}
+
+/// A packet's payload left where it lies in registered memory ([`Transmit::lent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lent {
+    /// The region that holds it.
+    pub region: RegionId,
+    /// Where in the region it starts.
+    pub offset: u64,
+    /// Its length.
+    pub len: usize,
+    /// Where in the packet it goes: the length of the headers before it.
+    pub at: usize,
 }
 
 /// The UDP source port rxe uses for a QP: 0xC000 plus 14 bits of a multiplicative hash. The
@@ -1192,7 +1211,7 @@ impl Engine {
             };
             let sent = if qp.is_ud() {
                 qp.next_datagram(&mut self.dev, mem, buf)
-                    .map(|(len, peer)| (len, false, peer))
+                    .map(|(len, peer)| (len, None, false, peer))
             } else {
                 qp.peer.and_then(|peer| {
                     let ack = matches!(
@@ -1200,15 +1219,15 @@ impl Engine {
                         Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
                     );
                     if let Some(len) = qp.next_response(mem, buf) {
-                        return Some((len, ack, peer));
+                        return Some((len, None, ack, peer));
                     }
                     qp.next_request(now, &mut self.dev, mem, buf)
-                        .map(|len| (len, false, peer))
+                        .map(|(len, lent)| (len, lent, false, peer))
                 })
             };
             // Sending arms timers; finding nothing may have failed a request.
             self.schedule.sync(key, qp);
-            let Some((len, ack, peer)) = sent else {
+            let Some((len, lent, ack, peer)) = sent else {
                 Schedule::idle(qp);
                 continue;
             };
@@ -1227,13 +1246,20 @@ impl Engine {
                 src_port: self.dev.local_port,
                 dst_port: peer.port(),
             };
-            icrc::seal(&ip, &udp, &mut buf[..len]).ok()?;
+            match lent {
+                None => icrc::seal(&ip, &udp, &mut buf[..len]).ok()?,
+                Some(l) => icrc::seal_around(&ip, &udp, &mut buf[..len], l.at, l.len, |seen| {
+                    mem.look(l.region, l.offset, l.len, seen);
+                })
+                .ok()?,
+            }
             self.dev.counters.sent_pkts += 1;
             return Some(Transmit {
                 dst: peer,
                 src_port: self.dev.local_port,
                 len,
                 ack,
+                lent,
             });
         }
         None

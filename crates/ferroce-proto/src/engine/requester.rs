@@ -59,7 +59,7 @@ impl Qp {
         dev: &mut DeviceState,
         mem: &dyn Memory,
         buf: &mut [u8],
-    ) -> Option<usize> {
+    ) -> Option<(usize, Option<Lent>)> {
         if self.state != QpState::Rts {
             return None;
         }
@@ -208,17 +208,40 @@ impl Qp {
             }
         };
         let header_len = repr.emit_headers(buf).ok()?;
-        let end = header_len + repr.payload_len;
-        if let Some(offset) = payload_at {
+        let n = repr.payload_len;
+        // A payload that lies in one piece of memory that lends it stays there: the packet
+        // holds the rest, and the driver gathers the two ([`Lent`]).
+        let lent = match (&wqe.data, payload_at) {
+            (WqeData::Segs(segs), Some(offset)) if n > 0 => {
+                let mut it = pieces(segs, offset, n);
+                match (it.next(), it.next()) {
+                    (Some((region, at, range)), None)
+                        if range.len() == n && mem.can_lend(region, at, n) =>
+                    {
+                        Some(Lent {
+                            region,
+                            offset: at,
+                            len: n,
+                            at: header_len,
+                        })
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let in_buffer = if lent.is_some() { 0 } else { n };
+        let end = header_len + in_buffer;
+        if let (Some(offset), None) = (payload_at, lent) {
             match &wqe.data {
                 WqeData::Segs(segs) => gather(segs, offset, &mut buf[header_len..end], mem),
                 WqeData::Inline(bytes) => {
                     let start = offset as usize;
-                    buf[header_len..end].copy_from_slice(&bytes[start..start + repr.payload_len]);
+                    buf[header_len..end].copy_from_slice(&bytes[start..start + n]);
                 }
             }
         }
-        let len = repr.buffer_len();
+        let len = repr.buffer_len() - (n - in_buffer);
         buf[end..len].fill(0);
 
         if repr.bth.ack_req {
@@ -249,6 +272,6 @@ impl Qp {
             self.timers.retransmit = self.timeout.map(|t| now + t);
             self.timers.early = self.early_resend_at(now);
         }
-        Some(len)
+        Some((len, lent))
     }
 }

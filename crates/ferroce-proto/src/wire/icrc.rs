@@ -227,6 +227,33 @@ pub fn seal(ip: &IpHeader, udp: &UdpHeader, packet: &mut [u8]) -> Result<(), Err
     Ok(())
 }
 
+/// Seals a packet whose payload is not in `packet`: `packet` holds its headers (the first
+/// `at` bytes, from the BTH), then its pad and the 4-byte ICRC slot, and the `body_len` bytes
+/// that go between them on the wire are shown to `body`'s callback in order (a sender that
+/// hands the kernel the payload where it lies computes the ICRC without copying it in).
+///
+/// # Errors
+///
+/// As [`seal`]; [`Error::Truncated`] also when `at` lies past the ICRC slot.
+pub fn seal_around(
+    ip: &IpHeader,
+    udp: &UdpHeader,
+    packet: &mut [u8],
+    at: usize,
+    body_len: usize,
+    body: impl FnOnce(&mut dyn FnMut(&[u8])),
+) -> Result<(), Error> {
+    super::check_len("RoCE packet", packet, Bth::LEN + ICRC_LEN)?;
+    let end = packet.len() - ICRC_LEN;
+    super::check_len("RoCE packet", packet, at + ICRC_LEN)?;
+    let mut crc = headers_crc(ip, udp, &packet[..at], end + body_len)?;
+    body(&mut |piece| crc.update(piece));
+    crc.update(&packet[at..end]);
+    let icrc = crc.finalize();
+    packet[end..].copy_from_slice(&icrc.to_le_bytes());
+    Ok(())
+}
+
 /// Whether the ICRC at the end of `packet` (BTH through ICRC) is right for these headers.
 /// Bytes too short to hold a BTH and an ICRC never verify.
 #[must_use]
@@ -262,6 +289,30 @@ mod tests {
             dst_port: 4791,
         };
         (ip, udp)
+    }
+
+    #[test]
+    fn a_packet_sealed_around_its_body_has_the_icrc_of_the_whole() {
+        let (ip, udp) = headers();
+        // Headers, a 251-byte body, a pad of 1 and the ICRC slot.
+        let mut whole: Vec<u8> = (0..28 + 251 + 1 + 4).map(|i: u32| (i * 13) as u8).collect();
+        seal(&ip, &udp, &mut whole).unwrap();
+        let (at, end) = (28, 28 + 251);
+        let body = whole[at..end].to_vec();
+        let mut rest = [&whole[..at], &whole[end..]].concat();
+        let n = rest.len();
+        rest[n - ICRC_LEN..].fill(0);
+        seal_around(&ip, &udp, &mut rest, at, body.len(), |seen| {
+            // Shown in pieces, as a region's lock shows them.
+            for piece in body.chunks(100) {
+                seen(piece);
+            }
+        })
+        .unwrap();
+        assert_eq!(rest[n - ICRC_LEN..], whole[whole.len() - ICRC_LEN..]);
+        // Headers that end past the ICRC slot are refused, not read.
+        let mut short = [0u8; 20];
+        assert!(seal_around(&ip, &udp, &mut short, 18, 0, |_| {}).is_err());
     }
 
     #[test]
