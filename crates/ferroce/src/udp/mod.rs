@@ -780,6 +780,31 @@ impl TxBatch {
         self.push_whole(dst, (at as u32, len as u32), deferrable);
     }
 
+    /// Takes a packet written into [`TxBatch::slot`] without its body: `len` bytes, the first
+    /// `at` its headers and the rest its pad and ICRC, with `body` (a range of the `ext` bytes
+    /// that will be given to [`Port::send`]) between them on the wire.
+    pub(crate) fn push_written_around(
+        &mut self,
+        dst: SocketAddr,
+        len: usize,
+        at: usize,
+        body: std::ops::Range<usize>,
+    ) {
+        debug_assert!(
+            at + 4 <= len && len <= MAX_PACKET,
+            "{at} of a {len}-byte packet"
+        );
+        let start = self.used;
+        self.used += len;
+        self.packets.push(TxPacket {
+            dst,
+            head: (start as u32, at as u32),
+            body: (body.start as u32, body.len() as u32),
+            tail: ((start + at) as u32, (len - at) as u32),
+            deferrable: false,
+        });
+    }
+
     /// Takes a packet gathered from `head`, `body` (a range of the `ext` bytes that will be
     /// given to [`Port::send`]) and `tail` (pad and ICRC), copying only the head and tail.
     pub(crate) fn push_gathered(

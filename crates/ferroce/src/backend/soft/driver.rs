@@ -138,7 +138,7 @@ use ferroce_proto::qp::CqId;
 use ferroce_proto::Engine;
 use rustc_hash::FxHashMap;
 
-use super::memory::HostMemory;
+use super::memory::{HostMemory, Lender};
 use super::rehearsal;
 use crate::sys::{self, EventFd};
 use crate::udp::{self, tap};
@@ -383,10 +383,18 @@ impl Driver {
             acks_due,
             ..
         } = state;
-        while let Some(t) = engine.poll_transmit(now, mem, link.tx.slot()) {
-            link.tx.push_written(t.dst, t.len, t.ack);
+        // Request payloads go from their regions to the kernel, not through the batch.
+        let lender = Lender::new(mem);
+        while let Some(t) = engine.poll_transmit(now, &lender, link.tx.slot()) {
+            match t.lent {
+                None => link.tx.push_written(t.dst, t.len, t.ack),
+                Some(l) => {
+                    let body = l.offset as usize..l.offset as usize + l.len;
+                    link.tx.push_written_around(t.dst, t.len, l.at, body);
+                }
+            }
             if link.tx.is_full() {
-                link.transmit(&self.port, now, &[]);
+                lender.send(|ext| link.transmit(&self.port, now, ext));
             }
         }
         if hold_acks
@@ -398,9 +406,11 @@ impl Driver {
         } else {
             *acks_due = None;
             if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
-                link.transmit(&self.port, now, &[]);
+                lender.send(|ext| link.transmit(&self.port, now, ext));
             }
         }
+        // Nothing is lent while ACKs wait: a held batch is bare ACKs.
+        drop(lender);
         // Completions the command or the packets made are signalled whether or not ACKs wait.
         self.signal(state);
     }

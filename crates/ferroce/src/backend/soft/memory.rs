@@ -2,7 +2,7 @@
 //! under a lock ([`HostBuf`]), by copying or by a look that ends with the lock, and the
 //! engine's view of them all ([`HostMemory`]).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ferroce_proto::memory::{AtomicOp, Memory, RegionId};
@@ -217,5 +217,172 @@ impl Memory for HostMemory {
         self.regions
             .get(&region)
             .map_or(0, |buf| buf.atomic(offset, op))
+    }
+}
+
+/// The engine's view of the regions while the driver fills one batch of packets: as
+/// [`HostMemory`], and lending payloads of [`LEND_MIN`] bytes or more from one region of host
+/// memory, the first a packet asks for, to the batch ([`Memory::can_lend`]), which then leaves
+/// with that region's bytes ([`Lender::send`]): the kernel copies them from the region, with
+/// no copy into the batch first. That region stays locked from the first lent payload until
+/// the batch has left, so the ICRCs and the kernel's copies see the same bytes; an
+/// application that writes it meanwhile waits for the send.
+pub(crate) struct Lender<'a> {
+    mem: &'a HostMemory,
+    lent: RefCell<Option<(RegionId, MutexGuard<'a, Storage>)>>,
+}
+
+/// The smallest payload worth lending: a smaller one costs less to copy than the slices of a
+/// gathered send, and a lone packet written whole leaves by the plain `sendto`.
+pub(crate) const LEND_MIN: usize = 512;
+
+impl<'a> Lender<'a> {
+    pub(crate) fn new(mem: &'a HostMemory) -> Self {
+        Self {
+            mem,
+            lent: RefCell::new(None),
+        }
+    }
+
+    /// Runs `f` (the batch's send) with the lent region's bytes, under its lock, or with none
+    /// when nothing was lent, then unlocks it: the next batch may borrow from another region.
+    pub(crate) fn send<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        match self.lent.take() {
+            Some((_, storage)) => match &*storage {
+                Storage::Heap(bytes) => f(bytes),
+                Storage::Mapped(_) => f(&[]),
+            },
+            None => f(&[]),
+        }
+    }
+
+    /// Runs `f` on the lent region's storage when `region` is it.
+    fn with_lent<R>(&self, region: RegionId, f: impl FnOnce(&mut Storage) -> R) -> Option<R> {
+        match &mut *self.lent.borrow_mut() {
+            Some((lent, storage)) if *lent == region => Some(f(storage)),
+            _ => None,
+        }
+    }
+}
+
+impl Memory for Lender<'_> {
+    fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        if self.with_lent(region, |s| s.read(at, out)).is_none() {
+            if let Some(buf) = self.mem.regions.get(&region) {
+                buf.read(offset, out);
+            }
+        }
+    }
+
+    fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        if self.with_lent(region, |s| s.write(at, data)).is_none() {
+            if let Some(buf) = self.mem.regions.get(&region) {
+                buf.write(offset, data);
+            }
+        }
+    }
+
+    fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64 {
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        let lent = self.with_lent(region, |s| {
+            let mut word = [0; 8];
+            s.read(at, &mut word);
+            let old = u64::from_ne_bytes(word);
+            s.write(at, &op.apply(old).to_ne_bytes());
+            old
+        });
+        lent.unwrap_or_else(|| {
+            self.mem
+                .regions
+                .get(&region)
+                .map_or(0, |buf| buf.atomic(offset, op))
+        })
+    }
+
+    fn can_lend(&self, region: RegionId, offset: u64, len: usize) -> bool {
+        // A batch's packets name their bodies by 32-bit offsets into the bytes sent with it.
+        if len < LEND_MIN || offset.saturating_add(len as u64) > u64::from(u32::MAX) {
+            return false;
+        }
+        let mut lent = self.lent.borrow_mut();
+        if let Some((r, _)) = &*lent {
+            return *r == region;
+        }
+        let Some(buf) = self.mem.regions.get(&region) else {
+            return false;
+        };
+        let storage = buf.lock();
+        if !matches!(*storage, Storage::Heap(_)) {
+            return false;
+        }
+        *lent = Some((region, storage));
+        true
+    }
+
+    fn look(&self, region: RegionId, offset: u64, len: usize, seen: &mut dyn FnMut(&[u8])) {
+        let shown = self.with_lent(region, |s| {
+            let at = usize::try_from(offset).unwrap_or(usize::MAX);
+            if let (Storage::Heap(bytes), Some(end)) = (&*s, at.checked_add(len)) {
+                if let Some(piece) = bytes.get(at..end) {
+                    seen(piece);
+                }
+            }
+        });
+        if shown.is_none() {
+            if let Some(buf) = self.mem.regions.get(&region) {
+                buf.inspect(offset, len as u64, seen);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory(regions: &[(u32, usize)]) -> HostMemory {
+        let mut mem = HostMemory::default();
+        for &(id, len) in regions {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let buf = HostBuf::new(Storage::Heap(bytes.into_boxed_slice()), false);
+            mem.regions.insert(RegionId(id), Arc::new(buf));
+        }
+        mem
+    }
+
+    #[test]
+    fn a_batch_borrows_from_one_region_and_reads_it_through_the_held_lock() {
+        let mem = memory(&[(1, 8192), (2, 8192)]);
+        let mut lender = Lender::new(&mem);
+        // Too small to be worth it, then the first region asked for, then not another.
+        assert!(!lender.can_lend(RegionId(1), 0, LEND_MIN - 1));
+        assert!(lender.can_lend(RegionId(1), 100, 1024));
+        assert!(lender.can_lend(RegionId(1), 4096, 2048));
+        assert!(!lender.can_lend(RegionId(2), 0, 1024));
+        assert!(!lender.can_lend(RegionId(3), 0, 1024));
+        // The lent region is locked: reads, writes and looks go through the lock it holds
+        // (taking it again would deadlock), and other regions as usual.
+        let mut out = [0; 4];
+        lender.read(RegionId(1), 251, &mut out);
+        assert_eq!(out, [0, 1, 2, 3]);
+        lender.write(RegionId(1), 0, &[9; 4]);
+        let old = lender.atomic(RegionId(1), 0, AtomicOp::FetchAdd { add: 1 });
+        assert_eq!(old, u64::from_ne_bytes([9, 9, 9, 9, 4, 5, 6, 7]));
+        let mut seen = Vec::new();
+        lender.look(RegionId(1), 2, 3, &mut |p| seen.extend_from_slice(p));
+        assert_eq!(seen, [9, 9, 4]);
+        lender.read(RegionId(2), 1, &mut out);
+        assert_eq!(out, [1, 2, 3, 4]);
+        // The send sees the whole region and unlocks it; the next batch starts afresh.
+        let len = lender.send(|bytes| bytes.len());
+        assert_eq!(len, 8192);
+        let mut word = [0; 8];
+        mem.regions[&RegionId(1)].read(0, &mut word);
+        assert_eq!(u64::from_ne_bytes(word), old + 1);
+        assert!(lender.can_lend(RegionId(2), 0, 1024));
+        assert_eq!(lender.send(|bytes| bytes[1]), 1);
+        assert_eq!(lender.send(|bytes| bytes.len()), 0);
     }
 }
