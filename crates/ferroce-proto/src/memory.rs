@@ -471,11 +471,11 @@ pub trait Memory {
     /// address space), applies `op`, writes the result and returns the original value.
     fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64;
 
-    /// Whether a request packet may leave the `len` bytes at `offset` of the region out of
-    /// its buffer, for the sender to hand the kernel where they lie ([`Lent`]): one copy
-    /// fewer per payload byte. Memory that cannot lend says no, the default, and the engine
-    /// copies the payload in. An implementation that says yes must keep those bytes where
-    /// they are until the packet has left.
+    /// Whether a packet may leave its payload, the `len` bytes at `offset` of the region (a
+    /// request's data or a READ response's), out of its buffer, for the sender to hand the
+    /// kernel where they lie ([`Lent`]): one copy fewer per payload byte. Memory that cannot
+    /// lend says no, the default, and the engine copies the payload in. An implementation
+    /// that says yes must keep those bytes as they are until the packet has left.
     ///
     /// [`Lent`]: crate::engine::Lent
     fn can_lend(&self, region: RegionId, offset: u64, len: usize) -> bool {

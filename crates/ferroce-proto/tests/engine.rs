@@ -1691,3 +1691,59 @@ fn a_lent_payload_gathered_is_a_packet_the_peer_takes() {
     let counters = f.nodes[1].engine.counters();
     assert_eq!((counters.icrc_err, counters.rcvd_seq_err), (0, 0));
 }
+
+/// The same for READ responses: the responder's memory lends each full response's payload.
+#[test]
+fn a_lent_read_response_is_a_packet_the_requester_takes() {
+    let mut f = Fabric::new(2, 22);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let dst = f.region(0, 4096, Access::LOCAL, 0);
+    let src = f.region(1, 4096, Access::REMOTE, 0);
+    for (i, b) in f.bytes_mut(1, &src).iter_mut().enumerate() {
+        *b = (i * 5 + 1) as u8;
+    }
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Read(remote(&src, 200)), sge(&dst, 0, 2500)),
+        )
+        .unwrap();
+    let request = move_one(&mut f, 0, 1);
+    assert_eq!(request.lent, None, "a READ request carries no payload");
+    let now = f.now;
+    let mut lent = Vec::new();
+    for _ in 0..3 {
+        let mut buf = vec![0; ferroce_proto::engine::MAX_PACKET];
+        let node = &mut f.nodes[1];
+        let memory = Lending {
+            mem: &node.mem,
+            min: 1000,
+        };
+        let t = node
+            .engine
+            .poll_transmit(now, &memory, &mut buf)
+            .expect("a response to send");
+        let packet = match t.lent {
+            Some(l) => {
+                let body = &node.mem.bytes(src.id).unwrap()[l.offset as usize..][..l.len];
+                [&buf[..l.at], body, &buf[l.at..t.len]].concat()
+            }
+            None => buf[..t.len].to_vec(),
+        };
+        lent.push(t.lent.map(|l| (l.region, l.offset, l.len)));
+        let from = std::net::SocketAddr::new(node.ip, 4791);
+        let dst_ip = f.nodes[0].ip;
+        let peer = &mut f.nodes[0];
+        peer.engine
+            .handle_datagram(now, from, dst_ip, &packet, &mut peer.mem);
+    }
+    assert_eq!(
+        lent,
+        [Some((src.id, 200, 1024)), Some((src.id, 1224, 1024)), None]
+    );
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    assert_eq!(f.bytes(0, &dst)[..2500], f.bytes(1, &src)[200..2700]);
+    assert_eq!(f.nodes[0].engine.counters().icrc_err, 0);
+}

@@ -1218,8 +1218,8 @@ impl Engine {
                         qp.resp.responses.front(),
                         Some(Response::Ack { syndrome, .. }) if *syndrome == Syndrome::ACK
                     );
-                    if let Some(len) = qp.next_response(mem, buf) {
-                        return Some((len, None, ack, peer));
+                    if let Some((len, lent)) = qp.next_response(mem, buf) {
+                        return Some((len, lent, ack, peer));
                     }
                     qp.next_request(now, &mut self.dev, mem, buf)
                         .map(|(len, lent)| (len, lent, false, peer))

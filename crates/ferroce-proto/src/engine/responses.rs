@@ -72,8 +72,13 @@ impl Qp {
         });
     }
 
-    /// Builds the next response packet (ACK, NAK, READ response, atomic ACK) into `buf`.
-    pub(super) fn next_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
+    /// Builds the next response packet (ACK, NAK, READ response, atomic ACK) into `buf`, a READ
+    /// response's payload left in its region where the memory lends it.
+    pub(super) fn next_response(
+        &mut self,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<(usize, Option<Lent>)> {
         let mtu = self.mtu;
         let dest_qpn = self.dest_qpn;
         let repr = match self.resp.responses.front_mut()? {
@@ -116,25 +121,40 @@ impl Qp {
                 }
                 repr.payload_len = n;
                 let header_len = repr.emit_headers(buf).ok()?;
-                let out = &mut buf[header_len..header_len + n];
-                match &job.source {
-                    ReadSource::Empty => {}
-                    ReadSource::Region(region, at) => mem.read(*region, at + offset, out),
-                    ReadSource::Copied(bytes) => {
+                let lent = match &job.source {
+                    ReadSource::Region(region, at) if mem.can_lend(*region, at + offset, n) => {
+                        Some(Lent {
+                            region: *region,
+                            offset: at + offset,
+                            len: n,
+                            at: header_len,
+                        })
+                    }
+                    _ => None,
+                };
+                let in_buffer = if lent.is_some() { 0 } else { n };
+                let out = &mut buf[header_len..header_len + in_buffer];
+                match (&job.source, lent) {
+                    (ReadSource::Empty, _) | (_, Some(_)) => {}
+                    (ReadSource::Region(region, at), None) => {
+                        mem.read(*region, at + offset, out);
+                    }
+                    (ReadSource::Copied(bytes), None) => {
                         let start = offset as usize;
                         out.copy_from_slice(&bytes[start..start + n]);
                     }
                 }
-                buf[header_len + n..repr.buffer_len()].fill(0);
+                let len = repr.buffer_len() - (n - in_buffer);
+                buf[header_len + in_buffer..len].fill(0);
                 job.sent += 1;
                 if last {
                     self.resp.responses.pop_front();
                 }
-                return Some(repr.buffer_len());
+                return Some((len, lent));
             }
         };
         let len = repr.emit(&[], buf).ok()?;
         self.resp.responses.pop_front();
-        Some(len)
+        Some((len, None))
     }
 }
