@@ -686,8 +686,8 @@ fn segments_in_hardware(name: &str) -> bool {
 }
 
 /// One packet of a [`TxBatch`]: a head and a tail in the batch's own bytes, and between them a
-/// body that lies outside it (a frame sender's data, sent without a copy). Its ICRC is the last
-/// four bytes of the tail.
+/// body that lies outside it (a frame sender's data, a payload lent from a region: sent without
+/// a copy into the batch). Its ICRC is the last four bytes of the tail.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TxPacket {
     pub(crate) dst: SocketAddr,
