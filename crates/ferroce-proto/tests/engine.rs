@@ -1636,6 +1636,35 @@ impl Memory for Lending<'_> {
     }
 }
 
+/// Sends node `from`'s next packet to node `to` through memory that lends payloads of 1,000
+/// bytes or more, gathering a lent one as a driver would; returns what was lent.
+fn move_lent(f: &mut Fabric, from: usize, to: usize) -> Option<(RegionId, u64, usize)> {
+    let now = f.now;
+    let mut buf = vec![0; ferroce_proto::engine::MAX_PACKET];
+    let node = &mut f.nodes[from];
+    let memory = Lending {
+        mem: &node.mem,
+        min: 1000,
+    };
+    let t = node
+        .engine
+        .poll_transmit(now, &memory, &mut buf)
+        .expect("a packet to send");
+    let packet = match t.lent {
+        Some(l) => {
+            let body = &node.mem.bytes(l.region).unwrap()[l.offset as usize..][..l.len];
+            [&buf[..l.at], body, &buf[l.at..t.len]].concat()
+        }
+        None => buf[..t.len].to_vec(),
+    };
+    let src = std::net::SocketAddr::new(node.ip, 4791);
+    let dst = f.nodes[to].ip;
+    let peer = &mut f.nodes[to];
+    peer.engine
+        .handle_datagram(now, src, dst, &packet, &mut peer.mem);
+    t.lent.map(|l| (l.region, l.offset, l.len))
+}
+
 /// A payload the memory lends stays out of the buffer (`Transmit::lent` says where it lies and
 /// where it goes), and the packet gathered from the headers, the region's bytes and the rest
 /// is whole: the peer checks its ICRC, lands the data and acknowledges it.
@@ -1656,35 +1685,12 @@ fn a_lent_payload_gathered_is_a_packet_the_peer_takes() {
             SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 100, 2500)),
         )
         .unwrap();
-    let now = f.now;
-    let mut lent = Vec::new();
-    for _ in 0..3 {
-        let mut buf = vec![0; ferroce_proto::engine::MAX_PACKET];
-        let node = &mut f.nodes[0];
-        let memory = Lending {
-            mem: &node.mem,
-            min: 1000,
-        };
-        let t = node
-            .engine
-            .poll_transmit(now, &memory, &mut buf)
-            .expect("a packet to send");
-        let packet = match t.lent {
-            Some(l) => {
-                assert_eq!(l.region, src.id);
-                let body = &node.mem.bytes(src.id).unwrap()[l.offset as usize..][..l.len];
-                [&buf[..l.at], body, &buf[l.at..t.len]].concat()
-            }
-            None => buf[..t.len].to_vec(),
-        };
-        lent.push(t.lent.map(|l| (l.offset, l.len)));
-        let from = std::net::SocketAddr::new(node.ip, 4791);
-        let dst_ip = f.nodes[1].ip;
-        let peer = &mut f.nodes[1];
-        peer.engine
-            .handle_datagram(now, from, dst_ip, &packet, &mut peer.mem);
-    }
-    assert_eq!(lent, [Some((100, 1024)), Some((1124, 1024)), None]);
+    let lent: Vec<_> = (0..3).map(|_| move_lent(&mut f, 0, 1)).collect();
+    let src_id = src.id;
+    assert_eq!(
+        lent,
+        [Some((src_id, 100, 1024)), Some((src_id, 1124, 1024)), None]
+    );
     f.run();
     assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
     assert_eq!(f.bytes(1, &dst)[..2500], f.bytes(0, &src)[100..2600]);
@@ -1711,33 +1717,7 @@ fn a_lent_read_response_is_a_packet_the_requester_takes() {
         .unwrap();
     let request = move_one(&mut f, 0, 1);
     assert_eq!(request.lent, None, "a READ request carries no payload");
-    let now = f.now;
-    let mut lent = Vec::new();
-    for _ in 0..3 {
-        let mut buf = vec![0; ferroce_proto::engine::MAX_PACKET];
-        let node = &mut f.nodes[1];
-        let memory = Lending {
-            mem: &node.mem,
-            min: 1000,
-        };
-        let t = node
-            .engine
-            .poll_transmit(now, &memory, &mut buf)
-            .expect("a response to send");
-        let packet = match t.lent {
-            Some(l) => {
-                let body = &node.mem.bytes(src.id).unwrap()[l.offset as usize..][..l.len];
-                [&buf[..l.at], body, &buf[l.at..t.len]].concat()
-            }
-            None => buf[..t.len].to_vec(),
-        };
-        lent.push(t.lent.map(|l| (l.region, l.offset, l.len)));
-        let from = std::net::SocketAddr::new(node.ip, 4791);
-        let dst_ip = f.nodes[0].ip;
-        let peer = &mut f.nodes[0];
-        peer.engine
-            .handle_datagram(now, from, dst_ip, &packet, &mut peer.mem);
-    }
+    let lent: Vec<_> = (0..3).map(|_| move_lent(&mut f, 1, 0)).collect();
     assert_eq!(
         lent,
         [Some((src.id, 200, 1024)), Some((src.id, 1224, 1024)), None]
