@@ -383,7 +383,8 @@ impl Driver {
             acks_due,
             ..
         } = state;
-        // Request payloads go from their regions to the kernel, not through the batch.
+        // Payloads (requests', READ responses') go from their regions to the kernel, not
+        // through the batch.
         let lender = Lender::new(mem);
         while let Some(t) = engine.poll_transmit(now, &lender, link.tx.slot()) {
             match t.lent {
