@@ -1,6 +1,7 @@
 //! The bytes of the soft NIC's regions: host memory or a mapping ([`Storage`]), reached only
 //! under a lock ([`HostBuf`]), by copying or by a look that ends with the lock, and the
-//! engine's view of them all ([`HostMemory`]).
+//! engine's view of them all ([`HostMemory`]), which lends one region's bytes to the kernel
+//! while a batch of packets is built and sent ([`Lender`]).
 
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -44,6 +45,15 @@ impl Storage {
             }
             Self::Mapped(map) => map.write(at, data),
         }
+    }
+
+    /// Applies an atomic operation to the 8 bytes at `at`; the caller holds the lock.
+    fn atomic(&mut self, at: usize, op: AtomicOp) -> u64 {
+        let mut word = [0; 8];
+        self.read(at, &mut word);
+        let old = u64::from_ne_bytes(word);
+        self.write(at, &op.apply(old).to_ne_bytes());
+        old
     }
 }
 
@@ -146,13 +156,8 @@ impl HostBuf {
 
     /// Applies an atomic operation to the 8 bytes at `at`, under the lock.
     fn atomic(&self, at: u64, op: AtomicOp) -> u64 {
-        let at = usize::try_from(at).unwrap_or(usize::MAX);
-        let mut storage = self.lock();
-        let mut word = [0; 8];
-        storage.read(at, &mut word);
-        let old = u64::from_ne_bytes(word);
-        storage.write(at, &op.apply(old).to_ne_bytes());
-        old
+        self.lock()
+            .atomic(usize::try_from(at).unwrap_or(usize::MAX), op)
     }
 
     /// Gives the storage back, unlocked from RAM (a mapping is unmapped when dropped).
@@ -265,13 +270,13 @@ impl<'a> Lender<'a> {
     }
 }
 
+/// The lent region through the lock the lender holds (taking it again would deadlock), any
+/// other as [`HostMemory`] reaches it.
 impl Memory for Lender<'_> {
     fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
         let at = usize::try_from(offset).unwrap_or(usize::MAX);
         if self.with_lent(region, |s| s.read(at, out)).is_none() {
-            if let Some(buf) = self.mem.regions.get(&region) {
-                buf.read(offset, out);
-            }
+            self.mem.read(region, offset, out);
         }
     }
 
@@ -286,19 +291,13 @@ impl Memory for Lender<'_> {
 
     fn atomic(&mut self, region: RegionId, offset: u64, op: AtomicOp) -> u64 {
         let at = usize::try_from(offset).unwrap_or(usize::MAX);
-        let lent = self.with_lent(region, |s| {
-            let mut word = [0; 8];
-            s.read(at, &mut word);
-            let old = u64::from_ne_bytes(word);
-            s.write(at, &op.apply(old).to_ne_bytes());
-            old
-        });
-        lent.unwrap_or_else(|| {
-            self.mem
-                .regions
-                .get(&region)
-                .map_or(0, |buf| buf.atomic(offset, op))
-        })
+        self.with_lent(region, |s| s.atomic(at, op))
+            .unwrap_or_else(|| {
+                self.mem
+                    .regions
+                    .get(&region)
+                    .map_or(0, |buf| buf.atomic(offset, op))
+            })
     }
 
     fn can_lend(&self, region: RegionId, offset: u64, len: usize) -> bool {
