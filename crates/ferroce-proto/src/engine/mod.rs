@@ -171,6 +171,19 @@ pub struct Lent {
     pub at: usize,
 }
 
+impl Lent {
+    /// The `len` bytes at `offset` of `region`, to go after `at` bytes of headers, when `mem`
+    /// lends them ([`Memory::can_lend`]).
+    fn ask(mem: &dyn Memory, region: RegionId, offset: u64, len: usize, at: usize) -> Option<Self> {
+        mem.can_lend(region, offset, len).then_some(Self {
+            region,
+            offset,
+            len,
+            at,
+        })
+    }
+}
+
 /// The UDP source port rxe uses for a QP: 0xC000 plus 14 bits of a multiplicative hash. The
 /// engine sends from its socket's port instead (a UDP socket cannot choose per packet); this
 /// is for paths that build their own UDP headers.

@@ -215,15 +215,8 @@ impl Qp {
             (WqeData::Segs(segs), Some(offset)) if n > 0 => {
                 let mut it = pieces(segs, offset, n);
                 match (it.next(), it.next()) {
-                    (Some((region, at, range)), None)
-                        if range.len() == n && mem.can_lend(region, at, n) =>
-                    {
-                        Some(Lent {
-                            region,
-                            offset: at,
-                            len: n,
-                            at: header_len,
-                        })
+                    (Some((region, at, range)), None) if range.len() == n => {
+                        Lent::ask(mem, region, at, n, header_len)
                     }
                     _ => None,
                 }

@@ -122,13 +122,8 @@ impl Qp {
                 repr.payload_len = n;
                 let header_len = repr.emit_headers(buf).ok()?;
                 let lent = match &job.source {
-                    ReadSource::Region(region, at) if mem.can_lend(*region, at + offset, n) => {
-                        Some(Lent {
-                            region: *region,
-                            offset: at + offset,
-                            len: n,
-                            at: header_len,
-                        })
+                    ReadSource::Region(region, at) => {
+                        Lent::ask(mem, *region, at + offset, n, header_len)
                     }
                     _ => None,
                 };
