@@ -239,8 +239,8 @@ pub(crate) struct Lender<'a> {
 
 /// The smallest payload lent: a smaller one is copied, so that the latency-bound exchanges
 /// of small messages (8-64 B ping-pongs, the session) keep a packet written whole and its
-/// plain `sendto`. Lending a lone 1 KiB or 4 KiB packet measured no slower or faster than
-/// copying it (BENCHMARKS.md, the data path's twentieth step).
+/// plain `sendto`. Lending a lone 1 KiB or 4 KiB packet measured within the noise of copying
+/// it (BENCHMARKS.md, the data path's twentieth step).
 pub(crate) const LEND_MIN: usize = 512;
 
 impl<'a> Lender<'a> {
