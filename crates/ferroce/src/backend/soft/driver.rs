@@ -867,6 +867,30 @@ impl Driver {
         }
     }
 
+    /// Waits for a datagram or the doorbell until `due` (a timer), the progress thread's
+    /// wait: first looking without sleeping for as long as `stay` says ([`Stay`]), handing
+    /// the core between looks to any thread that wants it, then asleep. A polling
+    /// application ends the looks: it receives for itself. Nor does the thread look beside
+    /// an application that waits elsewhere after its completions (`ib_write_lat` spins on its
+    /// memory): on a shared core a wake-up preempts that spin at once, where a look that
+    /// yielded would wait for the end of its time slice.
+    fn wait_socket(&self, stay: &Stay, due: Option<Instant>) -> io::Result<[bool; 2]> {
+        let looks = (!self.leaves_after_completions()).then(|| stay.end(Instant::now()));
+        if let Some(end) = looks.flatten() {
+            let end = due.map_or(end, |due| end.min(due));
+            while Instant::now() < end && self.poller_until.load(Ordering::Relaxed) == 0 {
+                let seen =
+                    sys::wait_either(self.port.socket(), &self.bell_rx, Some(Duration::ZERO))?;
+                if seen != [false, false] {
+                    return Ok(seen);
+                }
+                std::thread::yield_now();
+            }
+        }
+        let wait = due.map(|t| t.saturating_duration_since(Instant::now()));
+        sys::wait_either(self.port.socket(), &self.bell_rx, wait)
+    }
+
     /// The progress thread's loop. With `raise` (the thread's own nice value), it runs above the application's threads
     /// while the application leaves after its completions to wait elsewhere (then only this
     /// thread places the peer's bytes, and behind spinning threads it would wait for a time
@@ -878,6 +902,7 @@ impl Driver {
         // How long the next nap beside a polling application lasts at least: it doubles
         // while the application keeps polling ([`POLLER_WATCH_MAX`]).
         let mut watch = self.scaled(POLLER_GRACE);
+        let mut stay = Stay::default();
         while !self.stop.load(Ordering::SeqCst) {
             if let Some(own) = raise {
                 if self.leaves_after_completions() != raised {
@@ -917,7 +942,7 @@ impl Driver {
                 state.thread_sleep = sleep;
                 (sleep, look)
             };
-            let wait = match sleep {
+            let due = match sleep {
                 ThreadSleep::Nap { until, .. } => {
                     // On the doorbell and the timer, so that a poller that stops polling to
                     // wait (`release_poller`), a post beside a poller that left, or a close
@@ -953,12 +978,10 @@ impl Driver {
                     }
                     continue;
                 }
-                ThreadSleep::Socket(until) => {
-                    until.map(|t| t.saturating_duration_since(Instant::now()))
-                }
+                ThreadSleep::Socket(until) => until,
             };
             watch = self.scaled(POLLER_GRACE);
-            match sys::wait_either(self.port.socket(), &self.bell_rx, wait) {
+            match self.wait_socket(&stay, due) {
                 Ok([socket, bell]) => {
                     if bell {
                         self.answer_bell();
@@ -976,6 +999,9 @@ impl Driver {
                     self.transmit_ready(&mut state, now, false);
                     self.wake_waiters(&state);
                     drop(state);
+                    if handled > 0 {
+                        stay.answered(now, Instant::now());
+                    }
                 }
                 Err(e) => {
                     udp::UdpCounters::add(&self.port.counters.recv_errors, 1);
@@ -984,6 +1010,53 @@ impl Driver {
                 }
             }
         }
+    }
+}
+
+/// How long the progress thread stays on the socket after answering, looking without
+/// sleeping, before it blocks: a passive responder (`ib_read_lat`'s server, whose program
+/// makes no call while the peer READs) otherwise sleeps between requests and pays a
+/// wake-up for each, which on a virtual machine's idle core costs more than the answer (a
+/// READ round trip on loopback here: 20.5 µs with the wake-ups, 9.3 without; BENCHMARKS.md,
+/// the data path's twenty-first step). It stays up to twice
+/// the last gap between two wake-ups, so only while the peer asks steadily, and no more
+/// than [`STAY_PER_ANSWER`] times what its last answer took, so that a peer asking now and
+/// then (a heartbeat) costs a small share of a core: the bound follows the host's speed
+/// without a constant for each.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stay {
+    /// When the last wake-up that handled datagrams began.
+    last: Option<Instant>,
+    /// The gap between the last two such wake-ups.
+    gap: Duration,
+    /// What handling the last one took.
+    took: Duration,
+    /// When that handling ended.
+    done: Option<Instant>,
+}
+
+/// The most a stay lasts, in answers' worth of time ([`Stay`]).
+const STAY_PER_ANSWER: u32 = 8;
+
+impl Stay {
+    /// A wake-up began at `began`, handled datagrams, and ended at `ended`.
+    fn answered(&mut self, began: Instant, ended: Instant) {
+        self.gap = self
+            .last
+            .map_or(Duration::MAX, |last| began.saturating_duration_since(last));
+        self.last = Some(began);
+        self.took = ended.saturating_duration_since(began);
+        self.done = Some(ended);
+    }
+
+    /// Until when to look without sleeping, from `now`; `None` to sleep at once.
+    fn end(&self, now: Instant) -> Option<Instant> {
+        let done = self.done?;
+        let stay = self
+            .gap
+            .saturating_mul(2)
+            .min(self.took.saturating_mul(STAY_PER_ANSWER));
+        Some(done + stay).filter(|&end| end > now)
     }
 }
 
@@ -1100,5 +1173,28 @@ mod tests {
         }
         drop(state);
         driver.stop();
+    }
+
+    #[test]
+    fn a_stay_follows_a_steady_peer_and_is_bounded_by_what_answers_take() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        let mut stay = Stay::default();
+        assert_eq!(stay.end(t0), None, "nothing answered yet: sleep at once");
+        // A first answer: no gap known, so the answer's time bounds the stay.
+        stay.answered(t0, t0 + us(5));
+        assert_eq!(
+            stay.end(t0 + us(5)),
+            Some(t0 + us(5) + us(5) * STAY_PER_ANSWER)
+        );
+        // A peer asking every 10 µs: the stay covers two gaps, less than the bound.
+        stay.answered(t0 + us(10), t0 + us(15));
+        assert_eq!(stay.end(t0 + us(15)), Some(t0 + us(15) + us(20)));
+        // A peer asking now and then (every 10 ms): the answer's time bounds it again.
+        stay.answered(t0 + us(10_010), t0 + us(10_012));
+        let end = t0 + us(10_012) + us(2) * STAY_PER_ANSWER;
+        assert_eq!(stay.end(t0 + us(10_012)), Some(end));
+        // Once it has passed, the thread sleeps.
+        assert_eq!(stay.end(end), None);
     }
 }
