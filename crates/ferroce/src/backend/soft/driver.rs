@@ -1000,7 +1000,7 @@ impl Driver {
                     self.wake_waiters(&state);
                     drop(state);
                     if handled > 0 {
-                        stay.answered(now, Instant::now());
+                        stay.answered(now, Instant::now(), handled);
                     }
                 }
                 Err(e) => {
@@ -1013,56 +1013,55 @@ impl Driver {
     }
 }
 
-/// How long the progress thread stays on the socket after answering, looking without
-/// sleeping, before it blocks: a passive responder (`ib_read_lat`'s server, whose program
-/// makes no call while the peer READs) otherwise sleeps between requests and pays a
-/// wake-up for each, which on a virtual machine's idle core costs more than the answer (a
-/// READ round trip on loopback here: 20.5 µs with the wake-ups, 9.3 without; BENCHMARKS.md,
-/// the data path's twenty-first step). It stays up to twice
-/// the last gap between two wake-ups, so only while the peer asks steadily, and no more
-/// than [`STAY_PER_ANSWER`] times what its last answer took, so that a peer asking now and
-/// then (a heartbeat) costs a small share of a core, and never longer than [`STAY_MAX`].
+/// How long the progress thread stays on the socket after answering a request or two (not a
+/// stream: [`STAY_BELOW`]), looking without sleeping, before it blocks. A passive responder
+/// (`ib_read_lat`'s server, whose program makes no call while the peer READs) otherwise
+/// sleeps between requests and pays a wake-up for each, which on a virtual machine's idle
+/// core costs more than the answer: a READ round trip on loopback here took 20–27 µs with
+/// the wake-ups, 9–13 without (BENCHMARKS.md, the data path's twenty-first step).
+///
+/// It stays only while the peer asks steadily and often: when the gap between the last two
+/// wake-ups was at most [`STAY_MAX`], for twice that gap, at most `STAY_MAX`. A peer asking
+/// now and then (a heartbeat) costs no looks at all, nor does one on a host where answers
+/// come slower than a wake-up costs.
 #[derive(Clone, Copy, Debug, Default)]
 struct Stay {
     /// When the last wake-up that handled datagrams began.
     last: Option<Instant>,
-    /// The gap between the last two such wake-ups.
-    gap: Duration,
-    /// What handling the last one took.
-    took: Duration,
-    /// When that handling ended.
-    done: Option<Instant>,
+    /// When the last one ended, if it answered a request rather than took a stream, and
+    /// how long to stay after it.
+    after: Option<(Instant, Duration)>,
 }
 
-/// The most a stay lasts, in answers' worth of time ([`Stay`]).
-const STAY_PER_ANSWER: u32 = 8;
+/// A wake-up that handled this many datagrams or more took a stream, not a request: no stay
+/// follows it. Asleep, the thread lets a stream's datagrams gather into the next `recvmmsg`;
+/// looking, it would take them one or two a time (in the QEMU guests, where each system call
+/// is emulated, a build that stayed after any wake-up ran `ib_write_bw` at MTU 4096 at
+/// 30.6–31.9 MB/s against 33.4–33.8). One under [`WOKEN_BATCH`], the first look's size:
+/// that look came back short.
+const STAY_BELOW: usize = WOKEN_BATCH;
 
-/// The longest stay: some ten wake-ups' worth (one costs about 10 µs on this VM). Where
-/// answers take longer than a wake-up (a loaded host, a guest under emulation), looking
-/// between them buys little and takes a core others need: in the QEMU guests, where each
-/// vCPU is a host thread and the host has two cores, stays of 800 µs left `ib_read_lat`'s
-/// median where it was and doubled its average.
+/// The longest gap between requests that a stay covers, and the longest stay: some ten
+/// wake-ups' worth (one costs about 10 µs on this VM). Where requests come further apart
+/// (a loaded host, a guest under emulation), looking between them buys little and takes a
+/// core others need: in the QEMU guests, where each vCPU is a host thread and the host has
+/// two cores, stays of 800 µs left `ib_read_lat`'s median where it was and doubled its
+/// average.
 const STAY_MAX: Duration = Duration::from_micros(100);
 
 impl Stay {
-    /// A wake-up began at `began`, handled datagrams, and ended at `ended`.
-    fn answered(&mut self, began: Instant, ended: Instant) {
-        self.gap = self
-            .last
-            .map_or(Duration::MAX, |last| began.saturating_duration_since(last));
+    /// A wake-up began at `began`, handled `handled` datagrams, and ended at `ended`.
+    fn answered(&mut self, began: Instant, ended: Instant, handled: usize) {
+        let gap = self.last.map(|last| began.saturating_duration_since(last));
         self.last = Some(began);
-        self.took = ended.saturating_duration_since(began);
-        self.done = Some(ended);
+        self.after = gap
+            .filter(|&gap| gap <= STAY_MAX && handled < STAY_BELOW)
+            .map(|gap| (ended, gap.saturating_mul(2).min(STAY_MAX)));
     }
 
     /// Until when to look without sleeping, from `now`; `None` to sleep at once.
     fn end(&self, now: Instant) -> Option<Instant> {
-        let done = self.done?;
-        let stay = self
-            .gap
-            .saturating_mul(2)
-            .min(self.took.saturating_mul(STAY_PER_ANSWER))
-            .min(STAY_MAX);
+        let (done, stay) = self.after?;
         Some(done + stay).filter(|&end| end > now)
     }
 }
@@ -1183,29 +1182,29 @@ mod tests {
     }
 
     #[test]
-    fn a_stay_follows_a_steady_peer_and_is_bounded_by_what_answers_take() {
+    fn a_stay_follows_a_steady_peer_only() {
         let t0 = Instant::now();
         let us = Duration::from_micros;
         let mut stay = Stay::default();
         assert_eq!(stay.end(t0), None, "nothing answered yet: sleep at once");
-        // A first answer: no gap known, so the answer's time bounds the stay.
-        stay.answered(t0, t0 + us(5));
-        assert_eq!(
-            stay.end(t0 + us(5)),
-            Some(t0 + us(5) + us(5) * STAY_PER_ANSWER)
-        );
-        // A peer asking every 10 µs: the stay covers two gaps, less than the bound.
-        stay.answered(t0 + us(10), t0 + us(15));
-        assert_eq!(stay.end(t0 + us(15)), Some(t0 + us(15) + us(20)));
-        // A peer asking now and then (every 10 ms): the answer's time bounds it again.
-        stay.answered(t0 + us(10_010), t0 + us(10_012));
-        let end = t0 + us(10_012) + us(2) * STAY_PER_ANSWER;
-        assert_eq!(stay.end(t0 + us(10_012)), Some(end));
+        // A first request: no gap known yet, so no stay.
+        stay.answered(t0, t0 + us(2), 1);
+        assert_eq!(stay.end(t0 + us(2)), None);
+        // A peer asking every 10 µs: the stay covers two gaps.
+        stay.answered(t0 + us(10), t0 + us(12), 1);
+        assert_eq!(stay.end(t0 + us(12)), Some(t0 + us(32)));
         // Once it has passed, the thread sleeps.
-        assert_eq!(stay.end(end), None);
-        // A slow host, answering in 100 µs every 450 µs: STAY_MAX bounds it.
-        stay.answered(t0 + us(20_000), t0 + us(20_100));
-        stay.answered(t0 + us(20_450), t0 + us(20_550));
-        assert_eq!(stay.end(t0 + us(20_550)), Some(t0 + us(20_550) + STAY_MAX));
+        assert_eq!(stay.end(t0 + us(32)), None);
+        // A peer asking every 80 µs: twice the gap is more than STAY_MAX, which bounds it.
+        stay.answered(t0 + us(90), t0 + us(92), 1);
+        assert_eq!(stay.end(t0 + us(92)), Some(t0 + us(92) + STAY_MAX));
+        // A stream: a wake-up that took a batch sleeps at once, to let the next gather.
+        stay.answered(t0 + us(100), t0 + us(150), STAY_BELOW);
+        assert_eq!(stay.end(t0 + us(150)), None);
+        // A heartbeat, or a slow host's requests, further apart than STAY_MAX: no stay.
+        stay.answered(t0 + us(10_000), t0 + us(10_002), 1);
+        assert_eq!(stay.end(t0 + us(10_002)), None);
+        stay.answered(t0 + us(10_450), t0 + us(10_550), 1);
+        assert_eq!(stay.end(t0 + us(10_550)), None);
     }
 }
