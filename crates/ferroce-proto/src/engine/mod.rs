@@ -549,6 +549,13 @@ impl Engine {
         }
     }
 
+    /// Whether `cq` is armed ([`Engine::req_notify_cq`]) and has not fired since; `false` for
+    /// an unknown CQ.
+    #[must_use]
+    pub fn cq_armed(&self, cq: CqId) -> bool {
+        self.dev.cqs.get(&cq).is_some_and(|cq| cq.armed.is_some())
+    }
+
     /// The next CQ whose armed notification fired, oldest first (what a completion channel
     /// delivers: `ibv_get_cq_event`).
     pub fn poll_cq_event(&mut self) -> Option<CqId> {

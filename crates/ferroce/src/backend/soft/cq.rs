@@ -90,7 +90,12 @@ impl Cq {
         let found = match state.engine.poll_completion(self.id) {
             Some(c) => Some(c),
             None => {
-                self.driver.progress_here(&mut state, seen);
+                // A poll of an armed CQ is the verbs idiom's last look before the program
+                // waits on the channel (arm, poll what came before the arm, wait): it drives
+                // the engine but does not claim the socket, or the progress thread would nap
+                // through the packet whose completion fires the channel.
+                let claims = !state.engine.cq_armed(self.id);
+                self.driver.progress_here(&mut state, seen, claims);
                 state.engine.poll_completion(self.id)
             }
         };

@@ -664,8 +664,17 @@ impl Driver {
     /// `seen`: the clock as this poll read it before it took the lock ([`Driver::returned`]),
     /// if it did; a poll the dry mark spares needs no other read.
     ///
+    /// `claims`: the caller will poll again soon (a program polling its CQ), so the progress
+    /// thread keeps off the socket meanwhile; a last look before the program waits elsewhere
+    /// (a poll of an armed CQ) leaves the socket to the thread.
+    ///
     /// Returns the time it ran at, its one clock read.
-    pub(crate) fn progress_here(&self, state: &mut Locked, seen: Option<Instant>) -> Instant {
+    pub(crate) fn progress_here(
+        &self,
+        state: &mut Locked,
+        seen: Option<Instant>,
+        claims: bool,
+    ) -> Instant {
         // A poll right after a look that took datagrams and found the socket empty behind them
         // (within `DRY_FOR`) neither looks again nor runs the engine: the kernel said the
         // socket was empty a moment ago, a look is a system call (most of an empty poll's
@@ -691,15 +700,20 @@ impl Driver {
         };
         // While the application polls, the progress thread keeps off the socket (see
         // `progress`): one thread woken per packet instead of two.
-        let since = now.saturating_duration_since(self.epoch);
-        self.poller_until.store(
-            (since + self.scaled(POLLER_GRACE)).as_nanos() as u64,
-            Ordering::Relaxed,
-        );
-        if let ThreadSleep::Nap {
-            until,
-            pushed_on: true,
-        } = state.thread_sleep
+        if claims {
+            let since = now.saturating_duration_since(self.epoch);
+            self.poller_until.store(
+                (since + self.scaled(POLLER_GRACE)).as_nanos() as u64,
+                Ordering::Relaxed,
+            );
+        }
+        if let (
+            true,
+            ThreadSleep::Nap {
+                until,
+                pushed_on: true,
+            },
+        ) = (claims, state.thread_sleep)
         {
             // Once a millisecond or so: one system call, where a look would be a context
             // switch on the core this thread spins on.
@@ -839,7 +853,7 @@ impl Driver {
         until: Instant,
     ) -> MutexGuard<'a, Locked> {
         loop {
-            let now = self.progress_here(&mut state, None);
+            let now = self.progress_here(&mut state, None, true);
             if !state.awaits_write() || now >= until {
                 return state;
             }
@@ -1102,7 +1116,7 @@ mod tests {
         let mut state = driver.lock();
         let rcvd = |state: &Locked| state.engine.counters().rcvd_pkts;
 
-        driver.progress_here(&mut state, None);
+        driver.progress_here(&mut state, None, true);
         assert!(state.found_empty, "a look at an empty socket says so");
         // Loopback queues each datagram before `send_to` returns. Too short for a BTH: the
         // engine counts each as received and drops it.
@@ -1110,7 +1124,7 @@ mod tests {
             peer.send_to(&[0; 8], driver.local).unwrap();
         }
 
-        driver.progress_here(&mut state, None);
+        driver.progress_here(&mut state, None, true);
         assert_eq!(
             rcvd(&state),
             1,
@@ -1120,21 +1134,21 @@ mod tests {
             .drained_dry
             .expect("taking the one buffer sets the dry mark");
 
-        driver.progress_here(&mut state, Some(mark));
+        driver.progress_here(&mut state, Some(mark), true);
         assert_eq!(
             (rcvd(&state), driver.dry_polls.load(Ordering::Relaxed)),
             (1, 1),
             "the poll within DRY_FOR of that look does not look"
         );
 
-        driver.progress_here(&mut state, None);
+        driver.progress_here(&mut state, None, true);
         assert_eq!(
             rcvd(&state),
             5,
             "the next poll takes the four left in one batch"
         );
         assert!(!state.found_empty);
-        driver.progress_here(&mut state, Some(Instant::now() + DRY_FOR));
+        driver.progress_here(&mut state, Some(Instant::now() + DRY_FOR), true);
         assert!(
             state.found_empty,
             "the look after the batch found the socket empty"
@@ -1206,5 +1220,21 @@ mod tests {
         assert_eq!(stay.end(t0 + us(10_002)), None);
         stay.answered(t0 + us(10_450), t0 + us(10_550), 1);
         assert_eq!(stay.end(t0 + us(10_550)), None);
+    }
+
+    #[test]
+    fn a_poll_of_an_armed_cq_leaves_the_socket_to_the_progress_thread() {
+        let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 5));
+        let cq = super::super::cq::Cq::new(&driver, 16).unwrap();
+        // A program polling its CQ keeps the progress thread off the socket for a while.
+        assert!(cq.poll().is_none());
+        assert_ne!(driver.poller_until.load(Ordering::Relaxed), 0);
+        // Arming hands the socket back; the look after the arm (the verbs idiom: arm, poll
+        // what came before, wait on the channel) must not take it again, or the thread naps
+        // through the packet that fires the channel.
+        cq.req_notify(false);
+        assert_eq!(driver.poller_until.load(Ordering::Relaxed), 0);
+        assert!(cq.poll().is_none());
+        assert_eq!(driver.poller_until.load(Ordering::Relaxed), 0);
     }
 }
