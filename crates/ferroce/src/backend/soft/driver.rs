@@ -706,24 +706,21 @@ impl Driver {
                 (since + self.scaled(POLLER_GRACE)).as_nanos() as u64,
                 Ordering::Relaxed,
             );
-        }
-        if let (
-            true,
-            ThreadSleep::Nap {
+            if let ThreadSleep::Nap {
                 until,
                 pushed_on: true,
-            },
-        ) = (claims, state.thread_sleep)
-        {
-            // Once a millisecond or so: one system call, where a look would be a context
-            // switch on the core this thread spins on.
-            let watch_max = self.scaled(POLLER_WATCH_MAX);
-            if until.saturating_duration_since(now) < watch_max / 2 {
-                state.thread_sleep = ThreadSleep::Nap {
-                    until: now + watch_max,
-                    pushed_on: true,
-                };
-                self.nap_timer.set_after(watch_max);
+            } = state.thread_sleep
+            {
+                // Once a millisecond or so: one system call, where a look would be a context
+                // switch on the core this thread spins on.
+                let watch_max = self.scaled(POLLER_WATCH_MAX);
+                if until.saturating_duration_since(now) < watch_max / 2 {
+                    state.thread_sleep = ThreadSleep::Nap {
+                        until: now + watch_max,
+                        pushed_on: true,
+                    };
+                    self.nap_timer.set_after(watch_max);
+                }
             }
         }
         if spared {
@@ -889,8 +886,10 @@ impl Driver {
     /// memory): on a shared core a wake-up preempts that spin at once, where a look that
     /// yielded would wait for the end of its time slice.
     fn wait_socket(&self, stay: &Stay, due: Option<Instant>) -> io::Result<[bool; 2]> {
-        let looks = (!self.leaves_after_completions()).then(|| stay.end(Instant::now()));
-        if let Some(end) = looks.flatten() {
+        let looks = stay
+            .end(Instant::now())
+            .filter(|_| !self.leaves_after_completions());
+        if let Some(end) = looks {
             let end = due.map_or(end, |due| end.min(due));
             while Instant::now() < end && self.poller_until.load(Ordering::Relaxed) == 0 {
                 let seen =
@@ -1225,7 +1224,7 @@ mod tests {
     #[test]
     fn a_poll_of_an_armed_cq_leaves_the_socket_to_the_progress_thread() {
         let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 5));
-        let cq = super::super::cq::Cq::new(&driver, 16).unwrap();
+        let cq = crate::backend::soft::cq::Cq::new(&driver, 16).unwrap();
         // A program polling its CQ keeps the progress thread off the socket for a while.
         assert!(cq.poll().is_none());
         assert_ne!(driver.poller_until.load(Ordering::Relaxed), 0);
