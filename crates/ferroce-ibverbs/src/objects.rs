@@ -4,18 +4,18 @@
 //! it never handed out, or one already destroyed, fails with `EINVAL`. The C memory of these
 //! objects is `crate::entry`'s.
 //!
-//! Completion channels: in C one channel's fd serves several CQs, while each ferroce [`Cq`]
-//! has a descriptor of its own that turns readable when the armed CQ fires. A [`Channel`] is
-//! an eventfd (the C channel's `fd`) and a queue of the CQs that fired; one process-wide
-//! poller thread waits (epoll) on the descriptors of every CQ that has a channel, and when one
-//! turns readable takes its events ([`Cq::take_events`]) and queues the CQ on its channel,
-//! making the channel's fd readable. `ibv_get_cq_event` takes the queue's oldest entry,
-//! waiting on the eventfd (or failing with `EAGAIN` where the program made it non-blocking).
-//! The thread starts with the first context and lives as long as the process.
+//! Completion channels: in C one channel's fd serves several CQs. A [`Channel`] is an eventfd
+//! (the C channel's `fd`) and a queue of the CQs that fired; each CQ with a channel has the
+//! soft NIC announce its events by queueing it there ([`Cq::announce_events`]), on the thread
+//! that handled the completion, so that a program asleep on the channel is the one thread
+//! woken. `ibv_get_cq_event` takes the queue's oldest entry, waiting on the eventfd (or
+//! failing with `EAGAIN` where the program made it non-blocking).
 //!
-//! The same thread watches the soft NIC's async event fd ([`ferroce::Nic::async_fd`]) and
-//! raises each event (an SRQ below its limit, a QP's last WQE) on the context of the object
-//! it names, whose `async_fd` then turns readable (`ibv_get_async_event`).
+//! A process-wide poller thread watches the soft NIC's async event fd
+//! ([`ferroce::Nic::async_fd`]) and raises each event (an SRQ below its limit, a QP's last
+//! WQE) on the context of the object it names, whose `async_fd` then turns readable
+//! (`ibv_get_async_event`). It starts with the first context and lives as long as the
+//! process.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{c_int, c_uint};
@@ -240,7 +240,7 @@ fn poller() -> Result<&'static OwnedFd, c_int> {
                 .try_clone()
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
             std::thread::Builder::new()
-                .name("ferroce-cq-events".into())
+                .name("ferroce-events".into())
                 .spawn(move || forward(&fd))
                 .map_err(|_| libc::EAGAIN)?;
             Ok(epoll)
@@ -249,30 +249,19 @@ fn poller() -> Result<&'static OwnedFd, c_int> {
         .map_err(|&e| e)
 }
 
-/// The poller thread: forwards each fired CQ to its channel.
+/// The poller thread: raises the NIC's async events on their contexts.
 fn forward(epoll: &OwnedFd) {
     let mut ready = [0u64; 16];
     loop {
         let n = match sys::epoll_wait(epoll, &mut ready) {
             Ok(n) => n,
             Err(e) => {
-                eprintln!("ferroce-ibverbs: completion channels stop: epoll_wait: {e}");
+                eprintln!("ferroce-ibverbs: async events stop: epoll_wait: {e}");
                 return;
             }
         };
-        for &at in &ready[..n] {
-            if at == ASYNC {
-                forward_async();
-                continue;
-            }
-            let Some(state) = CQS.get(at as usize) else {
-                continue;
-            };
-            if let Some((_, channel)) = &state.channel {
-                if state.cq.take_events() > 0 {
-                    channel.push(at as usize);
-                }
-            }
+        if ready[..n].contains(&ASYNC) {
+            forward_async();
         }
     }
 }
@@ -319,18 +308,5 @@ pub(crate) fn watch_async(nic: &ferroce::Nic) -> Result<(), c_int> {
             Err(e.raw_os_error().unwrap_or(libc::EIO))
         }
         _ => Ok(()),
-    }
-}
-
-/// Starts forwarding the events of the CQ at `at` (already in [`CQS`]) to its channel.
-pub(crate) fn watch(at: usize, cq: &Cq) -> Result<(), c_int> {
-    sys::epoll_add(poller()?, cq.as_fd(), at as u64)
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-}
-
-/// Stops forwarding the events of `cq` (before it leaves [`CQS`]).
-pub(crate) fn unwatch(cq: &Cq) {
-    if let Ok(epoll) = poller() {
-        let _ = sys::epoll_del(epoll, cq.as_fd());
     }
 }

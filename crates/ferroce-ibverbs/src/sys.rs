@@ -78,7 +78,7 @@ pub(crate) fn eventfd_give(fd: &OwnedFd) -> io::Result<()> {
     }
 }
 
-/// A new epoll instance, close-on-exec: the completion channels' poller
+/// A new epoll instance, close-on-exec: the async events' poller
 /// (`crate::objects`).
 pub(crate) fn epoll() -> io::Result<OwnedFd> {
     // SAFETY: epoll_create1 takes no pointers; a non-negative return is a new descriptor.
@@ -103,24 +103,6 @@ pub(crate) fn epoll_add(epoll: &OwnedFd, fd: BorrowedFd<'_>, data: u64) -> io::R
             libc::EPOLL_CTL_ADD,
             fd.as_raw_fd(),
             &raw mut event,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// Stops watching `fd` in `epoll`.
-pub(crate) fn epoll_del(epoll: &OwnedFd, fd: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: a NULL event is allowed for EPOLL_CTL_DEL; both fds are open.
-    let rc = unsafe {
-        libc::epoll_ctl(
-            epoll.as_raw_fd(),
-            libc::EPOLL_CTL_DEL,
-            fd.as_raw_fd(),
-            std::ptr::null_mut(),
         )
     };
     if rc < 0 {

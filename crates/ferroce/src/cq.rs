@@ -136,6 +136,28 @@ impl Cq {
         self.backend.take_events()
     }
 
+    /// Has the soft NIC announce the channel's events by calling `announce`, once per event,
+    /// instead of making the CQ's descriptor readable: for a completion channel that several
+    /// CQs share, as libibverbs' `ibv_comp_channel` is, so that the event goes straight onto
+    /// that channel without a thread woken to forward it (the drop-in libibverbs queues the
+    /// CQ on its C channel from here). After it, [`Cq::take_events`] returns 0.
+    ///
+    /// `announce` runs on whichever thread handled the completion (the NIC's progress
+    /// thread, or one polling or posting), with the NIC locked: it must be quick, and must
+    /// not call into the NIC.
+    ///
+    /// # Errors
+    ///
+    /// [`NicError::SoftOnly`] on a verbs device, whose events come through its own channel.
+    pub fn announce_events(
+        &self,
+        announce: impl Fn() + Send + Sync + 'static,
+    ) -> Result<(), NicError> {
+        Ok(self
+            .backend
+            .announce_events(std::sync::Arc::new(announce))?)
+    }
+
     /// Wakes the threads waiting on this CQ (the CM's thread, to see that it must stop).
     pub(crate) fn wake_waiters(&self) {
         self.backend.wake_waiters();

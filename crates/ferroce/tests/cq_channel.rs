@@ -3,8 +3,8 @@
 //! solicited or failed one, once per arming, as `ibv_req_notify_cq` and `ibv_get_cq_event`
 //! behave; an event-driven ping-pong as `rping` runs one; and a post made beside a poller
 //! that then stops, whose timer the progress thread must still run; and a poller that polls
-//! long and then stops, whose peer the progress thread must still answer. Soft NICs on
-//! 127.0.3.21–29.
+//! long and then stops, whose peer the progress thread must still answer; and events
+//! announced by a call instead of the descriptor. Soft NICs on 127.0.3.21–29, .33 and .34.
 
 mod poll;
 mod support;
@@ -107,6 +107,74 @@ fn an_armed_channel_fires_once_and_solicited_only_waits_for_a_solicited_or_faile
     assert_eq!(recv_b.take_events(), 1);
     let flushed = recv_b.poll().expect("a flushed receive");
     assert_eq!(flushed.status, WcStatus::WrFlushErr);
+}
+
+/// `Cq::announce_events` (a C channel that several CQs share, as the drop-in libibverbs's):
+/// each firing is one call, made once per arming, and the CQ's own descriptor stays quiet.
+#[test]
+fn announced_events_are_one_call_per_arming_and_leave_the_descriptor_quiet() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let (a, b) = (
+        soft_nic(Ipv4Addr::new(127, 0, 3, 33)),
+        soft_nic(Ipv4Addr::new(127, 0, 3, 34)),
+    );
+    let cq_a = Cq::new(&a, 64).unwrap();
+    let cq_b = Cq::new(&b, 64).unwrap();
+    let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
+    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
+    qa.connect(&qb.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    qb.connect(&qa.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    let src = host_region(&a, RegionAccess::Local, vec![1; 64]);
+    let sink = host_region(&b, RegionAccess::Local, vec![0; 64 * 4]);
+    for i in 0..4 {
+        qb.post_recv(RecvWr {
+            wr_id: i,
+            sges: vec![sink.local(i * 64, 64).unwrap()],
+        })
+        .unwrap();
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    cq_b.announce_events(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    // Waits up to ten seconds for the count to reach `n`.
+    let reaches = |n: usize| {
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while calls.load(Ordering::SeqCst) < n && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        calls.load(Ordering::SeqCst) == n
+    };
+
+    // Not armed: nothing is announced.
+    send(&qa, &src, 1, false);
+    assert!(cq_a.wait(Duration::from_secs(10)).is_some());
+    assert!(cq_b.wait(Duration::from_secs(10)).is_some());
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // Armed: the next receive is one call, and the descriptor stays quiet.
+    cq_b.req_notify(false).unwrap();
+    send(&qa, &src, 2, false);
+    assert!(reaches(1), "the arming is announced by a call");
+    assert!(!readable(cq_b.as_fd(), Duration::from_millis(50)));
+    assert_eq!(cq_b.take_events(), 0);
+    assert!(cq_b.poll().is_some());
+
+    // Fired once: the next receive passes by until the CQ is armed again.
+    assert!(cq_a.wait(Duration::from_secs(10)).is_some());
+    send(&qa, &src, 3, false);
+    assert!(cq_a.wait(Duration::from_secs(10)).is_some());
+    assert!(cq_b.wait(Duration::from_secs(10)).is_some());
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a fired arming calls once");
+    cq_b.req_notify(false).unwrap();
+    send(&qa, &src, 4, false);
+    assert!(reaches(2), "the next arming calls again");
 }
 
 /// `Cq::resize` (`ibv_resize_cq`): a CQ grows and shrinks, but not below what it holds.

@@ -18,7 +18,7 @@ use crate::abi::*;
 use crate::context;
 use crate::convert;
 use crate::fence;
-use crate::objects::{self, Channel, CqState, CHANNELS, CQS, QPS};
+use crate::objects::{Channel, CqState, CHANNELS, CQS, QPS};
 
 /// Completions taken from ferroce per step of a poll.
 const POLL_STEP: usize = 32;
@@ -94,21 +94,24 @@ pub(crate) unsafe extern "C" fn create_cq(
             comp_events_completed: 0,
             async_events_completed: 0,
         }));
-        let has_channel = channel.is_some();
-        let state = Arc::new(CqState {
-            cq,
-            ctx: ctx as usize,
-            channel,
-        });
-        CQS.add(c as usize, state.clone());
-        if has_channel {
-            if let Err(e) = objects::watch(c as usize, &state.cq) {
-                CQS.remove(c as usize);
-                // SAFETY: just allocated above and forgotten by the table.
+        if let Some((_, channel)) = &channel {
+            // Each event goes onto the C channel from the thread that handled it: the
+            // program's wait wakes once, with no thread between.
+            let (channel, at) = (Arc::clone(channel), c as usize);
+            if cq.announce_events(move || channel.push(at)).is_err() {
+                // SAFETY: just allocated above, and in no table yet.
                 drop(unsafe { Box::from_raw(c) });
-                return Err(e);
+                return Err(libc::EOPNOTSUPP);
             }
         }
+        CQS.add(
+            c as usize,
+            Arc::new(CqState {
+                cq,
+                ctx: ctx as usize,
+                channel,
+            }),
+        );
         Ok(c)
     })
 }
@@ -134,11 +137,10 @@ pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
 pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     fence::errno(|| {
         let at = cq as usize;
-        let state = CQS.get(at).ok_or(libc::EINVAL)?;
+        CQS.get(at).ok_or(libc::EINVAL)?;
         if QPS.any(|qp| qp.send_cq == at || qp.recv_cq == at) {
             return Err(libc::EBUSY);
         }
-        objects::unwatch(&state.cq);
         CQS.remove(at);
         // SAFETY: the table held `cq` from `Box::into_raw` in `create_cq`, and has just
         // forgotten it.

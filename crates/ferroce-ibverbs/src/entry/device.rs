@@ -258,8 +258,7 @@ fn free_objects_of(ctx: usize) {
         // create function, and has just forgotten it.
         drop(unsafe { Box::from_raw(at as *mut ibv_ah) });
     }
-    for (at, cq) in CQS.drain(|s| s.ctx == ctx) {
-        objects::unwatch(&cq.cq);
+    for (at, _) in CQS.drain(|s| s.ctx == ctx) {
         // SAFETY: the table held `at` as a live `ibv_cq` from `Box::into_raw` in its
         // create function, and has just forgotten it.
         drop(unsafe { Box::from_raw(at as *mut ibv_cq) });

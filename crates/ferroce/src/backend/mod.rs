@@ -389,6 +389,20 @@ impl Cq {
         }
     }
 
+    /// Has the soft NIC announce the CQ's events by a call instead of its descriptor.
+    pub(crate) fn announce_events(
+        &self,
+        call: Arc<dyn Fn() + Send + Sync>,
+    ) -> Result<(), Unsupported> {
+        match self {
+            Self::Soft(cq) => {
+                cq.announce_events(call);
+                Ok(())
+            }
+            Self::Verbs(_) => Err(on_verbs("completion events announced by a call")),
+        }
+    }
+
     /// The completion channel's descriptor.
     pub(crate) fn channel_fd(&self) -> BorrowedFd<'_> {
         match self {

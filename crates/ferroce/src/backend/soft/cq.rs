@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ferroce_proto::qp::{Completion, CqId, WcOpcode};
 
-use super::driver::Driver;
+use super::driver::{Announce, Driver};
 use crate::error::NicError;
 use crate::sys::EventFd;
 
@@ -34,7 +34,9 @@ impl Cq {
             })?;
         let mut state = driver.lock();
         let id = state.engine.create_cq(depth);
-        state.cq_channels.insert(id, Arc::clone(&channel));
+        state
+            .cq_channels
+            .insert(id, Announce::Channel(Arc::clone(&channel)));
         drop(state);
         Ok(Self {
             id,
@@ -58,6 +60,15 @@ impl Cq {
     /// The channel's events since the last take (`ibv_get_cq_event` and its acknowledgement).
     pub(crate) fn take_events(&self) -> u64 {
         self.channel.take()
+    }
+
+    /// From now on the CQ's events are announced by `call` (run with the NIC's lock held),
+    /// and its descriptor stays quiet.
+    pub(crate) fn announce_events(&self, call: Arc<dyn Fn() + Send + Sync>) {
+        self.driver
+            .lock()
+            .cq_channels
+            .insert(self.id, Announce::Call(call));
     }
 
     /// The channel's descriptor: readable while an event waits.

@@ -143,13 +143,22 @@ use super::rehearsal;
 use crate::sys::{self, EventFd};
 use crate::udp::{self, tap};
 
+/// How a CQ announces its channel's events.
+pub(crate) enum Announce {
+    /// Its own descriptor turns readable (`Cq::take_events` reads it).
+    Channel(Arc<EventFd>),
+    /// A call, made on the thread that handled the completion with the lock held
+    /// (`Cq::announce_events`).
+    Call(Arc<dyn Fn() + Send + Sync>),
+}
+
 /// The engine and its memory, behind the NIC's lock, with the datagram link (batches and
 /// taps) it sends and receives through.
 pub(crate) struct Locked {
     pub(crate) engine: Engine,
     pub(crate) mem: HostMemory,
-    /// Each CQ's completion channel, signalled when the engine says an armed CQ fired.
-    pub(crate) cq_channels: FxHashMap<CqId, Arc<EventFd>>,
+    /// How each CQ announces that it fired, when the engine says an armed CQ did.
+    pub(crate) cq_channels: FxHashMap<CqId, Announce>,
     /// How many events the engine held when last looked at: more now means a new one.
     pub(crate) events_seen: usize,
     /// The threads blocked in `Cq::wait`: the CQ each waits on and its condition variable,
@@ -420,8 +429,10 @@ impl Driver {
     /// descriptor when the engine raised an event.
     fn signal(&self, state: &mut Locked) {
         while let Some(id) = state.engine.poll_cq_event() {
-            if let Some(channel) = state.cq_channels.get(&id) {
-                channel.signal();
+            match state.cq_channels.get(&id) {
+                Some(Announce::Channel(channel)) => channel.signal(),
+                Some(Announce::Call(call)) => call(),
+                None => {}
             }
         }
         let pending = state.engine.pending_events();
