@@ -659,6 +659,13 @@ impl Engine {
         self.qps.get(&qpn.value()).map(|qp| qp.state)
     }
 
+    /// How many send work requests a queue pair holds, posted and not yet completed (0 for an
+    /// unknown QP): what its requester has in flight or still to send.
+    #[must_use]
+    pub fn sq_len(&self, qpn: Qpn) -> usize {
+        self.qps.get(&qpn.value()).map_or(0, |qp| qp.sq.len())
+    }
+
     /// The PSN a queue pair's requester will send next, and the one its responder expects.
     #[must_use]
     pub fn qp_psns(&self, qpn: Qpn) -> Option<(Psn, Psn)> {

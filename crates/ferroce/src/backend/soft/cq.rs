@@ -172,6 +172,7 @@ impl Cq {
         let driver = &self.driver;
 
         let mut state = driver.lock();
+        driver.send_held(&mut state);
         loop {
             if let Some(c) = state.engine.poll_completion(self.id) {
                 return Some(c);

@@ -134,6 +134,20 @@ const DRY_FOR: Duration = Duration::from_micros(10);
 /// tools' default of 14 is 67 ms, and 1 ms is already a short one).
 const ACK_HOLD: Duration = Duration::from_micros(20);
 
+/// A post to a queue pair that already holds this many unfinished send requests is held in
+/// the engine (`Locked::posts_held`), to leave with the posts after it in one system call:
+/// a program that posts one request a call (perftest's bandwidth tests, each post a
+/// doorbell) paid a send per request. A queue pair with fewer (a latency test has one, the
+/// request it awaits) sends each post at once.
+const POSTS_BEHIND: usize = 8;
+
+/// The most posts held before the next one sends them all (a GSO send takes 64 segments).
+const POSTS_HELD_MAX: u32 = 32;
+
+/// How long held posts wait at most for the application's next call into the NIC, which
+/// sends them (the progress thread sends them at this time otherwise, as held ACKs).
+const POST_HOLD: Duration = Duration::from_micros(20);
+
 use ferroce_proto::qp::CqId;
 use ferroce_proto::Engine;
 use rustc_hash::FxHashMap;
@@ -168,6 +182,10 @@ pub(crate) struct Locked {
     link: udp::Link,
     /// While ACKs wait in the link for the application's next packet: when they go anyway.
     acks_due: Option<Instant>,
+    /// Posts left in the engine unsent ([`POSTS_BEHIND`]), and when they go anyway: the next
+    /// call that runs the engine sends them.
+    posts_held: u32,
+    posts_due: Option<Instant>,
     /// WRITE messages received (`Counters::rdma_writes_rcvd`) when the application last sent.
     writes_at_send: u64,
     /// When a drain last saw a WRITE land.
@@ -215,6 +233,7 @@ impl Locked {
             self.engine.poll_timeout(),
             self.link.next_due(),
             self.acks_due,
+            self.posts_due,
         ]
         .into_iter()
         .flatten()
@@ -302,6 +321,8 @@ impl Driver {
                 waiting: Vec::new(),
                 link: udp::Link::new(faults, pcap),
                 acks_due: None,
+                posts_held: 0,
+                posts_due: None,
                 writes_at_send: 0,
                 landed_at: None,
                 drained_dry: None,
@@ -390,8 +411,12 @@ impl Driver {
             mem,
             link,
             acks_due,
+            posts_held,
+            posts_due,
             ..
         } = state;
+        // Held posts are among what the engine has ready: they leave now.
+        (*posts_held, *posts_due) = (0, None);
         // Payloads (requests', READ responses') go from their regions to the kernel, not
         // through the batch.
         let lender = Lender::new(mem);
@@ -425,6 +450,14 @@ impl Driver {
         self.signal(state);
     }
 
+    /// Sends the posts held for the application's next call ([`POSTS_BEHIND`]): a thread
+    /// about to sleep until a completion makes that call now.
+    pub(crate) fn send_held(&self, state: &mut Locked) {
+        if state.posts_held > 0 {
+            self.transmit_ready(state, Instant::now(), true);
+        }
+    }
+
     /// Signals the channel of every armed CQ that fired since the last look, and the async
     /// descriptor when the engine raised an event.
     fn signal(&self, state: &mut Locked) {
@@ -455,9 +488,18 @@ impl Driver {
 
     /// [`Driver::after_command`] at `now`, read under the lock or given by
     /// [`Driver::enter`].
-    pub(crate) fn after_command_at(&self, mut state: MutexGuard<'_, Locked>, now: Instant) {
+    pub(crate) fn after_command_at(&self, state: MutexGuard<'_, Locked>, now: Instant) {
+        self.finish_command(state, now, true);
+    }
+
+    /// [`Driver::after_command_at`], sending what the engine has ready only with
+    /// `transmit`: a held post ([`POSTS_BEHIND`]) leaves it there, its due time among the
+    /// timers the doorbell below looks at.
+    fn finish_command(&self, mut state: MutexGuard<'_, Locked>, now: Instant, transmit: bool) {
         self.learn_leave_gap(self.nanos(now));
-        self.transmit_ready(&mut state, now, true);
+        if transmit {
+            self.transmit_ready(&mut state, now, true);
+        }
         // The thread published its sleep under this lock with the timers it saw then: either
         // it saw this change, or what it published is what it sleeps on (a nap beside a
         // polling application may since have been followed by a longer one, taken without
@@ -491,7 +533,18 @@ impl Driver {
     /// cores, every run beside two CPU hogs). A WRITE that landed later than a stay lasts
     /// after the completion teaches nothing: the stay would have run out first (in a guest
     /// under emulation, where the peer's answer takes hundreds of microseconds).
-    pub(crate) fn sent(&self, mut state: MutexGuard<'_, Locked>, first: bool, now: Instant) {
+    ///
+    /// `behind`: the send requests the queue pair held before this post. Behind
+    /// [`POSTS_BEHIND`] of them the post is held, up to [`POSTS_HELD_MAX`] posts or
+    /// [`POST_HOLD`], or until the application's next call that runs the engine (a poll
+    /// that finds nothing, any other verb).
+    pub(crate) fn sent(
+        &self,
+        mut state: MutexGuard<'_, Locked>,
+        first: bool,
+        now: Instant,
+        behind: usize,
+    ) {
         let writes = state.writes_rcvd();
         let (linger_max, answers_within) = (self.scaled(LINGER_MAX), self.scaled(ANSWERS_WITHIN));
         let stay_would_place = |(at, writes_then): (Instant, u64)| {
@@ -507,7 +560,12 @@ impl Driver {
                 || first && state.own_completion.is_some_and(stay_would_place));
         state.writes_at_send = writes;
         state.answering = (3 * state.answering + if answer { ALL_ANSWERS } else { 0 }) / 4;
-        self.after_command_at(state, now);
+        let hold = behind >= POSTS_BEHIND && state.posts_held < POSTS_HELD_MAX;
+        if hold {
+            state.posts_held += 1;
+            state.posts_due.get_or_insert(now + POST_HOLD);
+        }
+        self.finish_command(state, now, !hold);
     }
 
     /// Rings the doorbell: the progress thread wakes and looks at its timers and `stop`.
@@ -690,7 +748,7 @@ impl Driver {
         // (within `DRY_FOR`) neither looks again nor runs the engine: the kernel said the
         // socket was empty a moment ago, a look is a system call (most of an empty poll's
         // cost, about 1 µs on this host), and the engine's timers and sends ran after that
-        // look (a command since has sent what it made). Programs poll until a poll comes back
+        // look (a command since has sent what it made, or holds posts, sent here). Programs poll until a poll comes back
         // empty (perf's reap, `while (ibv_poll_cq(..) > 0)`), and that last poll, between
         // taking a message and answering it, paid a look for nothing each time; the poll after
         // it does it all. That poll is often the first call after a completion, which read the
@@ -736,6 +794,10 @@ impl Driver {
         }
         if spared {
             self.dry_polls.fetch_add(1, Ordering::Relaxed);
+            if state.posts_held > 0 {
+                // Posts held since that look have not left: they do now, without a look.
+                self.transmit_ready(state, now, true);
+            }
             return now;
         }
         // After a look that found nothing, the next asks for one buffer: `recvmmsg` that takes
@@ -955,7 +1017,10 @@ impl Driver {
                 } else {
                     // ACKs held for the application's next packet are the peer's to wait
                     // for: they go when due even if the application stopped without a word.
-                    let until = state.acks_due.map_or(look, |due| due.min(look));
+                    let until = [state.acks_due, state.posts_due]
+                        .into_iter()
+                        .flatten()
+                        .fold(look, Instant::min);
                     self.nap_timer
                         .set_after(until.saturating_duration_since(now));
                     ThreadSleep::Nap {
@@ -1202,6 +1267,124 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         drop(state);
+        driver.stop();
+    }
+
+    /// An RC queue pair of `driver` facing `peer`, a socket that never answers: what it sends
+    /// stays unfinished.
+    fn qp_facing(driver: &Driver, peer: SocketAddr) -> ferroce_proto::wire::Qpn {
+        use ferroce_proto::psn::Psn;
+        use ferroce_proto::qp::{Mtu, QpAttr, QpCaps, QpInit, QpState, QpType};
+        use ferroce_proto::wire::{Qpn, RnrTimer};
+
+        let mut state = driver.lock();
+        let engine = &mut state.engine;
+        let (pd, cq) = (engine.alloc_pd(), engine.create_cq(256));
+        let qpn = engine
+            .create_qp(QpInit {
+                qp_type: QpType::Rc,
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+                srq: None,
+            })
+            .unwrap();
+        let psn = Psn::new(1).unwrap();
+        for attr in [
+            QpAttr {
+                state: Some(QpState::Init),
+                access: Some(ferroce_proto::memory::Access::REMOTE),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                path_mtu: Some(Mtu::M1024),
+                dest_qpn: Some(Qpn::new(0x11).unwrap()),
+                peer: Some(peer),
+                rq_psn: Some(psn),
+                max_dest_rd_atomic: Some(4),
+                min_rnr_timer: Some(RnrTimer::new(1).unwrap()),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(psn),
+                timeout: Some(20),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(4),
+                ..QpAttr::default()
+            },
+        ] {
+            engine.modify_qp(qpn, &attr).unwrap();
+        }
+        qpn
+    }
+
+    /// A post behind `POSTS_BEHIND` unfinished requests waits in the engine for the
+    /// application's next call, which sends it with the posts after it; one after which the
+    /// application makes no call is sent by the progress thread.
+    #[test]
+    fn posts_behind_a_full_queue_leave_together_at_the_next_call() {
+        use ferroce_proto::qp::{Payload, SendOp, SendWr};
+
+        let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 7));
+        let peer = UdpSocket::bind((Ipv4Addr::new(127, 0, 14, 8), 0)).unwrap();
+        let qpn = qp_facing(&driver, peer.local_addr().unwrap());
+        let post = |id: u64| {
+            let (mut state, now, first) = driver.enter();
+            let behind = state.engine.sq_len(qpn);
+            let wr = SendWr::new(id, SendOp::Send, Payload::Inline(vec![7; 8]));
+            state.engine.post_send(qpn, wr).unwrap();
+            driver.sent(state, first, now, behind);
+        };
+        let sent = || driver.lock().engine.counters().sent_pkts;
+
+        for id in 0..POSTS_BEHIND as u64 {
+            post(id);
+        }
+        assert_eq!(sent(), POSTS_BEHIND as u64, "the first posts leave at once");
+        for id in 0..3 {
+            post(100 + id);
+        }
+        assert_eq!(sent(), POSTS_BEHIND as u64, "posts behind them are held");
+        assert_eq!(driver.lock().posts_held, 3);
+
+        // The application's next poll sends them.
+        let mut state = driver.lock();
+        driver.progress_here(&mut state, None, true);
+        assert_eq!(state.posts_held, 0);
+        drop(state);
+        assert_eq!(
+            sent(),
+            POSTS_BEHIND as u64 + 3,
+            "the next call sends what was held"
+        );
+
+        // No more than POSTS_HELD_MAX are held: the next post sends them all.
+        for id in 0..u64::from(POSTS_HELD_MAX) + 1 {
+            post(200 + id);
+        }
+        assert_eq!(
+            sent(),
+            POSTS_BEHIND as u64 + 3 + u64::from(POSTS_HELD_MAX) + 1
+        );
+
+        // Held, and no call follows: the progress thread sends it.
+        post(300);
+        assert_eq!(driver.lock().posts_held, 1);
+        driver.start(false).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while driver.lock().posts_held > 0 {
+            assert!(Instant::now() < deadline, "a held post never left");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            sent(),
+            POSTS_BEHIND as u64 + 3 + u64::from(POSTS_HELD_MAX) + 2
+        );
         driver.stop();
     }
 

@@ -143,8 +143,9 @@ impl Qp {
 
     pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         let (mut state, now, first) = self.driver.enter();
+        let behind = state.engine.sq_len(self.qpn);
         state.engine.post_send(self.qpn, wr)?;
-        self.driver.sent(state, first, now);
+        self.driver.sent(state, first, now, behind);
         Ok(())
     }
 
@@ -154,6 +155,7 @@ impl Qp {
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, PostError)> {
         let (mut state, now, first) = self.driver.enter();
+        let behind = state.engine.sq_len(self.qpn);
         let mut result = Ok(());
         for (i, wr) in wrs.into_iter().enumerate() {
             if let Err(e) = state.engine.post_send(self.qpn, wr) {
@@ -161,7 +163,7 @@ impl Qp {
                 break;
             }
         }
-        self.driver.sent(state, first, now);
+        self.driver.sent(state, first, now, behind);
         result
     }
 
