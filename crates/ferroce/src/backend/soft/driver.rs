@@ -144,8 +144,11 @@ const POSTS_BEHIND: usize = 8;
 /// The most posts held before the next one sends them all (a GSO send takes 64 segments).
 const POSTS_HELD_MAX: u32 = 32;
 
-/// How long held posts wait at most for the application's next call into the NIC, which
-/// sends them (the progress thread sends them at this time otherwise, as held ACKs).
+/// How long held posts wait for the application's next call into the NIC, which sends them;
+/// the progress thread sends them at this time otherwise, as it sends held ACKs. Beside an
+/// application that was polling a moment before, the thread naps on, and they wait for the
+/// nap's end instead (at most [`POLLER_WATCH_MAX`]), as held ACKs and timers do: what a
+/// program pays that polls, posts a run of requests, then waits without a word to the NIC.
 const POST_HOLD: Duration = Duration::from_micros(20);
 
 use ferroce_proto::qp::CqId;
