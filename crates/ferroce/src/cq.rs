@@ -143,8 +143,8 @@ impl Cq {
     /// CQ on its C channel from here). After it, [`Cq::take_events`] returns 0.
     ///
     /// `announce` runs on whichever thread handled the completion (the NIC's progress
-    /// thread, or one polling or posting), with the NIC locked: it must be quick, and must
-    /// not call into the NIC.
+    /// thread, or one polling or posting), possibly with the NIC locked: it must be quick,
+    /// and must not call into the NIC.
     ///
     /// # Errors
     ///

@@ -166,8 +166,9 @@ use crate::udp::{self, tap};
 pub(crate) enum Announce {
     /// Its own descriptor turns readable (`Cq::take_events` reads it).
     Channel(Arc<EventFd>),
-    /// A call, made on the thread that handled the completion with the lock held
-    /// (`Cq::announce_events`).
+    /// A call (`Cq::announce_events`), made on the thread that handled the completion: with
+    /// the lock held, or, on the progress thread, once its turn has let go of it, so that
+    /// the program it wakes does not find the lock taken.
     Call(Arc<dyn Fn() + Send + Sync>),
 }
 
@@ -184,6 +185,9 @@ pub(crate) struct Locked {
     /// once per thread. Only a CQ that holds a completion has its waiters woken, so a thread
     /// waiting on one CQ (the CM's, on QP 1's) sleeps through the traffic of the others.
     pub(crate) waiting: Vec<(CqId, Arc<Condvar>)>,
+    /// While the progress thread handles what it received: the CQs' announcing calls, made
+    /// once it has let go of the lock (`Driver::progress`).
+    deferred_calls: Option<Vec<Arc<dyn Fn() + Send + Sync>>>,
     link: udp::Link,
     /// While ACKs wait in the link for the application's next packet: when they go anyway.
     acks_due: Option<Instant>,
@@ -324,6 +328,7 @@ impl Driver {
                 cq_channels: FxHashMap::default(),
                 events_seen: 0,
                 waiting: Vec::new(),
+                deferred_calls: None,
                 link: udp::Link::new(faults, pcap),
                 acks_due: None,
                 posts_held: 0,
@@ -469,7 +474,10 @@ impl Driver {
         while let Some(id) = state.engine.poll_cq_event() {
             match state.cq_channels.get(&id) {
                 Some(Announce::Channel(channel)) => channel.signal(),
-                Some(Announce::Call(call)) => call(),
+                Some(Announce::Call(call)) => match &mut state.deferred_calls {
+                    Some(later) => later.push(Arc::clone(call)),
+                    None => call(),
+                },
                 None => {}
             }
         }
@@ -993,6 +1001,7 @@ impl Driver {
         // while the application keeps polling ([`POLLER_WATCH_MAX`]).
         let mut watch = self.scaled(POLLER_GRACE);
         let mut stay = Stay::default();
+        let mut calls = Vec::new();
         while !self.stop.load(Ordering::SeqCst) {
             if let Some(own) = raise {
                 if self.leaves_after_completions() != raised {
@@ -1086,12 +1095,19 @@ impl Driver {
                     // racing for the lock would reorder them.
                     let now = Instant::now();
                     let mut state = self.lock();
+                    state.deferred_calls = Some(std::mem::take(&mut calls));
                     let handled = self.drain(&mut state, now, false, WOKEN_BATCH);
                     self.progress_rcvd
                         .fetch_add(handled as u64, Ordering::Relaxed);
                     self.transmit_ready(&mut state, now, false);
                     self.wake_waiters(&state);
+                    calls = state.deferred_calls.take().unwrap_or_default();
                     drop(state);
+                    // The program an announcement wakes calls into the NIC at once: woken
+                    // while this thread still held the lock, it waited for it.
+                    for call in calls.drain(..) {
+                        call();
+                    }
                     if handled > 0 {
                         stay.answered(now, Instant::now(), handled);
                     }
