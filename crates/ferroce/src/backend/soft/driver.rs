@@ -761,11 +761,11 @@ impl Driver {
         // (within `DRY_FOR`) neither looks again nor runs the engine: the kernel said the
         // socket was empty a moment ago, a look is a system call (most of an empty poll's
         // cost, about 1 µs on this host), and the engine's timers and sends ran after that
-        // look (a command since has sent what it made, or holds posts, sent here). Programs poll until a poll comes back
-        // empty (perf's reap, `while (ibv_poll_cq(..) > 0)`), and that last poll, between
-        // taking a message and answering it, paid a look for nothing each time; the poll after
-        // it does it all. That poll is often the first call after a completion, which read the
-        // clock already.
+        // look (a command since has sent what it made, or held posts, which are sent here).
+        // Programs poll until a poll comes back empty (perf's reap, `while
+        // (ibv_poll_cq(..) > 0)`), and that last poll, between taking a message and answering
+        // it, paid a look for nothing each time; the poll after it does it all. That poll is
+        // often the first call after a completion, which read the clock already.
         let (now, spared) = match state.drained_dry.take() {
             Some(at) => {
                 let t = seen.unwrap_or_else(Instant::now);
@@ -955,8 +955,9 @@ impl Driver {
             .fetch_max(self.nanos(until), Ordering::Relaxed);
     }
 
-    /// The application has stopped polling (it arms a CQ's channel): the progress thread goes back to the socket now rather than after
-    /// [`POLLER_GRACE`], so that what arrives meanwhile is handled, and signalled, at once.
+    /// The application has stopped polling (it arms a CQ's channel): the progress thread
+    /// goes back to the socket now rather than after [`POLLER_GRACE`], so that what arrives
+    /// meanwhile is handled, and signalled, at once.
     pub(crate) fn release_poller(&self) {
         if self.poller_until.swap(0, Ordering::Relaxed) > self.nanos(Instant::now()) {
             self.ring();
