@@ -120,14 +120,7 @@ fn announced_events_are_one_call_per_arming_and_leave_the_descriptor_quiet() {
         soft_nic(Ipv4Addr::new(127, 0, 3, 33)),
         soft_nic(Ipv4Addr::new(127, 0, 3, 34)),
     );
-    let cq_a = Cq::new(&a, 64).unwrap();
-    let cq_b = Cq::new(&b, 64).unwrap();
-    let qa = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
-    let qb = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
-    qa.connect(&qb.endpoint(), &ConnectOptions::default())
-        .unwrap();
-    qb.connect(&qa.endpoint(), &ConnectOptions::default())
-        .unwrap();
+    let RcPair { qa, qb, cq_a, cq_b } = rc_pair(&a, &b, 64);
     let src = host_region(&a, RegionAccess::Local, vec![1; 64]);
     let sink = host_region(&b, RegionAccess::Local, vec![0; 64 * 4]);
     for i in 0..4 {
