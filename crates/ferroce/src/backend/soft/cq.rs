@@ -62,8 +62,9 @@ impl Cq {
         self.channel.take()
     }
 
-    /// From now on the CQ's events are announced by `call` (run with the NIC's lock held),
-    /// and its descriptor stays quiet.
+    /// From now on the CQ's events are announced by `call` (run with the NIC's lock held, or
+    /// by the progress thread just after it lets go: `Announce::Call`), and its descriptor
+    /// stays quiet.
     pub(crate) fn announce_events(&self, call: Arc<dyn Fn() + Send + Sync>) {
         self.driver
             .lock()
