@@ -136,11 +136,13 @@ const DRY_FOR: Duration = Duration::from_micros(10);
 /// tools' default of 14 is 67 ms, and 1 ms is already a short one).
 const ACK_HOLD: Duration = Duration::from_micros(20);
 
-/// A post to a queue pair that already holds this many unfinished send requests is held in
-/// the engine (`Locked::posts_held`), to leave with the posts after it in one system call:
-/// a program that posts one request a call (perftest's bandwidth tests, each post a
-/// doorbell) paid a send per request. A queue pair with fewer (a latency test has one, the
-/// request it awaits) sends each post at once.
+/// A post to a queue pair that already holds this many unfinished send requests, or that
+/// follows this many posts in a row with no other call into the NIC between them (UC and UD
+/// requests finish as they leave, so their queues stay short), is held in the engine
+/// (`Locked::posts_held`), to leave with the posts after it in one system call: a program
+/// that posts one request a call (perftest's bandwidth tests, UCX; each post a doorbell) paid
+/// a send per request. A latency test (one request in flight, a poll between posts) sends
+/// each post at once.
 const POSTS_BEHIND: usize = 8;
 
 /// The most posts held before the next one sends them all (a GSO send takes 64 segments).
@@ -195,6 +197,8 @@ pub(crate) struct Locked {
     /// call that runs the engine sends them.
     posts_held: u32,
     posts_due: Option<Instant>,
+    /// Send posts since the application's last other call into the NIC ([`POSTS_BEHIND`]).
+    posts_in_a_row: u32,
     /// WRITE messages received (`Counters::rdma_writes_rcvd`) when the application last sent.
     writes_at_send: u64,
     /// When a drain last saw a WRITE land.
@@ -333,6 +337,7 @@ impl Driver {
                 acks_due: None,
                 posts_held: 0,
                 posts_due: None,
+                posts_in_a_row: 0,
                 writes_at_send: 0,
                 landed_at: None,
                 drained_dry: None,
@@ -501,7 +506,8 @@ impl Driver {
 
     /// [`Driver::after_command`] at `now`, read under the lock or given by
     /// [`Driver::enter`].
-    pub(crate) fn after_command_at(&self, state: MutexGuard<'_, Locked>, now: Instant) {
+    pub(crate) fn after_command_at(&self, mut state: MutexGuard<'_, Locked>, now: Instant) {
+        state.posts_in_a_row = 0;
         self.finish_command(state, now, true);
     }
 
@@ -548,7 +554,7 @@ impl Driver {
     /// under emulation, where the peer's answer takes hundreds of microseconds).
     ///
     /// `behind`: the send requests the queue pair held before this post. Behind
-    /// [`POSTS_BEHIND`] of them the post is held, up to [`POSTS_HELD_MAX`] posts or
+    /// [`POSTS_BEHIND`] of them, or as many posts in a row, the post is held, up to [`POSTS_HELD_MAX`] posts or
     /// [`POST_HOLD`], or until the application's next call that runs the engine (a poll
     /// that finds nothing, any other verb).
     pub(crate) fn sent(
@@ -573,7 +579,10 @@ impl Driver {
                 || first && state.own_completion.is_some_and(stay_would_place));
         state.writes_at_send = writes;
         state.answering = (3 * state.answering + if answer { ALL_ANSWERS } else { 0 }) / 4;
-        let hold = behind >= POSTS_BEHIND && state.posts_held < POSTS_HELD_MAX;
+        let in_a_row = state.posts_in_a_row as usize;
+        state.posts_in_a_row = state.posts_in_a_row.saturating_add(1);
+        let hold = (behind >= POSTS_BEHIND || in_a_row >= POSTS_BEHIND)
+            && state.posts_held < POSTS_HELD_MAX;
         if hold {
             state.posts_held += 1;
             state.posts_due.get_or_insert(now + POST_HOLD);
@@ -757,6 +766,7 @@ impl Driver {
         seen: Option<Instant>,
         claims: bool,
     ) -> Instant {
+        state.posts_in_a_row = 0;
         // A poll right after a look that took datagrams and found the socket empty behind them
         // (within `DRY_FOR`) neither looks again nor runs the engine: the kernel said the
         // socket was empty a moment ago, a look is a system call (most of an empty poll's
@@ -891,6 +901,7 @@ impl Driver {
         mut state: MutexGuard<'a, Locked>,
         own_request: bool,
     ) {
+        state.posts_in_a_row = 0;
         let now = Instant::now();
         self.follow_round_trip(&state);
         state.own_completion = own_request.then(|| (now, state.writes_rcvd()));
@@ -1291,11 +1302,16 @@ mod tests {
         driver.stop();
     }
 
-    /// An RC queue pair of `driver` facing `peer`, a socket that never answers: what it sends
-    /// stays unfinished.
-    fn qp_facing(driver: &Driver, peer: SocketAddr) -> ferroce_proto::wire::Qpn {
+    /// A queue pair of `driver` facing `peer`, a socket that never answers: what an RC one
+    /// sends stays unfinished; a UC one's requests finish as they leave.
+    fn qp_facing(
+        driver: &Driver,
+        peer: SocketAddr,
+        qp_type: ferroce_proto::qp::QpType,
+    ) -> ferroce_proto::wire::Qpn {
         use ferroce_proto::psn::Psn;
         use ferroce_proto::qp::{Mtu, QpAttr, QpCaps, QpInit, QpState, QpType};
+        let rc = qp_type == QpType::Rc;
         use ferroce_proto::wire::{Qpn, RnrTimer};
 
         let mut state = driver.lock();
@@ -1303,7 +1319,7 @@ mod tests {
         let (pd, cq) = (engine.alloc_pd(), engine.create_cq(256));
         let qpn = engine
             .create_qp(QpInit {
-                qp_type: QpType::Rc,
+                qp_type,
                 pd,
                 send_cq: cq,
                 recv_cq: cq,
@@ -1313,10 +1329,15 @@ mod tests {
             })
             .unwrap();
         let psn = Psn::new(1).unwrap();
+        let access = if rc {
+            ferroce_proto::memory::Access::REMOTE
+        } else {
+            ferroce_proto::memory::Access::REMOTE_WRITE_ONLY
+        };
         for attr in [
             QpAttr {
                 state: Some(QpState::Init),
-                access: Some(ferroce_proto::memory::Access::REMOTE),
+                access: Some(access),
                 ..QpAttr::default()
             },
             QpAttr {
@@ -1325,17 +1346,17 @@ mod tests {
                 dest_qpn: Some(Qpn::new(0x11).unwrap()),
                 peer: Some(peer),
                 rq_psn: Some(psn),
-                max_dest_rd_atomic: Some(4),
-                min_rnr_timer: Some(RnrTimer::new(1).unwrap()),
+                max_dest_rd_atomic: rc.then_some(4),
+                min_rnr_timer: rc.then(|| RnrTimer::new(1).unwrap()),
                 ..QpAttr::default()
             },
             QpAttr {
                 state: Some(QpState::Rts),
                 sq_psn: Some(psn),
-                timeout: Some(20),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                max_rd_atomic: Some(4),
+                timeout: rc.then_some(20),
+                retry_cnt: rc.then_some(7),
+                rnr_retry: rc.then_some(7),
+                max_rd_atomic: rc.then_some(4),
                 ..QpAttr::default()
             },
         ] {
@@ -1349,11 +1370,11 @@ mod tests {
     /// application makes no call is sent by the progress thread.
     #[test]
     fn posts_behind_a_full_queue_leave_together_at_the_next_call() {
-        use ferroce_proto::qp::{Payload, SendOp, SendWr};
+        use ferroce_proto::qp::{Payload, QpType, SendOp, SendWr};
 
         let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 7));
         let peer = UdpSocket::bind((Ipv4Addr::new(127, 0, 14, 8), 0)).unwrap();
-        let qpn = qp_facing(&driver, peer.local_addr().unwrap());
+        let qpn = qp_facing(&driver, peer.local_addr().unwrap(), QpType::Rc);
         let post = |id: u64| {
             let (mut state, now, first) = driver.enter();
             let behind = state.engine.sq_len(qpn);
@@ -1407,6 +1428,50 @@ mod tests {
             POSTS_BEHIND as u64 + 3 + u64::from(POSTS_HELD_MAX) + 2
         );
         driver.stop();
+    }
+
+    /// UC requests finish as they leave, so a UC queue pair's queue stays short: a run of
+    /// posts with no other call between them is held from its `POSTS_BEHIND`-th on, and a
+    /// poll ends the run.
+    #[test]
+    fn a_run_of_posts_without_a_poll_leaves_together() {
+        use ferroce_proto::qp::{Payload, QpType, SendOp, SendWr};
+
+        let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 9));
+        let peer = UdpSocket::bind((Ipv4Addr::new(127, 0, 14, 10), 0)).unwrap();
+        let qpn = qp_facing(&driver, peer.local_addr().unwrap(), QpType::Uc);
+        let post = |id: u64| {
+            let (mut state, now, first) = driver.enter();
+            let behind = state.engine.sq_len(qpn);
+            let wr = SendWr::new(id, SendOp::Send, Payload::Inline(vec![7; 8]));
+            state.engine.post_send(qpn, wr).unwrap();
+            driver.sent(state, first, now, behind);
+        };
+        let sent = || driver.lock().engine.counters().sent_pkts;
+        let run = POSTS_BEHIND as u64;
+
+        for id in 0..run {
+            post(id);
+        }
+        assert_eq!(sent(), run, "a run's first posts leave at once");
+        assert_eq!(
+            driver.lock().engine.sq_len(qpn),
+            0,
+            "UC requests finish as they leave"
+        );
+        post(run);
+        assert_eq!(sent(), run, "the next post in the run is held");
+
+        let mut state = driver.lock();
+        driver.progress_here(&mut state, None, true);
+        drop(state);
+        assert_eq!(sent(), run + 1, "a poll sends it");
+        post(run + 1);
+        assert_eq!(
+            sent(),
+            run + 2,
+            "and begins a new run: the next post leaves at once"
+        );
     }
 
     #[test]
