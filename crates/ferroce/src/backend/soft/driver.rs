@@ -554,9 +554,9 @@ impl Driver {
     /// under emulation, where the peer's answer takes hundreds of microseconds).
     ///
     /// `behind`: the send requests the queue pair held before this post. Behind
-    /// [`POSTS_BEHIND`] of them, or as many posts in a row, the post is held, up to [`POSTS_HELD_MAX`] posts or
-    /// [`POST_HOLD`], or until the application's next call that runs the engine (a poll
-    /// that finds nothing, any other verb).
+    /// [`POSTS_BEHIND`] of them, or as many posts in a row, the post is held, up to
+    /// [`POSTS_HELD_MAX`] posts or [`POST_HOLD`], or until the application's next call that
+    /// runs the engine (a poll that finds nothing, any other verb).
     pub(crate) fn sent(
         &self,
         mut state: MutexGuard<'_, Locked>,
@@ -1302,33 +1302,36 @@ mod tests {
         driver.stop();
     }
 
-    /// A queue pair of `driver` facing `peer`, a socket that never answers: what an RC one
-    /// sends stays unfinished; a UC one's requests finish as they leave.
-    fn qp_facing(
-        driver: &Driver,
-        peer: SocketAddr,
+    /// A queue pair of `driver` facing a socket at `peer_ip` that never answers (kept open
+    /// beside it), and the CQ it reports to: what an RC one sends stays unfinished; a UC
+    /// one's requests finish as they leave. Posts go through the QP's own `post_send`.
+    fn qp_facing_nothing(
+        driver: &Arc<Driver>,
+        peer_ip: Ipv4Addr,
         qp_type: ferroce_proto::qp::QpType,
-    ) -> ferroce_proto::wire::Qpn {
+    ) -> (super::super::qp::Qp, Arc<super::super::cq::Cq>, UdpSocket) {
         use ferroce_proto::psn::Psn;
         use ferroce_proto::qp::{Mtu, QpAttr, QpCaps, QpInit, QpState, QpType};
-        let rc = qp_type == QpType::Rc;
         use ferroce_proto::wire::{Qpn, RnrTimer};
 
+        let peer = UdpSocket::bind((peer_ip, 0)).unwrap();
+        let cq = Arc::new(super::super::cq::Cq::new(driver, 256).unwrap());
+        let rc = qp_type == QpType::Rc;
+        let psn = Psn::new(1).unwrap();
         let mut state = driver.lock();
         let engine = &mut state.engine;
-        let (pd, cq) = (engine.alloc_pd(), engine.create_cq(256));
+        let pd = engine.alloc_pd();
         let qpn = engine
             .create_qp(QpInit {
                 qp_type,
                 pd,
-                send_cq: cq,
-                recv_cq: cq,
+                send_cq: cq.id(),
+                recv_cq: cq.id(),
                 caps: QpCaps::default(),
                 sq_sig_all: false,
                 srq: None,
             })
             .unwrap();
-        let psn = Psn::new(1).unwrap();
         let access = if rc {
             ferroce_proto::memory::Access::REMOTE
         } else {
@@ -1344,7 +1347,7 @@ mod tests {
                 state: Some(QpState::Rtr),
                 path_mtu: Some(Mtu::M1024),
                 dest_qpn: Some(Qpn::new(0x11).unwrap()),
-                peer: Some(peer),
+                peer: Some(peer.local_addr().unwrap()),
                 rq_psn: Some(psn),
                 max_dest_rd_atomic: rc.then_some(4),
                 min_rnr_timer: rc.then(|| RnrTimer::new(1).unwrap()),
@@ -1362,36 +1365,39 @@ mod tests {
         ] {
             engine.modify_qp(qpn, &attr).unwrap();
         }
-        qpn
+        drop(state);
+        let cqs = (Arc::clone(&cq), Arc::clone(&cq));
+        let qp = super::super::qp::Qp::new(driver, qpn, psn, QpCaps::default(), None, cqs);
+        (qp, cq, peer)
+    }
+
+    /// Posts an 8-byte inline SEND with `id` on `qp`.
+    fn post_8(qp: &super::super::qp::Qp, id: u64) {
+        use ferroce_proto::qp::{Payload, SendOp, SendWr};
+        let wr = SendWr::new(id, SendOp::Send, Payload::Inline(vec![7; 8]));
+        qp.post_send(wr).unwrap();
     }
 
     /// A post behind `POSTS_BEHIND` unfinished requests waits in the engine for the
-    /// application's next call, which sends it with the posts after it; one after which the
-    /// application makes no call is sent by the progress thread.
+    /// application's next call, which sends it with the posts after it; one after which the application makes no call is sent by the
+    /// progress thread.
     #[test]
     fn posts_behind_a_full_queue_leave_together_at_the_next_call() {
-        use ferroce_proto::qp::{Payload, QpType, SendOp, SendWr};
+        use ferroce_proto::qp::QpType;
 
         let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 7));
-        let peer = UdpSocket::bind((Ipv4Addr::new(127, 0, 14, 8), 0)).unwrap();
-        let qpn = qp_facing(&driver, peer.local_addr().unwrap(), QpType::Rc);
-        let post = |id: u64| {
-            let (mut state, now, first) = driver.enter();
-            let behind = state.engine.sq_len(qpn);
-            let wr = SendWr::new(id, SendOp::Send, Payload::Inline(vec![7; 8]));
-            state.engine.post_send(qpn, wr).unwrap();
-            driver.sent(state, first, now, behind);
-        };
+        let (qp, _cq, _peer) = qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 8), QpType::Rc);
         let sent = || driver.lock().engine.counters().sent_pkts;
+        let mut expected = POSTS_BEHIND as u64;
 
-        for id in 0..POSTS_BEHIND as u64 {
-            post(id);
+        for id in 0..expected {
+            post_8(&qp, id);
         }
-        assert_eq!(sent(), POSTS_BEHIND as u64, "the first posts leave at once");
+        assert_eq!(sent(), expected, "the first posts leave at once");
         for id in 0..3 {
-            post(100 + id);
+            post_8(&qp, 100 + id);
         }
-        assert_eq!(sent(), POSTS_BEHIND as u64, "posts behind them are held");
+        assert_eq!(sent(), expected, "posts behind them are held");
         assert_eq!(driver.lock().posts_held, 3);
 
         // The application's next poll sends them.
@@ -1399,23 +1405,18 @@ mod tests {
         driver.progress_here(&mut state, None, true);
         assert_eq!(state.posts_held, 0);
         drop(state);
-        assert_eq!(
-            sent(),
-            POSTS_BEHIND as u64 + 3,
-            "the next call sends what was held"
-        );
+        expected += 3;
+        assert_eq!(sent(), expected, "the next call sends what was held");
 
         // No more than POSTS_HELD_MAX are held: the next post sends them all.
         for id in 0..u64::from(POSTS_HELD_MAX) + 1 {
-            post(200 + id);
+            post_8(&qp, 200 + id);
         }
-        assert_eq!(
-            sent(),
-            POSTS_BEHIND as u64 + 3 + u64::from(POSTS_HELD_MAX) + 1
-        );
+        expected += u64::from(POSTS_HELD_MAX) + 1;
+        assert_eq!(sent(), expected);
 
         // Held, and no call follows: the progress thread sends it.
-        post(300);
+        post_8(&qp, 400);
         assert_eq!(driver.lock().posts_held, 1);
         driver.start(false).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -1423,10 +1424,7 @@ mod tests {
             assert!(Instant::now() < deadline, "a held post never left");
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(
-            sent(),
-            POSTS_BEHIND as u64 + 3 + u64::from(POSTS_HELD_MAX) + 2
-        );
+        assert_eq!(sent(), expected + 1);
         driver.stop();
     }
 
@@ -1435,38 +1433,31 @@ mod tests {
     /// poll ends the run.
     #[test]
     fn a_run_of_posts_without_a_poll_leaves_together() {
-        use ferroce_proto::qp::{Payload, QpType, SendOp, SendWr};
+        use ferroce_proto::qp::QpType;
 
         let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 9));
-        let peer = UdpSocket::bind((Ipv4Addr::new(127, 0, 14, 10), 0)).unwrap();
-        let qpn = qp_facing(&driver, peer.local_addr().unwrap(), QpType::Uc);
-        let post = |id: u64| {
-            let (mut state, now, first) = driver.enter();
-            let behind = state.engine.sq_len(qpn);
-            let wr = SendWr::new(id, SendOp::Send, Payload::Inline(vec![7; 8]));
-            state.engine.post_send(qpn, wr).unwrap();
-            driver.sent(state, first, now, behind);
-        };
+        let (qp, _cq, _peer) =
+            qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 10), QpType::Uc);
         let sent = || driver.lock().engine.counters().sent_pkts;
         let run = POSTS_BEHIND as u64;
 
         for id in 0..run {
-            post(id);
+            post_8(&qp, id);
         }
         assert_eq!(sent(), run, "a run's first posts leave at once");
         assert_eq!(
-            driver.lock().engine.sq_len(qpn),
+            driver.lock().engine.sq_len(qp.qpn()),
             0,
             "UC requests finish as they leave"
         );
-        post(run);
+        post_8(&qp, run);
         assert_eq!(sent(), run, "the next post in the run is held");
 
         let mut state = driver.lock();
         driver.progress_here(&mut state, None, true);
         drop(state);
         assert_eq!(sent(), run + 1, "a poll sends it");
-        post(run + 1);
+        post_8(&qp, run + 1);
         assert_eq!(
             sent(),
             run + 2,
