@@ -49,11 +49,12 @@ impl Cq {
     /// Arms the CQ (`ibv_req_notify_cq`): its channel is signalled at its next completion, or
     /// with `solicited_only` its next solicited or failed one.
     pub(crate) fn req_notify(&self, solicited_only: bool) {
-        self.driver
-            .lock()
-            .engine
-            .req_notify_cq(self.id, solicited_only);
-        // Whoever arms a channel waits on it next, and polls no more until it fires.
+        let mut state = self.driver.lock();
+        state.engine.req_notify_cq(self.id, solicited_only);
+        // Whoever arms a channel waits on it next, and polls no more until it fires: what its
+        // posts left held goes now.
+        self.driver.send_held(&mut state);
+        drop(state);
         self.driver.release_poller();
     }
 

@@ -466,8 +466,10 @@ impl Driver {
     }
 
     /// Sends the posts held for the application's next call ([`POSTS_BEHIND`]): a thread
-    /// about to sleep until a completion makes that call now.
+    /// about to sleep until a completion (`Cq::wait`, or arming a CQ to wait on its channel)
+    /// makes that call now, and ends a run of posts.
     pub(crate) fn send_held(&self, state: &mut Locked) {
+        state.posts_in_a_row = 0;
         if state.posts_held > 0 {
             self.transmit_ready(state, Instant::now(), true);
         }
@@ -556,7 +558,8 @@ impl Driver {
     /// `behind`: the send requests the queue pair held before this post. Behind
     /// [`POSTS_BEHIND`] of them, or as many posts in a row, the post is held, up to
     /// [`POSTS_HELD_MAX`] posts or [`POST_HOLD`], or until the application's next call that
-    /// runs the engine (a poll that finds nothing, any other verb).
+    /// runs the engine or goes to sleep (a poll that finds nothing, a posted receive or other
+    /// command, arming a CQ, `Cq::wait`).
     pub(crate) fn sent(
         &self,
         mut state: MutexGuard<'_, Locked>,
@@ -1379,14 +1382,15 @@ mod tests {
     }
 
     /// A post behind `POSTS_BEHIND` unfinished requests waits in the engine for the
-    /// application's next call, which sends it with the posts after it; one after which the application makes no call is sent by the
+    /// application's next call, which sends it with the posts after it (a poll that finds
+    /// nothing, arming a CQ); one after which the application makes no call is sent by the
     /// progress thread.
     #[test]
     fn posts_behind_a_full_queue_leave_together_at_the_next_call() {
         use ferroce_proto::qp::QpType;
 
         let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 7));
-        let (qp, _cq, _peer) = qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 8), QpType::Rc);
+        let (qp, cq, _peer) = qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 8), QpType::Rc);
         let sent = || driver.lock().engine.counters().sent_pkts;
         let mut expected = POSTS_BEHIND as u64;
 
@@ -1414,6 +1418,13 @@ mod tests {
         }
         expected += u64::from(POSTS_HELD_MAX) + 1;
         assert_eq!(sent(), expected);
+
+        // Arming a CQ, the last call before a program sleeps on its channel, sends them.
+        post_8(&qp, 300);
+        assert_eq!(sent(), expected, "held");
+        cq.req_notify(false);
+        expected += 1;
+        assert_eq!(sent(), expected, "arming sends what was held");
 
         // Held, and no call follows: the progress thread sends it.
         post_8(&qp, 400);
