@@ -281,4 +281,70 @@ pair ib_send_lat_ud 127.0.0.84 127.0.0.85 ib_send_lat -c UD -d ferroce0 -x 0 -p 
 pair ib_write_bw_uc 127.0.0.86 127.0.0.87 ib_write_bw -c UC -d ferroce0 -x 0 -p 18705 -- "BW average[MB/sec]" "$row"
 pair ib_send_bw_events 127.0.0.88 127.0.0.89 ib_send_bw -e -d ferroce0 -x 0 -p 18707 -- "BW average[MB/sec]" "$row"
 
+# Under loss, reordering and duplication, injected by the drop-in on every packet it sends
+# (FERROCE_FAULT, as ferroce's --fault): each program must complete, ibv_rc_pingpong's -c
+# checking every buffer, and FERROCE_STATS prints each side's counters when it closes, which
+# must show the losses recovered. A post held behind a full queue (ib_write_bw -s 64) and a
+# completion channel (ib_send_bw -e) meet the losses too. The pingpong's client also writes a
+# capture (FERROCE_PCAP), read back below.
+echo "== perftest and rc_pingpong under FERROCE_FAULT, with FERROCE_STATS and FERROCE_PCAP"
+faults=(env FERROCE_FAULT=loss=0.02,reorder=0.02,dup=0.01 FERROCE_STATS=1)
+recovered='client:(rcvd_seq_err|early_resends) [1-9]'
+stats='ferroce-ibverbs: link ferroce0/1 sent_pkts'
+capture="$out_dir/faults_rc_pingpong.pcap"
+pp_srv=("${faults[@]}" ibv_rc_pingpong -d ferroce0 -g 0 -p 18711 -s 4096 -n 1000 -c)
+pp_cli=("${faults[@]}" FERROCE_PCAP="$capture" "${pp_srv[@]:${#faults[@]}}")
+run_pair faults_rc_pingpong 127.0.0.71 127.0.0.72 pp_srv pp_cli "8192000 bytes in" "$stats" "$recovered"
+if grep -H "invalid data" "$out_dir"/faults_rc_pingpong.*; then
+    fail "faults_rc_pingpong: a buffer arrived with the wrong bytes"
+fi
+pair faults_write_bw_64 127.0.0.73 127.0.0.74 "${faults[@]}" ib_write_bw -d ferroce0 -x 0 -p 18713 -s 64 -n 20000 -- "$row" "$stats" "$recovered"
+pair faults_send_bw_events 127.0.0.75 127.0.0.76 "${faults[@]}" ib_send_bw -e -d ferroce0 -x 0 -p 18715 -s 64 -n 10000 -- "$row" "$stats" "$recovered"
+pair faults_read_bw 127.0.0.77 127.0.0.78 "${faults[@]}" ib_read_bw -d ferroce0 -x 0 -p 18717 -s 4096 -n 2000 -- "$row" "$stats" "$recovered"
+pair faults_atomic_bw 127.0.0.79 127.0.0.80 "${faults[@]}" ib_atomic_bw -d ferroce0 -x 0 -p 18719 -n 5000 -- "$row" "$stats" "$recovered"
+pair faults_write_lat 127.0.0.82 127.0.0.83 "${faults[@]}" ib_write_lat -d ferroce0 -x 0 -p 18721 -s 8 -n 2000 -- "$row" "$stats"
+
+# The capture: Ethernet frames of RoCE v2 (UDP 4791) both ways, the client's SENDs among
+# them resent (a PSN sent twice), as Wireshark would show them.
+python3 - "$capture" 127.0.0.72 <<'PY' || fail "the capture FERROCE_PCAP wrote is not what was sent"
+import socket, struct, sys
+data = open(sys.argv[1], "rb").read()
+magic, _, _, _, _, _, linktype = struct.unpack("<IHHiIII", data[:24])
+assert magic == 0xA1B2C3D4 and linktype == 1, f"not an Ethernet pcap: {magic:#x} {linktype}"
+client = socket.inet_aton(sys.argv[2])
+frames, roce, sent_psns, resent = 0, 0, set(), 0
+at = 24
+while at < len(data):
+    _, _, incl, _ = struct.unpack("<IIII", data[at:at + 16])
+    frame = data[at + 16:at + 16 + incl]
+    at += 16 + incl
+    frames += 1
+    ip = frame[14:]
+    udp = ip[(ip[0] & 15) * 4:]
+    sport, dport = struct.unpack(">HH", udp[:4])
+    if 4791 not in (sport, dport):
+        continue
+    roce += 1
+    bth = udp[8:]
+    opcode, psn = bth[0], int.from_bytes(bth[9:12], "big")
+    if ip[12:16] == client and opcode <= 0x05:  # an RC SEND packet of the client's
+        resent += psn in sent_psns
+        sent_psns.add(psn)
+print(f"    capture: {frames} frames, {roce} on UDP 4791, {len(sent_psns)} SEND PSNs, {resent} sent again")
+assert frames > 0 and roce == frames, "frames that are not RoCE v2"
+assert len(sent_psns) >= 4000, "not every SEND packet of the run"
+assert resent > 0, "no resend under 2 % loss"
+PY
+
+echo "== an unusable FERROCE_FAULT or FERROCE_STATS"
+if out="$(on 127.0.0.84 env FERROCE_FAULT=loss=2 ibv_devinfo 2>&1)"; then
+    fail "ibv_devinfo opened the device with FERROCE_FAULT=loss=2"
+fi
+expect "bad FERROCE_FAULT" "$out" "FERROCE_FAULT: bad fault specification"
+expect "bad FERROCE_FAULT" "$out" "loss=2 is not a probability in 0..1"
+if out="$(on 127.0.0.84 env FERROCE_STATS=yes ibv_devinfo 2>&1)"; then
+    fail "ibv_devinfo opened the device with FERROCE_STATS=yes"
+fi
+expect "bad FERROCE_STATS" "$out" 'FERROCE_STATS: "yes" is neither 1'
+
 echo "test-dropin: all passed"

@@ -12,9 +12,10 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use ferroce::{Nic, NicConfig, NicError};
+use ferroce::{Nic, NicError};
 
 use crate::addr::{self, Choice};
+use crate::settings::Settings;
 use crate::sys;
 
 /// Locks `m`, going on after a panic in another holder (the data are plain maps and counts,
@@ -23,16 +24,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The soft NIC and how many contexts use it.
+/// The soft NIC, how many contexts use it, and whether its counters go to standard error
+/// when the last closes (`FERROCE_STATS`).
 struct Shared {
     nic: Option<Nic>,
     users: usize,
+    stats: bool,
 }
 
 /// One process, one soft NIC, one address.
 static SHARED: Mutex<Shared> = Mutex::new(Shared {
     nic: None,
     users: 0,
+    stats: false,
 });
 
 /// Why `ibv_open_device` failed: the errno it sets, and a line for standard error.
@@ -42,18 +46,21 @@ pub(crate) struct OpenError {
     pub(crate) message: String,
 }
 
-/// The soft NIC for a new context: the one already open, or one opened on `choice`.
-fn acquire(choice: &Choice) -> Result<Nic, OpenError> {
+/// The soft NIC for a new context: the one already open, or one opened on `choice` with
+/// `settings`.
+fn acquire(choice: &Choice, settings: &Settings) -> Result<Nic, OpenError> {
     let mut shared = lock(&SHARED);
     if let Some(nic) = shared.nic.clone() {
         shared.users += 1;
         return Ok(nic);
     }
-    let nic = Nic::open(&NicConfig::on(choice.ip)).map_err(|e| {
+    let nic = Nic::open(&settings.config(choice.ip)).map_err(|e| {
         let errno = match &e {
             NicError::AddressInUse { .. } => libc::EADDRINUSE,
             NicError::AddressNotAvailable(_) => libc::EADDRNOTAVAIL,
-            NicError::Socket { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            NicError::Socket { source, .. } | NicError::Pcap { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
             _ => libc::EIO,
         };
         let hint = if errno == libc::EADDRINUSE {
@@ -74,6 +81,7 @@ fn acquire(choice: &Choice) -> Result<Nic, OpenError> {
     })?;
     shared.nic = Some(nic.clone());
     shared.users = 1;
+    shared.stats = settings.stats;
     Ok(nic)
 }
 
@@ -88,6 +96,12 @@ fn release() {
     shared.users = shared.users.saturating_sub(1);
     if shared.users == 0 {
         if let Some(nic) = shared.nic.take() {
+            if shared.stats {
+                eprintln!(
+                    "ferroce-ibverbs: {}",
+                    nic.statistics_line(crate::attrs::DEVICE_NAME)
+                );
+            }
             nic.close();
         }
     }
@@ -121,13 +135,14 @@ pub(crate) struct ContextState {
 }
 
 impl ContextState {
-    /// Opens a context on the address `choice` names, sharing the process's soft NIC.
-    pub(crate) fn open(choice: &Choice) -> Result<Self, OpenError> {
+    /// Opens a context on the address `choice` names, sharing the process's soft NIC (opened
+    /// with `settings` where this is the first context).
+    pub(crate) fn open(choice: &Choice, settings: &Settings) -> Result<Self, OpenError> {
         let fd = sys::eventfd().map_err(|e| OpenError {
             errno: e.raw_os_error().unwrap_or(libc::EMFILE),
             message: format!("cannot create the async event fd: {e}"),
         })?;
-        let nic = acquire(choice)?;
+        let nic = acquire(choice, settings)?;
         let ip = nic.addr().ip();
         Ok(Self {
             nic,
@@ -253,8 +268,8 @@ mod tests {
 
     #[test]
     fn contexts_share_one_nic_and_events_queue_in_order() {
-        let a = ContextState::open(&on(92)).expect("first context");
-        let b = ContextState::open(&on(93)).expect("second context");
+        let a = ContextState::open(&on(92), &Settings::default()).expect("first context");
+        let b = ContextState::open(&on(93), &Settings::default()).expect("second context");
         assert_eq!(a.ip, b.ip, "the second context shares the first's NIC");
         let first = AsyncEvent {
             element: 1,

@@ -25,6 +25,7 @@
 //! - `convert`: C values to ferroce's and back (access flags, QP attributes, completions);
 //! - `attrs`: what the device says of itself (limits, GUID, GID, port);
 //! - `addr`: which address the soft NIC binds;
+//! - `settings`: what else the environment asks of it (faults, a capture, its counters);
 //! - `cm`, `cm_abi`: librdmacm (issue 24): the same file is the drop-in `librdmacm.so.1`;
 //!   its ids, event channels and the threads that drive `ferroce::cm`, and its C layouts;
 //! - `enums`: rdma-core's strings and rate tables;
@@ -48,4 +49,5 @@ mod enums;
 mod exports;
 mod fence;
 mod objects;
+mod settings;
 mod sys;

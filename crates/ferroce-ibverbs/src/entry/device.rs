@@ -20,6 +20,7 @@ use crate::context::{self, ContextState};
 use crate::entry::stubs;
 use crate::fence;
 use crate::objects;
+use crate::settings::Settings;
 
 /// The device block: rdma-core's `verbs_device`, then what ferroce keeps of the device.
 #[repr(C)]
@@ -165,7 +166,9 @@ pub(crate) unsafe extern "C" fn get_device_index(dev: *mut ibv_device) -> c_int 
 /// `ibv_open_device`: opens the soft NIC (shared by every context of the process) on
 /// `FERROCE_ADDR` or the default route's address. Fails with NULL and errno `EADDRINUSE`
 /// (another process has the address), `EADDRNOTAVAIL` (not an address of this host) or
-/// `EINVAL` (an unusable `FERROCE_ADDR`; a foreign device), saying which on standard error.
+/// `EINVAL` (an unusable `FERROCE_ADDR`, `FERROCE_FAULT` or `FERROCE_STATS`; a foreign
+/// device), or the capture's errno (`FERROCE_PCAP` cannot be written), saying which on
+/// standard error.
 pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_context {
     fence::pointer(|| {
         let block = our_device(dev).ok_or(libc::EINVAL)?;
@@ -173,7 +176,11 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
             eprintln!("ferroce-ibverbs: {bad}");
             libc::EINVAL
         })?;
-        let state = ContextState::open(&choice).map_err(|e| {
+        let settings = Settings::from_env().map_err(|bad| {
+            eprintln!("ferroce-ibverbs: {bad}");
+            libc::EINVAL
+        })?;
+        let state = ContextState::open(&choice, &settings).map_err(|e| {
             eprintln!("ferroce-ibverbs: {}", e.message);
             e.errno
         })?;
