@@ -713,23 +713,23 @@ fn a_needless_early_resend_costs_a_probe_not_a_window() {
     );
 }
 
-/// A ping-pong of one-packet WRITEs whose peer stalls for milliseconds at a time (a busy
-/// host): each stall outlasts the early-resend delay, and the probe resends the one packet
-/// the peer already has. The ACK that ends the stall cannot tell original from probe, but the
-/// peer answers the duplicate with a second ACK; that shows the resend was needless, so later
-/// stalls wait longer and the resends stop, where each stall used to cost one or more.
-#[test]
-fn a_peer_that_acks_the_probe_twice_teaches_the_requester_to_wait() {
-    let mut f = Fabric::new(2, 33);
+/// A ping-pong of WRITEs whose peer stalls for milliseconds at a time (a busy host): each
+/// stall outlasts the early-resend delay, and the probe resends packets the peer already has.
+/// The ACK that ends the stall cannot tell original from probe, but the peer answers each
+/// probe packet with an ACK of its own, and the originals with one more; that shows the resend
+/// was needless, so later stalls wait longer and the resends stop, where each stall used to
+/// cost one or more.
+fn stalled_ping_pong_teaches_the_requester_to_wait(len: u32, seed: u64) {
+    let mut f = Fabric::new(2, seed);
     let opts = ConnectOptions {
         timeout: 14,
         ..ConnectOptions::default()
     };
     let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
-    let src = f.region(0, 64, Access::LOCAL, 0x5a);
-    let dst = f.region(1, 64, Access::REMOTE, 0);
+    let src = f.region(0, len as usize, Access::LOCAL, 0x5a);
+    let dst = f.region(1, len as usize, Access::REMOTE, 0);
     let write = |f: &mut Fabric, id: u64| {
-        let wr = SendWr::new(id, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 8));
+        let wr = SendWr::new(id, SendOp::Write(remote(&dst, 0)), sge(&src, 0, len));
         post_and_complete(f, qa, wr);
     };
     for id in 0..20 {
@@ -749,6 +749,49 @@ fn a_peer_that_acks_the_probe_twice_teaches_the_requester_to_wait() {
         "{} early resends for 200 stalled round trips ({} duplicates at the peer)",
         a.early_resends,
         b.duplicate_request
+    );
+}
+
+#[test]
+fn a_peer_that_acks_the_probe_twice_teaches_the_requester_to_wait() {
+    stalled_ping_pong_teaches_the_requester_to_wait(8, 33);
+}
+
+/// The same with four-packet WRITEs, whose probe resends all four.
+#[test]
+fn a_peer_that_acks_a_probe_of_four_and_the_original_teaches_the_requester_to_wait() {
+    stalled_ping_pong_teaches_the_requester_to_wait(4096, 36);
+}
+
+/// A ping-pong of four-packet WRITEs (MTU 1024) whose ACK is lost now and then: the data
+/// arrived, so nothing draws a sequence NAK, and only the early resend ends the stall. Its
+/// probe's packets are all duplicates at the responder, each answered with an ACK of the same
+/// PSN; no more than it resent, so it was a loss, and later losses are resent as early. (When
+/// such a probe was taken for needless, the backoff doubled at each lost ACK until the ACK
+/// timeout, 67 ms here, ended every stall.)
+#[test]
+fn a_lost_ack_behind_a_multi_packet_message_is_a_loss_not_a_slow_peer() {
+    let (mut f, qa, src, dst) = tail_setup(37, 11);
+    let mut acks = 0u32;
+    f.filter = Some(Box::new(move |from, p| {
+        let ack = from == 1 && p.opcode().operation() == Operation::Acknowledge;
+        acks += u32::from(ack);
+        // Every third ACK node 1 sends, up to the thirtieth (a probe's count too).
+        ack && acks % 3 == 0 && acks <= 30
+    }));
+    for id in 0..30 {
+        let wr = SendWr::new(id, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 4096));
+        post_and_complete(&mut f, qa, wr);
+    }
+    let c = f.nodes[0].engine.counters();
+    assert!(c.early_resends >= 5, "lost ACKs not resent early: {c:?}");
+    assert_eq!(
+        c.early_needless, 0,
+        "a lost ACK taken for a slow peer: {c:?}"
+    );
+    assert_eq!(
+        c.completer_retry_err, 0,
+        "the ACK timeout ended a stall: {c:?}"
     );
 }
 
@@ -1596,23 +1639,36 @@ fn a_train_handed_over_before_its_first_is_acked_without_a_nak() {
     assert_eq!((b.held_ahead, b.out_of_seq_request), (7, 7));
 }
 
-/// A responder handed a request and its resend together (it was descheduled while the
-/// requester's early resend went out) acknowledges twice, not once coalesced: the second ACK
-/// is what tells the requester its resend was needless. A third copy draws no third ACK.
+/// A responder handed a request and its resends together (it was descheduled while the
+/// requester's early resends went out) acknowledges each copy, not once coalesced: each copy
+/// asks for an ACK, as a probe's packets do, and an ACK more than the probes sent is what tells
+/// the requester its resend was needless. Copies that do not ask (a multi-packet message's
+/// FIRST, resent by go-back-N) share one ACK.
 #[test]
-fn a_request_and_its_duplicate_in_one_batch_draw_two_acks() {
-    let mut f = Fabric::new(2, 34);
-    let (packets, _) = write_packets(&mut f, 8);
-    let write = &packets[0];
+fn each_copy_that_asks_for_an_ack_draws_its_own() {
     let acks = |answers: &[Syndrome]| {
         answers
             .iter()
             .filter(|s| matches!(s, Syndrome::Ack { .. }))
             .count()
     };
+    let mut f = Fabric::new(2, 34);
+    let (packets, _) = write_packets(&mut f, 8);
+    let write = &packets[0];
     assert_eq!(acks(&deliver_batch(&mut f, &[write, write])), 2);
     assert_eq!(f.nodes[1].engine.counters().duplicate_request, 1);
-    assert_eq!(acks(&deliver_batch(&mut f, &[write, write, write])), 2);
+    assert_eq!(acks(&deliver_batch(&mut f, &[write, write, write])), 3);
+
+    let mut f = Fabric::new(2, 35);
+    let (packets, _) = write_packets(&mut f, 2048);
+    let (first, last) = (&packets[0], &packets[1]);
+    assert_eq!(acks(&deliver_batch(&mut f, &[first, last])), 1);
+    assert_eq!(
+        acks(&deliver_batch(&mut f, &[first, first, first])),
+        2,
+        "copies that do not ask share the second ACK"
+    );
+    assert_eq!(acks(&deliver_batch(&mut f, &[last, last])), 2);
 }
 
 /// Memory that lends every payload of `min` bytes or more, as the soft NIC's driver does.

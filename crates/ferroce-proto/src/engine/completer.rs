@@ -261,30 +261,33 @@ impl Qp {
         if let Some(from) = self.early_probe {
             if self.comp_psn != from || self.state != QpState::Rts {
                 self.early_probe = None;
-                // Answered past what the probe resent: the originals got through, and the
-                // stall was a slow peer or a lost ACK, not a loss (which would have been a
-                // retry by now). Carry on from where sending had got to rather than resend
-                // what is still on its way.
-                if self.req_psn.precedes(self.comp_psn) {
+                // The PSNs each probe resent: from `from` to where it had got.
+                let probed = from.steps_to(self.req_psn);
+                if self.sq.is_empty() && !self.comp_psn.precedes(self.req_psn) {
+                    // Answered through everything sent, the probe's packets included: the
+                    // last message of a burst, or a ping-pong's one. Its last packet was lost,
+                    // or its ACK, or the responder was slow and had it all; only the ACKs can
+                    // tell. The responder answers each probe packet (each asks for an ACK)
+                    // with one of its own, so a loss brings at most `probed` ACKs for this
+                    // PSN per probe, and a slow responder, which also answered the originals,
+                    // one more. Taken for a loss until that one comes. (A lost ACK is a loss:
+                    // without the probe, the ACK timeout would have ended the stall.)
+                    let halved = self.backoff.found_loss();
+                    self.early_ack_watch = Some(AckWatch {
+                        psn: self.comp_psn.sub(1),
+                        more: self.early_copies.saturating_mul(probed.max(1)),
+                        halved,
+                    });
+                } else if self.req_psn.precedes(self.comp_psn) {
+                    // Answered past what the probe resent, with more of the burst to answer:
+                    // the originals got through, and the stall was a slow peer, not a loss
+                    // (which would have been a retry by now). Carry on from where sending had
+                    // got to rather than resend what is still on its way.
                     self.early_was_needless(dev);
                     self.rewind(self.sent_psn);
                 } else {
-                    let halved = self.backoff.found_loss();
-                    if self.comp_psn == self.req_psn && self.sq.is_empty() {
-                        // Answered through all the probe resent, and no further, and
-                        // nothing more to send: the last message of a burst, or a ping-pong's
-                        // one, where the original or a probe got through. Taken for a loss
-                        // until as many more ACKs for the same PSN as there were probes say
-                        // otherwise. (Amid go-back-N under loss a second ACK for a PSN has
-                        // other causes; the simulated fabric's losses drew them.) (Answered through part of it,
-                        // the rest was lost, and a second ACK may answer a duplicate among
-                        // what the probe resent before the loss.)
-                        self.early_ack_watch = Some(AckWatch {
-                            psn: self.comp_psn.sub(1),
-                            more: self.early_copies,
-                            halved,
-                        });
-                    }
+                    // Answered through part of what the probe resent: the rest was lost.
+                    self.backoff.found_loss();
                 }
             }
         }

@@ -139,8 +139,8 @@ impl Timers {
 }
 
 /// What a requester listens for after an ambiguous probe ([`Qp::early_ack_watch`]): the peer
-/// answers each copy of a request it already has with one more ACK, so an ACK for the last
-/// PSN the probes resent, once per probe, shows the original had arrived.
+/// answers each packet of a probe (each asks for an ACK) with an ACK of its own, so one more
+/// ACK for the last PSN than the probes resent packets shows the original had arrived.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct AckWatch {
     /// The PSN the ambiguous ACK acknowledged.

@@ -503,6 +503,11 @@ impl Qp {
                     });
                 }
             }
+            // A copy that asks for an ACK gets one of its own, as rxe's responder answers
+            // every duplicate SEND or WRITE packet: an early resend's probe asks on each of
+            // its packets, and its requester counts the ACKs (one per probe packet when only
+            // an ACK was lost, one more when the original also reached a slow responder).
+            _ if packet.ack_req() => self.push_own_ack(self.resp.epsn.sub(1)),
             _ => self.push_ack(self.resp.epsn.sub(1)),
         }
     }

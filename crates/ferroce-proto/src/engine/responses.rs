@@ -23,6 +23,16 @@ pub(super) struct Nak(pub(super) NakCode);
 
 impl Qp {
     pub(super) fn push_ack(&mut self, psn: Psn) {
+        self.queue_ack(psn, false);
+    }
+
+    /// The ACK for a duplicate that asked for one (`own`): an ACK for the same PSN already
+    /// queued does not take its place, however many there are.
+    pub(super) fn push_own_ack(&mut self, psn: Psn) {
+        self.queue_ack(psn, true);
+    }
+
+    fn queue_ack(&mut self, psn: Psn, own: bool) {
         let msn = self.resp.msn;
         let pending = self.resp.responses.len();
         let twice = pending >= 2
@@ -37,10 +47,11 @@ impl Qp {
         }) = self.resp.responses.back_mut()
         {
             // Coalesce: a later cumulative ACK supersedes one not yet sent. An ACK for the
-            // same PSN again answers a duplicate, and goes as a second ACK (once): it is how
-            // the requester learns that its early resend was needless, the original having
-            // arrived, when both reach a responder that was descheduled meanwhile.
-            if *last != psn || twice {
+            // same PSN again answers a duplicate, and goes as a second ACK (once, unless each
+            // copy asked for its own): it is how the requester learns that its early resend
+            // was needless, the original having arrived, when both reach a responder that was
+            // descheduled meanwhile.
+            if *last != psn || twice && !own {
                 *last = psn;
                 *m = msn;
                 return;
