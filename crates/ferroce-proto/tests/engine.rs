@@ -795,6 +795,54 @@ fn a_lost_ack_behind_a_multi_packet_message_is_a_loss_not_a_slow_peer() {
     );
 }
 
+/// A READ whose response was lost is asked for again early, and that was right. What shows a
+/// READ's early resend needless is a second copy of a response it asked for again, as a
+/// stalled responder sends; copies of later READs' responses (a path that duplicates) say
+/// nothing of it. (Taken for its proof,
+/// they doubled the early-resend delay at each, until the ACK timeout ended every stall.)
+#[test]
+fn only_a_copy_of_what_an_early_resend_asked_for_shows_it_needless() {
+    let (mut f, qa, _src, dst) = tail_setup(38, 12);
+    let local = f.region(0, 64, Access::LOCAL, 0);
+    let read = |f: &mut Fabric, id: u64| {
+        let wr = SendWr::new(id, SendOp::Read(remote(&dst, 0)), sge(&local, 0, 64));
+        post_and_complete(f, qa, wr);
+    };
+    for id in 0..5 {
+        read(&mut f, id);
+    }
+    drop_first(&mut f, 1, Operation::RdmaReadResponseOnly);
+    read(&mut f, 5);
+    let c = f.nodes[0].engine.counters();
+    assert_eq!((c.early_resends, c.early_needless), (1, 0), "{c:?}");
+    f.filter = None;
+    // Every packet now arrives twice: each READ's response has a stale second copy.
+    f.link.dup = 1.0;
+    for id in 6..26 {
+        read(&mut f, id);
+    }
+    let c = f.nodes[0].engine.counters();
+    assert!(c.stale_response >= 20, "the copies did not arrive: {c:?}");
+    assert_eq!(
+        c.early_needless, 0,
+        "a later READ's copy taken for the resend's: {c:?}"
+    );
+    // A responder that stalls 3 ms each way: the response asked for again comes a second
+    // time, which shows the resend needless, and later stalls wait longer.
+    f.link.dup = 0.0;
+    f.link.delay = Duration::from_millis(3);
+    for id in 26..126 {
+        read(&mut f, id);
+    }
+    let c = f.nodes[0].engine.counters();
+    assert!(c.early_needless >= 1, "no needless resend found: {c:?}");
+    assert!(
+        c.early_resends <= 11,
+        "{} early resends for 100 stalled READs",
+        c.early_resends
+    );
+}
+
 /// An RNR NAK is the responder asking the requester to wait, not a loss: the stall while the
 /// RNR timer runs starts no early resend.
 #[test]

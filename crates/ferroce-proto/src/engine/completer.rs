@@ -91,13 +91,15 @@ impl Qp {
         let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
         if !sent || self.sq.is_empty() {
             dev.counters.stale_response += 1;
-            if self.early_read_watch
+            if self
+                .early_read_watch
+                .is_some_and(|(from, len)| psn.in_window(from, len))
                 && packet.opcode().operation() != Operation::Acknowledge
                 && psn.precedes(self.comp_psn)
             {
-                // A second copy of a READ response already taken: the early resend asked
-                // again for responses that were on their way.
-                self.early_read_watch = false;
+                // A second copy of a READ response the early resend asked for again, already
+                // taken: it asked for responses that were on their way.
+                self.early_read_watch = None;
                 self.early_was_needless(dev);
             }
             if let Some(watch) = &mut self.early_ack_watch {

@@ -56,9 +56,10 @@ pub(super) struct Qp {
     /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
     /// until an answer shows whether the stall was a loss.
     pub(super) early_probe: Option<Psn>,
-    /// A READ early resend asked again for responses that may still have been on their
-    /// way: a copy of one arriving twice shows it was needless.
-    pub(super) early_read_watch: bool,
+    /// A READ early resend asked again for the responses of these PSNs (the first and how
+    /// many), which may still have been on their way: a second copy of one of them shows it
+    /// was needless. (A copy of another READ's response shows nothing of it.)
+    pub(super) early_read_watch: Option<(Psn, u32)>,
     /// How many early resends in a row have probed from `early_probe`.
     pub(super) early_copies: u32,
     /// A probe was answered by an ACK that covers what it resent and no more, which the
@@ -184,7 +185,7 @@ impl Qp {
             rtt: RttEstimate::default(),
             rtt_sample: None,
             early_probe: None,
-            early_read_watch: false,
+            early_read_watch: None,
             early_copies: 0,
             early_ack_watch: None,
             backoff: Backoff::default(),

@@ -209,7 +209,7 @@ impl Qp {
         // A loss signalled or timed out: whatever an early probe was waiting to learn, this
         // retry is the answer.
         self.early_probe = None;
-        self.early_read_watch = false;
+        self.early_read_watch = None;
         self.early_ack_watch = None;
         if self.retries_left == 0 {
             dev.counters.retry_exceeded_err += 1;
@@ -292,18 +292,20 @@ impl Qp {
         self.backoff.resent();
         dev.counters.early_resends += 1;
         let from = self.comp_psn;
+        // Behind a READ: the PSNs from `from` to the READ's end, whose responses it asks for.
         let read = self
             .sq
             .front()
-            .is_some_and(|w| matches!(w.op, SendOp::Read(_)) && w.contains(from));
+            .filter(|w| matches!(w.op, SendOp::Read(_)) && w.contains(from))
+            .map(|w| from.steps_to(w.first_psn.add(w.npkts)));
         self.early_copies = if self.early_probe == Some(from) {
             self.early_copies + 1
         } else {
             1
         };
-        self.early_probe = (!read).then_some(from);
-        self.early_read_watch = read;
-        self.probing = !read;
+        self.early_probe = read.is_none().then_some(from);
+        self.early_read_watch = read.map(|len| (from, len));
+        self.probing = read.is_none();
         self.retrying_from = Some(from);
         self.rewind(from);
         self.timers.early = self.early_resend_at(now);
