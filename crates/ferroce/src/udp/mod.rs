@@ -1010,13 +1010,18 @@ impl Link {
     }
 
     /// Sends the batch (through the fault injector, which may also release packets it held
-    /// that are due), packet bodies from `ext`, and empties it.
+    /// that are due), packet bodies from `ext`, and empties it. A capture is written out
+    /// after each batch, so that a program that exits without closing its NIC (an error
+    /// path, often the one being debugged) leaves every packet it sent in the file.
     pub(crate) fn transmit(&mut self, port: &Port, now: Instant, ext: &[u8]) {
         if let Some(faults) = self.faults.as_mut() {
             faults.apply(now, &mut self.tx, ext);
         }
         if self.tx.len() > 0 {
             port.send(&mut self.tx, ext, self.pcap.as_mut());
+            if self.flush_capture().is_err() {
+                UdpCounters::add(&port.counters.pcap_errors, 1);
+            }
         }
         self.tx.clear();
     }

@@ -653,15 +653,23 @@ impl Driver {
         Ok(())
     }
 
-    /// Sends what is held back (ACKs waiting for the application's next packet), stops and
-    /// joins the progress thread, and flushes the capture. Idempotent.
+    /// Sends what is held back (ACKs waiting for the application's next packet, held posts,
+    /// and packets the fault injector delays, each when due: it was asked to delay them, not
+    /// to lose them), stops and joins the progress thread, and flushes the capture.
+    /// Idempotent.
     pub(crate) fn stop(&self) {
-        {
+        loop {
             let mut state = self.lock();
-            self.transmit_ready(&mut state, Instant::now(), false);
-            if state.link.flush_capture().is_err() {
-                udp::UdpCounters::add(&self.port.counters.pcap_errors, 1);
-            }
+            let now = Instant::now();
+            self.transmit_ready(&mut state, now, false);
+            let Some(due) = state.link.next_due() else {
+                if state.link.flush_capture().is_err() {
+                    udp::UdpCounters::add(&self.port.counters.pcap_errors, 1);
+                }
+                break;
+            };
+            drop(state);
+            std::thread::sleep(due.saturating_duration_since(now));
         }
         self.stop.store(true, Ordering::SeqCst);
         self.ring();
@@ -738,6 +746,11 @@ impl Driver {
         // handed it over before what it follows (`Engine::set_batch_holding`).
         let Locked { engine, mem, .. } = &mut *state;
         engine.end_batch(now, mem);
+        // What a capture recorded of these goes to its file now, as what is sent does
+        // (`Link::transmit`).
+        if taken > 0 && state.link.flush_capture().is_err() {
+            udp::UdpCounters::add(&self.port.counters.pcap_errors, 1);
+        }
         state.found_empty = taken == 0;
         // A look that took nothing leaves the mark as it was: it found the socket empty too.
         if taken > 0 {
@@ -1202,6 +1215,10 @@ mod tests {
     /// calls are the only looks at its socket, so each can be counted by the packets the
     /// engine received.
     fn driver_alone(ip: Ipv4Addr) -> Arc<Driver> {
+        driver_with_faults(ip, None)
+    }
+
+    fn driver_with_faults(ip: Ipv4Addr, faults: Option<tap::Faults>) -> Arc<Driver> {
         let options = udp::PortOptions {
             gso: false,
             gro: false,
@@ -1213,7 +1230,7 @@ mod tests {
             seed: 1,
         });
         engine.set_batch_holding(true);
-        Driver::new(port, engine, None, None).unwrap()
+        Driver::new(port, engine, faults, None).unwrap()
     }
 
     /// After an empty look a poll asks for one buffer (what a ping-pong's next message
@@ -1379,6 +1396,73 @@ mod tests {
         use ferroce_proto::qp::{Payload, SendOp, SendWr};
         let wr = SendWr::new(id, SendOp::Send, Payload::Inline(vec![7; 8]));
         qp.post_send(wr).unwrap();
+    }
+
+    /// What the fault injector delays (reordering, `delay`) still leaves when due if the NIC
+    /// stops first: a program that closes its device right after its last completion must not
+    /// turn a delayed packet (its peer's last ACK, say) into a lost one.
+    #[test]
+    fn stopping_sends_what_the_fault_injector_still_delays() {
+        use ferroce_proto::qp::QpType;
+
+        let faults = tap::Faults {
+            reorder: 1.0,
+            delay: Duration::from_millis(2),
+            seed: 1,
+            ..tap::Faults::default()
+        };
+        let driver = driver_with_faults(Ipv4Addr::new(127, 0, 14, 11), Some(faults));
+        let (qp, _cq, peer) = qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 12), QpType::Uc);
+        post_8(&qp, 1);
+        // Every packet waits 6 ms in the injector, and no progress thread runs to send it.
+        peer.set_nonblocking(true).unwrap();
+        let mut buf = [0; 256];
+        assert_eq!(
+            peer.recv(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "the packet was not held"
+        );
+        driver.stop();
+        assert!(driver.lock().link.next_due().is_none(), "still held");
+        peer.set_nonblocking(false).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let got = peer.recv(&mut buf).expect("the held packet never left");
+        assert!(got > 12, "{got} bytes: not a RoCE packet");
+    }
+
+    /// A capture is in its file as soon as the packets are sent or received, not when the NIC
+    /// closes: a program that exits without closing its device (an error path, often the one
+    /// being debugged) leaves every packet it saw there.
+    #[test]
+    fn a_capture_is_written_as_packets_go() {
+        use ferroce_proto::qp::QpType;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sent.pcap");
+        let ip = Ipv4Addr::new(127, 0, 14, 13);
+        let options = udp::PortOptions {
+            gso: false,
+            gro: false,
+            buffers: 1 << 20,
+        };
+        let port = udp::Port::open(SocketAddr::from((ip, 0)), options).unwrap();
+        let engine = Engine::new(EngineConfig {
+            local_ip: ip.into(),
+            seed: 1,
+        });
+        let pcap = tap::PcapWriter::create(&path).unwrap();
+        let driver = Driver::new(port, engine, None, Some(pcap)).unwrap();
+        let (qp, _cq, _peer) =
+            qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 14), QpType::Uc);
+        let header = std::fs::metadata(&path).unwrap().len();
+        post_8(&qp, 1);
+        let written = std::fs::metadata(&path).unwrap().len();
+        // The pcap header (24 bytes), then a record (16) of an Ethernet frame.
+        assert!(
+            written > header.max(24) + 16 + 14,
+            "{written} bytes in the file"
+        );
+        drop(driver);
     }
 
     /// A post behind `POSTS_BEHIND` unfinished requests waits in the engine for the
