@@ -795,6 +795,46 @@ fn a_lost_ack_behind_a_multi_packet_message_is_a_loss_not_a_slow_peer() {
     );
 }
 
+/// A WRITE longer than a probe (16 packets) whose last packet is lost: the probe resends the
+/// first four, the responder answers them with an ACK for the fifteenth, past all the probe
+/// resent, and the last packet is still missing. That ACK shows the originals up to it got
+/// through, not that the rest is on its way; only progress past it without a resend would.
+/// Counted needless there, each such tail doubled the early-resend delay, until the ACK
+/// timeout ended every one.
+#[test]
+fn a_lost_tail_behind_more_than_a_probe_is_a_loss_not_a_slow_peer() {
+    let mut f = Fabric::new(2, 39);
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let len = 16 * 1024;
+    let src = f.region(0, len, Access::LOCAL, 0);
+    let dst = f.region(1, len, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(len, 13));
+    let write = |f: &mut Fabric, id: u64| {
+        let wr = SendWr::new(id, SendOp::Write(remote(&dst, 0)), sge(&src, 0, len as u32));
+        post_and_complete(f, qa, wr);
+    };
+    write(&mut f, 0);
+    for id in 1..13 {
+        drop_first(&mut f, 0, Operation::RdmaWriteLast);
+        write(&mut f, id);
+        assert!(f.bytes(1, &dst) == &pattern(len, 13)[..], "bytes differ");
+    }
+    let c = f.nodes[0].engine.counters();
+    assert!(c.early_resends >= 12, "tails not resent early: {c:?}");
+    assert_eq!(
+        c.early_needless, 0,
+        "a lost tail taken for a slow peer: {c:?}"
+    );
+    assert_eq!(
+        c.completer_retry_err, 0,
+        "the ACK timeout ended a stall: {c:?}"
+    );
+}
+
 /// A READ whose response was lost is asked for again early, and that was right. What shows a
 /// READ's early resend needless is a second copy of a response it asked for again, as a
 /// stalled responder sends; copies of later READs' responses (a path that duplicates) say

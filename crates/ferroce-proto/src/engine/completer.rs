@@ -282,16 +282,24 @@ impl Qp {
                     });
                 } else if self.req_psn.precedes(self.comp_psn) {
                     // Answered past what the probe resent, with more of the burst to answer:
-                    // the originals got through, and the stall was a slow peer, not a loss
-                    // (which would have been a retry by now). Carry on from where sending had
-                    // got to rather than resend what is still on its way.
-                    self.early_was_needless(dev);
+                    // the originals up to here got through. The rest may be on its way (a
+                    // slow peer), or its last packets lost (nothing after them drew a NAK).
+                    // Carry on from where sending had got to rather than resend what may
+                    // still come; answers past this one before another resend show it was
+                    // a slow peer, and the next early resend that the stall would need, a loss.
+                    self.early_past = Some(self.comp_psn);
                     self.rewind(self.sent_psn);
                 } else {
                     // Answered through part of what the probe resent: the rest was lost.
                     self.backoff.found_loss();
                 }
             }
+        }
+        if self.early_past.is_some_and(|at| at.precedes(self.comp_psn)) {
+            // Answered past the ambiguous ACK with no resend between: the originals were on
+            // their way.
+            self.early_past = None;
+            self.early_was_needless(dev);
         }
         if self.req_psn.precedes(self.comp_psn) {
             // Acknowledged past what a rewind left to resend: carry on from there.

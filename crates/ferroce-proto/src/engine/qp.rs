@@ -60,6 +60,9 @@ pub(super) struct Qp {
     /// many), which may still have been on their way: a second copy of one of them shows it
     /// was needless. (A copy of another READ's response shows nothing of it.)
     pub(super) early_read_watch: Option<(Psn, u32)>,
+    /// An ACK answered past what the last probe resent, with more of the burst unanswered:
+    /// the resend was needless if answers go past this PSN before another resend.
+    pub(super) early_past: Option<Psn>,
     /// How many early resends in a row have probed from `early_probe`.
     pub(super) early_copies: u32,
     /// A probe was answered by an ACK that covers what it resent and no more, which the
@@ -186,6 +189,7 @@ impl Qp {
             rtt_sample: None,
             early_probe: None,
             early_read_watch: None,
+            early_past: None,
             early_copies: 0,
             early_ack_watch: None,
             backoff: Backoff::default(),

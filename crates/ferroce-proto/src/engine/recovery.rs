@@ -211,6 +211,7 @@ impl Qp {
         self.early_probe = None;
         self.early_read_watch = None;
         self.early_ack_watch = None;
+        self.early_past = None;
         if self.retries_left == 0 {
             dev.counters.retry_exceeded_err += 1;
             self.fail_front(dev, WcStatus::RetryExcErr);
@@ -291,6 +292,8 @@ impl Qp {
     pub(super) fn resend_early(&mut self, dev: &mut DeviceState, now: Instant) {
         self.backoff.resent();
         dev.counters.early_resends += 1;
+        // A stall again after an ACK past the last probe: what was left was lost.
+        self.early_past = None;
         let from = self.comp_psn;
         // Behind a READ: the PSNs from `from` to the READ's end, whose responses it asks for.
         let read = self
