@@ -653,11 +653,25 @@ impl Driver {
         Ok(())
     }
 
-    /// Sends what is held back (ACKs waiting for the application's next packet, held posts,
-    /// and packets the fault injector delays, each when due: it was asked to delay them, not
-    /// to lose them), stops and joins the progress thread, and flushes the capture.
+    /// Sends what is held back (ACKs waiting for the application's next packet, held posts),
+    /// stops and joins the progress thread, sends what the fault injector still delays, each
+    /// when due (it was asked to delay those packets, not to lose them; with the thread gone
+    /// nothing adds to them, so this ends after the longest delay), and flushes the capture.
     /// Idempotent.
     pub(crate) fn stop(&self) {
+        self.transmit_ready(&mut self.lock(), Instant::now(), false);
+        self.stop.store(true, Ordering::SeqCst);
+        self.ring();
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
         loop {
             let mut state = self.lock();
             let now = Instant::now();
@@ -670,18 +684,6 @@ impl Driver {
             };
             drop(state);
             std::thread::sleep(due.saturating_duration_since(now));
-        }
-        self.stop.store(true, Ordering::SeqCst);
-        self.ring();
-        let handle = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(handle) = handle {
-            if handle.thread().id() != std::thread::current().id() {
-                let _ = handle.join();
-            }
         }
         self.wake_all(&self.lock());
     }
