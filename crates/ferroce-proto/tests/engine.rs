@@ -565,27 +565,32 @@ fn timeouts_in_a_row_probe_with_a_few_packets_until_an_ack() {
     assert_eq!(f.nodes[0].engine.counters().completer_retry_err, 2);
 }
 
-/// Two nodes and an RC queue pair from node 0 to node 1 with `timeout` 14 (a 67 ms ACK
-/// timeout, perftest's default), and 8 KiB regions on each end, the source filled with
-/// `pattern(8192, seed)`: the lost-tail tests' setup.
-fn tail_setup(
-    fabric_seed: u64,
-    seed: u8,
-) -> (
+/// A fabric, node 0's queue pair, and a source region on node 0 and a target on node 1.
+type Setup = (
     Fabric,
     Qpn,
     ferroce_proto::memory::RegionInfo,
     ferroce_proto::memory::RegionInfo,
-) {
+);
+
+/// Two nodes and an RC queue pair from node 0 to node 1 with `timeout` 14 (a 67 ms ACK
+/// timeout, perftest's default), and 8 KiB regions on each end, the source filled with
+/// `pattern(8192, seed)`: the lost-tail tests' setup.
+fn tail_setup(fabric_seed: u64, seed: u8) -> Setup {
+    recovery_setup(fabric_seed, seed, 8192)
+}
+
+/// [`tail_setup`] with regions of `len` bytes, the source filled with `pattern(len, seed)`.
+fn recovery_setup(fabric_seed: u64, seed: u8, len: usize) -> Setup {
     let mut f = Fabric::new(2, fabric_seed);
     let opts = ConnectOptions {
         timeout: 14,
         ..ConnectOptions::default()
     };
     let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
-    let src = f.region(0, 8192, Access::LOCAL, 0);
-    let dst = f.region(1, 8192, Access::REMOTE, 0);
-    f.bytes_mut(0, &src).copy_from_slice(&pattern(8192, seed));
+    let src = f.region(0, len, Access::LOCAL, 0);
+    let dst = f.region(1, len, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(len, seed));
     (f, qa, src, dst)
 }
 
@@ -720,14 +725,7 @@ fn a_needless_early_resend_costs_a_probe_not_a_window() {
 /// was needless, so later stalls wait longer and the resends stop, where each stall used to
 /// cost one or more.
 fn stalled_ping_pong_teaches_the_requester_to_wait(len: u32, seed: u64) {
-    let mut f = Fabric::new(2, seed);
-    let opts = ConnectOptions {
-        timeout: 14,
-        ..ConnectOptions::default()
-    };
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
-    let src = f.region(0, len as usize, Access::LOCAL, 0x5a);
-    let dst = f.region(1, len as usize, Access::REMOTE, 0);
+    let (mut f, qa, src, dst) = recovery_setup(seed, 0x5a, len as usize);
     let write = |f: &mut Fabric, id: u64| {
         let wr = SendWr::new(id, SendOp::Write(remote(&dst, 0)), sge(&src, 0, len));
         post_and_complete(f, qa, wr);
@@ -783,12 +781,15 @@ fn a_lost_ack_behind_a_multi_packet_message_is_a_loss_not_a_slow_peer() {
         let wr = SendWr::new(id, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 4096));
         post_and_complete(&mut f, qa, wr);
     }
+    losses_were_resent_early(&f, 5, "lost ACK");
+}
+
+/// Node 0's requester resent at least `losses` losses early (`what` they were), found none
+/// of those resends needless, and never waited out the ACK timeout.
+fn losses_were_resent_early(f: &Fabric, losses: u64, what: &str) {
     let c = f.nodes[0].engine.counters();
-    assert!(c.early_resends >= 5, "lost ACKs not resent early: {c:?}");
-    assert_eq!(
-        c.early_needless, 0,
-        "a lost ACK taken for a slow peer: {c:?}"
-    );
+    assert!(c.early_resends >= losses, "{what}s not resent early: {c:?}");
+    assert_eq!(c.early_needless, 0, "a {what} taken for a slow peer: {c:?}");
     assert_eq!(
         c.completer_retry_err, 0,
         "the ACK timeout ended a stall: {c:?}"
@@ -803,16 +804,8 @@ fn a_lost_ack_behind_a_multi_packet_message_is_a_loss_not_a_slow_peer() {
 /// timeout ended every one.
 #[test]
 fn a_lost_tail_behind_more_than_a_probe_is_a_loss_not_a_slow_peer() {
-    let mut f = Fabric::new(2, 39);
-    let opts = ConnectOptions {
-        timeout: 14,
-        ..ConnectOptions::default()
-    };
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
     let len = 16 * 1024;
-    let src = f.region(0, len, Access::LOCAL, 0);
-    let dst = f.region(1, len, Access::REMOTE, 0);
-    f.bytes_mut(0, &src).copy_from_slice(&pattern(len, 13));
+    let (mut f, qa, src, dst) = recovery_setup(39, 13, len);
     let write = |f: &mut Fabric, id: u64| {
         let wr = SendWr::new(id, SendOp::Write(remote(&dst, 0)), sge(&src, 0, len as u32));
         post_and_complete(f, qa, wr);
@@ -823,16 +816,7 @@ fn a_lost_tail_behind_more_than_a_probe_is_a_loss_not_a_slow_peer() {
         write(&mut f, id);
         assert!(f.bytes(1, &dst) == &pattern(len, 13)[..], "bytes differ");
     }
-    let c = f.nodes[0].engine.counters();
-    assert!(c.early_resends >= 12, "tails not resent early: {c:?}");
-    assert_eq!(
-        c.early_needless, 0,
-        "a lost tail taken for a slow peer: {c:?}"
-    );
-    assert_eq!(
-        c.completer_retry_err, 0,
-        "the ACK timeout ended a stall: {c:?}"
-    );
+    losses_were_resent_early(&f, 12, "lost tail");
 }
 
 /// A READ whose response was lost is asked for again early, and that was right. What shows a
