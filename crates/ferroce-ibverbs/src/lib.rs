@@ -4,6 +4,8 @@
 //! `ferroce0`, port 1, whose soft NIC binds the address in `FERROCE_ADDR` (by default the
 //! address of the interface holding the default route) on UDP port 4791. No kernel module,
 //! no `/dev/infiniband`, no privileges.
+//! `FERROCE_FAULT`, `FERROCE_PCAP` and `FERROCE_STATS` put that NIC under injected loss,
+//! capture its packets and print its counters at close (`settings`).
 //!
 //! Stage 0 of issue 23: the library carries rdma-core v44's whole exported ABI, each symbol
 //! at its version node, so that stock Debian 12 binaries and the provider libraries they
