@@ -337,7 +337,7 @@ assert len(sent_psns) >= 8000, "not every SEND packet of the run"
 assert resent > 0, "no resend under 2 % loss"
 PY
 
-echo "== an unusable FERROCE_FAULT or FERROCE_STATS"
+echo "== an unusable FERROCE_FAULT, FERROCE_STATS or FERROCE_PCAP"
 if out="$(on 127.0.0.84 env FERROCE_FAULT=loss=2 ibv_devinfo 2>&1)"; then
     fail "ibv_devinfo opened the device with FERROCE_FAULT=loss=2"
 fi
@@ -347,5 +347,9 @@ if out="$(on 127.0.0.84 env FERROCE_STATS=yes ibv_devinfo 2>&1)"; then
     fail "ibv_devinfo opened the device with FERROCE_STATS=yes"
 fi
 expect "bad FERROCE_STATS" "$out" 'FERROCE_STATS: "yes" is neither 1'
+if out="$(on 127.0.0.84 env FERROCE_PCAP="$out_dir/no-such-dir/x.pcap" ibv_devinfo 2>&1)"; then
+    fail "ibv_devinfo opened the device with a capture it cannot create"
+fi
+expect "unwritable FERROCE_PCAP" "$out" "cannot write the capture $out_dir/no-such-dir/x.pcap: No such file or directory"
 
 echo "test-dropin: all passed"
