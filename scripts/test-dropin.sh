@@ -304,37 +304,23 @@ pair faults_atomic_bw 127.0.0.79 127.0.0.80 "${faults[@]}" ib_atomic_bw -d ferro
 pair faults_write_lat 127.0.0.82 127.0.0.83 "${faults[@]}" ib_write_lat -d ferroce0 -x 0 -p 18721 -s 8 -n 2000 -- "$row" "$stats"
 pair faults_read_lat 127.0.0.84 127.0.0.85 "${faults[@]}" ib_read_lat -d ferroce0 -x 0 -p 18723 -s 64 -n 2000 -- "client:t_avg\[usec\]" "$row"
 
-# The capture: Ethernet frames of RoCE v2 (UDP 4791) both ways, every one of the client's
-# 8,000 SEND packets (2,000 messages of 4 KiB at MTU 1024) among them, some sent twice (go-back-N
-# and early resends), as Wireshark would show them.
-python3 - "$capture" 127.0.0.72 <<'PY' || fail "the capture FERROCE_PCAP wrote is not what was sent"
-import socket, struct, sys
-data = open(sys.argv[1], "rb").read()
-magic, _, _, _, _, _, linktype = struct.unpack("<IHHiIII", data[:24])
-assert magic == 0xA1B2C3D4 and linktype == 1, f"not an Ethernet pcap: {magic:#x} {linktype}"
-client = socket.inet_aton(sys.argv[2])
-frames, roce, sent_psns, resent = 0, 0, set(), 0
-at = 24
-while at < len(data):
-    _, _, incl, _ = struct.unpack("<IIII", data[at:at + 16])
-    frame = data[at + 16:at + 16 + incl]
-    at += 16 + incl
-    frames += 1
-    ip = frame[14:]
-    udp = ip[(ip[0] & 15) * 4:]
-    sport, dport = struct.unpack(">HH", udp[:4])
-    if 4791 not in (sport, dport):
-        continue
-    roce += 1
-    bth = udp[8:]
-    opcode, psn = bth[0], int.from_bytes(bth[9:12], "big")
-    if ip[12:16] == client and opcode <= 0x05:  # an RC SEND packet of the client's
-        resent += psn in sent_psns
-        sent_psns.add(psn)
-print(f"    capture: {frames} frames, {roce} on UDP 4791, {len(sent_psns)} SEND PSNs, {resent} sent again")
+# The capture, read by `ferroce decode` (each packet parsed and its ICRC checked, as Wireshark
+# would): every frame RoCE v2, every one of the client's 8,000 SEND packets (2,000 messages of
+# 4 KiB at MTU 1024) among them, some sent twice (go-back-N and early resends).
+decoded="$out_dir/faults_send_bw.decoded"
+env -u LD_LIBRARY_PATH "$dir/ferroce" decode --json "$capture" >"$decoded" 2>"$decoded.summary" ||
+    fail "ferroce decode found a packet of the capture that does not parse or has a bad ICRC: $(cat "$decoded.summary")"
+python3 - "$decoded" "$decoded.summary" 127.0.0.72 <<'PY' || fail "the capture FERROCE_PCAP wrote is not what was sent"
+import json, re, sys
+summary = open(sys.argv[2]).read()
+frames, roce = map(int, re.search(r"(\d+) frames, (\d+) RoCE packets", summary).groups())
+sends = [p for p in map(json.loads, open(sys.argv[1]))
+         if p["src"] == sys.argv[3] and p["opcode_name"].startswith("RC_SEND")]
+psns = {p["psn"] for p in sends}
+print(f"    capture: {frames} frames, {roce} RoCE v2, {len(psns)} SEND PSNs, {len(sends) - len(psns)} sent again")
 assert frames > 0 and roce == frames, "frames that are not RoCE v2"
-assert len(sent_psns) >= 8000, "not every SEND packet of the run"
-assert resent > 0, "no resend under 2 % loss"
+assert len(psns) >= 8000, "not every SEND packet of the run"
+assert len(sends) > len(psns), "no resend under 2 % loss"
 PY
 
 echo "== an unusable FERROCE_FAULT, FERROCE_STATS or FERROCE_PCAP"
