@@ -653,13 +653,12 @@ impl Driver {
         Ok(())
     }
 
-    /// Sends what is held back (ACKs waiting for the application's next packet, held posts),
-    /// stops and joins the progress thread, sends what the fault injector still delays, each
-    /// when due (it was asked to delay those packets, not to lose them; with the thread gone
-    /// nothing adds to them, so this ends after the longest delay), and flushes the capture.
-    /// Idempotent.
+    /// Stops and joins the progress thread, then sends what is held back (ACKs waiting for
+    /// the application's next packet, held posts) and what the fault injector still delays,
+    /// each when due (it was asked to delay those packets, not to lose them; with the thread
+    /// gone nothing adds to them, so this ends after the longest delay), and flushes the
+    /// capture. Idempotent.
     pub(crate) fn stop(&self) {
-        self.transmit_ready(&mut self.lock(), Instant::now(), false);
         self.stop.store(true, Ordering::SeqCst);
         self.ring();
         let handle = self
@@ -1217,10 +1216,15 @@ mod tests {
     /// calls are the only looks at its socket, so each can be counted by the packets the
     /// engine received.
     fn driver_alone(ip: Ipv4Addr) -> Arc<Driver> {
-        driver_with_faults(ip, None)
+        driver_with(ip, None, None)
     }
 
-    fn driver_with_faults(ip: Ipv4Addr, faults: Option<tap::Faults>) -> Arc<Driver> {
+    /// [`driver_alone`] with faults injected, or a capture.
+    fn driver_with(
+        ip: Ipv4Addr,
+        faults: Option<tap::Faults>,
+        pcap: Option<tap::PcapWriter>,
+    ) -> Arc<Driver> {
         let options = udp::PortOptions {
             gso: false,
             gro: false,
@@ -1232,7 +1236,7 @@ mod tests {
             seed: 1,
         });
         engine.set_batch_holding(true);
-        Driver::new(port, engine, faults, None).unwrap()
+        Driver::new(port, engine, faults, pcap).unwrap()
     }
 
     /// After an empty look a poll asks for one buffer (what a ping-pong's next message
@@ -1413,7 +1417,7 @@ mod tests {
             seed: 1,
             ..tap::Faults::default()
         };
-        let driver = driver_with_faults(Ipv4Addr::new(127, 0, 14, 11), Some(faults));
+        let driver = driver_with(Ipv4Addr::new(127, 0, 14, 11), Some(faults), None);
         let (qp, _cq, peer) = qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 12), QpType::Uc);
         post_8(&qp, 1);
         // Every packet waits 6 ms in the injector, and no progress thread runs to send it.
@@ -1441,19 +1445,8 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sent.pcap");
-        let ip = Ipv4Addr::new(127, 0, 14, 13);
-        let options = udp::PortOptions {
-            gso: false,
-            gro: false,
-            buffers: 1 << 20,
-        };
-        let port = udp::Port::open(SocketAddr::from((ip, 0)), options).unwrap();
-        let engine = Engine::new(EngineConfig {
-            local_ip: ip.into(),
-            seed: 1,
-        });
         let pcap = tap::PcapWriter::create(&path).unwrap();
-        let driver = Driver::new(port, engine, None, Some(pcap)).unwrap();
+        let driver = driver_with(Ipv4Addr::new(127, 0, 14, 13), None, Some(pcap));
         let (qp, _cq, _peer) =
             qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 14), QpType::Uc);
         let header = std::fs::metadata(&path).unwrap().len();
