@@ -896,6 +896,47 @@ fn an_rnr_wait_starts_no_early_resend() {
     assert_eq!(f.nodes[0].engine.counters().early_resends, 0);
 }
 
+/// A responder that RNR NAKs a SEND then NAKs the SENDs in flight behind it as out of
+/// sequence (rxe and ferroce both do): the requester waits out the RNR timer before it
+/// resends, rather than resending at once on the sequence NAK into the same empty receive
+/// queue.
+#[test]
+fn a_sequence_nak_behind_an_rnr_nak_waits_for_the_rnr_timer() {
+    let mut f = Fabric::new(2, 25);
+    let opts = ConnectOptions {
+        min_rnr_timer: RnrTimer::new(14).unwrap(),
+        ..ConnectOptions::default()
+    };
+    let (qa, qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let src = f.region(0, 64, Access::LOCAL, 0x42);
+    let dst = f.region(1, 256, Access::LOCAL, 0);
+    for id in 1..=4 {
+        f.nodes[0]
+            .engine
+            .post_send(qa, SendWr::new(id, SendOp::Send, sge(&src, 0, 64)))
+            .unwrap();
+    }
+    // Timer code 14 is 1.28 ms: nothing may be resent before it runs out.
+    assert!(!f.run_for(Duration::from_millis(1)));
+    let (a, b) = (f.nodes[0].engine.counters(), f.nodes[1].engine.counters());
+    assert_eq!(b.send_rnr_err, 1, "{b:?}");
+    assert!(
+        a.rcvd_seq_err >= 1,
+        "no sequence NAK behind the RNR NAK: {a:?}"
+    );
+    assert_eq!(
+        a.completer_retry_err, 0,
+        "resent inside the RNR wait: {a:?}"
+    );
+    for i in 0..4 {
+        f.post_recv(1, qb, 10 + i, &dst, i * 64, 64);
+    }
+    f.run();
+    let done = f.completions(0);
+    assert_eq!(done.len(), 4);
+    assert!(done.iter().all(|c| c.status == WcStatus::Success));
+}
+
 #[test]
 fn lost_packet_gets_a_sequence_nak_and_go_back_n() {
     let mut f = Fabric::new(2, 9);

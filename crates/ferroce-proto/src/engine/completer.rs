@@ -149,6 +149,9 @@ impl Qp {
                             self.rnr_left -= 1;
                         }
                         self.rewind(psn);
+                        // A receiver out of receives takes fewer requests at once: what was
+                        // in flight behind this one met the same empty queue.
+                        self.window.narrow();
                         self.timers.rnr_wait = Some(now + timer.duration());
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
@@ -158,7 +161,13 @@ impl Qp {
                         // a second, from `psn`, would skip the unanswered request and spend
                         // two of the retry count on one loss.
                         let implied = self.ack_before(dev, psn);
+                        // A NAK of what was in flight behind a request the peer RNR NAKed
+                        // names that request again: the resend after the RNR timer answers
+                        // both. Resending now would meet the same empty receive queue, and
+                        // take a retry and a narrower window for what is no loss.
+                        let rnr_waiting = self.timers.rnr_wait.is_some() && psn == self.req_psn;
                         if implied == Implied::Nothing
+                            && !rnr_waiting
                             && (self.state == QpState::Rts || self.state == QpState::Sqd)
                         {
                             self.retry(dev, psn, RetryCause::Signal);
