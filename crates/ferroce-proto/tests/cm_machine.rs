@@ -657,6 +657,27 @@ fn a_side_that_answered_a_dreq_lingers_until_the_peer_cannot_resend_it() {
     }
 }
 
+/// A peer found gone (its process closed its port) is owed nothing more; a DREQ answered
+/// after it was seen is owed still.
+#[test]
+fn a_peer_that_is_gone_is_owed_nothing() {
+    let mut w = Wire::new();
+    w.b.listen(sid()).unwrap();
+    let (active, _) = handshake(&mut w, 0x20);
+    w.a.disconnect(w.now, active).unwrap();
+    w.run_for(Duration::from_millis(1));
+    let owed: Vec<_> = w.b.owed_peers(w.now).collect();
+    assert_eq!(owed.len(), 1);
+    let (peer, until) = owed[0];
+    assert_eq!(Some(until), w.b.linger_until(w.now));
+    // Seen with an older deadline (a DREQ answered since moved it on): still owed.
+    w.b.peer_gone(peer, until - Duration::from_millis(1));
+    assert_eq!(w.b.linger_until(w.now), Some(until));
+    w.b.peer_gone(peer, until);
+    assert_eq!(w.b.linger_until(w.now), None);
+    assert_eq!(w.b.owed_peers(w.now).count(), 0);
+}
+
 #[test]
 fn a_side_that_closed_first_owes_nothing() {
     let mut w = Wire::new();

@@ -1517,9 +1517,12 @@ pub const LINGER: Duration = Duration::from_secs(10);
 /// A peer whose DREQ this NIC answered resends it if the DREP was lost, one interval later
 /// (4 to 6 s for the kernel's rdma_cm), and waits through every retry (about a minute) for
 /// its `RDMA_CM_EVENT_DISCONNECTED` if nobody answers. The kernel's CM outlives the process
-/// that used it; this one lives in the process, so the process waits instead. Returns `true`
-/// when nothing is owed any more (at once, if this NIC closed its connections itself, or
-/// none), `false` when `max` ran out first or the NIC is not a soft one.
+/// that used it; this one lives in the process, so the process waits instead. A peer on this
+/// host whose RoCE port nobody holds any more (a ferroce peer whose process has exited; the
+/// host's UDP table says so, nothing is sent to ask) can resend nothing: the wait for it
+/// ends then. Returns `true` when nothing is owed any more (at once, if this NIC closed its
+/// connections itself, or none), `false` when `max` ran out first or the NIC is not a soft
+/// one.
 pub fn linger(nic: &Nic, max: Duration) -> bool {
     let Some(agent) = running(nic) else {
         return false;
@@ -1527,7 +1530,21 @@ pub fn linger(nic: &Nic, max: Duration) -> bool {
     let end = Instant::now() + max;
     loop {
         let now = Instant::now();
-        let Some(until) = lock(&agent.shared.routes).machine.linger_until(now) else {
+        let owed: Vec<_> = lock(&agent.shared.routes).machine.owed_peers(now).collect();
+        // The table is read out of the lock: the agent goes on answering meanwhile.
+        let gone: Vec<_> = owed
+            .into_iter()
+            .filter(|&(peer, _)| {
+                crate::udp::table::held_here(SocketAddr::new(peer, ROCE_PORT)) == Some(false)
+            })
+            .collect();
+        let mut routes = lock(&agent.shared.routes);
+        for (peer, until) in gone {
+            routes.machine.peer_gone(peer, until);
+        }
+        let until = routes.machine.linger_until(now);
+        drop(routes);
+        let Some(until) = until else {
             return true;
         };
         if now >= end {

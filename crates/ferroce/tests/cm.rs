@@ -490,3 +490,42 @@ fn a_dreq_nobody_answers_still_disconnects_and_leaves_nothing_behind() {
     assert_eq!(cm::connections(&b), Some(0));
     assert_eq!(b.census().unwrap(), before);
 }
+
+/// A side that answered its peer's DREQ lingers while the peer may still resend it (its NIC
+/// is open: `linger` runs out first), and stops owing it once the peer's NIC has closed its
+/// port: the peer can resend nothing then, and `linger` returns well before the five-second
+/// interval it would otherwise wait out.
+#[test]
+fn a_peer_whose_nic_closed_is_not_waited_for() {
+    let (a, b) = (nic(114), nic(115));
+    let listener = Listener::bind(&b, 7174).unwrap();
+    let cq_b = Cq::new(&b, 16).unwrap();
+    let qp_b = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
+    {
+        let cq_a = Cq::new(&a, 16).unwrap();
+        let qp_a = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
+        let (client, server) = std::thread::scope(|s| {
+            let server = s.spawn(|| {
+                let request = listener.get_request(10 * SECOND).unwrap();
+                let conn = request.accept(&qp_b, &ConnParam::default()).unwrap();
+                conn.wait_established(10 * SECOND).unwrap();
+                conn
+            });
+            let client =
+                Connection::connect(&a, &qp_a, ip(115), 7174, &ConnParam::default()).unwrap();
+            (client, server.join().unwrap())
+        });
+        client.disconnect(10 * SECOND).unwrap();
+        server.wait_disconnected(10 * SECOND).unwrap();
+        assert!(
+            !cm::linger(&b, Duration::from_millis(300)),
+            "nothing owed to a peer that may resend its DREQ"
+        );
+        drop((client, server, qp_a, cq_a));
+    }
+    drop(a);
+    assert!(
+        cm::linger(&b, 3 * SECOND),
+        "still owing a peer that is gone"
+    );
+}

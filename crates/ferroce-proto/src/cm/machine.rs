@@ -366,8 +366,9 @@ pub struct CmEndpoint {
     outbox: VecDeque<(IpAddr, [u8; MAD_LEN])>,
     events: VecDeque<CmEvent>,
     counters: CmCounters,
-    /// See [`CmEndpoint::linger_until`].
-    owes_until: Option<Instant>,
+    /// Each peer whose DREQ we answered, and until when it may resend it
+    /// ([`CmEndpoint::linger_until`]).
+    owes: HashMap<IpAddr, Instant>,
 }
 
 impl CmEndpoint {
@@ -390,7 +391,7 @@ impl CmEndpoint {
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             counters: CmCounters::default(),
-            owes_until: None,
+            owes: HashMap::new(),
         }
     }
 
@@ -728,9 +729,11 @@ impl CmEndpoint {
     /// someone must be here to answer until then, with a quarter of an interval to spare for
     /// a slow peer (the lab's emulated kernels resent 6 % late). A DREQ is answered in
     /// timewait and after it alike.
-    fn owe_drep(&mut self, now: Instant, peer_interval: Duration) {
+    fn owe_drep(&mut self, now: Instant, peer: IpAddr, peer_interval: Duration) {
         let until = now + peer_interval + peer_interval / 4;
-        self.owes_until = self.owes_until.max(Some(until));
+        self.owes.retain(|_, t| *t > now);
+        let owed = self.owes.entry(peer).or_insert(until);
+        *owed = (*owed).max(until);
     }
 
     /// Until when a peer may still need this endpoint: the last moment one of them could
@@ -742,7 +745,26 @@ impl CmEndpoint {
     /// its `DISCONNECTED` event. A process about to exit keeps answering until then.
     #[must_use]
     pub fn linger_until(&self, now: Instant) -> Option<Instant> {
-        self.owes_until.filter(|t| *t > now)
+        self.owes.values().copied().filter(|t| *t > now).max()
+    }
+
+    /// The peers [`CmEndpoint::linger_until`] waits for, each with until when: those that may
+    /// still resend a DREQ after `now`.
+    pub fn owed_peers(&self, now: Instant) -> impl Iterator<Item = (IpAddr, Instant)> + '_ {
+        self.owes
+            .iter()
+            .filter(move |(_, t)| **t > now)
+            .map(|(peer, t)| (*peer, *t))
+    }
+
+    /// `peer`'s connection manager is gone (the process that ran it closed its port), as
+    /// seen while it was owed until `until` ([`CmEndpoint::owed_peers`]): it resends nothing,
+    /// so nothing is owed to it any more. A DREQ answered since (a later `until`) is owed
+    /// still; one that comes from it later is answered as before, and owed again.
+    pub fn peer_gone(&mut self, peer: IpAddr, until: Instant) {
+        if self.owes.get(&peer) == Some(&until) {
+            self.owes.remove(&peer);
+        }
     }
 
     /// Asks `to` which UD QP serves `service_id` (SIDR_REQ, resent until answered); the
@@ -1118,6 +1140,7 @@ impl CmEndpoint {
             self.send(from, &drep(dreq.remote_comm_id), tid);
             self.owe_drep(
                 now,
+                from,
                 cm_time(PACKET_LIFETIME) * 2 + cm_time(CM_RESPONSE_TIMEOUT),
             );
             return;
@@ -1132,14 +1155,14 @@ impl CmEndpoint {
                 self.send(peer, &drep(id.0), tid);
                 self.events.push_back(CmEvent::Disconnected { id });
                 self.enter_timewait(now, id);
-                self.owe_drep(now, interval);
+                self.owe_drep(now, peer, interval);
             }
             State::TimeWait => {
                 // Our DREP was lost: answer again, and be here for a further resend.
                 self.counters.duplicates += 1;
                 let (peer, interval) = (conn.peer, conn.peer_interval);
                 self.send(peer, &drep(id.0), tid);
-                self.owe_drep(now, interval);
+                self.owe_drep(now, peer, interval);
             }
             State::ReqSent | State::ReqRcvd => self.counters.unexpected += 1,
         }

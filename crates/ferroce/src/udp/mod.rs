@@ -25,6 +25,7 @@
 //! read, and the ICRC covers them.
 
 pub(crate) mod gso;
+pub(crate) mod table;
 pub(crate) mod tap;
 
 use std::io;
