@@ -783,6 +783,7 @@ impl Context {
             ib_port: config.ib_port,
             local: config.nic,
             faults: None,
+            pcap: None,
             listen: config.listen,
             oob: config.oob,
             timeout: config.timeout,

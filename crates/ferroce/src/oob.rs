@@ -9,6 +9,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ferroce_proto::qp::{ModifyError, Mtu, QpCaps, QpType};
@@ -140,6 +141,8 @@ pub(crate) struct RcPlan<'a> {
     pub(crate) local: SocketAddr,
     /// Faults the soft NIC injects on what it sends.
     pub(crate) faults: Option<Faults>,
+    /// Where the soft NIC writes a capture of what it sends and receives.
+    pub(crate) pcap: Option<&'a Path>,
     /// Whether this side listens on `oob` (or dials it).
     pub(crate) listen: bool,
     /// The out-of-band address.
@@ -184,7 +187,13 @@ pub(crate) fn connect_rc<E, T>(
 where
     E: FaceError + From<NicError> + From<ExchangeError> + From<ModifyError>,
 {
-    let nic = Nic::open_for_face(plan.device, plan.ib_port, plan.local, plan.faults)?;
+    let nic = Nic::open_for_face(
+        plan.device,
+        plan.ib_port,
+        plan.local,
+        plan.faults,
+        plan.pcap,
+    )?;
     let mut stream = open(plan.listen, plan.oob, plan.timeout)
         .map_err(|e| e.into_face_error::<E>(plan.listen, plan.timeout))?;
     let ours = plan.mtu.unwrap_or_else(|| nic.active_mtu());

@@ -7,6 +7,7 @@
 //! device's connections are the kernel's rdma_cm's.
 
 use std::net::{SocketAddr, UdpSocket};
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::attr::{DeviceOptions, NicConfig, SOFT_DEVICE};
@@ -95,12 +96,13 @@ impl Nic {
 
     /// The NIC a face's configuration names: `device` (`ferroce0` or a verbs device) with
     /// `addr`, which on a verbs device chooses the RoCE v2 GID (an unspecified address takes
-    /// the first IPv4 one).
+    /// the first IPv4 one); on the soft NIC, with `faults` injected and a capture to `pcap`.
     pub(crate) fn open_for_face(
         device: &str,
         port: u8,
         addr: SocketAddr,
         faults: Option<Faults>,
+        pcap: Option<&Path>,
     ) -> Result<Self, NicError> {
         let options = DeviceOptions {
             port,
@@ -113,6 +115,7 @@ impl Nic {
             &NicConfig {
                 addr,
                 faults,
+                pcap: pcap.map(Path::to_path_buf),
                 ..NicConfig::default()
             },
         )

@@ -54,6 +54,15 @@ pub(crate) struct SessionLatArgs {
     /// that of `--local` when given, else its first IPv4 one.
     #[arg(short = 'd', long = "ib-dev", default_value = "ferroce0")]
     ib_dev: String,
+    /// Write every packet sent and received to this pcap file.
+    #[arg(long = "pcap")]
+    pcap: Option<PathBuf>,
+    /// Inject faults on every packet sent: loss=P,dup=P,reorder=P,corrupt=P,delay=US,seed=N.
+    #[arg(long = "fault")]
+    fault: Option<ferroce::nic::Faults>,
+    /// Print the NIC's counters at exit, as `rdma statistic show` does.
+    #[arg(long = "stats")]
+    stats: bool,
 }
 
 /// The NIC's address: as given; else 127.0.0.1 for the soft NIC, and for a verbs device the
@@ -64,6 +73,34 @@ fn local(a: &SessionLatArgs) -> IpAddr {
     } else {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     })
+}
+
+/// `ConnectInfo` for this side: the device, the MTU, and on the soft NIC the taps asked for.
+fn connect_info(a: &SessionLatArgs, oob: SocketAddr, mtu: Mtu) -> ConnectInfo {
+    let mut info = ConnectInfo::new(local(a), oob)
+        .on_device(&a.ib_dev)
+        .with_mtu(mtu);
+    if let Some(faults) = a.fault {
+        info = info.with_faults(faults);
+    }
+    if let Some(path) = &a.pcap {
+        info = info.with_pcap(path);
+    }
+    info
+}
+
+/// Refuses taps a verbs device cannot honour, once `nic` is open.
+fn taps_fit(a: &SessionLatArgs, nic: Option<&ferroce::Nic>) -> Result<(), String> {
+    nic.map_or(Ok(()), |nic| {
+        crate::refuse_soft_only(nic, a.fault.is_some(), a.pcap.is_some())
+    })
+}
+
+/// The counters line `--stats` prints at exit.
+fn print_stats(a: &SessionLatArgs, nic: Option<&ferroce::Nic>) {
+    if let (true, Some(nic)) = (a.stats, nic) {
+        println!("{}", nic.statistics_line(&a.ib_dev));
+    }
 }
 
 /// Runs the test; the error is the message to print.
@@ -124,15 +161,14 @@ fn server(a: &SessionLatArgs, desc: ChannelDesc, mtu: Mtu) -> Result<(), String>
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
     // perftest's server waits for its client as long as it takes.
-    let info = ConnectInfo::new(local(a), SocketAddr::new(any, a.port))
-        .on_device(&a.ib_dev)
-        .with_mtu(mtu)
+    let info = connect_info(a, SocketAddr::new(any, a.port), mtu)
         .with_timeout(Duration::from_secs(24 * 3600));
     println!();
     println!("************************************");
     println!("* Waiting for client to connect... *");
     println!("************************************");
     let s = Coprocessor::new().connect(&info).map_err(|e| failed(&e))?;
+    taps_fit(a, s.nic())?;
     let (s, mem) = s
         .alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)
         .map_err(|e| failed(&e))?;
@@ -163,6 +199,7 @@ fn server(a: &SessionLatArgs, desc: ChannelDesc, mtu: Mtu) -> Result<(), String>
     println!(" Served {} requests", s.served());
     println!("{RESULT_LINE}");
     s.stop();
+    print_stats(a, s.nic());
     outcome
 }
 
@@ -178,12 +215,11 @@ fn client(
         .ok()
         .and_then(|mut addrs| addrs.next())
         .ok_or_else(|| format!("Couldn't resolve {server}:{}", a.port))?;
-    let info = ConnectInfo::new(local(a), oob)
-        .on_device(&a.ib_dev)
-        .with_mtu(mtu);
+    let info = connect_info(a, oob, mtu);
     let s = Controller::new()
         .connect(&info)
         .map_err(|e| format!("Couldn't connect to {server}:{} ({e})", a.port))?;
+    taps_fit(a, s.nic())?;
     let (s, mem) = s
         .alloc_memory(desc.region_bytes() as usize, MemoryKind::Host)
         .map_err(|e| failed(&e))?;
@@ -214,6 +250,7 @@ fn client(
     let last_rtt = s.last_rtt_ns();
     let last_sample = samples.last().copied().unwrap_or(0);
     s.stop();
+    print_stats(a, s.nic());
     let r = report::lat_report(u64::from(a.size), a.iters, &samples, 2);
     println!("{}", report::lat_line(&r));
     println!("{RESULT_LINE}");

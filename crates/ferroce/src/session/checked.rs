@@ -278,6 +278,7 @@ impl CheckedSession {
             ib_port: info.ib_port,
             local: info.nic,
             faults: info.faults,
+            pcap: info.pcap.as_deref(),
             listen: self.role == Role::Coprocessor,
             oob: info.oob,
             timeout: info.timeout,
@@ -880,6 +881,10 @@ impl CheckedSession {
         if let Some(connection) = &self.connection {
             connection.qp.shutdown();
         }
+    }
+
+    pub(super) fn nic(&self) -> Option<&Nic> {
+        self.connection.as_ref().map(|c| &c.nic)
     }
 
     pub(super) fn last_rtt_ns(&self) -> u64 {

@@ -479,6 +479,15 @@ macro_rules! common_steps {
             pub fn peer_gone(&self) -> Option<String> {
                 self.session.peer_gone()
             }
+
+            /// The NIC the session runs on, once `connect` has opened it (not part of
+            /// Catalyst's API): its counters ([`Nic::counters`](crate::Nic::counters),
+            /// [`Nic::statistics_line`](crate::Nic::statistics_line)) say what the session's
+            /// packets met, resends and NAKs included. `None` before `connect`.
+            #[must_use]
+            pub fn nic(&self) -> Option<&crate::Nic> {
+                self.session.nic()
+            }
         }
 
         impl $ty<Running> {

@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ferroce_proto::qp::{ModifyError, Mtu, PostError, WcStatus};
@@ -122,6 +123,10 @@ pub struct ConnectInfo {
     /// Faults the soft NIC injects on what it sends (none): for testing a session under
     /// loss. Ignored on a verbs device.
     pub faults: Option<crate::Faults>,
+    /// A pcap file the soft NIC writes every packet it sends and receives to (none), as
+    /// [`NicConfig::pcap`](crate::NicConfig::pcap). Ignored on a verbs device (capture its
+    /// interface with tcpdump).
+    pub pcap: Option<PathBuf>,
 }
 
 impl ConnectInfo {
@@ -139,6 +144,7 @@ impl ConnectInfo {
             ack_timeout: 14,
             retry_cnt: 7,
             faults: None,
+            pcap: None,
         }
     }
 
@@ -146,6 +152,13 @@ impl ConnectInfo {
     #[must_use]
     pub fn with_faults(mut self, faults: crate::Faults) -> Self {
         self.faults = Some(faults);
+        self
+    }
+
+    /// The same with the soft NIC's packets captured to the pcap file at `path`.
+    #[must_use]
+    pub fn with_pcap(mut self, path: impl Into<PathBuf>) -> Self {
+        self.pcap = Some(path.into());
         self
     }
 
