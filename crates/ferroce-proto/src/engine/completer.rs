@@ -91,15 +91,17 @@ impl Qp {
         let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
         if !sent || self.sq.is_empty() {
             dev.counters.stale_response += 1;
-            if self
-                .early_read_watch
-                .is_some_and(|(from, len)| psn.in_window(from, len))
-                && packet.opcode().operation() != Operation::Acknowledge
-                && psn.precedes(self.comp_psn)
-            {
+            if let Some(watch) = self.early_read_watch.filter(|w| {
+                psn.in_window(w.from, w.len)
+                    && packet.opcode().operation() != Operation::Acknowledge
+                    && psn.precedes(self.comp_psn)
+            }) {
                 // A second copy of a READ response the early resend asked for again, already
                 // taken: it asked for responses that were on their way.
                 self.early_read_watch = None;
+                if watch.halved == Some(true) {
+                    self.backoff.not_a_loss();
+                }
                 self.early_was_needless(dev);
             }
             if let Some(watch) = &mut self.early_ack_watch {
@@ -268,6 +270,13 @@ impl Qp {
                 }
             }
             _ => dev.counters.opcode_err += 1,
+        }
+        if let Some(watch) = &mut self.early_read_watch {
+            if watch.halved.is_none() && watch.from.precedes(self.comp_psn) {
+                // The first response asked for again is in: taken for a loss, which takes
+                // back a doubling, until a second copy shows the first was on its way.
+                watch.halved = Some(self.backoff.found_loss());
+            }
         }
         if let Some(from) = self.early_probe {
             if self.comp_psn != from || self.state != QpState::Rts {

@@ -89,7 +89,7 @@ mod wqe;
 
 use schedule::Schedule;
 
-use qp::{AckWatch, Qp, Timers};
+use qp::{AckWatch, Qp, ReadWatch, Timers};
 use recovery::*;
 use responder::*;
 pub use responder::{InboundWrite, WriteFilter};

@@ -56,10 +56,8 @@ pub(super) struct Qp {
     /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
     /// until an answer shows whether the stall was a loss.
     pub(super) early_probe: Option<Psn>,
-    /// A READ early resend asked again for the responses of these PSNs (the first and how
-    /// many), which may still have been on their way: a second copy of one of them shows it
-    /// was needless. (A copy of another READ's response shows nothing of it.)
-    pub(super) early_read_watch: Option<(Psn, u32)>,
+    /// What the last READ early resend asked for again, until a copy shows it needless.
+    pub(super) early_read_watch: Option<ReadWatch>,
     /// An ACK answered past what the last probe resent, with more of the burst unanswered:
     /// the resend was needless if answers go past this PSN before another resend.
     pub(super) early_past: Option<Psn>,
@@ -153,6 +151,20 @@ pub(super) struct AckWatch {
     pub(super) more: u32,
     /// Whether taking the probe for a loss shortened the backoff (undone if it was not one).
     pub(super) halved: bool,
+}
+
+/// A READ early resend asked again for the responses of `len` PSNs from `from`, which may
+/// still have been on their way: a second copy of one of them shows it was needless (a copy
+/// of another READ's response shows nothing of it). When the first of them arrives the
+/// resend is taken for a loss, as a probe answered is ([`AckWatch`]), until such a copy says
+/// otherwise.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReadWatch {
+    pub(super) from: Psn,
+    pub(super) len: u32,
+    /// `None` until the first response asked for again arrives; then whether taking the
+    /// resend for a loss shortened the backoff (undone if it was not one).
+    pub(super) halved: Option<bool>,
 }
 
 impl Qp {

@@ -307,7 +307,11 @@ impl Qp {
             1
         };
         self.early_probe = read.is_none().then_some(from);
-        self.early_read_watch = read.map(|len| (from, len));
+        self.early_read_watch = read.map(|len| ReadWatch {
+            from,
+            len,
+            halved: None,
+        });
         self.probing = read.is_none();
         self.retrying_from = Some(from);
         self.rewind(from);
