@@ -536,7 +536,10 @@ pub(crate) fn progress_scheduling(slice: std::time::Duration, nice: Option<i32>)
     own
 }
 
-/// `poll(2)` for readability on `N` descriptors; an interrupted wait reads as a timeout.
+/// `ppoll(2)` for readability on `N` descriptors; an interrupted wait reads as a timeout.
+/// The timeout is kept to the nanosecond (`poll(2)` takes whole milliseconds: a progress
+/// thread due to send a packet in 100 µs, or to resend after an RNR wait of 10 µs, slept a
+/// millisecond).
 pub(crate) fn poll_readable<const N: usize>(
     fds: [RawFd; N],
     timeout: Option<std::time::Duration>,
@@ -546,14 +549,25 @@ pub(crate) fn poll_readable<const N: usize>(
         events: libc::POLLIN,
         revents: 0,
     });
-    let ms = timeout.map_or(-1, |t| {
-        // Round up, so a wait of a few microseconds does not become a busy loop of zero waits.
-        let ms = t.as_nanos().div_ceil(1_000_000);
-        libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+    let timespec = timeout.map(|t| libc::timespec {
+        tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+        // Below 10^9, which an `i32` and so a `c_long` of any width holds.
+        tv_nsec: libc::c_long::from(i32::try_from(t.subsec_nanos()).unwrap_or(999_999_999)),
     });
+    let wait = timespec
+        .as_ref()
+        .map_or(std::ptr::null(), std::ptr::from_ref);
     // SAFETY: `polled` is an array of N pollfds on this stack frame, and N is the count
-    // passed; the kernel writes only their `revents`.
-    let rc = unsafe { libc::poll(polled.as_mut_ptr(), N as libc::nfds_t, ms) };
+    // passed; the kernel writes only their `revents`. `wait` is null (no limit) or points to
+    // `timespec`, which outlives the call; a null signal mask leaves the thread's as it is.
+    let rc = unsafe {
+        libc::ppoll(
+            polled.as_mut_ptr(),
+            N as libc::nfds_t,
+            wait,
+            std::ptr::null(),
+        )
+    };
     if rc < 0 {
         let e = io::Error::last_os_error();
         return if e.kind() == io::ErrorKind::Interrupted {
