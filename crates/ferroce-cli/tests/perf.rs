@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{both_ok, check_row_from, finish, result_rows, run_pair};
+use common::{
+    both_ok, check_row_from, decoded, finish, result_rows, run_pair, stats_counter as counter,
+};
 
 fn perf(test: &str, local: &str, port: u16, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferroce"));
@@ -478,19 +480,6 @@ fn session_lat_recovers_under_faults_with_a_capture() {
         &client_args,
     );
     assert!(server.contains(" Served 300 requests\n"), "{server}");
-    let counter = |out: &str, name: &str| -> u64 {
-        let stats = out
-            .lines()
-            .find(|l| l.starts_with("link ferroce0/1 "))
-            .unwrap_or_else(|| panic!("no --stats line:\n{out}"));
-        let mut words = stats.split_whitespace();
-        words
-            .by_ref()
-            .find(|w| *w == name)
-            .and_then(|_| words.next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {stats}"))
-    };
     for (side, out) in [("controller", &client), ("coprocessor", &server)] {
         let resent = counter(out, "completer_retry_err") + counter(out, "early_resends");
         assert!(
@@ -499,20 +488,7 @@ fn session_lat_recovers_under_faults_with_a_capture() {
         );
         assert_eq!(counter(out, "retry_exceeded_err"), 0, "{out}");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .args(["decode", "--json", pcap.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let records: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let records = decoded(&pcap);
     assert!(records.iter().all(|r| r["icrc"] == "ok"));
     // Each 4 KiB request is four WRITE packets from the controller; a resend sends a PSN again.
     let mut sent: Vec<u64> = records

@@ -8,12 +8,13 @@
 //! printed its "Waiting for client" banner.
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 mod common;
 
-use common::{both_ok, check_row, finish, result_rows, run_pair, start_server as start, Side};
+use common::{
+    both_ok, check_row, decoded, finish, result_rows, run_pair, start_server as start, Side,
+};
 
 /// Starts a server and waits for its banner; returns it and the thread reading its stdout.
 fn start_server(
@@ -158,24 +159,6 @@ fn several_queue_pairs_and_timed_runs_over_rdma_cm() {
     both_ok("send-bw -R -D 1", &server, &client);
     assert_eq!(result_rows(&client.out).len(), 1, "{}", client.out);
     assert_eq!(result_rows(&server.out).len(), 1, "{}", server.out);
-}
-
-/// A decoded packet of a capture: its fields as `ferroce decode --json` gives them.
-fn decoded(pcap: &Path) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .args(["decode", "--json"])
-        .arg(pcap)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// The client's capture of read-bw -R: the control connection (REQ asking no READs),

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{both_ok, check_row, result_rows, run_pair, Side};
+use common::{both_ok, check_row, result_rows, run_pair, stats_counter as counter, Side};
 
 fn perf(test: &str, local: &str, port: u16, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferroce"));
@@ -36,18 +36,6 @@ fn pair(
         perf(test, cli_ip, port, &client_args),
         test,
     )
-}
-
-/// A counter of the `--stats` line (the last line of the output).
-fn counter(text: &str, name: &str) -> u64 {
-    let stats = text.lines().last().unwrap_or("");
-    assert!(stats.starts_with("link ferroce0/1 "), "{text}");
-    let fields: Vec<&str> = stats.split_whitespace().collect();
-    let at = fields
-        .iter()
-        .position(|&f| f == name)
-        .unwrap_or_else(|| panic!("no {name} in {stats}"));
-    fields[at + 1].parse().unwrap()
 }
 
 fn header_says(text: &str, connection: &str, srq: &str) {

@@ -1,10 +1,12 @@
 //! What the perf tests of two processes share: waiting for a side with a time limit and
 //! collecting what it printed, starting a server and waiting for its banner, running a client
-//! against it, and reading and checking the result table.
+//! against it, reading and checking the result table, a counter of the `--stats` line, and a
+//! capture read back by `ferroce decode --json`.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -142,4 +144,36 @@ pub fn check_row_from(text: &str, size: u64, iters: u64, columns: usize, positiv
 /// which may be 0 (the SEND server, as perftest's, reports none).
 pub fn check_row(text: &str, size: u64, iters: u64, columns: usize) {
     check_row_from(text, size, iters, columns, usize::from(columns == 5));
+}
+
+/// Counter `name` of the `--stats` line in a tool's output (`link ferroce0/1 name value …`).
+pub fn stats_counter(text: &str, name: &str) -> u64 {
+    let stats = text
+        .lines()
+        .find(|l| l.starts_with("link ferroce0/1 "))
+        .unwrap_or_else(|| panic!("no --stats line in:\n{text}"));
+    stats
+        .split_whitespace()
+        .skip_while(|w| *w != name)
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {stats}"))
+}
+
+/// The packets of a capture, each as `ferroce decode --json` gives its fields.
+pub fn decoded(pcap: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(["decode", "--json"])
+        .arg(pcap)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
