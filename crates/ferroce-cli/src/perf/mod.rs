@@ -543,7 +543,7 @@ impl Settings {
 /// The byte at offset `at` of a buffer both sides agree on, so that each can check what
 /// the other sent without being told.
 fn pattern_byte(at: u64) -> u8 {
-    ((at % PERIOD as u64) as u8) ^ 0x5a
+    PERIODS[(at % PERIOD as u64) as usize]
 }
 
 /// The pattern's period: a prime, so that no power-of-two stride lines it up with itself.
@@ -1181,6 +1181,10 @@ mod tests {
     /// any phase and length, and the first of two flipped bytes wherever they are.
     #[test]
     fn mismatch_finds_the_first_wrong_byte() {
+        // The pattern both sides write and check, older builds included.
+        for at in 0..2000u64 {
+            assert_eq!(pattern_byte(at), ((at % 251) as u8) ^ 0x5a, "byte {at}");
+        }
         for start in [0u64, 1, 250, 251, 1000, 4093] {
             for len in [
                 0usize,
