@@ -29,6 +29,28 @@ fn nic(host: u8) -> Nic {
     .expect("open a soft NIC on loopback")
 }
 
+/// Connects `qp_a` on `a` to `to`'s `listener` on `port`, which accepts with `qp_b`, default
+/// parameters both ways: the client's and the server's connections, established.
+fn connected(
+    a: &Nic,
+    qp_a: &Qp,
+    listener: &Listener,
+    qp_b: &Qp,
+    to: IpAddr,
+    port: u16,
+) -> (Connection, Connection) {
+    std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let request = listener.get_request(10 * SECOND).unwrap();
+            let conn = request.accept(qp_b, &ConnParam::default()).unwrap();
+            conn.wait_established(10 * SECOND).unwrap();
+            conn
+        });
+        let client = Connection::connect(a, qp_a, to, port, &ConnParam::default()).unwrap();
+        (client, server.join().unwrap())
+    })
+}
+
 fn region(nic: &Nic, bytes: Vec<u8>) -> Region {
     Region::register(
         nic,
@@ -466,16 +488,7 @@ fn a_dreq_nobody_answers_still_disconnects_and_leaves_nothing_behind() {
         let qp_a = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
         let qp_b = Qp::new(&b, QpType::Rc, &cq_b, &cq_b, QpCaps::default()).unwrap();
         let listener = Listener::bind(&b, 7179).unwrap();
-        let (conn_a, conn_b) = std::thread::scope(|s| {
-            let server = s.spawn(|| {
-                let request = listener.get_request(10 * SECOND).unwrap();
-                let conn = request.accept(&qp_b, &ConnParam::default()).unwrap();
-                conn.wait_established(10 * SECOND).unwrap();
-                conn
-            });
-            let conn = Connection::connect(&a, &qp_a, ip(113), 7179, &ConnParam::default());
-            (conn.unwrap(), server.join().unwrap())
-        });
+        let (conn_a, conn_b) = connected(&a, &qp_a, &listener, &qp_b, ip(113), 7179);
         a.close();
         assert!(matches!(
             conn_b.disconnect(SECOND),
@@ -504,17 +517,7 @@ fn a_peer_whose_nic_closed_is_not_waited_for() {
     {
         let cq_a = Cq::new(&a, 16).unwrap();
         let qp_a = Qp::new(&a, QpType::Rc, &cq_a, &cq_a, QpCaps::default()).unwrap();
-        let (client, server) = std::thread::scope(|s| {
-            let server = s.spawn(|| {
-                let request = listener.get_request(10 * SECOND).unwrap();
-                let conn = request.accept(&qp_b, &ConnParam::default()).unwrap();
-                conn.wait_established(10 * SECOND).unwrap();
-                conn
-            });
-            let client =
-                Connection::connect(&a, &qp_a, ip(115), 7174, &ConnParam::default()).unwrap();
-            (client, server.join().unwrap())
-        });
+        let (client, server) = connected(&a, &qp_a, &listener, &qp_b, ip(115), 7174);
         client.disconnect(10 * SECOND).unwrap();
         server.wait_disconnected(10 * SECOND).unwrap();
         assert!(
