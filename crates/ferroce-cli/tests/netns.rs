@@ -7,6 +7,9 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+mod common;
+use common::stats_counter as counter;
+
 /// Two namespaces and a veth pair, removed on drop whatever happens.
 struct Link {
     a: String,
@@ -167,16 +170,6 @@ fn pingpong_across_namespaces() {
             assert!(counter(out, "udp_gro_buffers") >= 300, "{out}");
         }
     }
-}
-
-/// The value of counter `name` in a tool's `--stats` line.
-fn counter(stats: &str, name: &str) -> u64 {
-    stats
-        .split_whitespace()
-        .skip_while(|w| *w != name)
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{name} in --stats: {stats}"))
 }
 
 /// UDP GSO across a real link, under loss: WRITEs leave as GSO trains, which veth keeps whole

@@ -6,6 +6,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod common;
+use common::stats_counter as counter;
+
 fn tool(name: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferroce"));
     cmd.arg(name)
@@ -48,16 +51,6 @@ fn run_pair(name: &str, server: u8, client: u8, args: &[&str]) -> (String, Strin
     assert!(client.status.success(), "client: {client_text}");
     assert!(server.status.success(), "server: {server_text}");
     (server_text, client_text)
-}
-
-fn counter(stats: &str, name: &str) -> u64 {
-    let mut words = stats.split_whitespace();
-    while let Some(word) = words.next() {
-        if word == name {
-            return words.next().unwrap().parse().unwrap();
-        }
-    }
-    panic!("no counter {name} in {stats}");
 }
 
 fn check_results(text: &str, bytes: u64, iters: u64) {

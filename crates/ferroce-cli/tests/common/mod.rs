@@ -1,4 +1,4 @@
-//! What the perf tests of two processes share: waiting for a side with a time limit and
+//! What the CLI tests of two processes share: waiting for a side with a time limit and
 //! collecting what it printed, starting a server and waiting for its banner, running a client
 //! against it, reading and checking the result table, a counter of the `--stats` line, and a
 //! capture read back by `ferroce decode --json`.
