@@ -537,9 +537,10 @@ pub(crate) fn progress_scheduling(slice: std::time::Duration, nice: Option<i32>)
 }
 
 /// `ppoll(2)` for readability on `N` descriptors; an interrupted wait reads as a timeout.
-/// The timeout is kept to the nanosecond (`poll(2)` takes whole milliseconds: a progress
-/// thread due to send a packet in 100 µs, or to resend after an RNR wait of 10 µs, slept a
-/// millisecond).
+/// The timeout is kept to the nanosecond: `poll(2)` takes whole milliseconds, and a progress
+/// thread due to send a packet the fault injector held for 100 µs slept a millisecond
+/// (BENCHMARKS.md, the data path's twenty-fourth step); held posts and short RNR waits
+/// rounded up the same way.
 pub(crate) fn poll_readable<const N: usize>(
     fds: [RawFd; N],
     timeout: Option<std::time::Duration>,
