@@ -230,7 +230,7 @@ fn client(
         .map_err(|e| failed(&e))?;
     header(a, "controller", mtu);
     println!("{}", report::lat_columns(false));
-    let request: Vec<u8> = (0..a.size).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+    let request = super::pattern(u64::from(a.size));
     let mut reply = vec![0u8; a.size as usize];
     let mut samples = Vec::with_capacity(a.iters as usize);
     for i in 0..a.iters {
