@@ -524,6 +524,49 @@ fn early_resends_back_off_and_a_dead_peer_is_still_found_by_the_ack_timeout() {
     assert!(f.elapsed() >= ack_timeout * 4);
 }
 
+/// A peer descheduled on a busy host has the request in its socket, unread: an early resend
+/// would only queue a copy behind it (item 6 of the data path's issue: a resend should follow
+/// a loss, not a descheduled peer). A driver that can see so (a peer on the same host) puts
+/// the early resend off; without that look the same stall draws resends and duplicates.
+#[test]
+fn an_early_resend_is_put_off_while_the_peer_has_not_read_the_request() {
+    for look in [false, true] {
+        let mut f = Fabric::new(2, 31);
+        f.show_unread = look;
+        let opts = ConnectOptions {
+            timeout: 14,
+            ..ConnectOptions::default()
+        };
+        let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+        let src = f.region(0, 64, Access::LOCAL, 0);
+        let dst = f.region(1, 64, Access::REMOTE, 0);
+        f.bytes_mut(0, &src).copy_from_slice(&pattern(64, 7));
+        // Asleep 30 ms: past the first early resends (a sixteenth of the 67 ms ACK timeout,
+        // doubling), short of the ACK timeout.
+        f.nodes[1].asleep_until = Some(f.now + Duration::from_millis(30));
+        post_and_complete(
+            &mut f,
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 64)),
+        );
+        assert!(f.bytes(1, &dst) == &pattern(64, 7)[..], "bytes differ");
+        let (a, b) = (f.nodes[0].engine.counters(), f.nodes[1].engine.counters());
+        assert_eq!(a.completer_retry_err, 0, "{a:?}");
+        if look {
+            assert_eq!(
+                (a.early_resends, b.duplicate_request),
+                (0, 0),
+                "{a:?} {b:?}"
+            );
+            assert!(a.early_put_off >= 1, "{a:?}");
+        } else {
+            assert!(a.early_resends >= 1, "{a:?}");
+            assert_eq!(b.duplicate_request, a.early_resends, "{b:?}");
+            assert_eq!(a.early_put_off, 0, "{a:?}");
+        }
+    }
+}
+
 /// A responder too slow to answer within the ACK timeout (an emulated rxe behind a 128-packet
 /// burst): the first timeout resends the window, a second one in a row resends only the
 /// oldest four packets, each asking for an ACK, and the ACK they draw (for PSNs sent before the

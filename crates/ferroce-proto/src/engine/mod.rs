@@ -1303,6 +1303,21 @@ impl Engine {
     /// Runs the timers that are due at `now`: retransmission (go-back-N, or retry exhaustion)
     /// and the end of RNR waits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.handle_timeout_with(now, |_| false);
+    }
+
+    /// [`Engine::handle_timeout`], asking `unread` before each early resend whether the peer
+    /// has not yet read what was sent to it. The driver can know this where the engine cannot:
+    /// a peer on the same host whose socket still holds datagrams has been descheduled, not
+    /// lost anything, and a resend would only queue behind the originals. Where `unread` says
+    /// so, the early resend is put off to when the next one would be due (counted in
+    /// `early_put_off`); the ACK timeout runs as ever, so a peer that never reads again is
+    /// still found.
+    pub fn handle_timeout_with(
+        &mut self,
+        now: Instant,
+        mut unread: impl FnMut(SocketAddr) -> bool,
+    ) {
         // Called at every poll of a polling driver: most find nothing due.
         if self.schedule.next_deadline().is_none_or(|t| t > now) {
             return;
@@ -1321,7 +1336,11 @@ impl Engine {
                     && qp.timers.rnr_wait.is_none()
                     && !due_anyway
                 {
-                    qp.resend_early(&mut self.dev, now);
+                    if qp.peer.is_some_and(&mut unread) {
+                        qp.put_off_early(&mut self.dev, now);
+                    } else {
+                        qp.resend_early(&mut self.dev, now);
+                    }
                 }
             }
             let timed_out = Timers::take_due(&mut qp.timers.retransmit, now);

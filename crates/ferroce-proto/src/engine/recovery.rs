@@ -318,6 +318,16 @@ impl Qp {
         self.timers.early = self.early_resend_at(now);
     }
 
+    /// The early resend is due, but the peer has not read what was sent: the timer goes on
+    /// as if the resend had been made (twice the delay to the next), and nothing is sent.
+    /// A peer busy rather than descheduled, which always holds unread datagrams (other QPs'),
+    /// thus costs a real loss no more than the ACK timeout.
+    pub(super) fn put_off_early(&mut self, dev: &mut DeviceState, now: Instant) {
+        dev.counters.early_put_off += 1;
+        self.backoff.resent();
+        self.timers.early = self.early_resend_at(now);
+    }
+
     /// An early resend turned out needless: later ones of this QP wait twice as long.
     pub(super) fn early_was_needless(&mut self, dev: &mut DeviceState) {
         dev.counters.early_needless += 1;

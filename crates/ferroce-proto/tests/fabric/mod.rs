@@ -80,6 +80,11 @@ pub struct Node {
     next_va: u64,
     /// When the node's outgoing link is free again (bandwidth model).
     link_free: Instant,
+    /// Until when the node reads nothing (a process descheduled on a busy host): packets
+    /// that reach it wait, unread, as in its socket's queue.
+    pub asleep_until: Option<Instant>,
+    /// Packets waiting for it to wake.
+    unread: usize,
 }
 
 #[derive(PartialEq, Eq)]
@@ -90,6 +95,8 @@ struct InFlight {
     to: usize,
     src: SocketAddr,
     bytes: Vec<u8>,
+    /// Reached its node while it slept: counted in the node's `unread`.
+    waited: bool,
 }
 
 impl Ord for InFlight {
@@ -115,6 +122,9 @@ pub struct Fabric {
     pub link: LinkConfig,
     pub rng: Rng,
     pub filter: Option<Filter>,
+    /// Whether each node's timers learn which peers have not read what reached them (a
+    /// driver's look at a peer's socket on the same host).
+    pub show_unread: bool,
     in_flight: BinaryHeap<InFlight>,
     seq: u64,
     pub delivered: u64,
@@ -144,6 +154,8 @@ impl Fabric {
                     cq,
                     next_va: 0x10_0000,
                     link_free: start,
+                    asleep_until: None,
+                    unread: 0,
                 }
             })
             .collect();
@@ -154,6 +166,7 @@ impl Fabric {
             link: LinkConfig::default(),
             rng: Rng::new(seed),
             filter: None,
+            show_unread: false,
             in_flight: BinaryHeap::new(),
             seq: 0,
             delivered: 0,
@@ -419,6 +432,7 @@ impl Fabric {
                         to,
                         src,
                         bytes,
+                        waited: false,
                     });
                 }
             }
@@ -449,8 +463,20 @@ impl Fabric {
             }
             self.now = self.now.max(next);
             while self.in_flight.peek().is_some_and(|p| p.at <= self.now) {
-                let p = self.in_flight.pop().unwrap();
+                let mut p = self.in_flight.pop().unwrap();
                 let node = &mut self.nodes[p.to];
+                if let Some(wake) = node.asleep_until.filter(|&t| t > self.now) {
+                    if !p.waited {
+                        p.waited = true;
+                        node.unread += 1;
+                    }
+                    p.at = wake;
+                    self.in_flight.push(p);
+                    continue;
+                }
+                if p.waited {
+                    node.unread -= 1;
+                }
                 let dst = node.ip;
                 node.engine
                     .handle_datagram(self.now, p.src, dst, &p.bytes, &mut node.mem);
@@ -458,8 +484,15 @@ impl Fabric {
                 self.last_delivery = self.now;
                 let _ = p.from;
             }
+            let unread: Vec<(IpAddr, bool)> = self
+                .nodes
+                .iter()
+                .map(|n| (n.ip, self.show_unread && n.unread > 0))
+                .collect();
             for node in &mut self.nodes {
-                node.engine.handle_timeout(self.now);
+                node.engine.handle_timeout_with(self.now, |peer| {
+                    unread.iter().any(|&(ip, u)| u && ip == peer.ip())
+                });
             }
         }
     }
