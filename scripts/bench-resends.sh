@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Early resends on a quiet and on a loaded machine (issue 26, item 6): `ferroce perf write-lat
 # -s 8 -n ITERS --stats` both ways, counting what each side's requester resent early
-# (`early_resends`), what it found needless (`early_needless`) and the duplicates and stale
-# answers the peers saw, beside its latency and sockperf's (UDP ping-pong, both ends
+# (`early_resends`), what it found needless (`early_needless`), what it put off because the peer
+# had not read its socket (`early_put_off`; builds before it print 0) and the duplicates and
+# stale answers the peers saw, beside its latency and sockperf's (UDP ping-pong, both ends
 # busy-polling) in the same minutes. "Loaded" is two CPU-bound shell loops, one per core of a
 # two-core machine, standing in for a cargo build: reproducible where a build is not.
 #
@@ -31,8 +32,9 @@ stop_hogs() {
 trap 'stop_hogs; rm -rf "$work"' EXIT
 
 counter() { grep -o "$1 [0-9]*" "$2" | head -1 | awk '{print $2}'; }
+counter0() { local v; v="$(counter "$1" "$2")"; echo "${v:-0}"; }
 
-# One write-lat pair; prints: p50 p99 early needless dups stale (both sides summed).
+# One write-lat pair; prints: p50 p99 early needless put-off dups stale (both sides summed).
 write_lat() {
     local bin="$1" tag="$2"
     "$bin" perf write-lat --local 127.0.7.40 -s 8 -n "$iters" --stats >"$work/$tag.srv" 2>&1 &
@@ -40,15 +42,16 @@ write_lat() {
     sleep 0.5
     "$bin" perf write-lat --local 127.0.7.41 -s 8 -n "$iters" --stats 127.0.7.40 >"$work/$tag.cli" 2>&1
     wait "$server"
-    local line e=0 n=0 d=0 s=0
+    local line e=0 n=0 o=0 d=0 s=0
     line="$(awk '$1 == 8 && NF >= 9 {print $5, $8}' "$work/$tag.cli")"
     for side in cli srv; do
         e=$((e + $(counter early_resends "$work/$tag.$side")))
         n=$((n + $(counter early_needless "$work/$tag.$side")))
+        o=$((o + $(counter0 early_put_off "$work/$tag.$side")))
         d=$((d + $(counter duplicate_request "$work/$tag.$side")))
         s=$((s + $(counter stale_response "$work/$tag.$side")))
     done
-    echo "$line $e $n $d $s"
+    echo "$line $e $n $o $d $s"
 }
 
 # sockperf's p50 and p99 (half round trips, µs) over 5 s.
@@ -63,8 +66,8 @@ sockperf_lat() {
     echo "$(echo "$out" | awk '/percentile 50.000/ {print $NF}') $(echo "$out" | awk '/percentile 99.000/ {print $NF}')"
 }
 
-echo "| load | build | round | write-lat p50 / p99 µs | sockperf p50 / p99 µs | p99 ratio | early resends | found needless | duplicates | stale answers |"
-echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| load | build | round | write-lat p50 / p99 µs | sockperf p50 / p99 µs | p99 ratio | early resends | found needless | put off | duplicates | stale answers |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for load in ${LOADS:-quiet loaded}; do
     if [[ $load == loaded ]]; then
         for _ in 1 2; do
@@ -75,10 +78,10 @@ for load in ${LOADS:-quiet loaded}; do
     for round in $(seq 1 "$rounds"); do
         for build in "${builds[@]}"; do
             name="${build%%:*}"
-            read -r p50 p99 e n d s <<<"$(write_lat "${build#*:}" "$load-$name-$round")"
+            read -r p50 p99 e n o d s <<<"$(write_lat "${build#*:}" "$load-$name-$round")"
             read -r u50 u99 <<<"$(sockperf_lat)"
             ratio="$(awk -v a="$p99" -v b="$u99" 'BEGIN {printf "%.1f", a / b}')"
-            echo "| $load | $name | $round | $p50 / $p99 | $u50 / $u99 | $ratio | $e | $n | $d | $s |"
+            echo "| $load | $name | $round | $p50 / $p99 | $u50 / $u99 | $ratio | $e | $n | $o | $d | $s |"
         done
     done
     stop_hogs

@@ -1043,6 +1043,115 @@ pub(crate) fn udp_segmentation_offload(name: &str) -> Option<bool> {
     Some(active & (1 << (bit % 32)) != 0)
 }
 
+/// The UDP socket of this network namespace that a datagram from `from` to `to` would reach,
+/// as the kernel's socket diagnostics find it (`NETLINK_SOCK_DIAG`, `udp_diag`'s lookup of
+/// one socket: the receive path's own, a hash lookup, no walk of the table): the bytes
+/// waiting unread in its receive queue, or `None` when no socket would take the datagram.
+/// Needs no privilege. An error where the kernel has no `udp_diag` (a container that cannot
+/// load the module).
+pub(crate) fn udp_receive_queue(
+    from: std::net::SocketAddr,
+    to: std::net::SocketAddr,
+) -> io::Result<Option<u32>> {
+    use std::net::IpAddr;
+    const SOCK_DIAG_BY_FAMILY: u16 = 20;
+    const NLMSG_ERROR: u16 = 2;
+    const HEADER: usize = 16;
+    // struct nlmsghdr, then struct inet_diag_req_v2: family, protocol, extensions, padding,
+    // the states, and the socket's id: the ports, the addresses (16 bytes each), the
+    // interface and the cookie. udp_diag looks the socket up as the receive path would for a
+    // datagram from `src` to `dst`.
+    let mut req = [0u8; HEADER + 56];
+    let family = if to.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let octets = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => {
+            let mut out = [0u8; 16];
+            out[..4].copy_from_slice(&v4.octets());
+            out
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    // The source matters only to a connected socket, which a RoCE port is not.
+    let from_ip = match (from.ip(), to.ip()) {
+        (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)) => from.ip(),
+        (_, IpAddr::V4(_)) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        (_, IpAddr::V6(_)) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    };
+    let len = req.len() as u32;
+    req[0..4].copy_from_slice(&len.to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    req[HEADER] = family as u8;
+    req[HEADER + 1] = libc::IPPROTO_UDP as u8;
+    req[HEADER + 4..HEADER + 8].copy_from_slice(&u32::MAX.to_ne_bytes());
+    let id = HEADER + 8;
+    req[id..id + 2].copy_from_slice(&from.port().to_be_bytes());
+    req[id + 2..id + 4].copy_from_slice(&to.port().to_be_bytes());
+    req[id + 4..id + 20].copy_from_slice(&octets(from_ip));
+    req[id + 20..id + 36].copy_from_slice(&octets(to.ip()));
+    // No cookie (INET_DIAG_NOCOOKIE).
+    req[id + 40..id + 48].fill(0xff);
+
+    // SAFETY: socket() has no memory-safety preconditions; a valid descriptor is owned below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `req` is a live buffer of the length given; an unbound netlink socket sends to
+    // the kernel.
+    let sent = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut answer = [0u8; 512];
+    // SAFETY: `answer` is a live, writable buffer of the length given. The kernel queues its
+    // answer while handling the request, before `send` returns.
+    let got = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            answer.as_mut_ptr().cast(),
+            answer.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let answer = &answer[..got as usize];
+    let word = |at: usize| {
+        answer
+            .get(at..at + 4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short sock_diag answer"))
+    };
+    match answer.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]])) {
+        Some(NLMSG_ERROR) => match -(word(HEADER)? as i32) {
+            libc::ENOENT => Ok(None),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        },
+        // struct inet_diag_msg: family, state, timer, retransmits, the id (48 bytes),
+        // expires, then the receive queue's bytes.
+        Some(SOCK_DIAG_BY_FAMILY) => Ok(Some(word(HEADER + 56)?)),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "unexpected sock_diag answer",
+        )),
+    }
+}
+
 /// One `SIOCETHTOOL` ioctl on device `name` with the command block `data`.
 fn ethtool(fd: RawFd, name: &str, data: &mut [u32]) -> io::Result<()> {
     // SAFETY: an all-zero ifreq (a name of NULs, a null pointer) is a valid value.

@@ -1,71 +1,39 @@
-//! The host's UDP socket table, as the kernel lists it in `/proc/net/udp` and
-//! `/proc/net/udp6` for this network namespace: whether any socket on this host would take a
-//! datagram sent to an address. The connection manager asks it whether a peer on this host is
-//! still there ([`crate::cm::linger`]); it reads the table and sends nothing.
+//! The sockets of this host as the kernel's socket diagnostics show them: whether a socket on
+//! this host would take a datagram sent to an address, and whether it holds datagrams it has
+//! not read. The connection manager asks whether a peer on this host is still there
+//! ([`crate::cm::linger`]); the soft NIC's driver, before an early resend, whether such a peer
+//! has read what it was sent. It asks the kernel (`crate::sys::udp_receive_queue`) and sends
+//! nothing.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
-/// Whether a socket on this host is bound to `addr`, or to its port on the unspecified
-/// address (IPv4's, or IPv6's, which takes IPv4 too unless `IPV6_V6ONLY`). `None` when `addr`
-/// is not an address of this host (its sockets are elsewhere) or the table cannot be read.
+use crate::sys;
+
+/// Whether a socket on this host would take a datagram sent to `addr`: one bound to it, or to
+/// its port on the unspecified address. `None` when `addr` is not an address of this host (its
+/// sockets are elsewhere) or the kernel does not say.
 pub(crate) fn held_here(addr: SocketAddr) -> Option<bool> {
-    // An address of this host is one a socket can be bound to (port 0: no port is taken).
-    UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).ok()?;
-    let mut wanted = vec![addr.ip(), IpAddr::V6(Ipv6Addr::UNSPECIFIED)];
-    match addr.ip() {
-        IpAddr::V4(v4) => {
-            wanted.push(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-            wanted.push(IpAddr::V6(v4.to_ipv6_mapped()));
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                wanted.push(IpAddr::V4(v4));
-                wanted.push(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-            }
-        }
-    }
-    let mut read_any = false;
-    for path in ["/proc/net/udp", "/proc/net/udp6"] {
-        // A host without IPv6 has no udp6 table.
-        let Ok(table) = std::fs::read_to_string(path) else {
-            continue;
-        };
-        read_any = true;
-        if table
-            .lines()
-            .filter_map(local_address)
-            .any(|local| local.port() == addr.port() && wanted.contains(&local.ip()))
-        {
-            return Some(true);
-        }
-    }
-    read_any.then_some(false)
+    Some(receive_queue_here(addr)?.is_some())
 }
 
-/// The local address of one line of the table, `  sl  local_address rem_address …`: the
-/// address in hex as the kernel holds it in memory (each 32-bit word in the host's byte
-/// order), a colon, the port in hex. `None` for the heading or a line it cannot read.
-fn local_address(line: &str) -> Option<SocketAddr> {
-    let field = line.split_whitespace().nth(1)?;
-    let (ip, port) = field.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let word = |i: usize| {
-        ip.get(i * 8..i * 8 + 8)
-            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-            .map(u32::to_ne_bytes)
+/// Whether the socket on this host that would take a datagram sent to `addr` holds datagrams
+/// it has not read: its process is descheduled or behind. `None` as for [`held_here`], and
+/// when no socket would take the datagram.
+pub(crate) fn unread_here(addr: SocketAddr) -> Option<bool> {
+    Some(receive_queue_here(addr)?? > 0)
+}
+
+/// The unread bytes of the socket on this host that would take a datagram sent to `addr`
+/// (`Some(None)`: none would).
+fn receive_queue_here(addr: SocketAddr) -> Option<Option<u32>> {
+    // An address of this host is one a socket can be bound to (port 0: no port is taken).
+    // Without this, a socket on the unspecified address here would answer for another host.
+    UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).ok()?;
+    let from = match addr {
+        SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        SocketAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
     };
-    let ip = match ip.len() {
-        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
-        32 => {
-            let mut octets = [0u8; 16];
-            for (i, chunk) in octets.chunks_mut(4).enumerate() {
-                chunk.copy_from_slice(&word(i)?);
-            }
-            IpAddr::V6(Ipv6Addr::from(octets))
-        }
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, port))
+    sys::udp_receive_queue(from, addr).ok()
 }
 
 #[cfg(test)]
@@ -85,32 +53,50 @@ mod tests {
     }
 
     #[test]
-    fn an_address_of_another_host_is_not_known() {
-        // TEST-NET-1 (RFC 5737) is no address of this host; nothing is sent to it.
-        assert_eq!(held_here("192.0.2.1:4791".parse().unwrap()), None);
+    fn a_socket_on_the_unspecified_address_holds_the_port_of_every_local_one() {
+        let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let port = socket.local_addr().unwrap().port();
+        assert_eq!(
+            held_here(SocketAddr::new("127.0.23.5".parse().unwrap(), port)),
+            Some(true)
+        );
     }
 
     #[test]
-    fn lines_of_the_table_read_as_the_kernel_wrote_them() {
-        let v4 = "  12: 2000007F:12B7 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 0";
-        let want: SocketAddr = "127.0.0.32:4791".parse().unwrap();
-        // The kernel prints the address's 32-bit word as it lies in memory.
-        let raw = u32::from_ne_bytes([127, 0, 0, 32]);
-        let line = v4.replace("2000007F", &format!("{raw:08X}"));
-        assert_eq!(local_address(&line), Some(want));
-        let mapped = Ipv4Addr::new(127, 0, 0, 32).to_ipv6_mapped().octets();
-        let words: String = mapped
-            .chunks(4)
-            .map(|w| format!("{:08X}", u32::from_ne_bytes(w.try_into().unwrap())))
-            .collect();
-        let v6 = format!("   3: {words}:12B7 00000000000000000000000000000000:0000 07 0 0");
-        assert_eq!(
-            local_address(&v6),
-            Some(SocketAddr::new(
-                IpAddr::V6(Ipv4Addr::new(127, 0, 0, 32).to_ipv6_mapped()),
-                4791
-            ))
-        );
-        assert_eq!(local_address("  sl  local_address rem_address   st"), None);
+    fn a_datagram_not_yet_read_shows_in_the_queue() {
+        let socket = UdpSocket::bind("127.0.23.3:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        assert_eq!(unread_here(addr), Some(false));
+        UdpSocket::bind("127.0.23.4:0")
+            .unwrap()
+            .send_to(b"unread", addr)
+            .unwrap();
+        assert_eq!(unread_here(addr), Some(true));
+        let mut buf = [0u8; 16];
+        assert_eq!(socket.recv(&mut buf).unwrap(), 6);
+        assert_eq!(unread_here(addr), Some(false));
+        drop(socket);
+        assert_eq!(unread_here(addr), None);
+    }
+
+    #[test]
+    fn ipv6_sockets_are_found_too() {
+        let Ok(socket) = UdpSocket::bind("[::1]:0") else {
+            eprintln!("no IPv6 loopback on this host: the IPv6 lookup is not checked");
+            return;
+        };
+        let addr = socket.local_addr().unwrap();
+        assert_eq!(held_here(addr), Some(true));
+        UdpSocket::bind("[::1]:0")
+            .unwrap()
+            .send_to(b"unread", addr)
+            .unwrap();
+        assert_eq!(unread_here(addr), Some(true));
+    }
+
+    #[test]
+    fn an_address_of_another_host_is_not_known() {
+        // TEST-NET-1 (RFC 5737) is no address of this host; nothing is sent to it.
+        assert_eq!(held_here("192.0.2.1:4791".parse().unwrap()), None);
     }
 }

@@ -850,11 +850,25 @@ impl Driver {
             sys::RECV_BATCH
         };
         self.drain(state, now, true, first);
-        state.engine.handle_timeout(now);
+        state
+            .engine
+            .handle_timeout_with(now, |peer| self.unread(peer));
         self.transmit_ready(state, now, true);
         // What this thread received may complete another thread's wait (the CM's, say).
         self.wake_waiters(state);
         now
+    }
+
+    /// Whether an early resend to `peer` would only queue behind datagrams not yet read
+    /// ([`Engine::handle_timeout_with`]): this NIC's own socket holds some (the answer may be
+    /// among them: the thread that runs the timers has not taken them yet), or `peer` is a
+    /// socket on this host that holds some (its process is descheduled with the request in
+    /// its queue). Asked only when an early resend is due: one `poll(2)`, and for the peer one
+    /// socket-diagnostics lookup (`udp::table`). A peer on another host reads as `false`, and
+    /// is resent to as before.
+    fn unread(&self, peer: SocketAddr) -> bool {
+        sys::wait_readable(self.port.socket(), Some(Duration::ZERO)).unwrap_or(false)
+            || udp::table::unread_here(peer) == Some(true)
     }
 
     /// `t` in the time base of `poller_until` and `satisfied_at`: nanoseconds
@@ -1042,7 +1056,9 @@ impl Driver {
             let now = Instant::now();
             let (sleep, look) = {
                 let mut state = self.lock();
-                state.engine.handle_timeout(now);
+                state
+                    .engine
+                    .handle_timeout_with(now, |peer| self.unread(peer));
                 self.transmit_ready(&mut state, now, false);
                 self.wake_waiters(&state);
                 // An application polling its CQ receives for itself, and runs the timers;
@@ -1402,6 +1418,68 @@ mod tests {
         use ferroce_proto::qp::{Payload, SendOp, SendWr};
         let wr = SendWr::new(id, SendOp::Send, Payload::Inline(vec![7; 8]));
         qp.post_send(wr).unwrap();
+    }
+
+    /// A peer on this host that has not read its queue is descheduled, not short of a
+    /// packet: the early resend is put off while the request waits there unread, and made
+    /// once the peer has read it and still not answered.
+    #[test]
+    fn an_early_resend_waits_while_the_peer_has_not_read() {
+        use ferroce_proto::qp::QpType;
+
+        let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 15));
+        driver.start(false).unwrap();
+        let (qp, _cq, peer) = qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 16), QpType::Rc);
+        post_8(&qp, 1);
+        let counters = || *driver.lock().engine.counters();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The first early resend is due a sixteenth of the 4.3 s ACK timeout after the post.
+        while counters().early_put_off == 0 {
+            assert!(Instant::now() < deadline, "never put off: {:?}", counters());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(counters().early_resends, 0, "{:?}", counters());
+        // The peer reads the request (and answers nothing): the next one is made.
+        let mut buf = [0; 256];
+        assert!(peer.recv(&mut buf).unwrap() > 12);
+        while counters().early_resends == 0 {
+            assert!(Instant::now() < deadline, "never resent: {:?}", counters());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert!(peer.recv(&mut buf).expect("no resent copy") > 12);
+        driver.stop();
+    }
+
+    /// Datagrams waiting in the NIC's own socket may hold the answer (the thread running the
+    /// timers has not taken them): an early resend due then is put off, and made once the
+    /// socket has been read and still nothing answered.
+    #[test]
+    fn an_early_resend_waits_while_this_nic_has_not_read() {
+        use ferroce_proto::qp::QpType;
+
+        // Not started: no thread reads its socket.
+        let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 17));
+        let (qp, _cq, peer) = qp_facing_nothing(&driver, Ipv4Addr::new(127, 0, 14, 18), QpType::Rc);
+        post_8(&qp, 1);
+        let mut buf = [0; 256];
+        assert!(
+            peer.recv(&mut buf).unwrap() > 12,
+            "the peer read the request"
+        );
+        peer.send_to(b"not yet read", driver.local).unwrap();
+        // Past the first early resend (a sixteenth of the 4.3 s ACK timeout), short of it.
+        let due = Instant::now() + Duration::from_secs(1);
+        let timers = |at| {
+            let mut state = driver.lock();
+            state.engine.handle_timeout_with(at, |p| driver.unread(p));
+            *state.engine.counters()
+        };
+        let c = timers(due);
+        assert_eq!((c.early_put_off, c.early_resends), (1, 0), "{c:?}");
+        assert_eq!(driver.port.socket().recv(&mut buf).unwrap(), 12);
+        let c = timers(due + Duration::from_secs(2));
+        assert_eq!((c.early_put_off, c.early_resends), (1, 1), "{c:?}");
     }
 
     /// What the fault injector delays (reordering, `delay`) still leaves when due if the NIC
