@@ -53,8 +53,9 @@ counters! {
     /// Early resends found needless: the answers that ended the stall covered packets the
     /// resend had not sent again (a slow peer or a lost ACK, not a lost packet).
     early_needless,
-    /// Early resends put off because the driver saw that the peer had not yet read what was
-    /// sent to it (a peer on the same host, descheduled): neither a loss nor a resend.
+    /// Early resends put off because the driver saw datagrams still unread on the way: in
+    /// its own socket (the answer may be among them) or in a peer's on the same host (its
+    /// process descheduled with the request in its queue). Nothing is resent for these.
     early_put_off,
     /// Send work requests completed with an error (rxe).
     send_err,

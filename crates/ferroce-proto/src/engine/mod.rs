@@ -1306,13 +1306,13 @@ impl Engine {
         self.handle_timeout_with(now, |_| false);
     }
 
-    /// [`Engine::handle_timeout`], asking `unread` before each early resend whether the peer
-    /// has not yet read what was sent to it. The driver can know this where the engine cannot:
-    /// a peer on the same host whose socket still holds datagrams has been descheduled, not
-    /// lost anything, and a resend would only queue behind the originals. Where `unread` says
-    /// so, the early resend is put off to when the next one would be due (counted in
-    /// `early_put_off`); the ACK timeout runs as ever, so a peer that never reads again is
-    /// still found.
+    /// [`Engine::handle_timeout`], asking `unread` before each early resend to a peer whether
+    /// datagrams on the way to or from it still wait unread. The driver can know this where
+    /// the engine cannot: its own socket may hold the answer, not yet taken, and a peer on
+    /// the same host whose socket holds datagrams has been descheduled, not lost anything; a
+    /// resend would only queue behind them. Where `unread` says so, the early resend is put
+    /// off to when the next one would be due (counted in `early_put_off`); the ACK timeout
+    /// runs as ever, so a peer that never reads again is still found.
     pub fn handle_timeout_with(
         &mut self,
         now: Instant,
