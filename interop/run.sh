@@ -6,7 +6,8 @@
 # fails. Usage: interop/run.sh [test|bench] [suite.py options]   (default: test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+# Once on PATH only: a PATH that changes between builds reruns PyO3's build script.
+[ -x "$HOME/.cargo/bin/cargo" ] && [[ ":$PATH:" != *":$HOME/.cargo/bin:"* ]] && export PATH="$HOME/.cargo/bin:$PATH"
 
 skip() {
     echo "interop: SKIPPED: $*"
@@ -38,7 +39,8 @@ fi
 mode=${1:-test}
 [ $# -gt 0 ] && shift
 echo "interop: building the ferroce release binary"
-nice -n 19 cargo build --release --locked -p ferroce-cli
+# The workspace, as the other scripts build it: one package alone would relink the binary.
+nice -n 19 cargo build --release --locked --workspace
 export FERROCE_BIN="${CARGO_TARGET_DIR:-target}/release/ferroce"
 FERROCE_BIN=$(realpath "$FERROCE_BIN")
 # The drop-in libibverbs.so.1, which the host's stock ibv_rc_pingpong and ibv_ud_pingpong load

@@ -14,7 +14,8 @@
 # .gpu-check/logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+# Once on PATH only: a PATH that changes between builds reruns PyO3's build script.
+[ -x "$HOME/.cargo/bin/cargo" ] && [[ ":$PATH:" != *":$HOME/.cargo/bin:"* ]] && export PATH="$HOME/.cargo/bin:$PATH"
 dir=.gpu-check
 
 build() {

@@ -252,8 +252,10 @@ pair ud_pingpong 127.0.0.77 127.0.0.78 ibv_ud_pingpong -d ferroce0 -g 0 -p 18677
 pair srq_pingpong 127.0.0.79 127.0.0.80 ibv_srq_pingpong -d ferroce0 -g 0 -p 18679 -- "8192000 bytes in" "1000 iters in"
 
 echo "== ibv_rc_pingpong on the drop-in against ferroce's own pingpong, both roles"
-[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --locked -p ferroce-cli --bin ferroce >&2
+# Once on PATH only: a PATH that changes between builds reruns PyO3's build script.
+[ -x "$HOME/.cargo/bin/cargo" ] && [[ ":$PATH:" != *":$HOME/.cargo/bin:"* ]] && export PATH="$HOME/.cargo/bin:$PATH"
+# The workspace, as scripts/build-dropin.sh builds it (one package alone relinks the binary).
+cargo build --release --locked --workspace >&2
 # ferroce's pingpong runs its own soft NIC (on --local); it must not find the drop-in.
 ferroce_pp=(env -u LD_LIBRARY_PATH "$dir/ferroce" pingpong -d ferroce0 -p 18697)
 stock=(ibv_rc_pingpong -d ferroce0 -g 0 -p 18697)

@@ -38,7 +38,8 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+# Once on PATH only: a PATH that changes between builds reruns PyO3's build script.
+[ -x "$HOME/.cargo/bin/cargo" ] && [[ ":$PATH:" != *":$HOME/.cargo/bin:"* ]] && export PATH="$HOME/.cargo/bin:$PATH"
 target="${CARGO_TARGET_DIR:-$root/target}"
 
 readmes=(README.md crates/ferroce-capi/README.md crates/ferroce-py/README.md interop/README.md)

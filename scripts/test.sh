@@ -3,7 +3,8 @@
 # workspace. TESTING.md explains how the suite is organised.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+# Once on PATH only: a PATH that changes between builds reruns PyO3's build script.
+[ -x "$HOME/.cargo/bin/cargo" ] && [[ ":$PATH:" != *":$HOME/.cargo/bin:"* ]] && export PATH="$HOME/.cargo/bin:$PATH"
 
 # tshark and iproute2 are installed by scripts/bootstrap.sh: the tshark comparison fails rather
 # than skips, and so does the namespace test when run as root (as CI is).
