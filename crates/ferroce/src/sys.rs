@@ -1047,8 +1047,9 @@ pub(crate) fn udp_segmentation_offload(name: &str) -> Option<bool> {
 /// as the kernel's socket diagnostics find it (`NETLINK_SOCK_DIAG`, `udp_diag`'s lookup of
 /// one socket: the receive path's own, a hash lookup, no walk of the table): the bytes
 /// waiting unread in its receive queue, or `None` when no socket would take the datagram.
-/// Needs no privilege. An error where the kernel has no `udp_diag` (a container that cannot
-/// load the module).
+/// Needs no privilege. Where the kernel has no `udp_diag` (a container that cannot load the
+/// module) every lookup answers `None`: a caller that must tell the two apart looks up a
+/// socket it knows is there (`crate::udp::table` does).
 pub(crate) fn udp_receive_queue(
     from: std::net::SocketAddr,
     to: std::net::SocketAddr,
