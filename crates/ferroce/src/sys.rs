@@ -1043,44 +1043,30 @@ pub(crate) fn udp_segmentation_offload(name: &str) -> Option<bool> {
     Some(active & (1 << (bit % 32)) != 0)
 }
 
-/// The UDP socket of this network namespace that a datagram from `from` to `to` would reach,
+/// The UDP socket of this network namespace that a datagram sent to `to` would reach,
 /// as the kernel's socket diagnostics find it (`NETLINK_SOCK_DIAG`, `udp_diag`'s lookup of
 /// one socket: the receive path's own, a hash lookup, no walk of the table): the bytes
 /// waiting unread in its receive queue, or `None` when no socket would take the datagram.
 /// Needs no privilege. Where the kernel has no `udp_diag` (a container that cannot load the
 /// module) every lookup answers `None`: a caller that must tell the two apart looks up a
 /// socket it knows is there (`crate::udp::table` does).
-pub(crate) fn udp_receive_queue(
-    from: std::net::SocketAddr,
-    to: std::net::SocketAddr,
-) -> io::Result<Option<u32>> {
-    use std::net::IpAddr;
+pub(crate) fn udp_receive_queue(to: std::net::SocketAddr) -> io::Result<Option<u32>> {
     const SOCK_DIAG_BY_FAMILY: u16 = 20;
-    const NLMSG_ERROR: u16 = 2;
+    const NLMSG_ERROR: u16 = libc::NLMSG_ERROR as u16;
     const HEADER: usize = 16;
     // struct nlmsghdr, then struct inet_diag_req_v2: family, protocol, extensions, padding,
     // the states, and the socket's id: the ports, the addresses (16 bytes each), the
     // interface and the cookie. udp_diag looks the socket up as the receive path would for a
-    // datagram from `src` to `dst`.
+    // datagram from the id's source to its destination; the source, left zero here, matters
+    // only to a connected socket, which a RoCE port is not.
     let mut req = [0u8; HEADER + 56];
-    let family = if to.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    let octets = |ip: IpAddr| match ip {
-        IpAddr::V4(v4) => {
+    let (family, to_ip) = match to.ip() {
+        std::net::IpAddr::V4(v4) => {
             let mut out = [0u8; 16];
             out[..4].copy_from_slice(&v4.octets());
-            out
+            (libc::AF_INET, out)
         }
-        IpAddr::V6(v6) => v6.octets(),
-    };
-    // The source matters only to a connected socket, which a RoCE port is not.
-    let from_ip = match (from.ip(), to.ip()) {
-        (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)) => from.ip(),
-        (_, IpAddr::V4(_)) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-        (_, IpAddr::V6(_)) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        std::net::IpAddr::V6(v6) => (libc::AF_INET6, v6.octets()),
     };
     let len = req.len() as u32;
     req[0..4].copy_from_slice(&len.to_ne_bytes());
@@ -1091,10 +1077,8 @@ pub(crate) fn udp_receive_queue(
     req[HEADER + 1] = libc::IPPROTO_UDP as u8;
     req[HEADER + 4..HEADER + 8].copy_from_slice(&u32::MAX.to_ne_bytes());
     let id = HEADER + 8;
-    req[id..id + 2].copy_from_slice(&from.port().to_be_bytes());
     req[id + 2..id + 4].copy_from_slice(&to.port().to_be_bytes());
-    req[id + 4..id + 20].copy_from_slice(&octets(from_ip));
-    req[id + 20..id + 36].copy_from_slice(&octets(to.ip()));
+    req[id + 20..id + 36].copy_from_slice(&to_ip);
     // No cookie (INET_DIAG_NOCOOKIE).
     req[id + 40..id + 48].fill(0xff);
 

@@ -484,15 +484,19 @@ impl Fabric {
                 self.last_delivery = self.now;
                 let _ = p.from;
             }
-            let unread: Vec<(IpAddr, bool)> = self
-                .nodes
-                .iter()
-                .map(|n| (n.ip, self.show_unread && n.unread > 0))
-                .collect();
+            // The nodes holding unread packets (none looked up, nothing allocated, unless asked).
+            let unread: Vec<IpAddr> = if self.show_unread {
+                self.nodes
+                    .iter()
+                    .filter(|n| n.unread > 0)
+                    .map(|n| n.ip)
+                    .collect()
+            } else {
+                Vec::new()
+            };
             for node in &mut self.nodes {
-                node.engine.handle_timeout_with(self.now, |peer| {
-                    unread.iter().any(|&(ip, u)| u && ip == peer.ip())
-                });
+                node.engine
+                    .handle_timeout_with(self.now, |peer| unread.contains(&peer.ip()));
             }
         }
     }

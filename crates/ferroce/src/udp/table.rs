@@ -5,7 +5,7 @@
 //! has read what it was sent. It asks the kernel (`crate::sys::udp_receive_queue`) and sends
 //! nothing.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 
 use crate::sys;
 
@@ -29,16 +29,12 @@ fn receive_queue_here(addr: SocketAddr) -> Option<Option<u32>> {
     // An address of this host is one a socket can be bound to (port 0: no port is taken).
     // Without this, a socket on the unspecified address here would answer for another host.
     let probe = UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).ok()?;
-    let from = match addr {
-        SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-        SocketAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
-    };
-    match sys::udp_receive_queue(from, addr).ok()? {
+    match sys::udp_receive_queue(addr).ok()? {
         Some(bytes) => Some(Some(bytes)),
         // A kernel without udp_diag answers every lookup as one for no socket (ENOENT): the
         // answer stands only if the probe just bound is found.
         None => {
-            sys::udp_receive_queue(from, probe.local_addr().ok()?).ok()??;
+            sys::udp_receive_queue(probe.local_addr().ok()?).ok()??;
             Some(None)
         }
     }
