@@ -1447,6 +1447,58 @@ fn hostile_packets_are_dropped_and_counted() {
     let _ = (qb, Syndrome::ACK, NakCode::InvalidRequest);
 }
 
+/// rxe and RoCE NICs give each packet an IP ID of their own, which the ICRC covers and a UDP
+/// socket does not show, and a GRO buffer that begins inside a peer's GSO send numbers its
+/// segments from 0 where their IDs do not: the ID is found from the ICRC (counted), a damaged
+/// packet is still an ICRC error, and only the right packet lands.
+#[test]
+fn a_packet_with_another_ip_id_than_expected_lands_with_its_id_found() {
+    use ferroce_proto::wire::{icrc, IpHeader, Ipv4Header, UdpHeader};
+
+    let mut f = Fabric::new(2, 18);
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 64, Access::LOCAL, 9);
+    let dst = f.region(1, 64, Access::REMOTE, 0);
+    f.nodes[0]
+        .engine
+        .post_send(
+            qa,
+            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 64)),
+        )
+        .unwrap();
+    let mut buf = vec![0u8; ferroce_proto::engine::MAX_PACKET];
+    let now = f.now;
+    let node = &mut f.nodes[0];
+    let t = node.engine.poll_transmit(now, &node.mem, &mut buf).unwrap();
+    let from = std::net::SocketAddr::new(f.nodes[0].ip, t.src_port);
+    let b = &mut f.nodes[1];
+    let (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) = (from.ip(), b.ip) else {
+        panic!("the fabric is IPv4")
+    };
+    // Sealed as rxe would have sent it: IP ID 0x4321.
+    let mut packet = buf[..t.len].to_vec();
+    let ip = IpHeader::V4(Ipv4Header {
+        id: 0x4321,
+        ..Ipv4Header::new(s, d)
+    });
+    let udp = UdpHeader {
+        src_port: from.port(),
+        dst_port: 4791,
+    };
+    icrc::seal(&ip, &udp, &mut packet).unwrap();
+    let mut corrupt = packet.clone();
+    corrupt[40] ^= 1;
+    b.engine
+        .handle_segment(now, from, b.ip, &corrupt, 5, &mut b.mem);
+    assert!(b.mem.bytes(dst.id).unwrap().iter().all(|&x| x == 0));
+    // As segment 5 of a GRO buffer, where 5 is not its ID.
+    b.engine
+        .handle_segment(now, from, b.ip, &packet, 5, &mut b.mem);
+    let c = b.engine.counters();
+    assert_eq!((c.icrc_err, c.icrc_id_recovered), (1, 1));
+    assert_eq!(b.mem.bytes(dst.id).unwrap(), &[9; 64]);
+}
+
 /// No path of ferroce's responder sends NAK code 3, but peers may: a hand-made one ends the
 /// request with a remote operation error, and an RNR NAK or ACK for a PSN never sent is
 /// ignored as stale.
