@@ -5,6 +5,9 @@
     suite.py bench [--only REGEX] [--reps N]   side by side: rxe <-> rxe and ferroce <-> ferroce
     suite.py responder [--reps N]             a guest's responder, rxe's and ferroce's, answering
                                                between two guests; prints the BENCHMARKS table
+    suite.py floor [--reps N] [--offloads]     write latency and bandwidth, rxe <-> rxe and
+                                               ferroce <-> ferroce beside plain UDP between the
+                                               same guests (what any user-space RoCE could reach)
 
 Python 3 standard library only; the lab itself is interop/lab.py. Needs root, QEMU and the
 ferroce release binary (FERROCE_BIN, default target/release/ferroce). interop/run.sh is the
@@ -1034,20 +1037,7 @@ def cmd_bench(args):
     with Lab(guests=("vm1", "vm2"), binary=binary, offloads=args.offloads) as lab:
         outdir = os.path.join(lab.rundir, "runs")
         os.makedirs(outdir)
-        state = {"rxe": True, "mtu": 1500}
-
-        def prepare(impl, mtu):
-            want = 1500 if mtu == 1024 else 9000
-            needs_rxe = impl in ("rxe", "verbs")
-            if needs_rxe != state["rxe"]:
-                for g in lab.guests.values():
-                    g.sh("rxe-up" if needs_rxe else "rxe-down")
-                state["rxe"] = needs_rxe
-                state["mtu"] = None
-            if state["mtu"] != want:
-                set_mtu_plain(lab, want, impl)
-                state["mtu"] = want
-
+        prepare = Guests(lab).prepare
         plans = {impl: [p for p in bench_plan(lab, impl) if re.search(args.only or "", p[0])]
                  for impl in ("rxe", other)}
         for rep in range(args.reps):
@@ -1079,6 +1069,145 @@ def cmd_bench(args):
     failed = [r for rs in results.values() for r in rs if not r["ok"]]
     log(f"bench: {args.reps} repetitions in {time.time() - t0:.0f} s, {len(failed)} failed runs")
     return 1 if failed else 0
+
+
+class Guests:
+    """What the two guests are set up for: rxe loaded or not, and the link MTU a RoCE path
+    MTU needs (1500 for 1024, 9000 for 4096)."""
+
+    def __init__(self, lab):
+        self.lab, self.rxe, self.mtu = lab, True, 1500
+
+    def prepare(self, impl, mtu):
+        want = 1500 if mtu == 1024 else 9000
+        needs_rxe = impl in ("rxe", "verbs")
+        if needs_rxe != self.rxe:
+            for g in self.lab.guests.values():
+                g.sh("rxe-up" if needs_rxe else "rxe-down")
+            self.rxe = needs_rxe
+            self.mtu = None
+        if self.mtu != want:
+            set_mtu_plain(self.lab, want, impl)
+            self.mtu = want
+
+
+# The UDP floor's runs: test, kind, MTU, udp_pair's client arguments, iterations. A 2-byte
+# WRITE is a 36-byte datagram (BTH 12, RETH 16, payload and pad 4, ICRC 4), sent with the ACK
+# of the peer's last one, as the soft NIC sends a turn; a 64 KiB WRITE's middle packets carry
+# the path MTU's payload and 16 bytes (BTH, ICRC).
+FLOOR_ROWS = [
+    ("ib_write_lat-mtu1024", "lat", 1024, "pingpong {c} {s} 36 {n} roce", 1000),
+    ("ib_write_bw-mtu1024", "bw", 1024, "stream {c} {s} 65536 1040 {n} {w}", 400),
+    ("ib_write_bw-mtu4096", "bw", 4096, "stream {c} {s} 65536 4112 {n} {w}", 400),
+]
+UDP_PAIR = "/tmp/udp_pair"
+
+
+def run_udp_pair(lab, name, kind, client_args, outdir, timed, limit=120):
+    """udp_pair's server in vm1 and its client in vm2 (under busybox's time when `timed`);
+    returns a result as run_pair does, with perftest's metric names (t_typical and t_avg, or
+    bw_avg)."""
+    prefix = "time " if timed else ""
+    srv = Running(lab, "vm1", f"{prefix}{UDP_PAIR} serve {GUEST_ADDRS['vm1']}:47920", limit,
+                  os.path.join(outdir, name + ".server.log"))
+    cli = Running(lab, "vm2", f"{prefix}{UDP_PAIR} {client_args}", limit,
+                  os.path.join(outdir, name + ".client.log"))
+    crc = cli.wait(limit + 10)
+    src = srv.wait(15)
+    m = {}
+    r = re.search(r"t_typical ([\d.]+) us, t_avg ([\d.]+) us", cli.out)
+    if r:
+        m.update(t_typical=float(r.group(1)), t_avg=float(r.group(2)))
+    r = re.search(r"([\d.]+) MB/sec", cli.out)
+    if r:
+        m["bw_avg"] = float(r.group(1))
+    ok = crc == 0 and src == 0 and bool(m)
+    log(f"{'PASS' if ok else 'FAIL'} {name}: {cli.out.strip()}")
+    return {"name": name, "kind": kind, "ok": ok, "metrics": m}
+
+
+def cmd_floor(args):
+    """Item 5's rows beside their floor: rxe <-> rxe, ferroce <-> ferroce and udp_pair (plain
+    UDP with GSO and GRO, nothing of RDMA: crates/ferroce/examples/udp_pair.rs) between the same
+    two guests, the order turning each repetition. Where the floor itself is under 1.5 times
+    rxe's bandwidth (or over 1.2 times its latency), no user-space engine over UDP sockets
+    reaches item 5's goal in these guests."""
+    binary = ferroce_binary()
+    pair = os.environ.get("FERROCE_UDP_PAIR",
+                          os.path.join(labmod.REPO, "target", "release", "examples", "udp_pair"))
+    if not os.path.exists(pair):
+        raise LabError(f"no udp_pair at {pair}: cargo build --release -p ferroce --example udp_pair")
+    t0 = time.time()
+    results = []
+    with Lab(guests=("vm1", "vm2"), binary=binary, offloads=args.offloads) as lab:
+        outdir = os.path.join(lab.rundir, "runs")
+        os.makedirs(outdir)
+        shutil.copy2(pair, os.path.join(lab.export, "udp_pair"))
+        for g in lab.guests.values():
+            # run from the guest's memory, not paged in over 9p
+            g.sh(f"cp /ferroce/udp_pair {UDP_PAIR}")
+        guests = Guests(lab)
+        perf = {impl: {p[0]: p for p in bench_plan(lab, impl)} for impl in ("rxe", "ferroce")}
+        for rep in range(args.reps):
+            order = ("rxe", "ferroce", "udp") if rep % 2 == 0 else ("udp", "ferroce", "rxe")
+            for test, kind, mtu, udp_args, n in FLOOR_ROWS:
+                if not re.search(args.only or "", test):
+                    continue
+                for impl in (i for i in order if i in args.impls.split(",")):
+                    name = f"floor-{impl}-{test}-r{rep}"
+                    guests.prepare(impl, mtu)
+                    if impl == "udp":
+                        cargs = udp_args.format(c=f"{GUEST_ADDRS['vm2']}:47921",
+                                                s=f"{GUEST_ADDRS['vm1']}:47920", n=iters(n),
+                                                w=args.window)
+                        r = run_udp_pair(lab, name, kind, cargs, outdir, args.time)
+                    else:
+                        (_, kind, server, client, scmd, ccmd, limit, _, _) = perf[impl][test]
+                        if args.time:
+                            scmd, ccmd = f"time {scmd}", f"time {ccmd}"
+                        r = run_pair(lab, name, kind, server, client, scmd, ccmd, limit, outdir,
+                                     capture=False)
+                    r.update(test=test, impl=impl, mtu=mtu, rep=rep)
+                    if args.time:
+                        for side in ("server", "client"):
+                            with open(os.path.join(outdir, f"{name}.{side}.log"), errors="replace") as f:
+                                r[f"{side}_time"] = guest_times(f.read())
+                        log(f"{name}: server {r['server_time']}, client {r['client_time']}")
+                    results.append(r)
+        write_results(lab.rundir, results, t0, lab.accel, "floor")
+    print(floor_table(results, args.reps))
+    failed = [r for r in results if not r["ok"]]
+    log(f"floor: {args.reps} repetitions in {time.time() - t0:.0f} s, {len(failed)} failed runs")
+    return 1 if failed else 0
+
+
+def floor_table(results, reps):
+    """Medians over the repetitions, and the ratios item 5 judges, for ferroce and for the
+    floor."""
+    def med(impl, test, key):
+        vals = [r["metrics"][key] for r in results
+                if r["impl"] == impl and r["test"] == test and r["ok"] and key in r["metrics"]]
+        return statistics.median(vals) if vals else None
+
+    def ratio(a, b):
+        return b / a if a and b else None
+
+    lines = ["| test | measure | rxe ↔ rxe | ferroce ↔ ferroce | UDP floor | ferroce / rxe "
+             "| floor / rxe | ferroce / floor | goal (ferroce / rxe) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for test, kind, _, _, _ in FLOOR_ROWS:
+        if kind == "lat":
+            measures = [("t_typical", "typical µs", "≤ 1.2"), ("t_avg", "average µs", "≤ 1.2")]
+        else:
+            measures = [("bw_avg", "MB/s", "≥ 1.5")]
+        for key, unit, goal in measures:
+            rxe, fer, udp = (med(i, test, key) for i in ("rxe", "ferroce", "udp"))
+            lines.append(f"| {test} | {unit} | {fmt(rxe)} | {fmt(fer)} | {fmt(udp)} "
+                         f"| {fmt(ratio(rxe, fer), 2)} | {fmt(ratio(rxe, udp), 2)} "
+                         f"| {fmt(ratio(udp, fer), 2)} | {goal} |")
+    lines.append("")
+    lines.append(f"Medians of {reps} repetition(s).")
+    return "\n".join(lines) + "\n"
 
 
 def guest_times(out):
@@ -1284,10 +1413,21 @@ def main():
     r.add_argument("--reps", type=int, default=1)
     r.add_argument("--iters", type=int, default=300)
     sub.add_parser("unreachable")
+    f = sub.add_parser("floor")
+    f.add_argument("--reps", type=int, default=1)
+    f.add_argument("--only", help="run only the rows whose test matches this regex")
+    f.add_argument("--time", action="store_true",
+                   help="run each tool under time, and log its CPU time beside its run time")
+    f.add_argument("--impls", default="rxe,ferroce,udp", help="which of rxe, ferroce, udp to run")
+    f.add_argument("--window", type=int, default=8,
+                   help="udp_pair's 64 KiB messages in flight (default 8: at perftest's 128 the "
+                        "sending guest overran the receiving one, which lost a third of them)")
+    f.add_argument("--offloads", action="store_true",
+                   help="boot the guests with virtio-net's offloads at QEMU's defaults")
     args = ap.parse_args()
     try:
         commands = {"test": cmd_test, "bench": cmd_bench, "responder": cmd_responder,
-                    "unreachable": cmd_unreachable}
+                    "unreachable": cmd_unreachable, "floor": cmd_floor}
         return commands[args.cmd](args)
     except LabError as e:
         print(f"interop: FAILED: {e}", file=sys.stderr)
