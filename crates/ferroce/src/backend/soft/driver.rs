@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 /// The round trip at which the driver's timing of the application and its peer holds as
 /// written ([`POLLER_GRACE`], [`LEAVES_AFTER`], [`POLLER_WATCH_MAX`], [`ANSWERS_WITHIN`],
-/// [`LINGER_MAX`]): they were measured on loopback on the 2-core development host, where a
+/// [`LINGER_MAX`], [`ACK_HOLD`]): they were measured on loopback on the 2-core development host, where a
 /// write-lat round trip takes 12-16 µs. Where the engine's usual round trip (the median of
 /// its recent ones, [`Engine::round_trip`]) is n times this, they are n times as long, up to
 /// [`MAX_TIME_SCALE`]: the application's turn and its peer's answer take longer with it. In a
@@ -133,8 +133,18 @@ const DRY_FOR: Duration = Duration::from_micros(10);
 
 /// How long ACKs wait for the polling application's next packet, to leave with it in one
 /// system call: a fraction of the shortest ACK timeout in use (4.096 µs × 2^timeout; the
-/// tools' default of 14 is 67 ms, and 1 ms is already a short one).
+/// tools' default of 14 is 67 ms, and 1 ms is already a short one). Scaled with the round
+/// trip ([`REFERENCE_ROUND_TRIP`]): in a guest under emulation an application's turn from a
+/// WRITE landing to its reply outlasts 20 µs, and `perf write-lat` sent the ACK alone in 1,250
+/// to 1,620 of 2,000 turns, each a send through the emulated kernel and a datagram more for
+/// the peer to take (BENCHMARKS.md, the data path's twenty-sixth step). Scaled, it stays under a quarter of
+/// the earliest early resend ([`ACK_HOLD_MAX`]): an ACK held while the application does not
+/// answer must reach the peer before its early resend would.
 const ACK_HOLD: Duration = Duration::from_micros(20);
+
+/// The longest an ACK is held however slow the round trip: a quarter of
+/// [`ferroce_proto::engine::MIN_EARLY_RESEND`].
+const ACK_HOLD_MAX: Duration = Duration::from_micros(250);
 
 /// A post to a queue pair that already holds this many unfinished send requests, or that
 /// follows this many posts in a row with no other call into the NIC between them (UC and UD
@@ -452,7 +462,7 @@ impl Driver {
             && acks_due.is_none_or(|due| now < due)
             && link.next_due().is_none_or(|due| now < due)
         {
-            acks_due.get_or_insert(now + ACK_HOLD);
+            acks_due.get_or_insert(now + self.ack_hold());
         } else {
             *acks_due = None;
             if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
@@ -965,6 +975,12 @@ impl Driver {
         self.time_scale.store(scale, Ordering::Relaxed);
     }
 
+    /// How long bare ACKs wait for the application's next packet: [`ACK_HOLD`] on this NIC's
+    /// scale, at most [`ACK_HOLD_MAX`].
+    fn ack_hold(&self) -> Duration {
+        self.scaled(ACK_HOLD).min(ACK_HOLD_MAX)
+    }
+
     /// `base`, one of the timing constants, on this NIC's scale ([`REFERENCE_ROUND_TRIP`]).
     fn scaled(&self, base: Duration) -> Duration {
         base * self.time_scale.load(Ordering::Relaxed)
@@ -1258,6 +1274,22 @@ mod tests {
     /// After an empty look a poll asks for one buffer (what a ping-pong's next message
     /// needs), and the poll after the one the dry mark spares asks for a whole batch again:
     /// datagrams that queued up behind the one buffer are taken by that poll, not one a poll.
+    /// ACKs wait for the application's reply as long as its turn takes on this NIC's scale (a
+    /// guest's turn is tens of times a loopback one), but never near the peer's earliest
+    /// early resend.
+    #[test]
+    fn acks_wait_for_the_reply_on_the_round_trip_s_scale_within_a_cap() {
+        let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 9));
+        let hold_at = |scale: u32| {
+            driver.time_scale.store(scale, Ordering::Relaxed);
+            driver.ack_hold()
+        };
+        assert_eq!(hold_at(1), ACK_HOLD);
+        assert_eq!(hold_at(5), ACK_HOLD * 5);
+        assert_eq!(hold_at(MAX_TIME_SCALE), ACK_HOLD_MAX);
+        assert!(ACK_HOLD_MAX * 4 <= ferroce_proto::engine::MIN_EARLY_RESEND);
+    }
+
     #[test]
     fn a_queue_grown_behind_a_one_buffer_look_is_taken_in_a_batch() {
         let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 1));
