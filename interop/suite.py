@@ -1091,31 +1091,36 @@ class Guests:
             self.mtu = want
 
 
-# The UDP floor's runs: test, kind, MTU, udp_pair's client arguments, iterations. A 2-byte
-# WRITE is a 36-byte datagram (BTH 12, RETH 16, payload and pad 4, ICRC 4), sent with the ACK
-# of the peer's last one, as the soft NIC sends a turn; a 64 KiB WRITE's middle packets carry
-# the path MTU's payload and 16 bytes (BTH, ICRC).
+# The UDP floor's runs: test, kind, MTU, how udp_pair's server waits, its client's arguments,
+# iterations. A 2-byte WRITE is a 36-byte datagram (BTH 12, RETH 16, payload and pad 4, ICRC
+# 4), sent with the ACK of the peer's last one, as the soft NIC sends a turn; a 2-byte READ's
+# request is 32 bytes, and its server sleeps between requests, as ib_read_lat's passive one
+# does (its response is 24 bytes: the echo is the floor's one simplification); a 64 KiB
+# WRITE's middle packets carry the path MTU's payload and 16 bytes (BTH, ICRC).
 FLOOR_ROWS = [
-    ("ib_write_lat-mtu1024", "lat", 1024, "pingpong {c} {s} 36 {n} roce", 1000),
-    ("ib_write_bw-mtu1024", "bw", 1024, "stream {c} {s} 65536 1040 {n} {w}", 400),
-    ("ib_write_bw-mtu4096", "bw", 4096, "stream {c} {s} 65536 4112 {n} {w}", 400),
+    ("ib_write_lat-mtu1024", "lat", 1024, "", "pingpong {c} {s} 36 {n} roce", 1000),
+    ("ib_read_lat-mtu1024", "lat", 1024, "block", "pingpong {c} {s} 32 {n}", 1000),
+    ("ib_write_bw-mtu1024", "bw", 1024, "", "stream {c} {s} 65536 1040 {n} {w}", 400),
+    ("ib_write_bw-mtu4096", "bw", 4096, "", "stream {c} {s} 65536 4112 {n} {w}", 400),
 ]
 UDP_PAIR = "/tmp/udp_pair"
 
 
-def run_udp_pair(lab, name, kind, client_args, outdir, timed, limit=120):
+def run_udp_pair(lab, name, kind, server_args, client_args, outdir, timed, limit=120):
     """udp_pair's server in vm1 and its client in vm2 (under busybox's time when `timed`);
     returns a result as run_pair does, with perftest's metric names (t_typical and t_avg, or
     bw_avg)."""
     prefix = "time " if timed else ""
-    srv = Running(lab, "vm1", f"{prefix}{UDP_PAIR} serve {GUEST_ADDRS['vm1']}:47920", limit,
+    srv = Running(lab, "vm1", f"{prefix}{UDP_PAIR} serve {GUEST_ADDRS['vm1']}:47920 {server_args}", limit,
                   os.path.join(outdir, name + ".server.log"))
     cli = Running(lab, "vm2", f"{prefix}{UDP_PAIR} {client_args}", limit,
                   os.path.join(outdir, name + ".client.log"))
     crc = cli.wait(limit + 10)
     src = srv.wait(15)
     m = {}
-    r = re.search(r"t_typical ([\d.]+) us, t_avg ([\d.]+) us", cli.out)
+    # perftest halves the round trip of its ping-pongs (write, send), not of a READ's
+    whole = re.search(r"round trip typical ([\d.]+) us, average ([\d.]+) us", cli.out)
+    r = whole if "read_lat" in name else re.search(r"t_typical ([\d.]+) us, t_avg ([\d.]+) us", cli.out)
     if r:
         m.update(t_typical=float(r.group(1)), t_avg=float(r.group(2)))
     r = re.search(r"([\d.]+) MB/sec", cli.out)
@@ -1150,7 +1155,7 @@ def cmd_floor(args):
         perf = {impl: {p[0]: p for p in bench_plan(lab, impl)} for impl in ("rxe", "ferroce")}
         for rep in range(args.reps):
             order = ("rxe", "ferroce", "udp") if rep % 2 == 0 else ("udp", "ferroce", "rxe")
-            for test, kind, mtu, udp_args, n in FLOOR_ROWS:
+            for test, kind, mtu, udp_server, udp_args, n in FLOOR_ROWS:
                 if not re.search(args.only or "", test):
                     continue
                 for impl in (i for i in order if i in args.impls.split(",")):
@@ -1160,7 +1165,7 @@ def cmd_floor(args):
                         cargs = udp_args.format(c=f"{GUEST_ADDRS['vm2']}:47921",
                                                 s=f"{GUEST_ADDRS['vm1']}:47920", n=iters(n),
                                                 w=args.window)
-                        r = run_udp_pair(lab, name, kind, cargs, outdir, args.time)
+                        r = run_udp_pair(lab, name, kind, udp_server, cargs, outdir, args.time)
                     else:
                         (_, kind, server, client, scmd, ccmd, limit, _, _) = perf[impl][test]
                         if args.time:
@@ -1195,7 +1200,7 @@ def floor_table(results, reps):
     lines = ["| test | measure | rxe ↔ rxe | ferroce ↔ ferroce | UDP floor | ferroce / rxe "
              "| floor / rxe | ferroce / floor | goal (ferroce / rxe) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for test, kind, _, _, _ in FLOOR_ROWS:
+    for test, kind, _, _, _, _ in FLOOR_ROWS:
         if kind == "lat":
             measures = [("t_typical", "typical µs", "≤ 1.2"), ("t_avg", "average µs", "≤ 1.2")]
         else:

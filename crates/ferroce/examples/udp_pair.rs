@@ -5,13 +5,16 @@
 //! sockets could reach there at best, so item 5's ratios against kernel rxe can be set beside
 //! the floor's.
 //!
-//! - `udp_pair serve LOCAL` answers one run on LOCAL (`ADDR:PORT`): it echoes each ping-pong
-//!   datagram, or takes a stream, acknowledging every message's worth of bytes with their
-//!   running total, and exits when the client says it is done.
+//! - `udp_pair serve LOCAL [block]` answers one run on LOCAL (`ADDR:PORT`): it echoes each
+//!   ping-pong datagram, or takes a stream, acknowledging every message's worth of bytes with
+//!   their running total, and exits when the client says it is done. It spins on
+//!   non-blocking receives, or with `block` sleeps in each receive, as a passive responder's
+//!   thread does (`ib_read_lat`'s server makes no call while its NIC answers).
 //! - `udp_pair pingpong LOCAL PEER SIZE ITERS [roce]`: a ping-pong of SIZE-byte datagrams,
 //!   both ends spinning on non-blocking receives (as `sockperf --nonblocked` and perftest's
 //!   latency tests do); prints the half round trip's typical (median) and average, in µs, as
-//!   perftest's `t_typical` and `t_avg`. With `roce`, each turn is what an RC `ib_write_lat`
+//!   perftest's `t_typical` and `t_avg` for its ping-pongs, then the whole round trip's, as
+//!   perftest's READ and atomic tests report theirs. With `roce`, each turn is what an RC `ib_write_lat`
 //!   turn puts on the wire: the SIZE-byte WRITE and a 20-byte ACK of the peer's last one
 //!   (BTH, AETH, ICRC), as one UDP GSO send, as ferroce's soft NIC sends them.
 //! - `udp_pair stream LOCAL PEER MESSAGE SEGMENT ITERS [WINDOW]`: ITERS messages of MESSAGE
@@ -65,7 +68,15 @@ fn main() {
             .unwrap_or_else(|_| fail(&format!("{what} is not ADDR:PORT")))
     };
     match arg(0, "a mode").as_str() {
-        "serve" => serve(&bind(addr(1, "LOCAL"))),
+        "serve" => {
+            let socket = bind(addr(1, "LOCAL"));
+            match args.get(2).map(String::as_str) {
+                None => {}
+                Some("block") => socket.set_nonblocking(false).expect("blocking"),
+                Some(other) => fail(&format!("a server spins or blocks, not {other}")),
+            }
+            serve(&socket);
+        }
         "pingpong" => pingpong(
             &bind(addr(1, "LOCAL")),
             addr(2, "PEER"),
@@ -90,7 +101,7 @@ fn main() {
 }
 
 fn fail(why: &str) -> ! {
-    eprintln!("udp_pair: {why}\nusage: udp_pair serve LOCAL | pingpong LOCAL PEER SIZE ITERS | stream LOCAL PEER MESSAGE SEGMENT ITERS [WINDOW]");
+    eprintln!("udp_pair: {why}\nusage: udp_pair serve LOCAL [block] | pingpong LOCAL PEER SIZE ITERS [roce] | stream LOCAL PEER MESSAGE SEGMENT ITERS [WINDOW]");
     std::process::exit(2)
 }
 
@@ -102,7 +113,8 @@ fn bind(addr: SocketAddr) -> UdpSocket {
     socket
 }
 
-/// Receives one datagram (or GRO buffer), spinning while none is there.
+/// Receives one datagram (or GRO buffer), spinning while none is there (on a non-blocking
+/// socket; a blocking one sleeps in the call).
 fn receive(socket: &UdpSocket, buf: &mut [u8]) -> (usize, SocketAddr) {
     loop {
         match socket.recv_from(buf) {
@@ -221,11 +233,14 @@ fn pingpong(socket: &UdpSocket, peer: SocketAddr, size: usize, iters: usize, roc
     goodbye(socket, peer);
     let avg = halves.iter().sum::<f64>() / halves.len() as f64;
     halves.sort_by(f64::total_cmp);
+    let typical = halves[halves.len() / 2];
     println!(
-        "udp_pair pingpong: {size} B{}, {} iterations: t_typical {:.2} us, t_avg {avg:.2} us",
+        "udp_pair pingpong: {size} B{}, {} iterations: t_typical {typical:.2} us, t_avg \
+         {avg:.2} us; round trip typical {:.2} us, average {:.2} us",
         if roce { " and a 20 B ACK a turn" } else { "" },
         halves.len(),
-        halves[halves.len() / 2]
+        2.0 * typical,
+        2.0 * avg
     );
 }
 
