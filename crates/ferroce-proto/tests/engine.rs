@@ -1388,11 +1388,15 @@ fn state_transitions_are_checked() {
     let _ = Mtu::M256;
 }
 
-#[test]
-fn hostile_packets_are_dropped_and_counted() {
-    let mut f = Fabric::new(3, 16);
-    let (qa, qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
-    let src = f.region(0, 64, Access::LOCAL, 7);
+/// Node 0 WRITEs 64 bytes of `fill` into a fresh region of node 1 over a new RC connection;
+/// returns that WRITE as it left node 0 (packet and UDP source port), and the target region,
+/// which nothing has reached yet.
+fn a_write_as_it_leaves(
+    f: &mut Fabric,
+    fill: u8,
+) -> (Vec<u8>, u16, ferroce_proto::memory::RegionInfo) {
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
+    let src = f.region(0, 64, Access::LOCAL, fill);
     let dst = f.region(1, 64, Access::REMOTE, 0);
     f.nodes[0]
         .engine
@@ -1401,14 +1405,20 @@ fn hostile_packets_are_dropped_and_counted() {
             SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 64)),
         )
         .unwrap();
-    // Capture the WRITE as it leaves node 0.
     let mut buf = vec![0u8; ferroce_proto::engine::MAX_PACKET];
     let now = f.now;
     let node = &mut f.nodes[0];
     let t = node.engine.poll_transmit(now, &node.mem, &mut buf).unwrap();
-    let packet = buf[..t.len].to_vec();
-    let from_a = std::net::SocketAddr::new(f.nodes[0].ip, t.src_port);
-    let from_c = std::net::SocketAddr::new(f.nodes[2].ip, t.src_port);
+    (buf[..t.len].to_vec(), t.src_port, dst)
+}
+
+#[test]
+fn hostile_packets_are_dropped_and_counted() {
+    let mut f = Fabric::new(3, 16);
+    let (packet, src_port, dst) = a_write_as_it_leaves(&mut f, 7);
+    let now = f.now;
+    let from_a = std::net::SocketAddr::new(f.nodes[0].ip, src_port);
+    let from_c = std::net::SocketAddr::new(f.nodes[2].ip, src_port);
     let b = &mut f.nodes[1];
     let dst_ip = b.ip;
 
@@ -1419,7 +1429,7 @@ fn hostile_packets_are_dropped_and_counted() {
     ferroce_proto::wire::icrc::seal(
         &ip,
         &ferroce_proto::wire::UdpHeader {
-            src_port: t.src_port,
+            src_port,
             dst_port: 4791,
         },
         &mut spoofed,
@@ -1444,7 +1454,7 @@ fn hostile_packets_are_dropped_and_counted() {
     b.engine
         .handle_datagram(now, from_a, dst_ip, &packet, &mut b.mem);
     assert_eq!(b.mem.bytes(dst.id).unwrap(), &[7; 64]);
-    let _ = (qb, Syndrome::ACK, NakCode::InvalidRequest);
+    let _ = (Syndrome::ACK, NakCode::InvalidRequest);
 }
 
 /// rxe and RoCE NICs give each packet an IP ID of their own, which the ICRC covers and a UDP
@@ -1456,27 +1466,14 @@ fn a_packet_with_another_ip_id_than_expected_lands_with_its_id_found() {
     use ferroce_proto::wire::{icrc, IpHeader, Ipv4Header, UdpHeader};
 
     let mut f = Fabric::new(2, 18);
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
-    let src = f.region(0, 64, Access::LOCAL, 9);
-    let dst = f.region(1, 64, Access::REMOTE, 0);
-    f.nodes[0]
-        .engine
-        .post_send(
-            qa,
-            SendWr::new(1, SendOp::Write(remote(&dst, 0)), sge(&src, 0, 64)),
-        )
-        .unwrap();
-    let mut buf = vec![0u8; ferroce_proto::engine::MAX_PACKET];
+    let (mut packet, src_port, dst) = a_write_as_it_leaves(&mut f, 9);
     let now = f.now;
-    let node = &mut f.nodes[0];
-    let t = node.engine.poll_transmit(now, &node.mem, &mut buf).unwrap();
-    let from = std::net::SocketAddr::new(f.nodes[0].ip, t.src_port);
+    let from = std::net::SocketAddr::new(f.nodes[0].ip, src_port);
     let b = &mut f.nodes[1];
     let (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) = (from.ip(), b.ip) else {
         panic!("the fabric is IPv4")
     };
     // Sealed as rxe would have sent it: IP ID 0x4321.
-    let mut packet = buf[..t.len].to_vec();
     let ip = IpHeader::V4(Ipv4Header {
         id: 0x4321,
         ..Ipv4Header::new(s, d)
