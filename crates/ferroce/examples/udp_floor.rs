@@ -99,9 +99,9 @@ fn bind(addr: &str, turn: Turn) -> UdpSocket {
     let socket = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
     socket.set_nonblocking(true).expect("non-blocking");
     if turn == Turn::Gso {
-        sys::set_udp_option(&socket, libc::UDP_SEGMENT, WRITE_LEN as libc::c_int)
+        sockopt::set_udp_option(&socket, libc::UDP_SEGMENT, WRITE_LEN as libc::c_int)
             .expect("UDP_SEGMENT");
-        sys::set_udp_option(&socket, libc::UDP_GRO, 1).expect("UDP_GRO");
+        sockopt::set_udp_option(&socket, libc::UDP_GRO, 1).expect("UDP_GRO");
     }
     socket
 }
@@ -151,35 +151,15 @@ fn send_turn(socket: &UdpSocket, to: SocketAddr, turn: Turn, tag: u8) {
     }
 }
 
-/// The system calls std does not offer.
+/// Socket options std does not offer, shared with `udp_pair`.
+#[path = "common/sockopt.rs"]
+mod sockopt;
+
+/// The system call std does not offer.
 mod sys {
     use std::io;
     use std::net::{SocketAddr, UdpSocket};
     use std::os::fd::AsRawFd;
-
-    /// Sets a `SOL_UDP` option to `value`.
-    pub(crate) fn set_udp_option(
-        socket: &UdpSocket,
-        option: libc::c_int,
-        value: libc::c_int,
-    ) -> io::Result<()> {
-        // SAFETY: `value` is a live c_int and the length passed is its size; the kernel only
-        // reads it.
-        let rc = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_UDP,
-                option,
-                std::ptr::addr_of!(value).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
 
     /// Sends `a` then `b` to `to` (IPv4) in one `sendmmsg`.
     pub(crate) fn send_both(
