@@ -22,7 +22,8 @@
 //!   duplicates);
 //! - its send window narrows by half at each retry and widens again by one packet per window
 //!   acknowledged, so go-back-N on a lossy path resends a few packets per loss rather than up
-//!   to 128;
+//!   to 128; until its first retry it widens past 128 by a packet per two acknowledged, up to
+//!   512, which a slow receiver's path (a guest under emulation) needs to keep moving;
 //! - a stall of a few measured round trips with nothing answered (a lost last packet, ACK or
 //!   sequence NAK) starts an early resend that spends no `retry_cnt`, instead of waiting out
 //!   the ACK timeout (67 ms at perftest's default).
@@ -98,9 +99,15 @@ use srq::Srq;
 pub use srq::{SrqAttr, SrqError};
 use wqe::*;
 
-/// The most packets a requester sends beyond the oldest unacknowledged one (rxe's
-/// `RXE_MAX_UNACKED_PSNS`).
+/// The most packets a requester sends beyond the oldest unacknowledged one once it has lost
+/// one (rxe's `RXE_MAX_UNACKED_PSNS`), and where every queue pair's window starts.
 pub const MAX_UNACKED_PSNS: u32 = 128;
+/// The widest a requester's window grows while nothing has been lost: in the QEMU guests a
+/// window of 128 packets left both ends waiting on each other (`ib_write_bw` 64 KiB, MTU
+/// 1024: 18.6-20.6 MB/s with 128, 25.0-27.6 growing to 512; BENCHMARKS.md, the data path's
+/// twenty-sixth step). A fixed 512 halved the goodput of the loss model's 1 % row, where each
+/// loss costs a window of go-back-N; growing only until the first retry costs it 7 %.
+pub const WIDEST_UNACKED_PSNS: u32 = 512;
 /// After two retransmission timeouts in a row, the requester resends at most this many PSNs,
 /// each asking for an ACK, until an ACK makes progress.
 pub const PROBE_PSNS: u32 = 4;
