@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 /// The round trip at which the driver's timing of the application and its peer holds as
 /// written ([`POLLER_GRACE`], [`LEAVES_AFTER`], [`POLLER_WATCH_MAX`], [`ANSWERS_WITHIN`],
-/// [`LINGER_MAX`], [`ACK_HOLD`]): they were measured on loopback on the 2-core development host, where a
-/// write-lat round trip takes 12-16 µs. Where the engine's usual round trip (the median of
+/// [`LINGER_MAX`], [`ACK_HOLD`]): they were measured on loopback on the 2-core development
+/// host, where a write-lat round trip takes 12-16 µs. Where the engine's usual round trip (the median of
 /// its recent ones, [`Engine::round_trip`]) is n times this, they are n times as long, up to
 /// [`MAX_TIME_SCALE`]: the application's turn and its peer's answer take longer with it. In a
 /// guest under emulation (round trips of 0.6-1 ms) the native timing took every return of a
@@ -137,14 +137,15 @@ const DRY_FOR: Duration = Duration::from_micros(10);
 /// trip ([`REFERENCE_ROUND_TRIP`]): in a guest under emulation an application's turn from a
 /// WRITE landing to its reply outlasts 20 µs, and `perf write-lat` sent the ACK alone in 1,250
 /// to 1,620 of 2,000 turns, each a send through the emulated kernel and a datagram more for
-/// the peer to take (BENCHMARKS.md, the data path's twenty-sixth step). Scaled, it stays under a quarter of
-/// the earliest early resend ([`ACK_HOLD_MAX`]): an ACK held while the application does not
-/// answer must reach the peer before its early resend would.
+/// the peer to take (BENCHMARKS.md, the data path's twenty-sixth step). Scaled, it stays
+/// under a quarter of the earliest early resend ([`ACK_HOLD_MAX`]): an ACK held while the
+/// application does not answer must reach the peer before its early resend would.
 const ACK_HOLD: Duration = Duration::from_micros(20);
 
 /// The longest an ACK is held however slow the round trip: a quarter of
 /// [`ferroce_proto::engine::MIN_EARLY_RESEND`].
-const ACK_HOLD_MAX: Duration = Duration::from_micros(250);
+const ACK_HOLD_MAX: Duration =
+    Duration::from_nanos(ferroce_proto::engine::MIN_EARLY_RESEND.as_nanos() as u64 / 4);
 
 /// A post to a queue pair that already holds this many unfinished send requests, or that
 /// follows this many posts in a row with no other call into the NIC between them (UC and UD
@@ -1271,9 +1272,6 @@ mod tests {
         Driver::new(port, engine, faults, pcap).unwrap()
     }
 
-    /// After an empty look a poll asks for one buffer (what a ping-pong's next message
-    /// needs), and the poll after the one the dry mark spares asks for a whole batch again:
-    /// datagrams that queued up behind the one buffer are taken by that poll, not one a poll.
     /// ACKs wait for the application's reply as long as its turn takes on this NIC's scale (a
     /// guest's turn is tens of times a loopback one), but never near the peer's earliest
     /// early resend.
@@ -1287,9 +1285,12 @@ mod tests {
         assert_eq!(hold_at(1), ACK_HOLD);
         assert_eq!(hold_at(5), ACK_HOLD * 5);
         assert_eq!(hold_at(MAX_TIME_SCALE), ACK_HOLD_MAX);
-        assert!(ACK_HOLD_MAX * 4 <= ferroce_proto::engine::MIN_EARLY_RESEND);
+        assert_eq!(ACK_HOLD_MAX, Duration::from_micros(250));
     }
 
+    /// After an empty look a poll asks for one buffer (what a ping-pong's next message
+    /// needs), and the poll after the one the dry mark spares asks for a whole batch again:
+    /// datagrams that queued up behind the one buffer are taken by that poll, not one a poll.
     #[test]
     fn a_queue_grown_behind_a_one_buffer_look_is_taken_in_a_batch() {
         let driver = driver_alone(Ipv4Addr::new(127, 0, 14, 1));
