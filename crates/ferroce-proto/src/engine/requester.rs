@@ -14,7 +14,8 @@ impl Qp {
     }
 
     /// How many response PSNs each request of a READ of `npkts` asks for: all of them, unless
-    /// the READ is longer than the largest window; then the current window's worth.
+    /// the READ is longer than the window every queue pair starts with; then the current
+    /// window's worth.
     pub(super) fn read_piece(&self, npkts: u32) -> u32 {
         if npkts > MAX_UNACKED_PSNS {
             self.window.psns()

@@ -331,12 +331,12 @@ impl PcapWriter {
         if let IpHeader::V4(v4) = &mut ip {
             match sent {
                 Some(wire) => v4.id = wire.ipv4_id,
-                None if !icrc::verify(&IpHeader::V4(*v4), &udp, payload) => {
-                    if let Some(id) = icrc::recover_ipv4_id(v4, &udp, payload) {
+                // One pass over the packet finds it, as the engine's receive does.
+                None => {
+                    if let icrc::Ipv4Check::SentWithId(id) = icrc::check_ipv4(v4, &udp, payload) {
                         v4.id = id;
                     }
                 }
-                None => {}
             }
         }
         let ethertype: u16 = if matches!(src.ip(), IpAddr::V4(_)) {
@@ -460,5 +460,61 @@ mod tests {
         ));
         let datagram = [0x12, 0x34, 0x12, 0xb7, 0, 12, 0, 0, 0xde, 0xad, 0xbe, 0xef];
         assert_eq!(udp_checksum(&ip, &datagram), 0x294b);
+    }
+
+    /// A received packet is recorded with the IPv4 ID its ICRC reveals (rxe and NICs send
+    /// non-zero ones, which the socket does not show), so that the capture verifies; one whose
+    /// ICRC no ID explains is recorded as it came, with ID 0.
+    #[test]
+    fn a_received_packet_is_recorded_with_the_ip_id_its_icrc_reveals() {
+        use ferroce_proto::wire::{Bth, Ipv4Header, Opcode, Qpn};
+        use ferroce_proto::Psn;
+
+        let (src, dst): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:49152".parse().unwrap(),
+            "10.0.0.2:4791".parse().unwrap(),
+        );
+        let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), dst.ip()) else {
+            unreachable!()
+        };
+        let ip = IpHeader::V4(Ipv4Header {
+            id: 0x4321,
+            ..Ipv4Header::new(s, d)
+        });
+        let udp = UdpHeader {
+            src_port: src.port(),
+            dst_port: dst.port(),
+        };
+        let bth = Bth::new(
+            Opcode::RC_ACKNOWLEDGE,
+            Qpn::new(0x11).unwrap(),
+            Psn::new(7).unwrap(),
+        );
+        let mut packet = vec![0u8; Bth::LEN + 8];
+        bth.emit(0, &mut packet[..Bth::LEN]).unwrap();
+        icrc::seal(&ip, &udp, &mut packet).unwrap();
+        let mut damaged = packet.clone();
+        damaged[Bth::LEN] ^= 1;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rx.pcap");
+        let mut pcap = PcapWriter::create(&path).unwrap();
+        pcap.record(src, dst, &[&packet], None).unwrap();
+        pcap.record(src, dst, &[&damaged], None).unwrap();
+        pcap.flush().unwrap();
+        let file = std::fs::read(&path).unwrap();
+        // The global header (24 bytes), then each record's (16) and its Ethernet header (14).
+        let mut at = 24;
+        let mut ids = Vec::new();
+        while at < file.len() {
+            let len = u32::from_le_bytes(file[at + 8..at + 12].try_into().unwrap()) as usize;
+            let d = Datagram::parse(&file[at + 16 + 14..at + 16 + len]).unwrap();
+            let IpHeader::V4(v4) = d.ip else {
+                unreachable!()
+            };
+            ids.push((v4.id, icrc::verify(&d.ip, &d.udp, d.payload)));
+            at += 16 + len;
+        }
+        assert_eq!(ids, [(0x4321, true), (0, false)]);
     }
 }
