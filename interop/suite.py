@@ -1054,10 +1054,7 @@ def cmd_bench(args):
                                  limit, outdir, capture=args.capture)
                     r["test"], r["impl"], r["mtu"], r["rep"] = name, impl, mtu, rep
                     if args.time:
-                        for side in ("server", "client"):
-                            with open(os.path.join(outdir, f"{run_name}.{side}.log"), errors="replace") as f:
-                                r[f"{side}_time"] = guest_times(f.read())
-                        log(f"{run_name}: server {r['server_time']}, client {r['client_time']}")
+                        add_times(r, outdir, run_name)
                     results[impl].append(r)
         write_results(lab.rundir, results["rxe"] + results[other], t0, lab.accel, "bench")
         table = bench_table(results, args)
@@ -1167,17 +1164,14 @@ def cmd_floor(args):
                                                 w=args.window)
                         r = run_udp_pair(lab, name, kind, udp_server, cargs, outdir, args.time)
                     else:
-                        (_, kind, server, client, scmd, ccmd, limit, _, _) = perf[impl][test]
+                        (_, _, server, client, scmd, ccmd, limit, _, _) = perf[impl][test]
                         if args.time:
                             scmd, ccmd = f"time {scmd}", f"time {ccmd}"
                         r = run_pair(lab, name, kind, server, client, scmd, ccmd, limit, outdir,
                                      capture=False)
                     r.update(test=test, impl=impl, mtu=mtu, rep=rep)
                     if args.time:
-                        for side in ("server", "client"):
-                            with open(os.path.join(outdir, f"{name}.{side}.log"), errors="replace") as f:
-                                r[f"{side}_time"] = guest_times(f.read())
-                        log(f"{name}: server {r['server_time']}, client {r['client_time']}")
+                        add_times(r, outdir, name)
                     results.append(r)
         write_results(lab.rundir, results, t0, lab.accel, "floor")
     print(floor_table(results, args.reps))
@@ -1213,6 +1207,15 @@ def floor_table(results, reps):
     lines.append("")
     lines.append(f"Medians of {reps} repetition(s).")
     return "\n".join(lines) + "\n"
+
+
+def add_times(r, outdir, name):
+    """Each side's CPU time from its log (the tool ran under busybox's time) into result
+    `r`, and logged."""
+    for side in ("server", "client"):
+        with open(os.path.join(outdir, f"{name}.{side}.log"), errors="replace") as f:
+            r[f"{side}_time"] = guest_times(f.read())
+    log(f"{name}: server {r['server_time']}, client {r['client_time']}")
 
 
 def guest_times(out):

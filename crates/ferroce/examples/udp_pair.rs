@@ -1,7 +1,7 @@
 //! The floor under RoCE between two hosts (issue 26 item 5): a plain UDP program that moves,
-//! between two machines (the lab's two guests), what perftest's `ib_write_lat` and
-//! `ib_write_bw` put on the wire, with nothing of RDMA in it: no queue pair, no ICRC, no copy
-//! into a region, no completion. What it reaches is what any user-space RoCE engine over UDP
+//! between two machines (the lab's two guests), what perftest's `ib_write_lat`, `ib_read_lat`
+//! and `ib_write_bw` put on the wire, with nothing of RDMA in it: no queue pair, no ICRC, no
+//! copy into a region, no completion. What it reaches is what any user-space RoCE engine over UDP
 //! sockets could reach there at best, so item 5's ratios against kernel rxe can be set beside
 //! the floor's.
 //!
@@ -14,9 +14,9 @@
 //!   both ends spinning on non-blocking receives (as `sockperf --nonblocked` and perftest's
 //!   latency tests do); prints the half round trip's typical (median) and average, in µs, as
 //!   perftest's `t_typical` and `t_avg` for its ping-pongs, then the whole round trip's, as
-//!   perftest's READ and atomic tests report theirs. With `roce`, each turn is what an RC `ib_write_lat`
-//!   turn puts on the wire: the SIZE-byte WRITE and a 20-byte ACK of the peer's last one
-//!   (BTH, AETH, ICRC), as one UDP GSO send, as ferroce's soft NIC sends them.
+//!   perftest's READ and atomic tests report theirs. With `roce`, each turn is what an RC
+//!   `ib_write_lat` turn puts on the wire: the SIZE-byte WRITE and a 20-byte ACK of the
+//!   peer's last one (BTH, AETH, ICRC), as one UDP GSO send, as ferroce's soft NIC sends them.
 //! - `udp_pair stream LOCAL PEER MESSAGE SEGMENT ITERS [WINDOW]`: ITERS messages of MESSAGE
 //!   payload bytes, each cut into datagrams of SEGMENT bytes by UDP GSO (the server receives
 //!   with GRO), at most WINDOW messages (default 128, perftest's `-t`) unacknowledged; prints
@@ -101,7 +101,10 @@ fn main() {
 }
 
 fn fail(why: &str) -> ! {
-    eprintln!("udp_pair: {why}\nusage: udp_pair serve LOCAL [block] | pingpong LOCAL PEER SIZE ITERS [roce] | stream LOCAL PEER MESSAGE SEGMENT ITERS [WINDOW]");
+    eprintln!(
+        "udp_pair: {why}\nusage: udp_pair serve LOCAL [block] | pingpong LOCAL PEER SIZE ITERS \
+         [roce] | stream LOCAL PEER MESSAGE SEGMENT ITERS [WINDOW]"
+    );
     std::process::exit(2)
 }
 
