@@ -554,8 +554,8 @@ pub fn recover_ipv4_id(ip: &super::Ipv4Header, udp: &UdpHeader, packet: &[u8]) -
 }
 
 /// x^-8·`tail` mod P: what takes a change of the CRC back over the `tail` bytes that followed
-/// it. Its power costs some 30 bit-serial multiplications, ten times the CRC pass of a 1 KiB
-/// packet, so the last length's is kept: a stream's packets mostly share one. One word holds
+/// it. Its power costs some 30 bit-serial multiplications, six to seven times a CRC pass over
+/// a 1 KiB packet, so the last length's is kept: a stream's packets mostly share one. One word holds
 /// the length and the factor, so that threads share it without a lock.
 fn unshift(tail: usize) -> u32 {
     use std::sync::atomic::{AtomicU64, Ordering};
