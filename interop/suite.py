@@ -253,6 +253,24 @@ def parse_metrics(kind, out):
     return m
 
 
+def rping_teardown_race(kind, server, out, rc, client_cmd):
+    """Whether a guest's stock rping server failed only in rdma-core's teardown race, fixed
+    upstream in 2025 (linux-rdma/rdma-core#1622) after Debian 12's rdma-core: its CM thread
+    calls rdma_get_cm_event once more after the last event, on a channel the main thread has
+    destroyed, and the process exits 255 though the test passed. Only when that error is all
+    it said beside the peer's disconnect and a ping for every one the client sent (its stderr
+    comes before its buffered stdout)."""
+    if kind != "rping" or server.impl != "rxe" or rc != 255:
+        return False
+    want = int(re.search(r"-C (\d+)", client_cmd).group(1))
+    lines = [line for line in out.splitlines() if line.strip()]
+    pings = [line for line in lines if line.startswith("server ping data: rdma-ping-")]
+    rest = {line for line in lines if line not in pings}
+    return len(pings) == want and rest == {
+        "server DISCONNECT EVENT...", "wait for RDMA_READ_ADV state 10",
+        "rdma_get_cm_event: Bad file descriptor"}
+
+
 def check_capture(lab, pcap, expect_loss):
     """Every packet decodes with ferroce decode, every ICRC ok, tshark finds nothing malformed.
     Returns (problems, facts)."""
@@ -372,6 +390,9 @@ def run_pair(lab, name, kind, server, client, server_cmd, client_cmd, limit, out
             problems.append(f"client exit {crc}")
         if src is None:
             problems.append("server did not finish (killed)")
+        elif src != 0 and rping_teardown_race(kind, server, srv.out, src, client_cmd):
+            res["note"] = "the guest's rping exited 255 in its teardown race (rdma-core #1622)"
+            log(f"{name}: {res['note']}, after every ping validated")
         elif src != 0:
             problems.append(f"server exit {src}")
         res["metrics"] = parse_metrics(kind, cli.out)
