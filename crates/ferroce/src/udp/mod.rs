@@ -1366,6 +1366,45 @@ mod tests {
         assert_eq!(got, (0..10).collect::<Vec<u8>>());
     }
 
+    /// A receive of one buffer (`recvmsg`, where a batch is `recvmmsg`) takes a whole GRO
+    /// train with its sender and segment size, as a batch does: the message's FIRST alone,
+    /// then its train, segment by segment, and nothing is left behind.
+    #[test]
+    fn a_one_buffer_receive_takes_a_whole_train_with_its_sender() {
+        let tx = Port::open(SocketAddr::new(LO, 0), options(true, false)).unwrap();
+        let gso_from = tx.gso.as_ref().unwrap().1;
+        let rx = Port::open(SocketAddr::new(LO, 0), options(false, true)).unwrap();
+        let (mut link, mut rx_link) = (Link::new(None, None), Link::new(None, None));
+        let sent = send_message(&tx, &mut link, rx.local());
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while got.len() < sent.len() && Instant::now() < deadline {
+            let _ = sys::wait_readable(rx.socket(), Some(Duration::from_millis(20)));
+            let n = rx_link.receive_batch(&rx, 1);
+            assert!(n <= 1, "asked for one buffer, took {n}");
+            if n == 1 {
+                let before = got.len();
+                rx_link.handle_buffer(&rx, 0, |from, bytes, index| {
+                    got.push((from, bytes.to_vec(), index));
+                });
+                assert!(got.len() > before, "a buffer with no packet");
+            }
+        }
+        assert_eq!(got.len(), sent.len());
+        for (k, ((from, bytes, index), want)) in got.iter().zip(&sent).enumerate() {
+            assert_eq!(*from, gso_from, "packet {k}");
+            let n = want.len() - 4;
+            assert_eq!(
+                (bytes.len(), &bytes[..n]),
+                (want.len(), &want[..n]),
+                "packet {k}"
+            );
+            assert_eq!(*index, k.saturating_sub(1) as u16, "packet {k}");
+            assert!(verifies(*from, rx.local(), *index, bytes), "packet {k}");
+        }
+        assert_eq!(rx_link.receive_batch(&rx, 1), 0);
+    }
+
     /// A FIRST sent alone and its train sent later leave from one socket: two flows could be
     /// reordered by the receiver's GRO (issue 26). With GSO off, both leave the endpoint's
     /// socket.
