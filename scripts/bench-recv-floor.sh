@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The floors under a busy-polled receive on this host, without ferroce (scripts/recv-floor.c):
 # what one look at an empty socket costs by system call, and a UDP ping-pong's half round
-# trip when each end waits by recvfrom (sockperf's way), by recvmmsg (ferroce's), or on an
+# trip when each end waits by recvfrom (sockperf's way), by recvmmsg (ferroce's until the data
+# path's twenty-seventh step), by recvmsg with address and control buffer (ferroce's since), or on an
 # io_uring completion queue in memory, with and without the interrupt that brings the
 # kernel's task work to a spinning thread. Modes alternate, so the host's drift hits all.
 # Needs: a C compiler and liburing (apt-get install liburing-dev).
@@ -17,7 +18,7 @@ cc -O2 -Wall -o "$bin" scripts/recv-floor.c -luring
 "$bin" empty 200000
 for round in $(seq "$rounds"); do
     echo "## round $round"
-    for mode in sock mmsg uring uring-coop uring-defer; do
+    for mode in sock mmsg msg uring uring-coop uring-defer; do
         timeout 120 "$bin" pingpong $mode "$n"
     done
 done

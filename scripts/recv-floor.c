@@ -9,6 +9,9 @@
  * MODE says how each end waits and answers:
  *   sock         recvfrom(MSG_DONTWAIT) until a datagram, sendto: what sockperf --nonblocked does
  *   mmsg         recvmmsg(1, with a control buffer) until a datagram, sendmmsg(1): ferroce's calls
+ *                until the data path's twenty-seventh step
+ *   msg          recvmsg (with the sender's address and a control buffer) until a datagram,
+ *                sendmsg: ferroce's calls for one buffer and one message since then
  *   uring        a recvmsg posted to io_uring ahead of time; spin on its completion queue in
  *                memory, no system call while waiting; answer and post the next receive in one
  *                io_uring_enter. The kernel completes the receive as task work of the waiting
@@ -133,6 +136,14 @@ static void wait_datagram(struct end *e)
                 return;
         }
     }
+    if (!strcmp(e->mode, "msg")) {
+        for (;;) {
+            e->rmsg.msg_namelen = sizeof e->from;
+            e->rmsg.msg_controllen = CONTROL;
+            if (recvmsg(e->fd, &e->rmsg, MSG_DONTWAIT) > 0)
+                return;
+        }
+    }
     if (!strcmp(e->mode, "mmsg")) {
         struct mmsghdr m = {.msg_hdr = e->rmsg};
         for (;;) {
@@ -168,6 +179,8 @@ static void answer(struct end *e)
     } else if (!strcmp(e->mode, "mmsg")) {
         struct mmsghdr m = {.msg_hdr = e->smsg};
         sendmmsg(e->fd, &m, 1, 0);
+    } else if (!strcmp(e->mode, "msg")) {
+        sendmsg(e->fd, &e->smsg, 0);
     } else {
         post_receive(e);
         struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
@@ -207,7 +220,7 @@ static void run_end(const char *mode, int fd, const char *peer, int first, int n
         }
         post_receive(&e);
         io_uring_submit(&e.ring);
-    } else if (strcmp(mode, "sock") && strcmp(mode, "mmsg")) {
+    } else if (strcmp(mode, "sock") && strcmp(mode, "mmsg") && strcmp(mode, "msg")) {
         fprintf(stderr, "unknown mode %s\n", mode);
         exit(2);
     }
@@ -233,7 +246,7 @@ int main(int argc, char **argv)
     }
     if (argc < 3 || strcmp(argv[1], "pingpong")) {
         fprintf(stderr, "usage: recv-floor empty [N] | recv-floor pingpong "
-                        "sock|mmsg|uring|uring-coop|uring-defer [N]\n");
+                        "sock|mmsg|msg|uring|uring-coop|uring-defer [N]\n");
         return 2;
     }
     int n = argc > 3 ? atoi(argv[3]) : 50000;
