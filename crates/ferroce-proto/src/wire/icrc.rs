@@ -14,7 +14,11 @@
 //! The 32-bit result is appended little-endian. The IP and UDP fields come in as values
 //! ([`IpHeader`], [`UdpHeader`]) because a UDP socket never sees the header bytes; for a whole
 //! captured packet parse it with [`super::Datagram::parse`] first. The CRC itself runs on
-//! `crc32fast`, which uses the CPU's carry-less multiply (PCLMULQDQ, or PMULL on aarch64).
+//! `crc32fast`, which uses the CPU's carry-less multiply (PCLMULQDQ, or PMULL on aarch64), or
+//! on the `crc` crate's slice-by-16 tables where those run faster: under an emulator that
+//! translates each carry-less multiply into a call (QEMU's TCG, as in a guest without KVM or
+//! an amd64 container on an arm64 host), the table loop's plain loads and XORs run about
+//! twice as fast. The first ICRC times both on this machine ([`crc_implementation`]).
 
 use super::packet::ICRC_LEN;
 use super::{Bth, Error, IpHeader, UdpHeader};
@@ -33,10 +37,98 @@ const LRH_CRC: u32 = 0x2144_df1c;
 /// A hasher in the state after the LRH stand-in. `crc32fast` looks up the CPU's features each
 /// time it makes a hasher (about 40 instructions, four times a round trip); a clone of one made
 /// once does not.
-fn lrh_hasher() -> crc32fast::Hasher {
-    static LRH: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
-    LRH.get_or_init(|| crc32fast::Hasher::new_with_initial(LRH_CRC))
-        .clone()
+fn lrh_hasher() -> Crc {
+    static LRH: std::sync::OnceLock<Crc> = std::sync::OnceLock::new();
+    LRH.get_or_init(|| Crc::resume(LRH_CRC)).clone()
+}
+
+/// zlib's CRC-32 by slice-by-16 tables (16 KiB, built at compile time).
+static TABLES: crc::Crc<u32, crc::Table<16>> =
+    crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
+
+/// How the ICRC's CRC-32 is computed on this machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrcImplementation {
+    /// `crc32fast`: the CPU's carry-less multiply where it has one, its own tables where not.
+    Crc32fast,
+    /// The `crc` crate's slice-by-16 tables: chosen where they ran faster than `crc32fast`,
+    /// which is where the carry-less multiply is emulated.
+    Tables,
+}
+
+/// A CRC-32 in progress (zlib's), on the implementation this machine runs fastest.
+#[derive(Clone)]
+pub(crate) enum Crc {
+    Crc32fast(crc32fast::Hasher),
+    Tables(crc::Digest<'static, u32, crc::Table<16>>),
+}
+
+impl Crc {
+    /// The CRC of bytes already covered, `crc` (a finished CRC-32), to go on from.
+    fn resume(crc: u32) -> Self {
+        Self::resume_on(Self::implementation(), crc)
+    }
+
+    fn resume_on(implementation: CrcImplementation, crc: u32) -> Self {
+        match implementation {
+            CrcImplementation::Crc32fast => {
+                Self::Crc32fast(crc32fast::Hasher::new_with_initial(crc))
+            }
+            // The digest takes its register unreflected, and a finished CRC is the register
+            // inverted (the final XOR).
+            CrcImplementation::Tables => {
+                Self::Tables(TABLES.digest_with_initial((!crc).reverse_bits()))
+            }
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Self::Crc32fast(h) => h.update(bytes),
+            Self::Tables(d) => d.update(bytes),
+        }
+    }
+
+    fn finalize(self) -> u32 {
+        match self {
+            Self::Crc32fast(h) => h.finalize(),
+            Self::Tables(d) => d.finalize(),
+        }
+    }
+
+    /// Which implementation the ICRC runs on here: `crc32fast` unless the tables computed a
+    /// 4 KiB CRC faster, timed once (the best of seven interleaved runs of each) on first use.
+    /// On a host whose CPU multiplies natively `crc32fast` is several times faster and keeps
+    /// it whatever the timing's noise; under TCG the tables win by about two.
+    pub(crate) fn implementation() -> CrcImplementation {
+        static CHOICE: std::sync::OnceLock<CrcImplementation> = std::sync::OnceLock::new();
+        *CHOICE.get_or_init(|| {
+            let bytes: Vec<u8> = (0..4096u32).map(|i| ((i * 131) >> 3) as u8).collect();
+            let time = |f: &dyn Fn(&[u8]) -> u32| {
+                let start = std::time::Instant::now();
+                std::hint::black_box(f(std::hint::black_box(&bytes)));
+                start.elapsed()
+            };
+            let (mut fast, mut tables) = (std::time::Duration::MAX, std::time::Duration::MAX);
+            for _ in 0..7 {
+                fast = fast.min(time(&crc32fast::hash));
+                tables = tables.min(time(&|b| TABLES.checksum(b)));
+            }
+            if tables < fast {
+                CrcImplementation::Tables
+            } else {
+                CrcImplementation::Crc32fast
+            }
+        })
+    }
+}
+
+/// Which implementation computes the ICRC on this machine ([`CrcImplementation`]), timed on
+/// first use (the soft NIC's progress thread makes that use before its first packet), so that
+/// a benchmark under emulation can say which one it measured.
+#[must_use]
+pub fn crc_implementation() -> CrcImplementation {
+    Crc::implementation()
 }
 
 /// Computes the ICRC of a packet whose bytes from the BTH up to (not including) the ICRC are
@@ -92,7 +184,7 @@ pub fn compute_with_payload_crc(
 ) -> Result<u32, Error> {
     let total = headers.len() + payload.len + trailer.len();
     let head = headers_crc(ip, udp, headers, total)?.finalize();
-    let mut crc = crc32fast::Hasher::new_with_initial(payload.combine(head, payload_crc));
+    let mut crc = Crc::resume(payload.combine(head, payload_crc));
     crc.update(trailer);
     Ok(crc.finalize())
 }
@@ -138,12 +230,7 @@ impl CrcShift {
 
 /// The CRC state after the masked LRH, IP, UDP and BTH headers and the rest of `headers`, for a
 /// packet of `total` covered bytes (BTH up to the ICRC).
-fn headers_crc(
-    ip: &IpHeader,
-    udp: &UdpHeader,
-    headers: &[u8],
-    total: usize,
-) -> Result<crc32fast::Hasher, Error> {
+fn headers_crc(ip: &IpHeader, udp: &UdpHeader, headers: &[u8], total: usize) -> Result<Crc, Error> {
     let covered = headers;
     super::check_len("BTH", covered, Bth::LEN)?;
     let udp_len = UdpHeader::LEN + total + ICRC_LEN;
@@ -270,6 +357,27 @@ pub fn verify(ip: &IpHeader, udp: &UdpHeader, packet: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::{Crc, CrcImplementation};
+
+    /// Both implementations go on from a finished CRC-32 to that of the longer run, for runs
+    /// shorter and longer than a table step (16 bytes) and a carry-less multiply's fold.
+    #[test]
+    fn both_crc_implementations_resume_to_zlibs_crc() {
+        let data: Vec<u8> = (0..3000u32).map(|i| ((i * 7919) >> 5) as u8).collect();
+        for imp in [CrcImplementation::Crc32fast, CrcImplementation::Tables] {
+            for (a, b) in [(0, 0), (0, 5), (8, 1), (13, 64), (100, 1000), (1, 2999)] {
+                let mut crc = Crc::resume_on(imp, crc32fast::hash(&data[..a]));
+                crc.update(&data[a..a + b / 2]);
+                crc.update(&data[a + b / 2..a + b]);
+                assert_eq!(
+                    crc.finalize(),
+                    crc32fast::hash(&data[..a + b]),
+                    "{imp:?} {a}+{b}"
+                );
+            }
+        }
+    }
+
     use super::*;
     use crate::wire::{Datagram, Ipv6Header};
 
