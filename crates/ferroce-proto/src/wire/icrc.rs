@@ -357,7 +357,8 @@ pub fn verify(ip: &IpHeader, udp: &UdpHeader, packet: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Crc, CrcImplementation};
+    use super::*;
+    use crate::wire::{Datagram, Ipv6Header};
 
     /// Both implementations go on from a finished CRC-32 to that of the longer run, for runs
     /// shorter and longer than a table step (16 bytes) and a carry-less multiply's fold.
@@ -377,9 +378,6 @@ mod tests {
             }
         }
     }
-
-    use super::*;
-    use crate::wire::{Datagram, Ipv6Header};
 
     #[test]
     fn lrh_stand_in_crc() {
