@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The floors under a busy-polled receive on this host, without ferroce (scripts/recv-floor.c):
-# what one look at an empty socket costs by system call, and a UDP ping-pong's half round
-# trip when each end waits by recvfrom (sockperf's way), by recvmmsg (ferroce's until the data
-# path's twenty-seventh step), by recvmsg with address and control buffer (ferroce's since), or on an
-# io_uring completion queue in memory, with and without the interrupt that brings the
-# kernel's task work to a spinning thread. Modes alternate, so the host's drift hits all.
+# what one look at an empty socket costs by system call, what a write-lat turn's GSO send and
+# its receive cost by each pair of calls (on one thread), and a UDP ping-pong's half round
+# trip when each end waits by recvfrom (sockperf's way), by recvmmsg (ferroce's until the
+# data path's twenty-seventh step), by recvmsg with address and control buffer (ferroce's
+# since), or on an io_uring completion queue in memory, with and without the interrupt that
+# brings the kernel's task work to a spinning thread. Modes alternate, so the host's drift
+# hits all.
 # Needs: a C compiler and liburing (apt-get install liburing-dev).
 # Usage: scripts/bench-recv-floor.sh [round-trips-per-run] [rounds]
 set -euo pipefail
@@ -16,6 +18,7 @@ bin=$(mktemp)
 trap 'rm -f "$bin"' EXIT
 cc -O2 -Wall -o "$bin" scripts/recv-floor.c -luring
 "$bin" empty 200000
+"$bin" turn 200000
 for round in $(seq "$rounds"); do
     echo "## round $round"
     for mode in sock mmsg msg uring uring-coop uring-defer; do

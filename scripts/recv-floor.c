@@ -5,6 +5,11 @@
  *   recv-floor empty [N]          one look at an empty socket, by system call
  *   recv-floor pingpong MODE [N]  half round trip of a 48-byte UDP ping-pong on loopback
  *                                 (127.0.15.1 <-> 127.0.15.2, port 4791), both ends spinning
+ *   recv-floor turn [N]           on one thread, a write-lat turn's send (a 40-byte WRITE and a
+ *                                 20-byte ACK as one GSO send) and its receive by a GRO socket,
+ *                                 in ns, by each pair of calls: what the soft NIC's calls cost
+ *                                 against sockperf's, without a second thread's noise (the
+ *                                 pairs interleave in twenty rounds)
  *
  * MODE says how each end waits and answers:
  *   sock         recvfrom(MSG_DONTWAIT) until a datagram, sendto: what sockperf --nonblocked does
@@ -101,6 +106,121 @@ static void empty(int n)
         TIME("recv, peek at 0 bytes", recv(fd, NULL, 0, MSG_DONTWAIT | MSG_PEEK | MSG_TRUNC));
 #undef TIME
     }
+}
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+
+/* How a turn is sent and received. */
+enum send_way { SENDTO_OPT, SENDMSG_OPT, SENDMSG_CMSG, SENDMMSG_CMSG, SEND_WAYS };
+enum recv_way { RECV, RECVFROM, RECVMSG, RECVMSG_NAME, RECVMSG_CONTROL, RECVMSG_BOTH, RECVMMSG_BOTH,
+                RECV_WAYS };
+static const char *send_name[] = {"sendto, segment size by setsockopt", "sendmsg, by setsockopt",
+                                  "sendmsg, by control message", "sendmmsg(1), by control message"};
+static const char *recv_name[] = {"recv", "recvfrom", "recvmsg", "recvmsg, address",
+                                  "recvmsg, control", "recvmsg, address and control",
+                                  "recvmmsg(1), address and control"};
+
+struct turn {
+    int opt_fd, cmsg_fd, rx_fd;
+    struct sockaddr_in to, from;
+    char out[60], room[ROOM], control[CONTROL];
+};
+
+static long send_turn(struct turn *t, enum send_way way)
+{
+    struct iovec iov = {t->out, sizeof t->out};
+    struct msghdr m = {.msg_name = &t->to, .msg_namelen = sizeof t->to, .msg_iov = &iov,
+                       .msg_iovlen = 1};
+    union {
+        char bytes[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control;
+    switch (way) {
+    case SENDTO_OPT:
+        return sendto(t->opt_fd, t->out, sizeof t->out, 0, (struct sockaddr *)&t->to, sizeof t->to);
+    case SENDMSG_OPT:
+        return sendmsg(t->opt_fd, &m, 0);
+    default:
+        m.msg_control = control.bytes;
+        m.msg_controllen = sizeof control.bytes;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = IPPROTO_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        *(uint16_t *)CMSG_DATA(c) = 40;
+        if (way == SENDMSG_CMSG)
+            return sendmsg(t->cmsg_fd, &m, 0);
+        struct mmsghdr mm = {.msg_hdr = m};
+        return sendmmsg(t->cmsg_fd, &mm, 1, 0) == 1 ? (long)sizeof t->out : -1;
+    }
+}
+
+static long receive_turn(struct turn *t, enum recv_way way)
+{
+    socklen_t len = sizeof t->from;
+    struct iovec iov = {t->room, ROOM};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (way == RECV)
+        return recv(t->rx_fd, t->room, ROOM, MSG_DONTWAIT);
+    if (way == RECVFROM)
+        return recvfrom(t->rx_fd, t->room, ROOM, MSG_DONTWAIT, (struct sockaddr *)&t->from, &len);
+    if (way == RECVMSG_NAME || way == RECVMSG_BOTH || way == RECVMMSG_BOTH) {
+        m.msg_name = &t->from;
+        m.msg_namelen = sizeof t->from;
+    }
+    if (way == RECVMSG_CONTROL || way == RECVMSG_BOTH || way == RECVMMSG_BOTH) {
+        m.msg_control = t->control;
+        m.msg_controllen = CONTROL;
+    }
+    if (way == RECVMMSG_BOTH) {
+        struct mmsghdr mm = {.msg_hdr = m};
+        return recvmmsg(t->rx_fd, &mm, 1, MSG_DONTWAIT, NULL) == 1 ? (long)mm.msg_len : -1;
+    }
+    return recvmsg(t->rx_fd, &m, MSG_DONTWAIT);
+}
+
+/* One thread sends a turn and takes it back, N times per pair of calls: each send pair
+ * against recv (what the send costs), each receive against sockperf's sendto (what the
+ * receive costs), and the soft NIC's pair before and since the twenty-seventh step. */
+static void turns(int n)
+{
+    static struct turn t;
+    t.opt_fd = bound("127.0.15.1");
+    t.cmsg_fd = bound("127.0.15.3");
+    t.rx_fd = bound("127.0.15.2");
+    int segment = 40;
+    setsockopt(t.opt_fd, IPPROTO_UDP, UDP_SEGMENT, &segment, sizeof segment);
+    t.to = addr_of("127.0.15.2");
+    memset(t.out, 7, sizeof t.out);
+    int pairs[][2] = {{SENDTO_OPT, RECV},         {SENDMSG_OPT, RECV},
+                      {SENDMSG_CMSG, RECV},       {SENDMMSG_CMSG, RECV},
+                      {SENDTO_OPT, RECVFROM},     {SENDTO_OPT, RECVMSG},
+                      {SENDTO_OPT, RECVMSG_NAME}, {SENDTO_OPT, RECVMSG_CONTROL},
+                      {SENDTO_OPT, RECVMSG_BOTH}, {SENDTO_OPT, RECVMMSG_BOTH},
+                      {SENDMMSG_CMSG, RECVMMSG_BOTH}, {SENDMSG_CMSG, RECVMSG_BOTH}};
+    enum { PAIRS = sizeof pairs / sizeof pairs[0], ROUNDS = 20 };
+    double total[PAIRS] = {0};
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int p = 0; p < PAIRS; p++) {
+            double start = now_ns();
+            for (int i = 0; i < n / ROUNDS; i++) {
+                /* Sent on loopback, the turn is queued on the receiving socket before the
+                 * send returns; all sixty bytes come back in one buffer (GRO). */
+                if (send_turn(&t, pairs[p][0]) != (long)sizeof t.out ||
+                    receive_turn(&t, pairs[p][1]) != (long)sizeof t.out) {
+                    fprintf(stderr, "%s + %s: %s\n", send_name[pairs[p][0]],
+                            recv_name[pairs[p][1]], strerror(errno));
+                    exit(1);
+                }
+            }
+            total[p] += now_ns() - start;
+        }
+    }
+    for (int p = 0; p < PAIRS; p++)
+        printf("%-34s + %-33s %5.0f ns\n", send_name[pairs[p][0]], recv_name[pairs[p][1]],
+               total[p] / (n / ROUNDS * ROUNDS));
 }
 
 struct end {
@@ -244,8 +364,12 @@ int main(int argc, char **argv)
         empty(argc > 2 ? atoi(argv[2]) : 200000);
         return 0;
     }
+    if (argc >= 2 && !strcmp(argv[1], "turn")) {
+        turns(argc > 2 ? atoi(argv[2]) : 200000);
+        return 0;
+    }
     if (argc < 3 || strcmp(argv[1], "pingpong")) {
-        fprintf(stderr, "usage: recv-floor empty [N] | recv-floor pingpong "
+        fprintf(stderr, "usage: recv-floor empty [N] | recv-floor turn [N] | recv-floor pingpong "
                         "sock|mmsg|msg|uring|uring-coop|uring-defer [N]\n");
         return 2;
     }
