@@ -18,7 +18,8 @@
 //! on the `crc` crate's slice-by-16 tables where those run faster: under an emulator that
 //! translates each carry-less multiply into a call (QEMU's TCG, as in a guest without KVM or
 //! an amd64 container on an arm64 host), the table loop's plain loads and XORs run about
-//! twice as fast. The first ICRC times both on this machine ([`crc_implementation`]).
+//! twice as fast. This crate reads no clock: the soft NIC times both ([`crc32_on`]) when it
+//! starts and says which to use ([`set_crc_implementation`]); until then it is `crc32fast`.
 
 use super::packet::ICRC_LEN;
 use super::{Bth, Error, IpHeader, UdpHeader};
@@ -38,15 +39,24 @@ const LRH_CRC: u32 = 0x2144_df1c;
 /// time it makes a hasher (about 40 instructions, four times a round trip); a clone of one made
 /// once does not.
 fn lrh_hasher() -> Crc {
-    static LRH: std::sync::OnceLock<Crc> = std::sync::OnceLock::new();
-    LRH.get_or_init(|| Crc::resume(LRH_CRC)).clone()
+    match crc_implementation() {
+        CrcImplementation::Crc32fast => {
+            static LRH: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
+            Crc::Crc32fast(
+                LRH.get_or_init(|| crc32fast::Hasher::new_with_initial(LRH_CRC))
+                    .clone(),
+            )
+        }
+        // A table digest is its register: nothing to look up.
+        CrcImplementation::Tables => Crc::resume_on(CrcImplementation::Tables, LRH_CRC),
+    }
 }
 
 /// zlib's CRC-32 by slice-by-16 tables (16 KiB, built at compile time).
 static TABLES: crc::Crc<u32, crc::Table<16>> =
     crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
 
-/// How the ICRC's CRC-32 is computed on this machine.
+/// How the ICRC's CRC-32 is computed ([`set_crc_implementation`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CrcImplementation {
     /// `crc32fast`: the CPU's carry-less multiply where it has one, its own tables where not.
@@ -63,10 +73,13 @@ pub(crate) enum Crc {
     Tables(crc::Digest<'static, u32, crc::Table<16>>),
 }
 
+/// The implementation every ICRC uses from now on: 0 `crc32fast`, 1 the tables.
+static CHOICE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
 impl Crc {
     /// The CRC of bytes already covered, `crc` (a finished CRC-32), to go on from.
     fn resume(crc: u32) -> Self {
-        Self::resume_on(Self::implementation(), crc)
+        Self::resume_on(crc_implementation(), crc)
     }
 
     fn resume_on(implementation: CrcImplementation, crc: u32) -> Self {
@@ -95,40 +108,33 @@ impl Crc {
             Self::Tables(d) => d.finalize(),
         }
     }
+}
 
-    /// Which implementation the ICRC runs on here: `crc32fast` unless the tables computed a
-    /// 4 KiB CRC faster, timed once (the best of seven interleaved runs of each) on first use.
-    /// On a host whose CPU multiplies natively `crc32fast` is several times faster and keeps
-    /// it whatever the timing's noise; under TCG the tables win by about two.
-    pub(crate) fn implementation() -> CrcImplementation {
-        static CHOICE: std::sync::OnceLock<CrcImplementation> = std::sync::OnceLock::new();
-        *CHOICE.get_or_init(|| {
-            let bytes: Vec<u8> = (0..4096u32).map(|i| ((i * 131) >> 3) as u8).collect();
-            let time = |f: &dyn Fn(&[u8]) -> u32| {
-                let start = std::time::Instant::now();
-                std::hint::black_box(f(std::hint::black_box(&bytes)));
-                start.elapsed()
-            };
-            let (mut fast, mut tables) = (std::time::Duration::MAX, std::time::Duration::MAX);
-            for _ in 0..7 {
-                fast = fast.min(time(&crc32fast::hash));
-                tables = tables.min(time(&|b| TABLES.checksum(b)));
-            }
-            if tables < fast {
-                CrcImplementation::Tables
-            } else {
-                CrcImplementation::Crc32fast
-            }
-        })
+/// zlib's CRC-32 of `bytes` on `implementation`, whatever the ICRC uses: for a caller that
+/// times the two to choose ([`set_crc_implementation`]).
+#[must_use]
+pub fn crc32_on(implementation: CrcImplementation, bytes: &[u8]) -> u32 {
+    match implementation {
+        CrcImplementation::Crc32fast => crc32fast::hash(bytes),
+        CrcImplementation::Tables => TABLES.checksum(bytes),
     }
 }
 
-/// Which implementation computes the ICRC on this machine ([`CrcImplementation`]), timed on
-/// first use (the soft NIC's progress thread makes that use before its first packet), so that
-/// a benchmark under emulation can say which one it measured.
+/// Makes every ICRC computed from now on, in this process, run on `implementation`. Both give
+/// the same CRCs; only their speed differs, so a change while packets are being sealed or
+/// checked is harmless. The soft NIC sets the faster one when it starts.
+pub fn set_crc_implementation(implementation: CrcImplementation) {
+    let v = u8::from(implementation == CrcImplementation::Tables);
+    CHOICE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The implementation the ICRC runs on ([`set_crc_implementation`]; `crc32fast` until set).
 #[must_use]
 pub fn crc_implementation() -> CrcImplementation {
-    Crc::implementation()
+    match CHOICE.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => CrcImplementation::Crc32fast,
+        _ => CrcImplementation::Tables,
+    }
 }
 
 /// Computes the ICRC of a packet whose bytes from the BTH up to (not including) the ICRC are
@@ -359,6 +365,32 @@ pub fn verify(ip: &IpHeader, udp: &UdpHeader, packet: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::wire::{Datagram, Ipv6Header};
+
+    /// A packet's ICRC is the same whichever implementation computes it, and the choice holds
+    /// for every ICRC after it (other tests may run meanwhile: they compute the same CRCs).
+    #[test]
+    fn the_icrc_is_the_same_on_either_implementation() {
+        let ip =
+            IpHeader::between("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()).unwrap();
+        let udp = UdpHeader {
+            src_port: 49152,
+            dst_port: 4791,
+        };
+        let covered: Vec<u8> = (0..1500u32).map(|i| (i * 37) as u8).collect();
+        let with = |imp| {
+            set_crc_implementation(imp);
+            assert_eq!(crc_implementation(), imp);
+            let bytes = (
+                compute(&ip, &udp, &covered[..12]),
+                compute(&ip, &udp, &covered),
+            );
+            assert_eq!(crc32_on(imp, &covered), crc32fast::hash(&covered));
+            bytes
+        };
+        let tables = with(CrcImplementation::Tables);
+        let fast = with(CrcImplementation::Crc32fast);
+        assert_eq!(tables, fast);
+    }
 
     /// Both implementations go on from a finished CRC-32 to that of the longer run, for runs
     /// shorter and longer than a table step (16 bytes) and a carry-less multiply's fold.
