@@ -502,19 +502,17 @@ mod tests {
         pcap.record(src, dst, &[&packet], None).unwrap();
         pcap.record(src, dst, &[&damaged], None).unwrap();
         pcap.flush().unwrap();
-        let file = std::fs::read(&path).unwrap();
-        // The global header (24 bytes), then each record's (16) and its Ethernet header (14).
-        let mut at = 24;
-        let mut ids = Vec::new();
-        while at < file.len() {
-            let len = u32::from_le_bytes(file[at + 8..at + 12].try_into().unwrap()) as usize;
-            let d = Datagram::parse(&file[at + 16 + 14..at + 16 + len]).unwrap();
-            let IpHeader::V4(v4) = d.ip else {
-                unreachable!()
-            };
-            ids.push((v4.id, icrc::verify(&d.ip, &d.udp, d.payload)));
-            at += 16 + len;
-        }
+        let ids: Vec<_> = crate::capture::CaptureReader::open(&path)
+            .unwrap()
+            .map(|frame| {
+                let frame = frame.unwrap();
+                let d = Datagram::parse(frame.ip_packet().unwrap()).unwrap();
+                let IpHeader::V4(v4) = d.ip else {
+                    unreachable!()
+                };
+                (v4.id, icrc::verify(&d.ip, &d.udp, d.payload))
+            })
+            .collect();
         assert_eq!(ids, [(0x4321, true), (0, false)]);
     }
 }
