@@ -73,8 +73,8 @@ pub(crate) enum Crc {
     Tables(crc::Digest<'static, u32, crc::Table<16>>),
 }
 
-/// The implementation every ICRC uses from now on: 0 `crc32fast`, 1 the tables.
-static CHOICE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// Whether every ICRC from now on runs on the tables rather than `crc32fast`.
+static TABLES_CHOSEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Crc {
     /// The CRC of bytes already covered, `crc` (a finished CRC-32), to go on from.
@@ -124,16 +124,19 @@ pub fn crc32_on(implementation: CrcImplementation, bytes: &[u8]) -> u32 {
 /// the same CRCs; only their speed differs, so a change while packets are being sealed or
 /// checked is harmless. The soft NIC sets the faster one when it starts.
 pub fn set_crc_implementation(implementation: CrcImplementation) {
-    let v = u8::from(implementation == CrcImplementation::Tables);
-    CHOICE.store(v, std::sync::atomic::Ordering::Relaxed);
+    TABLES_CHOSEN.store(
+        implementation == CrcImplementation::Tables,
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// The implementation the ICRC runs on ([`set_crc_implementation`]; `crc32fast` until set).
 #[must_use]
 pub fn crc_implementation() -> CrcImplementation {
-    match CHOICE.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => CrcImplementation::Crc32fast,
-        _ => CrcImplementation::Tables,
+    if TABLES_CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
+        CrcImplementation::Tables
+    } else {
+        CrcImplementation::Crc32fast
     }
 }
 
