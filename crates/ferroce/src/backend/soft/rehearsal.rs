@@ -222,8 +222,8 @@ pub(crate) fn rehearse(ip: IpAddr) {
 /// engine's core reads no clock, so the timing is the driver's. Natively `crc32fast`'s
 /// carry-less multiply is several times faster and wins whatever the noise; under QEMU's TCG,
 /// which turns each carry-less multiply into a call, the tables win by about two. It costs
-/// about 45 µs natively and 0.9 ms under `qemu-x86_64`, most of that the code's first run,
-/// which the rehearsal is for (BENCHMARKS.md, the data path's twenty-seventh step).
+/// about 45 µs natively and 0.8 ms under `qemu-x86_64`, four fifths of that the code's first
+/// run, which the rehearsal is for (BENCHMARKS.md, the data path's twenty-seventh step).
 fn choose_crc() {
     use ferroce_proto::wire::icrc::{crc32_on, set_crc_implementation, CrcImplementation};
     static CHOSEN: std::sync::Once = std::sync::Once::new();
