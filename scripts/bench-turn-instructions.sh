@@ -15,6 +15,12 @@
 # round trip, inclusive, the application's post (`Qp::post_send`: the WRITE built, sealed and
 # sent with the held ACK), the two packets received (`Engine::handle_received`), and every
 # packet built (`Engine::poll_transmit`), from the last round's runs.
+#
+# The server runs natively and unscaled, built from the working tree, the same for every REV:
+# the scaled server, taking the valgrind client's round trips (0.1 ms) for its own pace too,
+# napped up to 0.8 s once its polls stopped at the run's end, with the ACK of the client's last
+# WRITE held, and the client ran out of retries waiting (or, given more, spun all that time
+# under callgrind, a thousand instructions or more a round trip that differed run to run).
 # Needs: valgrind. Usage: scripts/bench-turn-instructions.sh [ROUNDS] REV...  (REV: a commit,
 # or WT for the working tree as it is)
 set -euo pipefail
@@ -58,11 +64,16 @@ done
 run() {
     local bin=$1 n=$2
     local out="$work/cg.$n"
-    "$bin" perf write-lat --local 127.0.0.2 -s 8 -n "$n" > /dev/null 2>&1 &
+    "$server_bin" perf write-lat --local 127.0.0.2 -s 8 -n "$n" > /dev/null 2>&1 &
     local server=$!
     sleep 0.5
-    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out" \
-        "$bin" perf write-lat --local 127.0.0.3 -s 8 -n "$n" --stats 127.0.0.2 > "$work/client.$n" 2>&1
+    if ! valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out" \
+        "$bin" perf write-lat --local 127.0.0.3 -s 8 -n "$n" --stats 127.0.0.2 > "$work/client.$n" 2>&1; then
+        echo "the client under callgrind failed:" >&2
+        grep -v '^==' "$work/client.$n" | tail -3 >&2
+        kill "$server" 2>/dev/null || true
+        return 1
+    fi
     wait "$server"
     local gso
     gso=$(grep -o 'udp_gso_sends [0-9]*' "$work/client.$n" | awk '{print $2}')
@@ -82,12 +93,16 @@ part() {
     echo $(( (${b:-0} - ${a:-0}) / 10000 ))
 }
 
+echo "building the server (working tree, native timing)..." >&2
+cargo build -q --release -p ferroce-cli
+server_bin="$root/target/release/ferroce"
+
 declare -A per parts
 for r in $(seq "$rounds"); do
     line="round $r:"
     for j in "${!bins[@]}"; do
-        a=$(run "${bins[$j]}" 2000)
-        b=$(run "${bins[$j]}" 12000)
+        a=$(run "${bins[$j]}" 2000) || exit 1
+        b=$(run "${bins[$j]}" 12000) || exit 1
         v=$(( (b - a) / 10000 ))
         per[$j]="${per[$j]:-} $v"
         line="$line ${*:$((j + 1)):1}=$v"
