@@ -50,6 +50,7 @@ pub mod qp;
 pub mod region;
 pub mod session;
 pub mod srq;
+pub mod steps;
 mod sys;
 pub mod ud;
 mod udp;

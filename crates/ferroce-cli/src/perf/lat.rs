@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use ferroce::cq::WcStatus;
 use ferroce::qp::{RemoteAddr, SendOp};
+use ferroce::steps::{self, Step};
 
 use super::bw::{check_message, recv_error, request, send_error, STALL};
 use super::oob::{Comm, KeyLine};
@@ -260,6 +261,7 @@ pub(super) fn write_pingpong(
                     .read(target + last, &mut byte)
                     .map_err(|e| e.to_string())?;
                 if byte[0] == want {
+                    steps::mark(Step::Seen);
                     break;
                 }
                 if sends.idle(res, comm, &mut patience, || {

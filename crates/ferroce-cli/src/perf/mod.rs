@@ -1102,8 +1102,32 @@ fn write_lat(
         results.push(Outcome::Lat(r));
     }
     println!("{RESULT_LINE}");
+    write_turn_steps()?;
     comm.finish();
     Ok(results)
+}
+
+/// Where `FERROCE_TURN_STEPS` names a file: this thread's timed marks along the soft NIC's
+/// path (`ferroce::steps`, kept only in a build with the `turn-steps` feature), one
+/// `step nanoseconds` a line, for scripts/bench-turn-steps.sh.
+fn write_turn_steps() -> Result<(), String> {
+    let Some(path) = std::env::var_os("FERROCE_TURN_STEPS") else {
+        return Ok(());
+    };
+    if !cfg!(feature = "turn-steps") {
+        return Err("FERROCE_TURN_STEPS is set, but this ferroce was built without the                     turn-steps feature (cargo build --features turn-steps)"
+            .into());
+    }
+    let mut lines = String::new();
+    for (step, at) in ferroce::steps::take() {
+        lines.push_str(&format!("{} {at}\n", step.name()));
+    }
+    std::fs::write(&path, lines).map_err(|e| {
+        format!(
+            "cannot write {}: {e}",
+            std::path::Path::new(&path).display()
+        )
+    })
 }
 
 /// send-lat: per size, receives are posted and a key line syncs both sides; then SEND

@@ -38,6 +38,7 @@ use ferroce_proto::engine::MAX_PACKET;
 use ferroce_proto::wire::icrc::Reseal;
 use ferroce_proto::wire::{Opcode, Operation};
 
+use crate::steps::{self, Step};
 use crate::sys;
 
 /// The most packets a [`TxBatch`] holds before it must be sent.
@@ -567,7 +568,10 @@ fn send_groups<const N: usize, const IOV: usize>(
 fn send_one(socket: &UdpSocket, bytes: &[u8], dst: SocketAddr) -> io::Result<()> {
     let mut retried = false;
     loop {
-        match socket.send_to(bytes, dst) {
+        steps::mark(Step::Sending);
+        let sent = socket.send_to(bytes, dst);
+        steps::mark(Step::Sent);
+        match sent {
             Ok(_) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -583,7 +587,10 @@ fn send_one(socket: &UdpSocket, bytes: &[u8], dst: SocketAddr) -> io::Result<()>
 fn send_all(socket: &UdpSocket, msgs: &[sys::OutMessage<'_>]) -> Result<usize, (usize, io::Error)> {
     let (mut done, mut retried_at) = (0, None);
     while done < msgs.len() {
-        match sys::send_messages(socket, &msgs[done..]) {
+        steps::mark(Step::Sending);
+        let sent = sys::send_messages(socket, &msgs[done..]);
+        steps::mark(Step::Sent);
+        match sent {
             Ok(0) => return Err((done, io::Error::from(io::ErrorKind::WriteZero))),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),

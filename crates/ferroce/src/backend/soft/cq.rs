@@ -11,6 +11,7 @@ use ferroce_proto::qp::{Completion, CqId, WcOpcode};
 
 use super::driver::{Announce, Driver};
 use crate::error::NicError;
+use crate::steps::{self, Step};
 use crate::sys::EventFd;
 
 /// A soft CQ; destroyed in the engine with its last handle (queue pairs hold one while they
@@ -117,6 +118,7 @@ impl Cq {
             // completion may come before the WRITE it waits for.
             let own_request = !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
             self.driver.poll_satisfied(state, own_request);
+            steps::mark(Step::Completed);
         }
         found
     }

@@ -31,6 +31,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::steps::{self, Step};
+
 /// The round trip at which the driver's timing of the application and its peer holds as
 /// written ([`POLLER_GRACE`], [`LEAVES_AFTER`], [`POLLER_WATCH_MAX`], [`ANSWERS_WITHIN`],
 /// [`LINGER_MAX`], [`ACK_HOLD`]): they were measured on loopback on the 2-core development
@@ -447,6 +449,7 @@ impl Driver {
         // through the batch.
         let lender = Lender::new(mem);
         while let Some(t) = engine.poll_transmit(now, &lender, link.tx.slot()) {
+            steps::mark(Step::Built);
             match t.lent {
                 None => link.tx.push_written(t.dst, t.len, t.ack),
                 Some(l) => {
@@ -721,6 +724,9 @@ impl Driver {
         let mut dry = false;
         while taken < 2 * sys::RECV_BATCH {
             let n = state.link.receive_batch(&self.port, want);
+            if n > 0 {
+                steps::mark(Step::Received);
+            }
             taken += n;
             for i in 0..n {
                 let Locked {
@@ -728,6 +734,7 @@ impl Driver {
                 } = &mut *state;
                 let got = link.handle_buffer(&self.port, i, |from, bytes, index| {
                     engine.handle_segment(now, from, dst, bytes, index, mem);
+                    steps::mark(Step::Handled);
                 });
                 handled += got;
                 since_sent += got;
@@ -758,6 +765,9 @@ impl Driver {
         // handed it over before what it follows (`Engine::set_batch_holding`).
         let Locked { engine, mem, .. } = &mut *state;
         engine.end_batch(now, mem);
+        if taken > 0 {
+            steps::mark(Step::Drained);
+        }
         // What a capture recorded of these goes to its file now, as what is sent does
         // (`Link::transmit`).
         if taken > 0 && state.link.flush_capture().is_err() {
@@ -794,6 +804,7 @@ impl Driver {
         seen: Option<Instant>,
         claims: bool,
     ) -> Instant {
+        steps::mark(Step::Look);
         state.posts_in_a_row = 0;
         // A poll right after a look that took datagrams and found the socket empty behind them
         // (within `DRY_FOR`) neither looks again nor runs the engine: the kernel said the

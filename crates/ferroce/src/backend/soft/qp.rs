@@ -12,6 +12,7 @@ use super::cq::Cq;
 use super::driver::Driver;
 use super::srq::Srq;
 use crate::attr::ConnectAttrs;
+use crate::steps::{self, Step};
 
 /// A soft QP. It keeps its CQs and SRQ alive while it reports to them and takes from it.
 pub(crate) struct Qp {
@@ -142,10 +143,13 @@ impl Qp {
     }
 
     pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        steps::mark(Step::Posting);
         let (mut state, now, first) = self.driver.enter();
         let behind = state.engine.sq_len(self.qpn);
         state.engine.post_send(self.qpn, wr)?;
+        steps::mark(Step::Posted);
         self.driver.sent(state, first, now, behind);
+        steps::mark(Step::Returned);
         Ok(())
     }
 
