@@ -25,10 +25,11 @@
 #![deny(unsafe_code)]
 
 // The layers, each importing only those above it in this list's reverse (tests/layers.rs
-// checks it): the machine (`sys`, `udp`); the data the API and the backends share (`attr`,
-// `error`, `memory`); the backends and their contract (`backend`); the public objects (`nic`,
-// `cq`, `qp`, `srq`, `region`, `ud`, `verbs`); the services on them and the composition root
-// (`cm`, `oob`, `exchange`, `open`); the faces and the tools' helpers.
+// checks it): the machine (`sys`, `udp`, and `steps`, marks timing a turn through them); the
+// data the API and the backends share (`attr`, `error`, `memory`); the backends and their
+// contract (`backend`); the public objects (`nic`, `cq`, `qp`, `srq`, `region`, `ud`,
+// `verbs`); the services on them and the composition root (`cm`, `oob`, `exchange`, `open`);
+// the faces and the tools' helpers.
 mod attr;
 mod backend;
 pub mod cache;

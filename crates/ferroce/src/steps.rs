@@ -1,8 +1,9 @@
 //! Marks along the soft NIC's path through a round trip, on the thread that takes it: where
 //! a received buffer was handled, a packet built, a completion returned, a post made, the send
 //! call entered and left. `scripts/bench-turn-steps.sh` reads them to say what each stretch of
-//! a `perf write-lat` turn costs in nanoseconds (issue 26 asks that each microsecond of a round
-//! trip be named before it is cut; callgrind counts instructions, these count time).
+//! a `perf write-lat` turn costs in nanoseconds, so that each microsecond of a round trip is
+//! named before any is cut (callgrind counts instructions, these count time; BENCHMARKS.md,
+//! the data path's twenty-eighth step).
 //!
 //! Compiled in only with the `turn-steps` feature: without it [`mark`] is an empty inline
 //! function and [`take`] returns nothing, so the marks cost nothing in a normal build. With

@@ -14,6 +14,8 @@ const LAYERS: &[(&str, u8)] = &[
     // 0: the machine.
     ("sys", 0),
     ("udp", 0),
+    // Timed marks along the datagram path and the backend (`turn-steps`): they name nothing.
+    ("steps", 0),
     // 1: data the API and both backends speak; memory kinds and tools' decoders.
     ("attr", 1),
     ("error", 1),

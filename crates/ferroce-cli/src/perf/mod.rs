@@ -1115,8 +1115,11 @@ fn write_turn_steps() -> Result<(), String> {
         return Ok(());
     };
     if !cfg!(feature = "turn-steps") {
-        return Err("FERROCE_TURN_STEPS is set, but this ferroce was built without the                     turn-steps feature (cargo build --features turn-steps)"
-            .into());
+        return Err(concat!(
+            "FERROCE_TURN_STEPS is set, but this ferroce was built without the turn-steps ",
+            "feature (cargo build --release -p ferroce-cli --features turn-steps)"
+        )
+        .into());
     }
     let mut lines = String::new();
     for (step, at) in ferroce::steps::take() {
