@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# What each stretch of a write-lat turn costs in time on the client's polling thread (issue 26,
+# What each stretch of a write-lat turn (or a session's) costs in time on the client's polling
+# thread (issue 26,
 # item 1: name each microsecond of a round trip before cutting it). ferroce is built with the
 # `turn-steps` feature (crates/ferroce/src/steps.rs), which marks, with a clock read each, where
 # a receive took datagrams, each packet was handled and built, a poll returned a completion,
 # the tool saw its peer's bytes, the post began and queued its request, and the send call was
-# entered and left. `perf write-lat -s 8` runs ROUNDS times between 127.0.0.2 and 127.0.0.3;
-# for each run the client's turns (from the receive that takes the peer's WRITE and ACK to the
+# entered and left. `perf write-lat -s 8` runs ROUNDS times between 127.0.0.2 and 127.0.0.3
+# (with MODE `session`, `perf session-lat -s 64`, Catalyst's session, as bench-session.sh runs
+# it); for each run the client's turns (from the receive that takes the peer's answer to the
 # next) that follow the run's most common sequence of marks give a median per stretch.
 #
 # Each stretch includes one mark's clock read (about 30 ns here), so the stretches add up to
@@ -15,11 +17,17 @@
 # and ACK as one GSO send and receives as ferroce does, `sock` as sockperf --nonblocked), each
 # with its answer call timed. bench-turn-instructions.sh counts the path's instructions.
 # Needs: python3, a C compiler and liburing (apt-get install liburing-dev).
-# Usage: scripts/bench-turn-steps.sh [ITERATIONS] [ROUNDS]
+# Usage: scripts/bench-turn-steps.sh [ITERATIONS] [ROUNDS] [write-lat|session]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-50000}
 rounds=${2:-3}
+mode=${3:-write-lat}
+case $mode in
+    write-lat) size=8 ;;
+    session) size=64 ;;
+    *) echo "usage: $0 [ITERATIONS] [ROUNDS] [write-lat|session]" >&2; exit 2 ;;
+esac
 CARGO_TARGET_DIR=target/turn-steps cargo build -q --release -p ferroce-cli --features turn-steps
 bin=target/turn-steps/release/ferroce
 work=$(mktemp -d)
@@ -27,15 +35,24 @@ trap 'rm -rf "$work"' EXIT
 cc -O2 -Wall -o "$work/recv-floor" scripts/recv-floor.c -luring
 
 for round in $(seq "$rounds"); do
-    "$bin" perf write-lat --local 127.0.0.2 -s 8 -n "$iters" > /dev/null 2>&1 &
-    server=$!
-    sleep 0.3
-    FERROCE_TURN_STEPS="$work/client.$round" \
-        "$bin" perf write-lat --local 127.0.0.3 -s 8 -n "$iters" 127.0.0.2 > "$work/out.$round"
+    if [ "$mode" = session ]; then
+        "$bin" perf session-lat --local 127.0.0.2 -p 19541 -s "$size" > /dev/null 2>&1 &
+        server=$!
+        sleep 0.3
+        FERROCE_TURN_STEPS="$work/client.$round" "$bin" perf session-lat --local 127.0.0.3 \
+            -p 19541 -s "$size" -n "$iters" 127.0.0.2 > "$work/out.$round"
+    else
+        "$bin" perf write-lat --local 127.0.0.2 -s "$size" -n "$iters" > /dev/null 2>&1 &
+        server=$!
+        sleep 0.3
+        FERROCE_TURN_STEPS="$work/client.$round" "$bin" perf write-lat --local 127.0.0.3 \
+            -s "$size" -n "$iters" 127.0.0.2 > "$work/out.$round"
+    fi
     wait "$server"
-    awk '$1 == 8 { print "round '"$round"': write-lat typical " $5 " us" }' "$work/out.$round"
-    for mode in gso sock; do
-        timeout 120 "$work/recv-floor" pingpong "$mode" "$iters"
+    awk -v s="$size" '$1 == s { print "round '"$round"': '"$mode"' typical " $5 " us"; exit }' \
+        "$work/out.$round"
+    for floor in gso sock; do
+        timeout 120 "$work/recv-floor" pingpong "$floor" "$iters"
     done
 done
 

@@ -1110,7 +1110,7 @@ fn write_lat(
 /// Where `FERROCE_TURN_STEPS` names a file: this thread's timed marks along the soft NIC's
 /// path (`ferroce::steps`, kept only in a build with the `turn-steps` feature), one
 /// `step nanoseconds` a line, for scripts/bench-turn-steps.sh.
-fn write_turn_steps() -> Result<(), String> {
+pub(super) fn write_turn_steps() -> Result<(), String> {
     let Some(path) = std::env::var_os("FERROCE_TURN_STEPS") else {
         return Ok(());
     };

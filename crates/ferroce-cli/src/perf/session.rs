@@ -249,6 +249,7 @@ fn client(
     }
     let last_rtt = s.last_rtt_ns();
     let last_sample = samples.last().copied().unwrap_or(0);
+    super::write_turn_steps()?;
     s.stop();
     print_stats(a, s.nic());
     let r = report::lat_report(u64::from(a.size), a.iters, &samples, 2);
