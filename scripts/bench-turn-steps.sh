@@ -113,7 +113,7 @@ print(f"| received | returned (the turn's own path) | {', '.join(f'{x:,.0f}' for
 if send:
     own = [p - s for p, s in zip(path, send)]
     print(f"| | of which the send call | {', '.join(f'{x:,.0f}' for x in send)} |")
-    print(f"| | of which ferroce and the tool | {', '.join(f'{x:,.0f}' for x in own)} |")
+    print(f"| | of which ferroce and the program (tool or face) | {', '.join(f'{x:,.0f}' for x in own)} |")
 print(f"| returned | next received (the peer's turn and the wire) | "
       f"{', '.join(f'{r[2]:,.0f}' for r in same)} |")
 print(f"\nlooks at the socket while waiting, median a turn: "
