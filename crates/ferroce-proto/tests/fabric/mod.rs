@@ -115,6 +115,11 @@ impl PartialOrd for InFlight {
 /// Decides per packet whether to drop it: `(from node, packet)`.
 pub type Filter = Box<dyn FnMut(usize, &Packet<&[u8]>) -> bool>;
 
+/// How long a sender pauses before a packet leaves, holding everything queued behind it on
+/// its link: `(from node, packet)`. An emulated rxe's responder stops so for milliseconds in
+/// the middle of a READ's answer while its guest is descheduled.
+pub type Hold = Box<dyn FnMut(usize, &Packet<&[u8]>) -> Duration>;
+
 pub struct Fabric {
     pub nodes: Vec<Node>,
     pub now: Instant,
@@ -122,6 +127,7 @@ pub struct Fabric {
     pub link: LinkConfig,
     pub rng: Rng,
     pub filter: Option<Filter>,
+    pub hold: Option<Hold>,
     /// Whether each node's timers learn which peers have not read what reached them (a
     /// driver's look at a peer's socket on the same host).
     pub show_unread: bool,
@@ -166,6 +172,7 @@ impl Fabric {
             link: LinkConfig::default(),
             rng: Rng::new(seed),
             filter: None,
+            hold: None,
             show_unread: false,
             in_flight: BinaryHeap::new(),
             seq: 0,
@@ -388,15 +395,20 @@ impl Fabric {
                 any = true;
                 let src = SocketAddr::new(node.ip, t.src_port);
                 let bytes = buf[..t.len].to_vec();
-                // Serialisation delay on the sender's link.
-                let mut depart = self.now;
+                let hold = self.hold.as_mut().map_or(Duration::ZERO, |hold| {
+                    let packet =
+                        Packet::new_checked(&bytes[..]).expect("the engine emits valid packets");
+                    hold(from, &packet)
+                });
+                // Behind what the link still carries and any pause, plus serialisation.
+                let node = &mut self.nodes[from];
+                let mut depart = node.link_free.max(self.now) + hold;
                 // Ethernet, IPv4, UDP, FCS, preamble and gap around the packet.
                 let wire_bits = ((t.len + 14 + 20 + 8 + 4 + 20) * 8) as u64;
                 if let Some(ns) = (wire_bits * 1_000_000_000).checked_div(self.link.bits_per_sec) {
-                    let node = &mut self.nodes[from];
-                    depart = node.link_free.max(self.now) + Duration::from_nanos(ns);
-                    node.link_free = depart;
+                    depart += Duration::from_nanos(ns);
                 }
+                node.link_free = depart;
                 let Some(to) = self.node_of(t.dst.ip()) else {
                     self.dropped += 1;
                     continue;
