@@ -91,14 +91,24 @@ impl Qp {
         let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
         if !sent || self.sq.is_empty() {
             dev.counters.stale_response += 1;
-            if let Some(watch) = self.early_read_watch.filter(|w| {
-                psn.in_window(w.from, w.len)
-                    && packet.opcode().operation() != Operation::Acknowledge
-                    && psn.precedes(self.comp_psn)
-            }) {
-                // A second copy of a READ response the early resend asked for again, already
+            let read_response = matches!(
+                packet.opcode().operation(),
+                Operation::RdmaReadResponseFirst
+                    | Operation::RdmaReadResponseMiddle
+                    | Operation::RdmaReadResponseLast
+                    | Operation::RdmaReadResponseOnly
+            );
+            if read_response && self.timers.early.is_some() {
+                // A copy of a READ response already taken: the responder is answering an
+                // older ask again, in order, and what is unanswered waits behind it. An early
+                // resend now would only queue more behind that, so its wait starts again.
+                // (The ACK timeout does not: only progress restarts it.)
+                self.timers.early = self.early_resend_at(now);
+            }
+            let watched = read_response && psn.precedes(self.comp_psn);
+            if let Some(watch) = watched.then(|| self.early_read_watches.take(psn)).flatten() {
+                // A second copy of a READ response an early resend asked for again, already
                 // taken: it asked for responses that were on their way.
-                self.early_read_watch = None;
                 if watch.halved == Some(true) {
                     self.backoff.not_a_loss();
                 }
@@ -271,8 +281,13 @@ impl Qp {
             }
             _ => dev.counters.opcode_err += 1,
         }
-        if let Some(watch) = &mut self.early_read_watch {
-            if watch.halved.is_none() && watch.from.precedes(self.comp_psn) {
+        while self.early_read_watches.take_passed(self.comp_psn).is_some() {
+            // Answered past the piece asked for again, by a request sent before it: the
+            // piece's rest had come from the originals.
+            self.early_was_needless(dev);
+        }
+        for watch in self.early_read_watches.iter_mut() {
+            if !watch.ahead && watch.halved.is_none() && watch.from.precedes(self.comp_psn) {
                 // The first response asked for again is in: taken for a loss, which takes
                 // back a doubling, until a second copy shows the first was on its way.
                 watch.halved = Some(self.backoff.found_loss());
@@ -320,8 +335,13 @@ impl Qp {
             self.early_was_needless(dev);
         }
         if self.req_psn.precedes(self.comp_psn) {
-            // Acknowledged past what a rewind left to resend: carry on from there.
-            self.rewind(self.comp_psn);
+            // Acknowledged past what a rewind left to resend: carry on from there, or from
+            // where sending had got to if an early resend's READ request had yet to go.
+            let to = self
+                .early_resume
+                .filter(|at| self.comp_psn.precedes(*at))
+                .unwrap_or(self.comp_psn);
+            self.rewind(to);
         }
         if let Some(rtt) = self.sample_rtt(now) {
             dev.round_trip.sample(rtt);

@@ -56,8 +56,13 @@ pub(super) struct Qp {
     /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
     /// until an answer shows whether the stall was a loss.
     pub(super) early_probe: Option<Psn>,
-    /// What the last READ early resend asked for again, until a copy shows it needless.
-    pub(super) early_read_watch: Option<ReadWatch>,
+    /// What the last READ early resends asked for again, until a copy shows each needless.
+    pub(super) early_read_watches: ReadWatches,
+    /// Where sending goes on once a READ early resend's one request has gone: the PSN sending
+    /// had reached. The requests after it were sent and may be answered yet; a responder
+    /// answers a copy of each only after everything queued before it, so asking for them
+    /// again would only queue their whole answers twice. Any other rewind forgets it.
+    pub(super) early_resume: Option<Psn>,
     /// An ACK answered past what the last probe resent, with more of the burst unanswered:
     /// the resend was needless if answers go past this PSN before another resend.
     pub(super) early_past: Option<Psn>,
@@ -153,18 +158,100 @@ pub(super) struct AckWatch {
     pub(super) halved: bool,
 }
 
-/// A READ early resend asked again for the responses of `len` PSNs from `from`, which may
-/// still have been on their way: a second copy of one of them shows it was needless (a copy
-/// of another READ's response shows nothing of it). When the first of them arrives the
-/// resend is taken for a loss, as a probe answered is ([`AckWatch`]), until such a copy says
-/// otherwise.
+/// A READ early resend asked again for the responses of `len` PSNs from `from` (the rest of
+/// a piece), which may still have been on their way. Two things show it needless:
+///
+/// - a second copy of one of them (a copy of another READ's response shows nothing of it);
+/// - with requests after the piece sent before it (`ahead`), an answer to one of those
+///   before another early resend: a responder answers in order, so the piece's rest had come
+///   from the originals, ahead of them, and the copies are still to come (TCP's F-RTO reads
+///   a spurious timeout so, from ACKs for data it did not resend).
+///
+/// Without requests ahead, when the first of them arrives the resend is taken for a loss, as
+/// a probe answered is ([`AckWatch`]), until a copy says otherwise.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ReadWatch {
     pub(super) from: Psn,
     pub(super) len: u32,
+    /// Requests after the piece had been sent, and no early resend has come since.
+    pub(super) ahead: bool,
     /// `None` until the first response asked for again arrives; then whether taking the
     /// resend for a loss shortened the backoff (undone if it was not one).
     pub(super) halved: Option<bool>,
+}
+
+/// How many READ early resends are watched at once.
+const READ_WATCHES: usize = 4;
+
+/// The READ early resends of a stall or of stalls in a row that no copy has yet shown
+/// needless, oldest first. A responder answers a READ request asked again only after
+/// everything queued before it, the rest of that READ and the next ones, so the copies that
+/// show a resend needless can come after several more stalls, each with a resend of its own;
+/// watching only the last one, the requester never learnt to wait longer, and each stall of
+/// a slow responder drew a resend.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ReadWatches([Option<ReadWatch>; READ_WATCHES]);
+
+impl ReadWatches {
+    /// Watches one more, forgetting the oldest when all places are taken.
+    pub(super) fn push(&mut self, watch: ReadWatch) {
+        let free = self.0.iter().position(Option::is_none);
+        let at = free.unwrap_or_else(|| {
+            self.0.rotate_left(1);
+            READ_WATCHES - 1
+        });
+        self.0[at] = Some(watch);
+    }
+
+    /// Another early resend: answers that come after it no longer tell whether the ones
+    /// before it were needed.
+    pub(super) fn stall_again(&mut self) {
+        for watch in self.iter_mut() {
+            watch.ahead = false;
+        }
+    }
+
+    /// Whether a watch with requests ahead asked for the piece that ends at `psn`: its answers
+    /// came to the end and none after.
+    pub(super) fn stalled_at(&self, psn: Psn) -> bool {
+        self.0
+            .iter()
+            .flatten()
+            .any(|w| w.ahead && w.from.add(w.len) == psn)
+    }
+
+    /// Takes out the first watch with requests ahead whose piece `comp_psn` has passed (its
+    /// last response and the first of a later request taken).
+    pub(super) fn take_passed(&mut self, comp_psn: Psn) -> Option<ReadWatch> {
+        let at = self
+            .0
+            .iter()
+            .position(|w| w.is_some_and(|w| w.ahead && w.from.add(w.len).precedes(comp_psn)))?;
+        let watch = self.0[at].take();
+        self.0[at..].rotate_left(1);
+        watch
+    }
+
+    /// Forgets them all.
+    pub(super) fn clear(&mut self) {
+        self.0 = [None; READ_WATCHES];
+    }
+
+    /// Takes out the oldest watch whose PSNs hold `psn`.
+    pub(super) fn take(&mut self, psn: Psn) -> Option<ReadWatch> {
+        let at = self
+            .0
+            .iter()
+            .position(|w| w.is_some_and(|w| psn.in_window(w.from, w.len)))?;
+        let watch = self.0[at].take();
+        self.0[at..].rotate_left(1);
+        watch
+    }
+
+    /// Those still watched.
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut ReadWatch> {
+        self.0.iter_mut().flatten()
+    }
 }
 
 impl Qp {
@@ -200,7 +287,8 @@ impl Qp {
             rtt: RttEstimate::default(),
             rtt_sample: None,
             early_probe: None,
-            early_read_watch: None,
+            early_read_watches: ReadWatches::default(),
+            early_resume: None,
             early_past: None,
             early_copies: 0,
             early_ack_watch: None,
@@ -392,6 +480,40 @@ impl Qp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_watches_keep_the_newest_and_answer_by_psn() {
+        let psn = |v| Psn::new(v).unwrap();
+        let watch = |from, len, ahead| ReadWatch {
+            from: psn(from),
+            len,
+            ahead,
+            halved: None,
+        };
+        let mut w = ReadWatches::default();
+        for i in 0..READ_WATCHES as u32 + 1 {
+            w.push(watch(100 * i, 10, true));
+        }
+        // The oldest, from 0, made room for the fifth.
+        assert!(w.take(psn(5)).is_none());
+        assert_eq!(w.take(psn(105)).map(|w| w.from), Some(psn(100)));
+        assert!(w.take(psn(105)).is_none(), "taken once");
+        // A watch with requests ahead ends at the PSN after its piece.
+        assert!(w.stalled_at(psn(210)));
+        assert!(!w.stalled_at(psn(205)));
+        // Passed only once an answer past the piece is taken.
+        assert!(w.take_passed(psn(210)).is_none());
+        assert_eq!(w.take_passed(psn(211)).map(|w| w.from), Some(psn(200)));
+        // Another stall: answers after it tell nothing of the ones before.
+        w.stall_again();
+        assert!(!w.stalled_at(psn(310)));
+        assert!(w.take_passed(psn(999)).is_none());
+        assert_eq!(w.iter_mut().count(), 2);
+        w.push(watch(500, 10, true));
+        assert_eq!(w.iter_mut().count(), 3, "a free place is used first");
+        w.clear();
+        assert_eq!(w.iter_mut().count(), 0);
+    }
 
     #[test]
     fn timers_report_the_earliest_and_disarm_only_when_due() {

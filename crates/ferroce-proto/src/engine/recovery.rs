@@ -210,6 +210,7 @@ impl Qp {
         self.req_psn = psn;
         self.since_ack_req = 0;
         self.rtt_sample = None;
+        self.early_resume = None;
     }
 
     /// A retry after a timeout, a sequence NAK or an implied NAK: counts it, or gives up.
@@ -228,7 +229,7 @@ impl Qp {
         // A loss signalled or timed out: whatever an early probe was waiting to learn, this
         // retry is the answer.
         self.early_probe = None;
-        self.early_read_watch = None;
+        self.early_read_watches.clear();
         self.early_ack_watch = None;
         self.early_past = None;
         if self.retries_left == 0 {
@@ -305,7 +306,10 @@ impl Qp {
     ///   the ACK covers packets the probe did not resend, the originals got through.
     /// - Behind a READ, it asks again for the rest of the piece in flight (rxe's responder
     ///   cannot serve a smaller part first and the rest later: a replay moves the start of
-    ///   its record). If a response then arrives twice, the originals were on their way.
+    ///   its record), and for nothing after it ([`Qp::early_resume`]), unless the last one
+    ///   asked for the piece before and its answers stopped at that piece's end: then what
+    ///   was sent after it goes again too. If a response arrives twice, or a later request is
+    ///   answered first, the resend was needless ([`ReadWatch`]).
     ///
     /// Either finding of a needless resend doubles this QP's later early-resend delays.
     pub(super) fn resend_early(&mut self, dev: &mut DeviceState, now: Instant) {
@@ -314,26 +318,39 @@ impl Qp {
         // A stall again after an ACK past the last probe: what was left was lost.
         self.early_past = None;
         let from = self.comp_psn;
-        // Behind a READ: the PSNs from `from` to the READ's end, whose responses it asks for.
+        // Behind a READ: the PSNs from `from` to the end of its piece, whose responses it asks
+        // for again.
         let read = self
             .sq
             .front()
             .filter(|w| matches!(w.op, SendOp::Read(_)) && w.contains(from))
-            .map(|w| from.steps_to(w.first_psn.add(w.npkts)));
+            .map(|w| w.first_psn.add(w.piece_end(w.first_psn.steps_to(from))))
+            .map(|end| from.steps_to(end));
+        // The last READ resend's piece answered to its end, and then nothing of the requests
+        // after it: they or their answers were lost too, and go-back-N asks for them all.
+        let lost_after = self.early_read_watches.stalled_at(from);
+        self.early_read_watches.stall_again();
         self.early_copies = if self.early_probe == Some(from) {
             self.early_copies + 1
         } else {
             1
         };
         self.early_probe = read.is_none().then_some(from);
-        self.early_read_watch = read.map(|len| ReadWatch {
-            from,
-            len,
-            halved: None,
-        });
+        if let Some(len) = read {
+            self.early_read_watches.push(ReadWatch {
+                from,
+                len,
+                ahead: from.add(len).precedes(self.sent_psn),
+                halved: None,
+            });
+        }
         self.probing = read.is_none();
         self.retrying_from = Some(from);
+        let resume = self.req_psn;
         self.rewind(from);
+        if read.is_some() && !lost_after {
+            self.early_resume = Some(resume);
+        }
         self.timers.early = self.early_resend_at(now);
     }
 

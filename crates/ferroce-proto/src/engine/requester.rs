@@ -118,7 +118,7 @@ impl Qp {
             SendOp::Read(remote) => {
                 // From here to the end of the piece holding PSN k.
                 let done = u64::from(k) * u64::from(mtu);
-                let piece_end = ((k / wqe.piece + 1) * wqe.piece).min(wqe.npkts);
+                let piece_end = wqe.piece_end(k);
                 let end = (u64::from(piece_end) * u64::from(mtu)).min(u64::from(wqe.len));
                 bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
                 bth.ack_req = true;
@@ -253,7 +253,14 @@ impl Qp {
             self.sent_psn = self.req_psn;
         }
         self.req_pkt = k + consumed;
-        if self.req_pkt >= self.sq[index].npkts {
+        if let Some(at) = self
+            .early_resume
+            .take()
+            .filter(|at| self.req_psn.precedes(*at))
+        {
+            // An early resend's one READ request: on from where sending had got to.
+            self.rewind(at);
+        } else if self.req_pkt >= self.sq[index].npkts {
             self.req_pkt = 0;
             if self.is_rc() {
                 self.req_index += 1;

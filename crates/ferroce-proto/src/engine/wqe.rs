@@ -119,6 +119,11 @@ impl SendWqe {
         self.started && psn.in_window(self.first_psn, self.npkts)
     }
 
+    /// One past the last packet of the READ piece that holds packet `k`.
+    pub(super) fn piece_end(&self, k: u32) -> u32 {
+        ((k / self.piece + 1) * self.piece).min(self.npkts)
+    }
+
     pub(super) fn wc_opcode(&self) -> WcOpcode {
         match self.op {
             SendOp::Send | SendOp::SendWithImm(_) => WcOpcode::Send,
