@@ -281,17 +281,8 @@ impl Qp {
             }
             _ => dev.counters.opcode_err += 1,
         }
-        while self.early_read_watches.take_passed(self.comp_psn).is_some() {
-            // Answered past the piece asked for again, by a request sent before it: the
-            // piece's rest had come from the originals.
-            self.early_was_needless(dev);
-        }
-        for watch in self.early_read_watches.iter_mut() {
-            if !watch.ahead && watch.halved.is_none() && watch.from.precedes(self.comp_psn) {
-                // The first response asked for again is in: taken for a loss, which takes
-                // back a doubling, until a second copy shows the first was on its way.
-                watch.halved = Some(self.backoff.found_loss());
-            }
+        if !self.early_read_watches.is_empty() {
+            self.read_watches_answered(dev);
         }
         if let Some(from) = self.early_probe {
             if self.comp_psn != from || self.state != QpState::Rts {

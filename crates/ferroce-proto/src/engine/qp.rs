@@ -223,13 +223,13 @@ impl ReadWatches {
     /// Takes out the first watch with requests ahead whose piece `comp_psn` has passed (its
     /// last response and the first of a later request taken).
     pub(super) fn take_passed(&mut self, comp_psn: Psn) -> Option<ReadWatch> {
-        let at = self
-            .0
-            .iter()
-            .position(|w| w.is_some_and(|w| w.ahead && w.from.add(w.len).precedes(comp_psn)))?;
-        let watch = self.0[at].take();
-        self.0[at..].rotate_left(1);
-        watch
+        self.take_first(|w| w.ahead && w.from.add(w.len).precedes(comp_psn))
+    }
+
+    /// Whether none is watched.
+    pub(super) fn is_empty(&self) -> bool {
+        // Kept packed: the watched ones come first.
+        self.0[0].is_none()
     }
 
     /// Forgets them all.
@@ -239,10 +239,12 @@ impl ReadWatches {
 
     /// Takes out the oldest watch whose PSNs hold `psn`.
     pub(super) fn take(&mut self, psn: Psn) -> Option<ReadWatch> {
-        let at = self
-            .0
-            .iter()
-            .position(|w| w.is_some_and(|w| psn.in_window(w.from, w.len)))?;
+        self.take_first(|w| psn.in_window(w.from, w.len))
+    }
+
+    /// Takes out the oldest watch that `hit` picks, keeping the rest packed.
+    fn take_first(&mut self, hit: impl Fn(&ReadWatch) -> bool) -> Option<ReadWatch> {
+        let at = self.0.iter().position(|w| w.as_ref().is_some_and(&hit))?;
         let watch = self.0[at].take();
         self.0[at..].rotate_left(1);
         watch
@@ -511,8 +513,10 @@ mod tests {
         assert_eq!(w.iter_mut().count(), 2);
         w.push(watch(500, 10, true));
         assert_eq!(w.iter_mut().count(), 3, "a free place is used first");
+        assert!(!w.is_empty());
         w.clear();
         assert_eq!(w.iter_mut().count(), 0);
+        assert!(w.is_empty());
     }
 
     #[test]

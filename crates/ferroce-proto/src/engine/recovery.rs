@@ -364,6 +364,22 @@ impl Qp {
         self.timers.early = self.early_resend_at(now);
     }
 
+    /// What the answers taken so far tell the READ early resends still watched.
+    pub(super) fn read_watches_answered(&mut self, dev: &mut DeviceState) {
+        while self.early_read_watches.take_passed(self.comp_psn).is_some() {
+            // Answered past the piece asked for again, by a request sent before it: the
+            // piece's rest had come from the originals.
+            self.early_was_needless(dev);
+        }
+        for watch in self.early_read_watches.iter_mut() {
+            if !watch.ahead && watch.halved.is_none() && watch.from.precedes(self.comp_psn) {
+                // The first response asked for again is in: taken for a loss, which takes
+                // back a doubling, until a second copy shows the first was on its way.
+                watch.halved = Some(self.backoff.found_loss());
+            }
+        }
+    }
+
     /// An early resend turned out needless: later ones of this QP wait twice as long.
     pub(super) fn early_was_needless(&mut self, dev: &mut DeviceState) {
         dev.counters.early_needless += 1;
