@@ -26,7 +26,9 @@
 //!   512, which a slow receiver's path (a guest under emulation) needs to keep moving;
 //! - a stall of a few measured round trips with nothing answered (a lost last packet, ACK or
 //!   sequence NAK) starts an early resend that spends no `retry_cnt`, instead of waiting out
-//!   the ACK timeout (67 ms at perftest's default).
+//!   the ACK timeout (67 ms at perftest's default); behind a READ it asks again for the rest of
+//!   one piece, since a responder answers a copy only after everything queued before it, and
+//!   its wait doubles for each such resend that answers show needless.
 //!
 //! And one the responder sees, within what IBTA allows it to expect: a READ of more than
 //! [`MAX_UNACKED_PSNS`] response packets is asked for in several READ requests of that many
