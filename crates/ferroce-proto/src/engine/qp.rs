@@ -56,10 +56,12 @@ pub(super) struct Qp {
     /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
     /// until an answer shows whether the stall was a loss.
     pub(super) early_probe: Option<Psn>,
-    /// What the last READ early resends asked for again, until a copy shows each needless.
+    /// What the last READ early resends asked for again, until answers show each needless or
+    /// a retry ends the watch.
     pub(super) early_read_watches: ReadWatches,
-    /// Where sending goes on once a READ early resend's one request has gone: the PSN sending
-    /// had reached. The requests after it were sent and may be answered yet; a responder
+    /// Where sending goes on once a READ early resend's one request has gone: where the
+    /// current pass of sending had got to. The requests after it were sent and may be
+    /// answered yet; a responder
     /// answers a copy of each only after everything queued before it, so asking for them
     /// again would only queue their whole answers twice. Any other rewind forgets it.
     pub(super) early_resume: Option<Psn>,
@@ -173,7 +175,8 @@ pub(super) struct AckWatch {
 pub(super) struct ReadWatch {
     pub(super) from: Psn,
     pub(super) len: u32,
-    /// Requests after the piece had been sent, and no early resend has come since.
+    /// Requests after the piece had been sent before the resend and were not sent again
+    /// after it, and no early resend has come since.
     pub(super) ahead: bool,
     /// `None` until the first response asked for again arrives; then whether taking the
     /// resend for a loss shortened the backoff (undone if it was not one).

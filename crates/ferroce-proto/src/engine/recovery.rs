@@ -336,17 +336,20 @@ impl Qp {
             1
         };
         self.early_probe = read.is_none().then_some(from);
+        // Where this pass of sending had got to: it goes on from there after the one request.
+        let resume = self.req_psn;
         if let Some(len) = read {
             self.early_read_watches.push(ReadWatch {
                 from,
                 len,
-                ahead: from.add(len).precedes(self.sent_psn),
+                // Requests after the piece that went before this resend and do not go again:
+                // their answers come ahead of the copies.
+                ahead: !lost_after && from.add(len).precedes(resume),
                 halved: None,
             });
         }
         self.probing = read.is_none();
         self.retrying_from = Some(from);
-        let resume = self.req_psn;
         self.rewind(from);
         if read.is_some() && !lost_after {
             self.early_resume = Some(resume);
