@@ -91,13 +91,7 @@ impl Qp {
         let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
         if !sent || self.sq.is_empty() {
             dev.counters.stale_response += 1;
-            let read_response = matches!(
-                packet.opcode().operation(),
-                Operation::RdmaReadResponseFirst
-                    | Operation::RdmaReadResponseMiddle
-                    | Operation::RdmaReadResponseLast
-                    | Operation::RdmaReadResponseOnly
-            );
+            let read_response = packet.opcode().operation().is_read_response();
             if read_response && self.timers.early.is_some() {
                 // A copy of a READ response already taken: the responder is answering an
                 // older ask again, in order, and what is unanswered waits behind it. An early

@@ -112,13 +112,8 @@ impl Qp {
         if !opcode.is_response() {
             return self.resp.epsn.precedes(psn);
         }
-        matches!(
-            opcode.operation(),
-            Operation::RdmaReadResponseFirst
-                | Operation::RdmaReadResponseMiddle
-                | Operation::RdmaReadResponseLast
-                | Operation::RdmaReadResponseOnly
-        ) && self.comp_psn.precedes(psn)
+        opcode.operation().is_read_response()
+            && self.comp_psn.precedes(psn)
             && psn.precedes(self.req_psn)
     }
 

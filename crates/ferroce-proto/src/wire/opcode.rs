@@ -56,6 +56,21 @@ pub enum Operation {
     CongestionNotification,
 }
 
+impl Operation {
+    /// Whether this is one of the four RDMA READ responses (FIRST, MIDDLE, LAST, ONLY).
+    #[must_use]
+    #[inline]
+    pub const fn is_read_response(self) -> bool {
+        matches!(
+            self,
+            Self::RdmaReadResponseFirst
+                | Self::RdmaReadResponseMiddle
+                | Self::RdmaReadResponseLast
+                | Self::RdmaReadResponseOnly
+        )
+    }
+}
+
 /// The set of extension headers that follow the BTH, in wire order.
 ///
 /// The order on the wire is always DETH, FETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt,
@@ -494,8 +509,8 @@ mod tests {
     use super::*;
 
     /// The kind bits agree with what each opcode's IBTA name says: FIRST, MIDDLE, LAST or
-    /// ONLY place a packet in its message (an operation without them is one packet), and
-    /// ACKs and READ responses are the responses.
+    /// ONLY place a packet in its message (an operation without them is one packet), ACKs and
+    /// READ responses are the responses, and the READ responses are what their operation says.
     #[test]
     fn kinds_follow_the_ibta_names() {
         for &op in Opcode::ALL {
@@ -515,6 +530,11 @@ mod tests {
             );
             assert_eq!(op.is_response(), response, "{name}");
             assert_eq!(op.is_request(), !response && name != "CNP", "{name}");
+            assert_eq!(
+                op.operation().is_read_response(),
+                part("READ_RESPONSE"),
+                "{name}"
+            );
         }
     }
 
