@@ -395,11 +395,13 @@ impl Fabric {
                 any = true;
                 let src = SocketAddr::new(node.ip, t.src_port);
                 let bytes = buf[..t.len].to_vec();
-                let hold = self.hold.as_mut().map_or(Duration::ZERO, |hold| {
-                    let packet =
-                        Packet::new_checked(&bytes[..]).expect("the engine emits valid packets");
-                    hold(from, &packet)
-                });
+                // Parsed once, for the hold and the filter.
+                let packet =
+                    Packet::new_checked(&bytes[..]).expect("the engine emits valid packets");
+                let hold = self
+                    .hold
+                    .as_mut()
+                    .map_or(Duration::ZERO, |hold| hold(from, &packet));
                 // Behind what the link still carries and any pause, plus serialisation.
                 let node = &mut self.nodes[from];
                 let mut depart = node.link_free.max(self.now) + hold;
@@ -414,8 +416,6 @@ impl Fabric {
                     continue;
                 };
                 if let Some(filter) = &mut self.filter {
-                    let packet =
-                        Packet::new_checked(&bytes[..]).expect("the engine emits valid packets");
                     if filter(from, &packet) {
                         self.dropped += 1;
                         continue;
