@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # What each stretch of a write-lat turn (or a session's) costs in time on the client's polling
-# thread (issue 26,
-# item 1: name each microsecond of a round trip before cutting it). ferroce is built with the
-# `turn-steps` feature (crates/ferroce/src/steps.rs), which marks, with a clock read each, where
-# a receive took datagrams, each packet was handled and built, a poll returned a completion,
-# the tool saw its peer's bytes, the post began and queued its request, and the send call was
-# entered and left. `perf write-lat -s 8` runs ROUNDS times between 127.0.0.2 and 127.0.0.3
+# thread (issue 26, item 1: name each microsecond of a round trip before cutting it). ferroce
+# is built with the `turn-steps` feature (crates/ferroce/src/steps.rs), which marks, with a
+# clock read each, where a receive took datagrams, each packet was handled and built, a poll
+# returned a completion, the tool saw its peer's bytes, the post began and queued its request,
+# and the send call was entered and left. `perf write-lat -s 8` runs ROUNDS times between 127.0.0.2 and 127.0.0.3
 # (with MODE `session`, `perf session-lat -s 64`, Catalyst's session, as bench-session.sh runs
 # it); for each run the client's turns (from the receive that takes the peer's answer to the
 # next) that follow the run's most common sequence of marks give a median per stretch.
@@ -23,9 +22,10 @@ cd "$(dirname "$0")/.."
 iters=${1:-50000}
 rounds=${2:-3}
 mode=${3:-write-lat}
+# The tool and its arguments, the same for both sides (the session's on a port of its own).
 case $mode in
-    write-lat) size=8 ;;
-    session) size=64 ;;
+    write-lat) tool=(perf write-lat) size=8 ;;
+    session) tool=(perf session-lat -p 19541) size=64 ;;
     *) echo "usage: $0 [ITERATIONS] [ROUNDS] [write-lat|session]" >&2; exit 2 ;;
 esac
 CARGO_TARGET_DIR=target/turn-steps cargo build -q --release -p ferroce-cli --features turn-steps
@@ -35,19 +35,11 @@ trap 'rm -rf "$work"' EXIT
 cc -O2 -Wall -o "$work/recv-floor" scripts/recv-floor.c -luring
 
 for round in $(seq "$rounds"); do
-    if [ "$mode" = session ]; then
-        "$bin" perf session-lat --local 127.0.0.2 -p 19541 -s "$size" > /dev/null 2>&1 &
-        server=$!
-        sleep 0.3
-        FERROCE_TURN_STEPS="$work/client.$round" "$bin" perf session-lat --local 127.0.0.3 \
-            -p 19541 -s "$size" -n "$iters" 127.0.0.2 > "$work/out.$round"
-    else
-        "$bin" perf write-lat --local 127.0.0.2 -s "$size" -n "$iters" > /dev/null 2>&1 &
-        server=$!
-        sleep 0.3
-        FERROCE_TURN_STEPS="$work/client.$round" "$bin" perf write-lat --local 127.0.0.3 \
-            -s "$size" -n "$iters" 127.0.0.2 > "$work/out.$round"
-    fi
+    "$bin" "${tool[@]}" --local 127.0.0.2 -s "$size" -n "$iters" > /dev/null 2>&1 &
+    server=$!
+    sleep 0.3
+    FERROCE_TURN_STEPS="$work/client.$round" "$bin" "${tool[@]}" --local 127.0.0.3 \
+        -s "$size" -n "$iters" 127.0.0.2 > "$work/out.$round"
     wait "$server"
     awk -v s="$size" '$1 == s { print "round '"$round"': '"$mode"' typical " $5 " us"; exit }' \
         "$work/out.$round"
