@@ -39,8 +39,8 @@ fi
 mode=${1:-test}
 [ $# -gt 0 ] && shift
 echo "interop: building the ferroce release binary"
-# The workspace, as the other scripts build it: one package alone would relink the binary.
-nice -n 19 cargo build --release --locked --workspace
+# The workspace's default members, as the other scripts build them: one package alone would relink the binary.
+nice -n 19 cargo build --release --locked
 export FERROCE_BIN="${CARGO_TARGET_DIR:-target}/release/ferroce"
 FERROCE_BIN=$(realpath "$FERROCE_BIN")
 # The drop-in libibverbs.so.1, which the host's stock ibv_rc_pingpong and ibv_ud_pingpong load

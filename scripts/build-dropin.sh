@@ -14,12 +14,13 @@ cd "$root"
 [ -x "$HOME/.cargo/bin/cargo" ] && [[ ":$PATH:" != *":$HOME/.cargo/bin:"* ]] && export PATH="$HOME/.cargo/bin:$PATH"
 target="${CARGO_TARGET_DIR:-$root/target}"
 
-# The whole workspace, as `cargo build --release` and `cargo run --release` build it: a
-# release build of one package resolves its dependencies differently (with LTO, ferroce is
-# left as bitcode alone where no library of the workspace needs its object code), so building
-# ferroce-ibverbs alone and then the workspace relinked the drop-in each time (16 s), and the
-# README's blocks and CI's scripts switch between the two. The first build takes longer.
-cargo build --release --locked --workspace "$@" >&2
+# The workspace's default members, as `cargo build --release` and `cargo run --release` build
+# them (all but the Python module: Cargo.toml says why): a release build of one package
+# resolves its dependencies differently (with LTO, ferroce is left as bitcode alone where no
+# library of the workspace needs its object code), so building ferroce-ibverbs alone and then
+# the workspace relinked the drop-in each time (16 s), and the README's blocks and CI's scripts
+# switch between the two. The first build takes longer.
+cargo build --release --locked "$@" >&2
 ln -sf libferroce_ibverbs.so "$target/release/libibverbs.so.1"
 # The same file is the drop-in librdmacm.so.1 (its RDMACM_* nodes): a program that needs both
 # names maps it once, so librdmacm's ids hold the drop-in libibverbs's own objects.
