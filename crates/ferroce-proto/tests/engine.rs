@@ -924,7 +924,11 @@ fn a_read_resent_early_for_a_real_loss_takes_back_a_doubling() {
         let wr = SendWr::new(id, SendOp::Read(remote(&dst, 0)), sge(&local, 0, 64));
         post_and_complete(f, qa, wr);
     };
-    // A responder stalling 3 ms each way: needless early resends, each doubling the delay.
+    // A quick responder that starts stalling 3 ms each way: needless early resends, each
+    // doubling the delay.
+    for _ in 0..10 {
+        read(&mut f);
+    }
     f.link.delay = Duration::from_millis(3);
     for _ in 0..30 {
         read(&mut f);
@@ -1030,6 +1034,63 @@ fn a_slow_pausing_read_responder_is_not_buried_in_duplicate_requests() {
         "{} responses repeated for {needed}: {a:?}",
         a.stale_response
     );
+}
+
+/// A fresh QP's first READ, answered late: before any round trip is measured the requester
+/// has only the ACK timeout to go by, and a responder's first answer is its slowest (rxe in a
+/// guest took 7.6 ms, faulting in the region it reads). Asking again would cost the whole
+/// piece, so the READ waits longer than a SEND's probe before it does.
+#[test]
+fn a_fresh_qps_first_read_answered_late_is_not_asked_again() {
+    const LEN: usize = 64 << 10;
+    let mut f = Fabric::new(2, 43);
+    // Timeout code 14: 67 ms; the first answer comes 8 ms late, twice a sixteenth of it.
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let local = f.region(0, LEN, Access::LOCAL, 0);
+    let dst = f.region(1, LEN, Access::REMOTE, 0);
+    f.bytes_mut(1, &dst).copy_from_slice(&pattern(LEN, 3));
+    let mut first = true;
+    f.hold = Some(Box::new(move |from, _| {
+        if from == 1 && std::mem::take(&mut first) {
+            Duration::from_millis(8)
+        } else {
+            Duration::ZERO
+        }
+    }));
+    let wr = SendWr::new(1, SendOp::Read(remote(&dst, 0)), sge(&local, 0, LEN as u32));
+    post_and_complete(&mut f, qa, wr);
+    assert!(f.bytes(0, &local) == pattern(LEN, 3), "bytes differ");
+    let a = *f.nodes[0].engine.counters();
+    let b = *f.nodes[1].engine.counters();
+    assert_eq!(a.early_resends, 0, "{a:?}");
+    assert_eq!(b.duplicate_request, 0, "{b:?}");
+    assert_eq!(a.stale_response, 0, "{a:?}");
+}
+
+/// The other side of that wait: a fresh QP's first READ request lost is still asked for
+/// again by an early resend, before the ACK timeout would retry it.
+#[test]
+fn a_fresh_qps_first_read_lost_is_asked_again_early() {
+    const LEN: usize = 64 << 10;
+    let mut f = Fabric::new(2, 44);
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let local = f.region(0, LEN, Access::LOCAL, 0);
+    let dst = f.region(1, LEN, Access::REMOTE, 0);
+    f.bytes_mut(1, &dst).copy_from_slice(&pattern(LEN, 5));
+    drop_first(&mut f, 0, Operation::RdmaReadRequest);
+    let wr = SendWr::new(1, SendOp::Read(remote(&dst, 0)), sge(&local, 0, LEN as u32));
+    post_and_complete(&mut f, qa, wr);
+    assert!(f.bytes(0, &local) == pattern(LEN, 5), "bytes differ");
+    let a = *f.nodes[0].engine.counters();
+    assert_eq!((a.early_resends, a.completer_retry_err), (1, 0), "{a:?}");
 }
 
 /// An RNR NAK is the responder asking the requester to wait, not a loss: the stall while the

@@ -51,6 +51,9 @@ pub(super) struct Qp {
     pub(super) window: Window,
     /// The round-trip estimate.
     pub(super) rtt: RttEstimate,
+    /// The peer has acknowledged or answered something on this QP: its first answer, which
+    /// may pay for a cold start (see [`Qp::early_resend_at`]), is behind it.
+    pub(super) answered: bool,
     /// The packet timing the next round-trip sample, and when it left.
     pub(super) rtt_sample: Option<(Psn, Instant)>,
     /// The oldest unanswered PSN when the last early resend probed behind a SEND or WRITE,
@@ -290,6 +293,7 @@ impl Qp {
             retrying_from: None,
             window: Window::FULL,
             rtt: RttEstimate::default(),
+            answered: false,
             rtt_sample: None,
             early_probe: None,
             early_read_watches: ReadWatches::default(),
