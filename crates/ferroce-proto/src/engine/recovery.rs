@@ -245,7 +245,8 @@ impl Qp {
     }
 
     /// The peer acknowledged or answered `acked` PSNs more: the retry counts start over, the
-    /// requester leaves probing, and the send window widens by one PSN per window acked.
+    /// requester leaves probing, the send window widens by one PSN per window acked, and the
+    /// QP has been [`answered`](Qp::answered).
     pub(super) fn made_progress(&mut self, acked: u32) {
         self.answered = true;
         self.window.acked(acked);
