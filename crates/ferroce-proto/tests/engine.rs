@@ -5,7 +5,7 @@ mod fabric;
 use std::time::Duration;
 
 use fabric::{ConnectOptions, Fabric};
-use ferroce_proto::memory::{Access, Memory, RegionId};
+use ferroce_proto::memory::{Access, Memory, RegionId, RegionInfo};
 use ferroce_proto::qp::{
     Completion, ModifyError, Mtu, Payload, PostError, QpAttr, QpState, QpType, RemoteAddr, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,
@@ -19,7 +19,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn sge(region: &ferroce_proto::memory::RegionInfo, at: u64, len: u32) -> Payload {
+fn sge(region: &RegionInfo, at: u64, len: u32) -> Payload {
     Payload::Sges(vec![Sge {
         addr: region.va + at,
         len,
@@ -27,7 +27,7 @@ fn sge(region: &ferroce_proto::memory::RegionInfo, at: u64, len: u32) -> Payload
     }])
 }
 
-fn remote(region: &ferroce_proto::memory::RegionInfo, at: u64) -> RemoteAddr {
+fn remote(region: &RegionInfo, at: u64) -> RemoteAddr {
     RemoteAddr {
         va: region.va + at,
         rkey: region.rkey,
@@ -609,12 +609,7 @@ fn timeouts_in_a_row_probe_with_a_few_packets_until_an_ack() {
 }
 
 /// A fabric, node 0's queue pair, and a source region on node 0 and a target on node 1.
-type Setup = (
-    Fabric,
-    Qpn,
-    ferroce_proto::memory::RegionInfo,
-    ferroce_proto::memory::RegionInfo,
-);
+type Setup = (Fabric, Qpn, RegionInfo, RegionInfo);
 
 /// Two nodes and an RC queue pair from node 0 to node 1 with `timeout` 14 (a 67 ms ACK
 /// timeout, perftest's default), and 8 KiB regions on each end, the source filled with
@@ -637,14 +632,31 @@ fn recovery_setup(fabric_seed: u64, seed: u8, len: usize) -> Setup {
     (f, qa, src, dst)
 }
 
+/// [`recovery_setup`] the other way round, for READs: the responder's `dst` holds
+/// `pattern(len, seed)`, and the requester's `src` is read into.
+fn read_setup(fabric_seed: u64, seed: u8, len: usize) -> Setup {
+    let (mut f, qa, src, dst) = recovery_setup(fabric_seed, seed.wrapping_add(1), len);
+    f.bytes_mut(1, &dst).copy_from_slice(&pattern(len, seed));
+    (f, qa, src, dst)
+}
+
+/// Reads all of `dst` into `local` in one READ, and checks that it succeeded and that the
+/// bytes are `pattern(len, seed)`.
+fn read_all(f: &mut Fabric, qa: Qpn, local: &RegionInfo, dst: &RegionInfo, seed: u8) {
+    let len = local.len as usize;
+    let wr = SendWr::new(1, SendOp::Read(remote(dst, 0)), sge(local, 0, len as u32));
+    post_and_complete(f, qa, wr);
+    assert!(f.bytes(0, local) == pattern(len, seed), "bytes differ");
+}
+
 /// Writes the second 4 KiB of `src` to `dst`, losing that WRITE's last packet once, and checks
 /// that all 8 KiB landed and that the loss was recovered well before the ACK timeout, by one
 /// early resend that spent no `retry_cnt`.
 fn second_write_recovers_its_lost_tail_early(
     f: &mut Fabric,
     qa: Qpn,
-    src: &ferroce_proto::memory::RegionInfo,
-    dst: &ferroce_proto::memory::RegionInfo,
+    src: &RegionInfo,
+    dst: &RegionInfo,
     seed: u8,
 ) {
     let before = f.elapsed();
@@ -1042,17 +1054,9 @@ fn a_slow_pausing_read_responder_is_not_buried_in_duplicate_requests() {
 /// piece, so the READ waits longer than a SEND's probe before it does.
 #[test]
 fn a_fresh_qps_first_read_answered_late_is_not_asked_again() {
-    const LEN: usize = 64 << 10;
-    let mut f = Fabric::new(2, 43);
-    // Timeout code 14: 67 ms; the first answer comes 8 ms late, twice a sixteenth of it.
-    let opts = ConnectOptions {
-        timeout: 14,
-        ..ConnectOptions::default()
-    };
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
-    let local = f.region(0, LEN, Access::LOCAL, 0);
-    let dst = f.region(1, LEN, Access::REMOTE, 0);
-    f.bytes_mut(1, &dst).copy_from_slice(&pattern(LEN, 3));
+    // Timeout code 14 (recovery_setup's): 67 ms; the first answer comes 8 ms late, twice a
+    // sixteenth of it.
+    let (mut f, qa, local, dst) = read_setup(43, 3, 64 << 10);
     let mut first = true;
     f.hold = Some(Box::new(move |from, _| {
         if from == 1 && std::mem::take(&mut first) {
@@ -1061,9 +1065,7 @@ fn a_fresh_qps_first_read_answered_late_is_not_asked_again() {
             Duration::ZERO
         }
     }));
-    let wr = SendWr::new(1, SendOp::Read(remote(&dst, 0)), sge(&local, 0, LEN as u32));
-    post_and_complete(&mut f, qa, wr);
-    assert!(f.bytes(0, &local) == pattern(LEN, 3), "bytes differ");
+    read_all(&mut f, qa, &local, &dst, 3);
     let a = *f.nodes[0].engine.counters();
     let b = *f.nodes[1].engine.counters();
     assert_eq!(a.early_resends, 0, "{a:?}");
@@ -1075,20 +1077,9 @@ fn a_fresh_qps_first_read_answered_late_is_not_asked_again() {
 /// again by an early resend, before the ACK timeout would retry it.
 #[test]
 fn a_fresh_qps_first_read_lost_is_asked_again_early() {
-    const LEN: usize = 64 << 10;
-    let mut f = Fabric::new(2, 44);
-    let opts = ConnectOptions {
-        timeout: 14,
-        ..ConnectOptions::default()
-    };
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
-    let local = f.region(0, LEN, Access::LOCAL, 0);
-    let dst = f.region(1, LEN, Access::REMOTE, 0);
-    f.bytes_mut(1, &dst).copy_from_slice(&pattern(LEN, 5));
+    let (mut f, qa, local, dst) = read_setup(44, 5, 64 << 10);
     drop_first(&mut f, 0, Operation::RdmaReadRequest);
-    let wr = SendWr::new(1, SendOp::Read(remote(&dst, 0)), sge(&local, 0, LEN as u32));
-    post_and_complete(&mut f, qa, wr);
-    assert!(f.bytes(0, &local) == pattern(LEN, 5), "bytes differ");
+    read_all(&mut f, qa, &local, &dst, 5);
     let a = *f.nodes[0].engine.counters();
     assert_eq!((a.early_resends, a.completer_retry_err), (1, 0), "{a:?}");
 }
@@ -1518,10 +1509,7 @@ fn state_transitions_are_checked() {
 /// Node 0 WRITEs 64 bytes of `fill` into a fresh region of node 1 over a new RC connection;
 /// returns that WRITE as it left node 0 (packet and UDP source port), and the target region,
 /// which nothing has reached yet.
-fn a_write_as_it_leaves(
-    f: &mut Fabric,
-    fill: u8,
-) -> (Vec<u8>, u16, ferroce_proto::memory::RegionInfo) {
+fn a_write_as_it_leaves(f: &mut Fabric, fill: u8) -> (Vec<u8>, u16, RegionInfo) {
     let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
     let src = f.region(0, 64, Access::LOCAL, fill);
     let dst = f.region(1, 64, Access::REMOTE, 0);
@@ -1939,7 +1927,7 @@ fn queue_pair_numbers_are_not_sequential() {
 
 /// Node 0's packets for one RDMA WRITE of `len` bytes (at MTU 1024), taken as they would
 /// leave, and node 1's region it writes.
-fn write_packets(f: &mut Fabric, len: u32) -> (Vec<Vec<u8>>, ferroce_proto::memory::RegionInfo) {
+fn write_packets(f: &mut Fabric, len: u32) -> (Vec<Vec<u8>>, RegionInfo) {
     let (qa, _qb) = f.connect(0, 1, QpType::Rc, &ConnectOptions::default());
     let src = f.region(0, len as usize, Access::LOCAL, 0);
     let dst = f.region(1, len as usize, Access::REMOTE, 0);
