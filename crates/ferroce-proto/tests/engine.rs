@@ -1050,8 +1050,8 @@ fn a_slow_pausing_read_responder_is_not_buried_in_duplicate_requests() {
 
 /// A fresh QP's first READ, answered late: before any round trip is measured the requester
 /// has only the ACK timeout to go by, and a responder's first answer is its slowest (rxe in a
-/// guest took 7.6 ms, faulting in the region it reads). Asking again would cost the whole
-/// piece, so the READ waits longer than a SEND's probe before it does.
+/// guest took 7.6 ms, its code and the region it reads still cold). Asking again would cost
+/// the whole piece, so the READ waits longer than a SEND's probe before it does.
 #[test]
 fn a_fresh_qps_first_read_answered_late_is_not_asked_again() {
     // Timeout code 14 (recovery_setup's): 67 ms; the first answer comes 8 ms late, twice a
