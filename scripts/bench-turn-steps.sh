@@ -4,10 +4,11 @@
 # is built with the `turn-steps` feature (crates/ferroce/src/steps.rs), which marks, with a
 # clock read each, where a receive took datagrams, each packet was handled and built, a poll
 # returned a completion, the tool saw its peer's bytes, the post began and queued its request,
-# and the send call was entered and left. `perf write-lat -s 8` runs ROUNDS times between 127.0.0.2 and 127.0.0.3
-# (with MODE `session`, `perf session-lat -s 64`, Catalyst's session, as bench-session.sh runs
-# it); for each run the client's turns (from the receive that takes the peer's answer to the
-# next) that follow the run's most common sequence of marks give a median per stretch.
+# and the send call was entered and left. `perf write-lat -s 8` runs ROUNDS times between
+# 127.0.0.2 and 127.0.0.3 (with MODE `session`, `perf session-lat -s 64`, Catalyst's session,
+# as bench-session.sh runs it); for each run the client's turns (from the receive that takes
+# the peer's answer to the next) that follow the run's most common sequence of marks give a
+# median per stretch.
 #
 # Each stretch includes one mark's clock read (about 30 ns here), so the stretches add up to
 # more than an unmarked turn; the send call's stretch is the kernel's (on loopback the sender's

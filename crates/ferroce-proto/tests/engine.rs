@@ -633,7 +633,8 @@ fn recovery_setup(fabric_seed: u64, seed: u8, len: usize) -> Setup {
 }
 
 /// [`recovery_setup`] the other way round, for READs: the responder's `dst` holds
-/// `pattern(len, seed)`, and the requester's `src` is read into.
+/// `pattern(len, seed)`, and the requester's `src`, which it is read into, another pattern
+/// (so that the check after the READ finds only what the READ brought).
 fn read_setup(fabric_seed: u64, seed: u8, len: usize) -> Setup {
     let (mut f, qa, src, dst) = recovery_setup(fabric_seed, seed.wrapping_add(1), len);
     f.bytes_mut(1, &dst).copy_from_slice(&pattern(len, seed));

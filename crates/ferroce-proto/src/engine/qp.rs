@@ -64,9 +64,9 @@ pub(super) struct Qp {
     pub(super) early_read_watches: ReadWatches,
     /// Where sending goes on once a READ early resend's one request has gone: where the
     /// current pass of sending had got to. The requests after it were sent and may be
-    /// answered yet; a responder
-    /// answers a copy of each only after everything queued before it, so asking for them
-    /// again would only queue their whole answers twice. Any other rewind forgets it.
+    /// answered yet; a responder answers a copy of each only after everything queued before
+    /// it, so asking for them again would only queue their whole answers twice. Any other
+    /// rewind forgets it.
     pub(super) early_resume: Option<Psn>,
     /// An ACK answered past what the last probe resent, with more of the burst unanswered:
     /// the resend was needless if answers go past this PSN before another resend.
@@ -178,8 +178,9 @@ pub(super) struct AckWatch {
 pub(super) struct ReadWatch {
     pub(super) from: Psn,
     pub(super) len: u32,
-    /// Requests after the piece had been sent before the resend and were not sent again
-    /// after it, and no early resend has come since.
+    /// Requests after the piece went before the resend and do not go again after it, and no
+    /// early resend has come since: an answer to one of them, past the piece, shows the
+    /// resend needless.
     pub(super) ahead: bool,
     /// `None` until the first response asked for again arrives; then whether taking the
     /// resend for a loss shortened the backoff (undone if it was not one).
