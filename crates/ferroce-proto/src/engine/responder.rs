@@ -465,11 +465,14 @@ impl Qp {
                 let Some((first, va, rkey, len)) = found else {
                     return;
                 };
+                // Any part of the READ from `psn` on, as IBTA lets a requester ask again for
+                // only the responses it lost (rxe serves such parts too).
                 let skip = u64::from(first.steps_to(psn)) * mtu;
                 let expected_va = va.wrapping_add(skip);
                 let fits = rkey == reth.rkey
                     && reth.va == expected_va
-                    && u64::from(reth.len) + skip == u64::from(len);
+                    && (reth.len > 0 || len == 0)
+                    && u64::from(reth.len) + skip <= u64::from(len);
                 if !fits {
                     return;
                 }
