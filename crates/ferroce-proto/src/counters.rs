@@ -57,6 +57,12 @@ counters! {
     /// its own socket (the answer may be among them) or in a peer's on the same host (its
     /// process descheduled with the request in its queue). Nothing is resent for these.
     early_put_off,
+    /// READ responses taken after a lost one, where their PSN puts them, instead of being
+    /// dropped and asked for again.
+    read_taken_ahead,
+    /// READ requests that asked again for a run of lost responses only, between responses
+    /// already taken (these spend no `retry_cnt`).
+    read_reasks,
     /// Send work requests completed with an error (rxe).
     send_err,
     /// SEND messages completed by a requester (rxe).

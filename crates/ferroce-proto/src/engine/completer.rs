@@ -81,12 +81,16 @@ impl Qp {
     ) {
         let psn = packet.psn();
         // Only PSNs that were sent and not yet completed mean anything. A cumulative ACK counts
-        // up to the newest PSN ever sent; a READ response or atomic ACK beyond a rewind belongs
-        // to the abandoned burst (the rewind asks for it again).
-        let limit = if packet.opcode().operation() == Operation::Acknowledge {
-            self.sent_psn
-        } else {
-            self.req_psn
+        // up to the newest PSN ever sent, and so does a READ response (placed by its PSN, one
+        // answering the burst before a rewind is as good as its copy to come); an atomic ACK
+        // beyond a rewind belongs to the abandoned burst (the rewind asks for it again).
+        let limit = match packet.opcode().operation() {
+            Operation::Acknowledge
+            | Operation::RdmaReadResponseFirst
+            | Operation::RdmaReadResponseMiddle
+            | Operation::RdmaReadResponseLast
+            | Operation::RdmaReadResponseOnly => self.sent_psn,
+            _ => self.req_psn,
         };
         let sent = psn.precedes(limit) && !psn.precedes(self.comp_psn);
         if !sent || self.sq.is_empty() {
@@ -222,55 +226,8 @@ impl Qp {
             | Operation::RdmaReadResponseMiddle
             | Operation::RdmaReadResponseLast
             | Operation::RdmaReadResponseOnly) => {
-                self.ack_before(dev, psn);
-                if self.state == QpState::Err {
+                if !self.take_read_response(now, dev, mem, packet, op) {
                     return;
-                }
-                let mtu = self.mtu;
-                let Some(front) = self.sq.front_mut() else {
-                    return;
-                };
-                if !matches!(front.op, SendOp::Read(_)) || !front.contains(psn) {
-                    dev.counters.stale_response += 1;
-                    return;
-                }
-                if psn != self.comp_psn {
-                    // An earlier response was lost: go back for it.
-                    if self.comp_psn.precedes(psn) {
-                        let from = self.comp_psn;
-                        self.retry(dev, from, RetryCause::Signal);
-                    } else {
-                        dev.counters.stale_response += 1;
-                    }
-                    return;
-                }
-                let k = front.first_psn.steps_to(psn);
-                let offset = u64::from(k) * u64::from(mtu);
-                let remaining = u64::from(front.len) - offset;
-                let last = k + 1 == front.npkts;
-                // The PSN fixes the offset. Whether the packet says FIRST or MIDDLE depends on
-                // which request (the original or a retry) it answers, so only its length and
-                // whether it ends a request (the last PSN of a piece) are checked. Anything
-                // else is dropped; the retransmission timer recovers.
-                let payload = packet.payload();
-                let ends = matches!(
-                    op,
-                    Operation::RdmaReadResponseLast | Operation::RdmaReadResponseOnly
-                );
-                let piece_ends = last || (k + 1) % front.piece == 0;
-                let len_ok =
-                    ends == piece_ends && payload.len() as u64 == remaining.min(u64::from(mtu));
-                if !len_ok {
-                    dev.counters.stale_response += 1;
-                    return;
-                }
-                scatter(front.segs(), offset, payload, mem);
-                self.comp_psn = psn.next();
-                self.made_progress(1);
-                if last {
-                    let wqe = self.sq.pop_front().expect("front exists");
-                    self.req_index = self.req_index.saturating_sub(1);
-                    self.complete_send(dev, &wqe, WcStatus::Success);
                 }
             }
             _ => dev.counters.opcode_err += 1,
@@ -328,9 +285,115 @@ impl Qp {
                 .unwrap_or(self.comp_psn);
             self.rewind(to);
         }
+        self.reask_read(dev);
         if let Some(rtt) = self.sample_rtt(now) {
             dev.round_trip.sample(rtt);
         }
         self.rearm(now);
+    }
+
+    /// The started READ request holding response PSN `psn`, if every request before it is a
+    /// started READ too: then nothing between the oldest unanswered PSN and `psn` waits for
+    /// an ACK, and a response there may be taken ahead of lost ones.
+    fn read_holding(&self, psn: Psn) -> Option<usize> {
+        for (i, w) in self.sq.iter().enumerate() {
+            if !w.started || !matches!(w.op, SendOp::Read(_)) {
+                return None;
+            }
+            if w.contains(psn) {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// A READ response: placed where its PSN puts it, in order or past lost ones
+    /// ([`ReadAhead`]). Returns whether it was taken; one that was not is counted.
+    fn take_read_response(
+        &mut self,
+        now: Instant,
+        dev: &mut DeviceState,
+        mem: &mut dyn Memory,
+        packet: &Packet<&[u8]>,
+        op: Operation,
+    ) -> bool {
+        let psn = packet.psn();
+        if psn == self.comp_psn || self.read_holding(psn).is_none() {
+            // It acknowledges the SENDs and WRITEs before it.
+            self.ack_before(dev, psn);
+        }
+        if self.state == QpState::Err {
+            return false;
+        }
+        let in_order = psn == self.comp_psn;
+        let index = if in_order {
+            self.sq
+                .front()
+                .is_some_and(|w| matches!(w.op, SendOp::Read(_)) && w.contains(psn))
+                .then_some(0)
+        } else {
+            self.read_holding(psn)
+        };
+        let Some(index) = index else {
+            // Behind a lost response with a request between that is not a READ (whose
+            // answer is an ACK), or answering nothing outstanding.
+            dev.counters.stale_response += 1;
+            return false;
+        };
+        let mtu = self.mtu;
+        let wqe = &self.sq[index];
+        let k = wqe.first_psn.steps_to(psn);
+        let offset = u64::from(k) * u64::from(mtu);
+        let remaining = u64::from(wqe.len) - offset;
+        let last = k + 1 == wqe.npkts;
+        // The PSN fixes the offset. Whether the packet says FIRST or MIDDLE depends on which
+        // request (the original or one asking again) it answers, so only its length and
+        // whether it ends a request are checked: the last PSN of a piece, or of a run asked
+        // for again. Anything else is dropped; the retransmission timer recovers.
+        let payload = packet.payload();
+        let ends = matches!(
+            op,
+            Operation::RdmaReadResponseLast | Operation::RdmaReadResponseOnly
+        );
+        let piece_ends = last || (k + 1) % wqe.piece == 0;
+        let ends_ok = ends == piece_ends || (ends && self.read_ahead.may_end(psn));
+        if !ends_ok || payload.len() as u64 != remaining.min(u64::from(mtu)) {
+            dev.counters.stale_response += 1;
+            return false;
+        }
+        if !in_order {
+            if self.read_ahead.take(self.comp_psn, psn) != Taken::New {
+                // A copy of one taken already: the responder is answering an ask again, in
+                // order, and the early resend's wait starts again (as for a copy behind).
+                dev.counters.stale_response += 1;
+                if self.timers.early.is_some() {
+                    self.timers.early = self.early_resend_at(now);
+                }
+                return false;
+            }
+            dev.counters.read_taken_ahead += 1;
+            scatter(wqe.segs(), offset, payload, mem);
+            self.read_ahead.answered(psn);
+            self.early_read_watches.shown_lost(self.comp_psn, psn);
+            return true;
+        }
+        scatter(wqe.segs(), offset, payload, mem);
+        self.read_ahead.answered(psn);
+        // On past this one and the run of responses taken ahead of it.
+        let run = self.read_ahead.take_run(psn.next());
+        self.comp_psn = psn.next().add(run);
+        self.made_progress(1 + run);
+        while let Some(front) = self.sq.front() {
+            let answered = front.started
+                && matches!(front.op, SendOp::Read(_))
+                && front.last_psn().precedes(self.comp_psn);
+            if !answered {
+                break;
+            }
+            let wqe = self.sq.pop_front().expect("front exists");
+            self.req_index = self.req_index.saturating_sub(1);
+            self.complete_send(dev, &wqe, WcStatus::Success);
+        }
+        true
     }
 }

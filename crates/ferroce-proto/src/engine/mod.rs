@@ -28,12 +28,16 @@
 //!   sequence NAK) starts an early resend that spends no `retry_cnt`, instead of waiting out
 //!   the ACK timeout (67 ms at perftest's default); behind a READ it asks again for the rest of
 //!   one piece, since a responder answers a copy only after everything queued before it, and
-//!   its wait doubles for each such resend that answers show needless.
+//!   its wait doubles for each such resend that answers show needless;
+//! - READ responses after a lost one are taken where their PSNs put them, and only the lost
+//!   ones are asked for again (`read_ahead`).
 //!
-//! And one the responder sees, within what IBTA allows it to expect: a READ of more than
+//! And two the responder sees, within what IBTA allows it to expect: a READ of more than
 //! [`MAX_UNACKED_PSNS`] response packets is asked for in several READ requests of that many
-//! (never more unanswered than `max_rd_atomic`), so a lost response costs the rest of its
-//! piece rather than of the whole message.
+//! (never more unanswered than `max_rd_atomic`); and a READ asked again may ask for any part
+//! of the original from a lost response on, which IBTA prefers ("may only reread those
+//! portions that were not successfully responded to") and rxe serves. Its own responder
+//! serves such parts too.
 //!
 //! Safety against peers: every remote request is checked against the [`MemoryTable`] (key,
 //! protection domain, rights, bounds) before [`Memory`] is called, so a peer can only touch
@@ -45,7 +49,8 @@
 //! QPs, with the limit event of verbs ([`Engine::poll_event`]).
 //!
 //! One role per file: `requester` (the next request packet), `recovery` (rewinds, timers,
-//! the RTT and the window), `completer` (ACKs and responses in), `responder` (requests in),
+//! the RTT and the window), `read_ahead` (READ responses taken past lost ones),
+//! `completer` (ACKs and responses in), `responder` (requests in),
 //! `responses` (ACKs, NAKs and READ and atomic responses out), `datagram` (UD, both ways),
 //! `srq` (shared receive queues and where a responder takes its receives from), `schedule`
 //! (which queue pairs may send, and when their timers fire), with the queue pair's shared
@@ -82,6 +87,7 @@ use crate::Psn;
 mod completer;
 mod datagram;
 mod qp;
+mod read_ahead;
 mod recovery;
 mod requester;
 mod responder;
@@ -92,7 +98,8 @@ mod wqe;
 
 use schedule::Schedule;
 
-use qp::{AckWatch, Qp, ReadWatch, Timers};
+use qp::{AckWatch, Qp, ReadUpto, ReadWatch, Timers};
+use read_ahead::{ReadAhead, Taken, AHEAD_PSNS};
 use recovery::*;
 use responder::*;
 pub use responder::{InboundWrite, WriteFilter};

@@ -79,6 +79,11 @@ pub(super) struct Qp {
     pub(super) early_ack_watch: Option<AckWatch>,
     /// How much later than the estimate the next early resend waits.
     pub(super) backoff: Backoff,
+    /// READ responses taken past a lost one, so that only the lost ones are asked for again.
+    pub(super) read_ahead: ReadAhead,
+    /// Where the READ request about to be sent ends, when it asks again for a run of
+    /// responses rather than for the rest of a piece; any rewind forgets it.
+    pub(super) read_upto: Option<ReadUpto>,
 
     /// The requester's three timers.
     pub(super) timers: Timers,
@@ -161,6 +166,15 @@ pub(super) struct AckWatch {
     pub(super) more: u32,
     /// Whether taking the probe for a loss shortened the backoff (undone if it was not one).
     pub(super) halved: bool,
+}
+
+/// The end of the READ request about to be sent again ([`Qp::read_upto`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReadUpto {
+    pub(super) end: Psn,
+    /// Every response it asks for is known lost ([`Qp::reask_read`]); an early resend's may
+    /// still be on its way.
+    pub(super) lost: bool,
 }
 
 /// A READ early resend asked again for the responses of `len` PSNs from `from` (the rest of
@@ -249,6 +263,19 @@ impl ReadWatches {
         self.take_first(|w| psn.in_window(w.from, w.len))
     }
 
+    /// A response past a watched piece's rest was taken while part of that rest is still
+    /// missing (`comp` the oldest unanswered PSN): a responder answers in order, so what is
+    /// missing was lost, and the copies will bring it. An answer past the piece no longer
+    /// shows the resend needless (it came ahead of the copies either way).
+    pub(super) fn shown_lost(&mut self, comp: Psn, psn: Psn) {
+        for watch in self.iter_mut() {
+            let end = watch.from.add(watch.len);
+            if watch.ahead && comp.precedes(end) && !psn.precedes(end) {
+                watch.ahead = false;
+            }
+        }
+    }
+
     /// Takes out the oldest watch that `hit` picks, keeping the rest packed.
     fn take_first(&mut self, hit: impl Fn(&ReadWatch) -> bool) -> Option<ReadWatch> {
         let at = self.0.iter().position(|w| w.as_ref().is_some_and(&hit))?;
@@ -303,6 +330,8 @@ impl Qp {
             early_copies: 0,
             early_ack_watch: None,
             backoff: Backoff::default(),
+            read_ahead: ReadAhead::default(),
+            read_upto: None,
             timers: Timers::default(),
             sched: schedule::Sched::default(),
             resp: ResponderState {

@@ -211,6 +211,7 @@ impl Qp {
         self.since_ack_req = 0;
         self.rtt_sample = None;
         self.early_resume = None;
+        self.read_upto = None;
     }
 
     /// A retry after a timeout, a sequence NAK or an implied NAK: counts it, or gives up.
@@ -324,9 +325,10 @@ impl Qp {
     ///   but probes: it resends only the oldest [`PROBE_PSNS`] packets, each asking for an
     ///   ACK, until an ACK makes progress. After a real loss, go-back-N then carries on; if
     ///   the ACK covers packets the probe did not resend, the originals got through.
-    /// - Behind a READ, it asks again for the rest of the piece in flight (rxe's responder
-    ///   cannot serve a smaller part first and the rest later: a replay moves the start of
-    ///   its record), and for nothing after it ([`Qp::early_resume`]), unless the last one
+    /// - Behind a READ, it asks again for the rest of the piece in flight, or up to the first
+    ///   response taken past it ([`ReadAhead`]; rxe's responder cannot serve a later part
+    ///   first and an earlier one after: a replay moves the start of its record), and for
+    ///   nothing after it ([`Qp::early_resume`]), unless the last one
     ///   asked for the piece before and its answers stopped at that piece's end: then what
     ///   was sent after it goes again too. If a response arrives twice, or a later request is
     ///   answered first, the resend was needless ([`ReadWatch`]).
@@ -338,13 +340,17 @@ impl Qp {
         // A stall again after an ACK past the last probe: what was left was lost.
         self.early_past = None;
         let from = self.comp_psn;
-        // Behind a READ: the PSNs from `from` to the end of its piece, whose responses it asks
-        // for again.
+        // Behind a READ: the PSNs from `from` to the end of its piece, or to the first
+        // response taken ahead in it, whose responses it asks for again.
         let read = self
             .sq
             .front()
             .filter(|w| matches!(w.op, SendOp::Read(_)) && w.contains(from))
             .map(|w| w.first_psn.add(w.piece_end(w.first_psn.steps_to(from))))
+            .map(|end| match self.read_ahead.next_held(from, from) {
+                Some(held) if held.precedes(end) => held,
+                _ => end,
+            })
             .map(|end| from.steps_to(end));
         // The last READ resend's piece answered to its end, and then nothing of the requests
         // after it: they or their answers were lost too, and go-back-N asks for them all.
@@ -359,22 +365,87 @@ impl Qp {
         // Where this pass of sending had got to: it goes on from there after the one request.
         let resume = self.req_psn;
         if let Some(len) = read {
+            // Responses after the rest asked for, taken already: it was lost, and no answer
+            // past it can show otherwise.
+            let shown_lost = self.read_ahead.next_held(from, from.add(len)).is_some();
             self.early_read_watches.push(ReadWatch {
                 from,
                 len,
                 // Requests after the piece that went before this resend and do not go again:
                 // their answers come ahead of the copies.
-                ahead: !lost_after && from.add(len).precedes(resume),
+                ahead: !lost_after && !shown_lost && from.add(len).precedes(resume),
                 halved: None,
             });
         }
         self.probing = read.is_none();
         self.retrying_from = Some(from);
         self.rewind(from);
-        if read.is_some() && !lost_after {
-            self.early_resume = Some(resume);
+        if let Some(len) = read {
+            self.read_upto = Some(ReadUpto {
+                end: from.add(len),
+                lost: false,
+            });
+            if !lost_after {
+                self.early_resume = Some(resume);
+            }
         }
         self.timers.early = self.early_resend_at(now);
+    }
+
+    /// Asks again for the next run of lost READ responses that responses taken after it show
+    /// lost ([`ReadAhead`]): one READ request from the run's first PSN to the next response
+    /// taken or the end of its piece, after which sending goes on where it had got to. Each
+    /// request so sent lets the next run go (from [`Qp::next_request`]).
+    ///
+    /// Nothing while another such request waits to go, or while sending has not yet got past
+    /// the run again (a go-back-N on its way asks for it), or when an earlier run of the same
+    /// piece was asked for again and is still missing: rxe's responder serves no part of a
+    /// READ that starts before the part it served last, so the parts of one piece are asked
+    /// for in order and a lost answer asked for again from the same place. Lost responses with
+    /// nothing taken after them (the end of the answer lost) are the early resend's.
+    pub(super) fn reask_read(&mut self, dev: &mut DeviceState) {
+        if self.read_ahead.is_empty() || self.read_upto.is_some() || self.state != QpState::Rts {
+            return;
+        }
+        let comp = self.comp_psn;
+        let from = self.read_ahead.first_unasked(comp);
+        let Some(held) = self.read_ahead.next_held(comp, from) else {
+            return;
+        };
+        let resume = self.early_resume.unwrap_or(self.req_psn);
+        if !from.precedes(resume) {
+            return;
+        }
+        let Some(w) = self.sq.iter().find(|w| w.contains(from)) else {
+            return;
+        };
+        if !matches!(w.op, SendOp::Read(_)) {
+            return;
+        }
+        let k = w.first_psn.steps_to(from);
+        let piece_start = w.first_psn.add(k - k % w.piece);
+        let piece_end = w.first_psn.add(w.piece_end(k));
+        let oldest = if comp.precedes(piece_start) {
+            piece_start
+        } else {
+            comp
+        };
+        if self.read_ahead.next_missing(comp, oldest) != from {
+            // An earlier run of this piece, asked for again, is still missing.
+            return;
+        }
+        let end = if held.precedes(piece_end) {
+            held
+        } else {
+            piece_end
+        };
+        self.rewind(from);
+        self.early_resume = Some(resume);
+        self.read_upto = Some(ReadUpto { end, lost: true });
+        // A loss all the same: the window narrows as for a retry, but no `retry_cnt` is
+        // spent (the responses after the run show the responder alive).
+        self.window.narrow();
+        dev.counters.read_reasks += 1;
     }
 
     /// The early resend is due, but the peer has not read what was sent: the timer goes on

@@ -85,7 +85,18 @@ impl Qp {
             } else {
                 self.window.psns()
             };
-            if self.comp_psn.steps_to(self.req_psn) >= window {
+            // The window counts what is in flight: READ responses taken past a lost one are
+            // not, though no more may be asked for than can be held. A READ asking again for
+            // lost responses asks for PSNs the window counts already.
+            let outstanding = self.comp_psn.steps_to(self.req_psn);
+            let in_flight = if self.read_ahead.is_empty() {
+                outstanding
+            } else if self.comp_psn.steps_to(self.sent_psn) >= AHEAD_PSNS - WIDEST_UNACKED_PSNS {
+                u32::MAX
+            } else {
+                outstanding - self.read_ahead.held_before(self.comp_psn, self.req_psn)
+            };
+            if self.read_upto.is_none() && in_flight >= window {
                 return None;
             }
             // A new READ or atomic request takes a responder resource; asking again for one
@@ -113,12 +124,19 @@ impl Qp {
         }
         let k = self.req_pkt;
         let psn = self.req_psn;
+        let reask = self.read_upto.take();
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
         let (repr, consumed, payload_at) = match wqe.op {
             SendOp::Read(remote) => {
-                // From here to the end of the piece holding PSN k.
+                // From here to the end of the piece holding PSN k, or to the end of the run
+                // of lost responses it asks for again.
                 let done = u64::from(k) * u64::from(mtu);
-                let piece_end = wqe.piece_end(k);
+                let piece_end = match reask {
+                    Some(upto) if psn.precedes(upto.end) => wqe
+                        .piece_end(k)
+                        .min(k.saturating_add(psn.steps_to(upto.end))),
+                    _ => wqe.piece_end(k),
+                };
                 let end = (u64::from(piece_end) * u64::from(mtu)).min(u64::from(wqe.len));
                 bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
                 bth.ack_req = true;
@@ -238,6 +256,11 @@ impl Qp {
         let len = repr.buffer_len() - (n - in_buffer);
         buf[end..len].fill(0);
 
+        if matches!(self.sq[index].op, SendOp::Read(_)) && psn.precedes(self.sent_psn) {
+            // Asked again: its answer comes after everything asked before it.
+            let lost = reask.is_some_and(|r| r.lost);
+            self.read_ahead.record_ask(psn, psn.add(consumed), lost);
+        }
         if repr.bth.ack_req {
             self.since_ack_req = 0;
             // Time a packet sent for the first time (Karn: a resent one's answer could be
@@ -272,6 +295,10 @@ impl Qp {
         if self.is_rc() && self.timers.retransmit.is_none() {
             self.timers.retransmit = self.timeout.map(|t| now + t);
             self.timers.early = self.early_resend_at(now);
+        }
+        if reask.is_some() {
+            // The next run of lost responses may be asked for now.
+            self.reask_read(dev);
         }
         Some((len, lent))
     }

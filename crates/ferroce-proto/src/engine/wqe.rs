@@ -96,11 +96,12 @@ pub(super) struct SendWqe {
     /// PSNs the message uses: its packets, or for a READ its response packets.
     pub(super) npkts: u32,
     /// PSNs per READ request. A READ of more than [`MAX_UNACKED_PSNS`] response packets is
-    /// asked for in pieces of that many, so that a lost response costs at most the rest of
-    /// its piece rather than the rest of the message (a 1 MiB READ at MTU 1024 is 1024
-    /// packets). Fixed when the request starts, so that a retry asks again for exactly the
-    /// rest of a piece the responder holds. `npkts` otherwise. (Pieces sized to the adaptive
-    /// window were tried: with few READs in flight allowed, they throttled 64 KiB READs.)
+    /// asked for in pieces of that many, so that a go-back-N (a timeout's) costs at most the
+    /// rest of its piece rather than the rest of the message (a 1 MiB READ at MTU 1024 is 1024
+    /// packets), and each piece is one responder resource that a part asked again is served
+    /// from. Fixed when the request starts, so that a retry asks again for a part of a piece
+    /// the responder holds. `npkts` otherwise. (Pieces sized to the adaptive window were
+    /// tried: with few READs in flight allowed, they throttled 64 KiB READs.)
     pub(super) piece: u32,
     pub(super) first_psn: Psn,
     pub(super) started: bool,
