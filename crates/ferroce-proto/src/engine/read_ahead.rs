@@ -36,8 +36,9 @@ pub(super) struct ReadAhead {
     asked_upto: Option<Psn>,
 }
 
-/// How many READ requests sent again are remembered; an older one forgotten only lets its
-/// responses be asked for again sooner.
+/// How many READ requests sent again are remembered: no more are asked for lost responses
+/// until one is answered (an early resend's or a timeout's go-back-N, which are not held back,
+/// make room by forgetting the oldest).
 const ASKS: usize = 8;
 
 /// A READ request sent again: the response PSNs `from..end` it asks for.
@@ -194,6 +195,12 @@ impl ReadAhead {
                 .find(|&i| !self.bit(i))
                 .unwrap_or(AHEAD_PSNS),
         )
+    }
+
+    /// Whether another request asked again may be remembered without forgetting one that
+    /// is still to be answered (forgotten, its responses would be taken for unasked).
+    pub(super) fn may_ask(&self) -> bool {
+        self.asks[ASKS - 1].is_none()
     }
 
     /// A READ request sent again asks for the responses `from..end`; `lost` when all of

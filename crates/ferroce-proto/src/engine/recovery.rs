@@ -397,14 +397,19 @@ impl Qp {
     /// taken or the end of its piece, after which sending goes on where it had got to. Each
     /// request so sent lets the next run go (from [`Qp::next_request`]).
     ///
-    /// Nothing while another such request waits to go, or while sending has not yet got past
+    /// Nothing while another such request waits to go, or while as many as are remembered
+    /// wait for their answers ([`ReadAhead::may_ask`]), or while sending has not yet got past
     /// the run again (a go-back-N on its way asks for it), or when an earlier run of the same
     /// piece was asked for again and is still missing: rxe's responder serves no part of a
     /// READ that starts before the part it served last, so the parts of one piece are asked
     /// for in order and a lost answer asked for again from the same place. Lost responses with
     /// nothing taken after them (the end of the answer lost) are the early resend's.
     pub(super) fn reask_read(&mut self, dev: &mut DeviceState) {
-        if self.read_ahead.is_empty() || self.read_upto.is_some() || self.state != QpState::Rts {
+        if self.read_ahead.is_empty()
+            || self.read_upto.is_some()
+            || !self.read_ahead.may_ask()
+            || self.state != QpState::Rts
+        {
             return;
         }
         let comp = self.comp_psn;

@@ -387,12 +387,19 @@ impl Fabric {
         let mut any = false;
         let mut buf = vec![0u8; MAX_PACKET];
         for from in 0..self.nodes.len() {
+            // A node that never stops sending at one instant is a livelock: fail, not hang.
+            let mut sent = 0u32;
             loop {
                 let node = &mut self.nodes[from];
                 let Some(t) = node.engine.poll_transmit(self.now, &node.mem, &mut buf) else {
                     break;
                 };
                 any = true;
+                sent += 1;
+                assert!(
+                    sent < 1_000_000,
+                    "node {from} sent a million packets at one instant"
+                );
                 let src = SocketAddr::new(node.ip, t.src_port);
                 let bytes = buf[..t.len].to_vec();
                 // Parsed once, for the hold and the filter.
