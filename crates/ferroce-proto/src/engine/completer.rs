@@ -285,7 +285,9 @@ impl Qp {
                 .unwrap_or(self.comp_psn);
             self.rewind(to);
         }
-        self.reask_read(dev);
+        if !self.read_ahead.is_empty() {
+            self.reask_read(dev);
+        }
         if let Some(rtt) = self.sample_rtt(now) {
             dev.round_trip.sample(rtt);
         }

@@ -125,6 +125,8 @@ impl Qp {
         let k = self.req_pkt;
         let psn = self.req_psn;
         let reask = self.read_upto.take();
+        // A READ request sent before, asked again.
+        let mut asked_again = false;
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
         let (repr, consumed, payload_at) = match wqe.op {
             SendOp::Read(remote) => {
@@ -140,6 +142,7 @@ impl Qp {
                 let end = (u64::from(piece_end) * u64::from(mtu)).min(u64::from(wqe.len));
                 bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
                 bth.ack_req = true;
+                asked_again = psn.precedes(self.sent_psn);
                 let mut repr = PacketRepr::new(bth);
                 repr.reth = Some(Reth {
                     va: remote.va.wrapping_add(done),
@@ -256,8 +259,8 @@ impl Qp {
         let len = repr.buffer_len() - (n - in_buffer);
         buf[end..len].fill(0);
 
-        if matches!(self.sq[index].op, SendOp::Read(_)) && psn.precedes(self.sent_psn) {
-            // Asked again: its answer comes after everything asked before it.
+        if asked_again {
+            // Its answer comes after everything asked before it.
             let lost = reask.is_some_and(|r| r.lost);
             self.read_ahead.record_ask(psn, psn.add(consumed), lost);
         }
