@@ -366,7 +366,8 @@ impl Qp {
         if !in_order {
             if self.read_ahead.take(self.comp_psn, psn) != Taken::New {
                 // A copy of one taken already: the responder is answering an ask again, in
-                // order, and the early resend's wait starts again (as for a copy behind).
+                // order, and the early resend's wait starts again (as for a copy behind). (Or
+                // one too far ahead to hold, which the window never lets be asked for.)
                 dev.counters.stale_response += 1;
                 if self.timers.early.is_some() {
                     self.timers.early = self.early_resend_at(now);

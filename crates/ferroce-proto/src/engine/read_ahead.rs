@@ -161,12 +161,28 @@ impl ReadAhead {
         if self.asked_upto.is_some_and(|a| !end.precedes(a)) {
             self.asked_upto = None;
         }
+        let mut answered = false;
         for slot in &mut self.asks {
             if slot.is_some_and(|ask| !end.precedes(ask.end)) {
                 *slot = None;
+                answered = true;
             }
         }
+        if answered {
+            self.pack_asks();
+        }
         run
+    }
+
+    /// Moves the asks remembered to the front, in the order they were sent.
+    fn pack_asks(&mut self) {
+        let mut kept = 0;
+        for i in 0..ASKS {
+            if let Some(ask) = self.asks[i].take() {
+                self.asks[kept] = Some(ask);
+                kept += 1;
+            }
+        }
     }
 
     /// The first PSN at or after `from` (not before `comp`) whose response is held.
@@ -209,6 +225,7 @@ impl ReadAhead {
         if self.asked_upto.is_none_or(|a| a.precedes(end)) {
             self.asked_upto = Some(end);
         }
+        // Kept packed, in the order they were sent: the oldest goes to make room.
         if self.asks[ASKS - 1].is_some() {
             self.asks.rotate_left(1);
             self.asks[ASKS - 1] = None;
@@ -219,8 +236,6 @@ impl ReadAhead {
             .position(Option::is_none)
             .unwrap_or(ASKS - 1);
         self.asks[free] = Some(Ask { from, end, lost });
-        // Asked again: kept in order of sending, the older ones first.
-        self.asks[..=free].sort_by_key(|a| a.is_none());
     }
 
     /// The response for `psn` was taken. A responder answers in order, so the responses the
@@ -246,11 +261,7 @@ impl ReadAhead {
                 *slot = None;
             }
         }
-        let kept: Vec<Ask> = self.asks.iter().flatten().copied().collect();
-        self.asks = [None; ASKS];
-        for (slot, ask) in self.asks.iter_mut().zip(kept) {
-            *slot = Some(ask);
-        }
+        self.pack_asks();
     }
 
     /// The first response at or after `comp` (the oldest unanswered PSN) that is missing and
