@@ -1835,6 +1835,57 @@ fn more_lost_responses_than_remembered_asks_are_asked_for_once_each() {
     assert!(b.sent_pkts <= READS * 1024 + lost + 8, "{b:?}");
 }
 
+/// A response lost again and again while the READs behind it go on: once what was sent
+/// reaches as far past it as the requester can hold, no new request goes, but asking again
+/// for what is missing still does. (A timeout's go-back-N was held back with the new
+/// requests, and with nothing sent, no timer ran: against rxe, perf read-bw stopped for good.)
+#[test]
+fn a_response_lost_many_times_is_asked_for_while_new_requests_wait() {
+    const LEN: usize = 1 << 20;
+    const READS: u64 = 4;
+    let mut f = Fabric::new(2, 48);
+    f.link.bits_per_sec = 1_000_000_000;
+    let opts = ConnectOptions {
+        timeout: 14,
+        max_rd_atomic: 16,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let local = f.region(0, LEN, Access::LOCAL, 0);
+    let dst = f.region(1, LEN, Access::REMOTE, 0);
+    f.bytes_mut(1, &dst).copy_from_slice(&pattern(LEN, 13));
+    // Response PSN 10 of the first READ, and its first eight copies: the asks and early
+    // resends run out, and the ACK timeout's go-back-N asks for it.
+    let mut first = None;
+    let mut lost = 9;
+    f.filter = Some(Box::new(move |from, p| {
+        let first = *first.get_or_insert(p.psn());
+        let hit = from == 1 && first.steps_to(p.psn()) == 10 && lost > 0;
+        lost -= u32::from(hit);
+        hit
+    }));
+    for i in 0..READS {
+        let wr = SendWr::new(i, SendOp::Read(remote(&dst, 0)), sge(&local, 0, LEN as u32));
+        f.nodes[0].engine.post_send(qa, wr).unwrap();
+    }
+    f.run();
+    let done = f.completions(0);
+    assert_eq!(
+        done.len(),
+        READS as usize,
+        "{:?}",
+        f.nodes[0].engine.counters()
+    );
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{done:?}"
+    );
+    assert!(f.bytes(0, &local) == pattern(LEN, 13), "bytes differ");
+    let a = f.nodes[0].engine.counters();
+    assert!(a.completer_retry_err >= 1, "no ACK timeout: {a:?}");
+    assert!(a.read_taken_ahead > 512, "held past the new requests' limit: {a:?}");
+}
+
 /// A READ of more packets than the largest window goes out in pieces of 128 response PSNs:
 /// a 1 MiB READ at MTU 1024 is eight requests, at most `max_rd_atomic` of them unanswered at a
 /// time (a piece with a response lost counts until it is answered). A response lost in the

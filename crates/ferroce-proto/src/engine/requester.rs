@@ -86,12 +86,16 @@ impl Qp {
                 self.window.psns()
             };
             // The window counts what is in flight: READ responses taken past a lost one are
-            // not, though no more may be asked for than can be held. A READ asking again for
-            // lost responses asks for PSNs the window counts already.
+            // not, though no new PSNs may be asked for beyond what can be held (asking again
+            // for sent ones may always go: with nothing sent, no timer would run). A READ
+            // asking again for lost responses asks for PSNs the window counts already.
             let outstanding = self.comp_psn.steps_to(self.req_psn);
+            let new_psns = !self.req_psn.precedes(self.sent_psn);
             let in_flight = if self.read_ahead.is_empty() {
                 outstanding
-            } else if self.comp_psn.steps_to(self.sent_psn) >= AHEAD_PSNS - WIDEST_UNACKED_PSNS {
+            } else if new_psns
+                && self.comp_psn.steps_to(self.sent_psn) >= AHEAD_PSNS - WIDEST_UNACKED_PSNS
+            {
                 u32::MAX
             } else {
                 outstanding - self.read_ahead.held_before(self.comp_psn, self.req_psn)
