@@ -3,8 +3,8 @@
 //!
 //! A READ response carries its place in the request (the PSN fixes the offset), so one that
 //! arrives after a lost one can land where it belongs at once. IBTA asks as much of a retry
-//! ("may only reread those portions that were not successfully responded to", Vol. 1
-//! 9.7.5.1.4), and rxe's responder serves any part of a READ it holds, as long as no part
+//! (Vol. 1, chapter 9: it "may only reread those portions that were not successfully
+//! responded to"), and rxe's responder serves any part of a READ it holds, as long as no part
 //! asked for starts before the last one asked for (a replay moves the start of its record).
 //! Go-back-N asked again for the rest of the piece and for every piece sent after it: under
 //! 1 % random loss a 1 MiB READ moved twice its packets.
