@@ -1883,7 +1883,10 @@ fn a_response_lost_many_times_is_asked_for_while_new_requests_wait() {
     assert!(f.bytes(0, &local) == pattern(LEN, 13), "bytes differ");
     let a = f.nodes[0].engine.counters();
     assert!(a.completer_retry_err >= 1, "no ACK timeout: {a:?}");
-    assert!(a.read_taken_ahead > 512, "held past the new requests' limit: {a:?}");
+    assert!(
+        a.read_taken_ahead > 512,
+        "held past the new requests' limit: {a:?}"
+    );
 }
 
 /// A READ of more packets than the largest window goes out in pieces of 128 response PSNs:
