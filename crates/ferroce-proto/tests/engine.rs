@@ -650,6 +650,62 @@ fn read_all(f: &mut Fabric, qa: Qpn, local: &RegionInfo, dst: &RegionInfo, seed:
     assert!(f.bytes(0, local) == pattern(len, seed), "bytes differ");
 }
 
+/// How long each of [`long_reads_posted`]'s READs is, and how many there are.
+const LONG_READ: usize = 1 << 20;
+const LONG_READS: u64 = 4;
+
+/// Four 1 MiB READs posted, all of the responder's region (holding `pattern(LONG_READ,
+/// seed)`) into the requester's, on a QP with perftest's ACK timeout (code 14) and
+/// `max_rd_atomic` as given, over a link of `bits_per_sec`. The test adds its faults, runs
+/// the fabric and checks with [`long_reads_landed`].
+fn long_reads_posted(
+    fabric_seed: u64,
+    seed: u8,
+    max_rd_atomic: u8,
+    bits_per_sec: u64,
+) -> (Fabric, RegionInfo) {
+    let mut f = Fabric::new(2, fabric_seed);
+    f.link.bits_per_sec = bits_per_sec;
+    let opts = ConnectOptions {
+        timeout: 14,
+        max_rd_atomic,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let local = f.region(0, LONG_READ, Access::LOCAL, 0);
+    let dst = f.region(1, LONG_READ, Access::REMOTE, 0);
+    f.bytes_mut(1, &dst)
+        .copy_from_slice(&pattern(LONG_READ, seed));
+    for id in 0..LONG_READS {
+        let wr = SendWr::new(
+            id,
+            SendOp::Read(remote(&dst, 0)),
+            sge(&local, 0, LONG_READ as u32),
+        );
+        f.nodes[0].engine.post_send(qa, wr).unwrap();
+    }
+    (f, local)
+}
+
+/// Checks that every READ [`long_reads_posted`] posted succeeded and brought the pattern.
+fn long_reads_landed(f: &mut Fabric, local: &RegionInfo, seed: u8) {
+    let done = f.completions(0);
+    assert_eq!(
+        done.len(),
+        LONG_READS as usize,
+        "{done:?} {:?}",
+        f.nodes[0].engine.counters()
+    );
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{done:?}"
+    );
+    assert!(
+        f.bytes(0, local) == pattern(LONG_READ, seed),
+        "bytes differ"
+    );
+}
+
 /// Writes the second 4 KiB of `src` to `dst`, losing that WRITE's last packet once, and checks
 /// that all 8 KiB landed and that the loss was recovered well before the ACK timeout, by one
 /// early resend that spent no `retry_cnt`.
@@ -993,19 +1049,7 @@ fn a_read_resent_early_for_a_real_loss_takes_back_a_doubling() {
 /// responses repeats).
 #[test]
 fn a_slow_pausing_read_responder_is_not_buried_in_duplicate_requests() {
-    const LEN: usize = 1 << 20;
-    const READS: u64 = 4;
-    let mut f = Fabric::new(2, 41);
-    let opts = ConnectOptions {
-        timeout: 14,
-        max_rd_atomic: 128,
-        ..ConnectOptions::default()
-    };
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
-    let local = f.region(0, LEN, Access::LOCAL, 0);
-    let dst = f.region(1, LEN, Access::REMOTE, 0);
-    f.bytes_mut(1, &dst).copy_from_slice(&pattern(LEN, 7));
-    f.link.bits_per_sec = 64_000_000;
+    let (mut f, local) = long_reads_posted(41, 7, 128, 64_000_000);
     let mut answered = 0u64;
     f.hold = Some(Box::new(move |from, p| {
         let response = from == 1 && p.opcode().operation() != Operation::Acknowledge;
@@ -1016,22 +1060,8 @@ fn a_slow_pausing_read_responder_is_not_buried_in_duplicate_requests() {
             Duration::ZERO
         }
     }));
-    for id in 0..READS {
-        let wr = SendWr::new(
-            id,
-            SendOp::Read(remote(&dst, 0)),
-            sge(&local, 0, LEN as u32),
-        );
-        f.nodes[0].engine.post_send(qa, wr).unwrap();
-    }
     f.run();
-    let done = f.completions(0);
-    assert_eq!(done.len(), READS as usize, "{done:?}");
-    assert!(
-        done.iter().all(|c| c.status == WcStatus::Success),
-        "{done:?}"
-    );
-    assert!(f.bytes(0, &local) == pattern(LEN, 7), "bytes differ");
+    long_reads_landed(&mut f, &local, 7);
     let a = *f.nodes[0].engine.counters();
     let b = *f.nodes[1].engine.counters();
     assert_eq!(a.completer_retry_err, 0, "a retry for no loss: {a:?}");
@@ -1041,7 +1071,7 @@ fn a_slow_pausing_read_responder_is_not_buried_in_duplicate_requests() {
     assert_eq!(b.duplicate_request, a.early_resends, "{b:?}");
     assert_eq!(a.early_needless, a.early_resends, "{a:?}");
     assert!(a.early_resends <= 4, "{a:?}");
-    let needed = READS * (LEN as u64 / 1024);
+    let needed = LONG_READS * (LONG_READ as u64 / 1024);
     assert!(
         a.stale_response * 20 <= needed,
         "{} responses repeated for {needed}: {a:?}",
@@ -1793,21 +1823,9 @@ fn an_answer_to_a_later_ask_shows_an_earlier_one_lost() {
 /// loop of nine single-response asks, 295,000 requests in a second.)
 #[test]
 fn more_lost_responses_than_remembered_asks_are_asked_for_once_each() {
-    const LEN: usize = 1 << 20;
-    const READS: u64 = 4;
     // Sixteen pieces of 128 responses may be asked for at once (perftest asks for 128), on a
     // link slow enough that the asks wait behind them.
-    let mut f = Fabric::new(2, 47);
-    f.link.bits_per_sec = 1_000_000_000;
-    let opts = ConnectOptions {
-        timeout: 14,
-        max_rd_atomic: 16,
-        ..ConnectOptions::default()
-    };
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
-    let local = f.region(0, LEN, Access::LOCAL, 0);
-    let dst = f.region(1, LEN, Access::REMOTE, 0);
-    f.bytes_mut(1, &dst).copy_from_slice(&pattern(LEN, 11));
+    let (mut f, local) = long_reads_posted(47, 11, 16, 1_000_000_000);
     // Every 23rd response, once: some 44 in each READ, and once the window has narrowed, in
     // pieces of a few dozen, one in most.
     let mut first = None;
@@ -1817,22 +1835,12 @@ fn more_lost_responses_than_remembered_asks_are_asked_for_once_each() {
         let k = first.steps_to(p.psn());
         from == 1 && k % 23 == 22 && dropped.insert(k)
     }));
-    for i in 0..READS {
-        let wr = SendWr::new(i, SendOp::Read(remote(&dst, 0)), sge(&local, 0, LEN as u32));
-        f.nodes[0].engine.post_send(qa, wr).unwrap();
-    }
     assert!(f.run_for(Duration::from_secs(5)), "still busy after 5 s");
-    let done = f.completions(0);
-    assert_eq!(done.len(), READS as usize);
-    assert!(
-        done.iter().all(|c| c.status == WcStatus::Success),
-        "{done:?}"
-    );
-    assert!(f.bytes(0, &local) == pattern(LEN, 11), "bytes differ");
-    let lost = READS * LEN as u64 / 1024 / 23;
+    long_reads_landed(&mut f, &local, 11);
+    let lost = LONG_READS * LONG_READ as u64 / 1024 / 23;
     let (a, b) = (f.nodes[0].engine.counters(), f.nodes[1].engine.counters());
     assert!(a.read_reasks <= lost + 2, "{a:?}");
-    assert!(b.sent_pkts <= READS * 1024 + lost + 8, "{b:?}");
+    assert!(b.sent_pkts <= LONG_READS * 1024 + lost + 8, "{b:?}");
 }
 
 /// A response lost again and again while the READs behind it go on: once what was sent
@@ -1841,19 +1849,7 @@ fn more_lost_responses_than_remembered_asks_are_asked_for_once_each() {
 /// requests, and with nothing sent, no timer ran: against rxe, perf read-bw stopped for good.)
 #[test]
 fn a_response_lost_many_times_is_asked_for_while_new_requests_wait() {
-    const LEN: usize = 1 << 20;
-    const READS: u64 = 4;
-    let mut f = Fabric::new(2, 48);
-    f.link.bits_per_sec = 1_000_000_000;
-    let opts = ConnectOptions {
-        timeout: 14,
-        max_rd_atomic: 16,
-        ..ConnectOptions::default()
-    };
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
-    let local = f.region(0, LEN, Access::LOCAL, 0);
-    let dst = f.region(1, LEN, Access::REMOTE, 0);
-    f.bytes_mut(1, &dst).copy_from_slice(&pattern(LEN, 13));
+    let (mut f, local) = long_reads_posted(48, 13, 16, 1_000_000_000);
     // Response PSN 10 of the first READ, and its first eight copies: the asks and early
     // resends run out, and the ACK timeout's go-back-N asks for it.
     let mut first = None;
@@ -1864,23 +1860,8 @@ fn a_response_lost_many_times_is_asked_for_while_new_requests_wait() {
         lost -= u32::from(hit);
         hit
     }));
-    for i in 0..READS {
-        let wr = SendWr::new(i, SendOp::Read(remote(&dst, 0)), sge(&local, 0, LEN as u32));
-        f.nodes[0].engine.post_send(qa, wr).unwrap();
-    }
     f.run();
-    let done = f.completions(0);
-    assert_eq!(
-        done.len(),
-        READS as usize,
-        "{:?}",
-        f.nodes[0].engine.counters()
-    );
-    assert!(
-        done.iter().all(|c| c.status == WcStatus::Success),
-        "{done:?}"
-    );
-    assert!(f.bytes(0, &local) == pattern(LEN, 13), "bytes differ");
+    long_reads_landed(&mut f, &local, 13);
     let a = f.nodes[0].engine.counters();
     assert!(a.completer_retry_err >= 1, "no ACK timeout: {a:?}");
     assert!(
