@@ -1870,6 +1870,44 @@ fn a_response_lost_many_times_is_asked_for_while_new_requests_wait() {
     );
 }
 
+/// The ACK timeout's go-back-N over READs whose later responses were taken: it asks only for
+/// what is missing, each piece from its first missing response (which rxe serves; a piece
+/// asked for from its start after a later part was served goes unanswered there).
+#[test]
+fn a_timeouts_go_back_n_asks_only_for_the_missing_responses() {
+    let (mut f, local) = long_reads_posted(49, 15, 16, 1_000_000_000);
+    let (mut rxe, refused) = fabric::rxe_read_replay(1024);
+    // Response PSN 10 of the first READ, and its first eight copies: the asks and early
+    // resends run out, and the ACK timeout's go-back-N asks for it. PSN 300, in a later
+    // piece, twice: its ask is served, and its answer lost.
+    let mut first = None;
+    let mut lost = [9u32, 2];
+    f.filter = Some(Box::new(move |from, p| {
+        if rxe(from, p) {
+            return true;
+        }
+        let first = *first.get_or_insert(p.psn());
+        let k = first.steps_to(p.psn());
+        for (i, at) in [10, 300].into_iter().enumerate() {
+            if from == 1 && k == at && lost[i] > 0 {
+                lost[i] -= 1;
+                return true;
+            }
+        }
+        false
+    }));
+    f.run();
+    long_reads_landed(&mut f, &local, 15);
+    let (a, b) = (f.nodes[0].engine.counters(), f.nodes[1].engine.counters());
+    assert!(a.completer_retry_err >= 1, "no ACK timeout: {a:?}");
+    assert_eq!(refused.get(), 0, "asked for what rxe refuses: {a:?}");
+    // Every response once, and each of the eleven lost ones once more: no copy of one taken.
+    // (Going back from PSN 10 to the end of what was sent, it asked for a thousand again.)
+    let needed = LONG_READS * (LONG_READ as u64 / 1024);
+    assert_eq!(b.sent_pkts, needed + 11, "{a:?}");
+    assert_eq!(a.stale_response, 0, "{a:?}");
+}
+
 /// A READ of more packets than the largest window goes out in pieces of 128 response PSNs:
 /// a 1 MiB READ at MTU 1024 is eight requests, at most `max_rd_atomic` of them unanswered at a
 /// time (a piece with a response lost counts until it is answered). A response lost in the

@@ -30,7 +30,8 @@
 //!   one piece, since a responder answers a copy only after everything queued before it, and
 //!   its wait doubles for each such resend that answers show needless;
 //! - READ responses after a lost one are taken where their PSNs put them, and only the lost
-//!   ones are asked for again (`read_ahead`).
+//!   ones are asked for again (`read_ahead`); a go-back-N over READs asks each piece again
+//!   from its first missing response to its last, and skips pieces already whole.
 //!
 //! And two the responder sees, within what IBTA allows it to expect: a READ of more than
 //! [`MAX_UNACKED_PSNS`] response packets is asked for in several READ requests of that many

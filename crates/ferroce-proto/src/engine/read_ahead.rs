@@ -213,6 +213,20 @@ impl ReadAhead {
         )
     }
 
+    /// The last PSN from `from` up to `end` (not before `comp`) whose response is not held.
+    pub(super) fn last_missing(&mut self, comp: Psn, from: Psn, end: Psn) -> Option<Psn> {
+        self.sync(comp);
+        let start = if from.precedes(comp) {
+            0
+        } else {
+            comp.steps_to(from)
+        };
+        (start..comp.steps_to(end))
+            .rev()
+            .find(|&i| !self.bit(i))
+            .map(|i| comp.add(i))
+    }
+
     /// Whether another request asked again may be remembered without forgetting one that
     /// is still to be answered (forgotten, its responses would be taken for unasked).
     pub(super) fn may_ask(&self) -> bool {
@@ -311,6 +325,12 @@ mod tests {
         assert_eq!(r.next_held(comp, comp), Some(comp.add(2)));
         assert_eq!(r.next_missing(comp, comp.add(2)), comp.add(4));
         assert_eq!(r.next_held(comp, comp.add(6)), Some(comp.add(70)));
+        assert_eq!(r.last_missing(comp, comp, comp.add(71)), Some(comp.add(69)));
+        assert_eq!(r.last_missing(comp, comp.add(2), comp.add(4)), None);
+        assert_eq!(
+            r.last_missing(comp, comp.add(2), comp.add(6)),
+            Some(comp.add(4))
+        );
         // PSN comp and comp+1 answered: the run 2, 3 goes with them.
         assert_eq!(r.take_run(comp.add(2)), 2);
         assert!(!r.holds(comp.add(4), comp.add(3)));

@@ -53,6 +53,38 @@ impl Qp {
         n
     }
 
+    /// Sending again (a go-back-N) over READ pieces whose responses were partly taken ahead
+    /// ([`ReadAhead`]): moves past each piece whose rest is all held, and on to the first
+    /// response missing in the next (whose request then ends at its last missing one).
+    /// Besides the copies it spares, a piece is asked for from its first missing response
+    /// because rxe's responder serves no part of a READ that starts before the part it served
+    /// last: a go-back-N from a piece's start, after a later part of it was asked for again,
+    /// went unanswered.
+    fn skip_held_responses(&mut self) {
+        while let Some(w) = self.sq.get(self.req_index) {
+            if !w.started
+                || !matches!(w.op, SendOp::Read(_))
+                || !self.req_psn.precedes(self.sent_psn)
+            {
+                return;
+            }
+            let piece_end = w.piece_end(self.req_pkt);
+            let missing = self.read_ahead.next_missing(self.comp_psn, self.req_psn);
+            let skip = self.req_psn.steps_to(missing);
+            if self.req_pkt + skip < piece_end {
+                self.req_pkt += skip;
+                self.req_psn = missing;
+                return;
+            }
+            self.req_psn = self.req_psn.add(piece_end - self.req_pkt);
+            self.req_pkt = piece_end;
+            if self.req_pkt >= w.npkts {
+                self.req_pkt = 0;
+                self.req_index += 1;
+            }
+        }
+    }
+
     /// Builds the next request packet into `buf`, if one may be sent now.
     pub(super) fn next_request(
         &mut self,
@@ -69,6 +101,9 @@ impl Qp {
                 return None;
             }
             self.timers.rnr_wait = None;
+        }
+        if !self.read_ahead.is_empty() && self.read_upto.is_none() {
+            self.skip_held_responses();
         }
         let index = self.req_index;
         let wqe = self.sq.get(index)?;
@@ -129,8 +164,9 @@ impl Qp {
         let k = self.req_pkt;
         let psn = self.req_psn;
         let reask = self.read_upto.take();
-        // A READ request sent before, asked again.
+        // A READ request sent before, asked again, and the PSNs whose responses it asks for.
         let mut asked_again = false;
+        let mut asked = 0;
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
         let (repr, consumed, payload_at) = match wqe.op {
             SendOp::Read(remote) => {
@@ -143,10 +179,24 @@ impl Qp {
                         .min(k.saturating_add(psn.steps_to(upto.end))),
                     _ => wqe.piece_end(k),
                 };
-                let end = (u64::from(piece_end) * u64::from(mtu)).min(u64::from(wqe.len));
+                asked_again = psn.precedes(self.sent_psn);
+                // Sending again past responses taken ahead (a go-back-N): up to the piece's
+                // last missing one, in one request (a lost answer to a first of two would go
+                // unanswered at rxe once the second was served), and on with the next piece.
+                let last_missing = (asked_again && reask.is_none() && !self.read_ahead.is_empty())
+                    .then(|| {
+                        let end = wqe.first_psn.add(piece_end);
+                        self.read_ahead.last_missing(self.comp_psn, psn, end)
+                    })
+                    .flatten();
+                let ask_end = match last_missing {
+                    Some(last) => k + psn.steps_to(last) + 1,
+                    None => piece_end,
+                };
+                asked = ask_end - k;
+                let end = (u64::from(ask_end) * u64::from(mtu)).min(u64::from(wqe.len));
                 bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
                 bth.ack_req = true;
-                asked_again = psn.precedes(self.sent_psn);
                 let mut repr = PacketRepr::new(bth);
                 repr.reth = Some(Reth {
                     va: remote.va.wrapping_add(done),
@@ -266,7 +316,7 @@ impl Qp {
         if asked_again {
             // Its answer comes after everything asked before it.
             let lost = reask.is_some_and(|r| r.lost);
-            self.read_ahead.record_ask(psn, psn.add(consumed), lost);
+            self.read_ahead.record_ask(psn, psn.add(asked), lost);
         }
         if repr.bth.ack_req {
             self.since_ack_req = 0;

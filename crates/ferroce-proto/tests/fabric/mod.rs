@@ -4,8 +4,10 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+use std::cell::Cell;
 use std::collections::BinaryHeap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use ferroce_proto::engine::{roce_peer, Engine, EngineConfig, MAX_PACKET};
@@ -13,7 +15,7 @@ use ferroce_proto::memory::{Access, HeapMemory, PdId, RegionInfo, WriteOrder};
 use ferroce_proto::qp::{
     Completion, CqId, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, RecvWr, Sge, SrqId,
 };
-use ferroce_proto::wire::{Packet, Qpn, RnrTimer};
+use ferroce_proto::wire::{Operation, Packet, Qpn, RnrTimer};
 use ferroce_proto::Psn;
 
 /// SplitMix64: a seeded generator, so every fault schedule is reproducible.
@@ -114,6 +116,45 @@ impl PartialOrd for InFlight {
 
 /// Decides per packet whether to drop it: `(from node, packet)`.
 pub type Filter = Box<dyn FnMut(usize, &Packet<&[u8]>) -> bool>;
+
+/// A filter that refuses what rxe's responder refuses of node 0's READ requests: one asked
+/// again (its PSN inside an earlier request's responses) that starts before the part of that
+/// request last served, since rxe's replay moves the start of its record (`va_org`) to what it
+/// serves, and serves nothing before it. With the count of requests refused; `mtu` is the
+/// path's, which sets how many responses a request asks for. It sees requests
+/// before the link's loss, so one lost on the link counts as served: stricter than rxe.
+pub fn rxe_read_replay(mtu: u32) -> (Filter, Rc<Cell<u32>>) {
+    let refused = Rc::new(Cell::new(0));
+    let count = refused.clone();
+    // Each READ request sent for the first time: its first response PSN, how many, and the
+    // address of the part last served.
+    let mut served: Vec<(Psn, u32, u64)> = Vec::new();
+    let filter = Box::new(move |from: usize, p: &Packet<&[u8]>| {
+        if from != 0 || p.opcode().operation() != Operation::RdmaReadRequest {
+            return false;
+        }
+        let Some(reth) = p.reth() else { return false };
+        let psn = p.psn();
+        match served
+            .iter_mut()
+            .find(|(first, n, _)| psn.in_window(*first, *n))
+        {
+            Some((_, _, va_org)) if reth.va < *va_org => {
+                count.set(count.get() + 1);
+                true
+            }
+            Some((_, _, va_org)) => {
+                *va_org = reth.va;
+                false
+            }
+            None => {
+                served.push((psn, reth.len.div_ceil(mtu).max(1), reth.va));
+                false
+            }
+        }
+    });
+    (filter, refused)
+}
 
 /// How long a sender pauses before a packet leaves, holding everything queued behind it on
 /// its link: `(from node, packet)`. An emulated rxe's responder stops so for milliseconds in
