@@ -4,7 +4,8 @@
 //! over one RC QP, MTU 1024, on a simulated 10 Gbit/s link
 //! with 5 µs of delay each way, perftest's and `ibv_rc_pingpong`'s ACK timeout (`timeout` 14,
 //! 67 ms) and `retry_cnt` 7, for each loss rate. One run hangs on where a handful of packets fall (a lost sequence NAK costs a
-//! whole timeout), so each row is the mean of [`SEEDS`] runs with different losses.
+//! whole timeout), so each row is the mean of [`SEEDS`] runs with different losses. The
+//! responder refuses what rxe's refuses of a READ asked again (`fabric::rxe_read_replay`).
 //! Everything is seeded and in virtual time, so the table is exact.
 
 mod fabric;
@@ -94,7 +95,14 @@ fn run(work: Work, loss_percent: u32, seed: u64) -> Figures {
             ((0, dst), 1)
         }
     };
+    let (filter, refused) = fabric::rxe_read_replay(1024);
+    f.filter = Some(filter);
     f.run();
+    assert_eq!(
+        refused.get(),
+        0,
+        "asked again for a READ's part that rxe refuses ({loss_percent} % loss, seed {seed})"
+    );
     let done = f.completions(0);
     let ok = done
         .iter()
