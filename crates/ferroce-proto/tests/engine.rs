@@ -11,7 +11,7 @@ use ferroce_proto::qp::{
     SendWr, Sge, WcOpcode, WcStatus,
 };
 use ferroce_proto::wire::{NakCode, Operation, Qpn, RnrTimer, Syndrome};
-use ferroce_proto::Psn;
+use ferroce_proto::{Counters, Psn};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -1870,18 +1870,17 @@ fn a_response_lost_many_times_is_asked_for_while_new_requests_wait() {
     );
 }
 
-/// The ACK timeout's go-back-N over READs whose later responses were taken: it asks only for
-/// what is missing, each piece from its first missing response (which rxe serves; a piece
-/// asked for from its start after a later part was served goes unanswered there).
-#[test]
-fn a_timeouts_go_back_n_asks_only_for_the_missing_responses() {
+/// Four 1 MiB READs (as [`long_reads_posted`]) from a responder that refuses what rxe's
+/// refuses ([`fabric::rxe_read_replay`]), losing response PSN 10 of the first READ `losses`
+/// times, and PSN 300, in a later piece, twice. From eight losses on, the asks and early
+/// resends for PSN 10 run out and the ACK timeout's go-back-N asks for it (the ninth loss is
+/// its answer's); PSN 300's ask is served, and its answer lost. Returns the requester's and
+/// the responder's counters.
+fn reads_past_a_timeout(losses: u32) -> (Counters, Counters) {
     let (mut f, local) = long_reads_posted(49, 15, 16, 1_000_000_000);
     let (mut rxe, refused) = fabric::rxe_read_replay(1024);
-    // Response PSN 10 of the first READ, and its first eight copies: the asks and early
-    // resends run out, and the ACK timeout's go-back-N asks for it. PSN 300, in a later
-    // piece, twice: its ask is served, and its answer lost.
     let mut first = None;
-    let mut lost = [9u32, 2];
+    let mut lost = [losses, 2];
     f.filter = Some(Box::new(move |from, p| {
         if rxe(from, p) {
             return true;
@@ -1898,14 +1897,38 @@ fn a_timeouts_go_back_n_asks_only_for_the_missing_responses() {
     }));
     f.run();
     long_reads_landed(&mut f, &local, 15);
-    let (a, b) = (f.nodes[0].engine.counters(), f.nodes[1].engine.counters());
-    assert!(a.completer_retry_err >= 1, "no ACK timeout: {a:?}");
+    let (a, b) = (*f.nodes[0].engine.counters(), *f.nodes[1].engine.counters());
     assert_eq!(refused.get(), 0, "asked for what rxe refuses: {a:?}");
-    // Every response once, and each of the eleven lost ones once more: no copy of one taken.
-    // (Going back from PSN 10 to the end of what was sent, it asked for a thousand again.)
+    // Every response once, and each lost one once more for each time it was lost: no copy of
+    // one taken. (Going back from PSN 10 to the end of what was sent, it asked for a thousand
+    // again.)
     let needed = LONG_READS * (LONG_READ as u64 / 1024);
-    assert_eq!(b.sent_pkts, needed + 11, "{a:?}");
+    assert_eq!(b.sent_pkts, needed + u64::from(losses) + 2, "{a:?}");
     assert_eq!(a.stale_response, 0, "{a:?}");
+    (a, b)
+}
+
+/// The ACK timeout's go-back-N over READs whose later responses were taken asks only for what
+/// is missing, each piece from its first missing response (which rxe serves; a piece asked for
+/// from its start after a later part was served goes unanswered there).
+#[test]
+fn a_timeouts_go_back_n_asks_only_for_the_missing_responses() {
+    let (a, _) = reads_past_a_timeout(8);
+    assert!(a.completer_retry_err >= 1, "no ACK timeout: {a:?}");
+}
+
+/// What a go-back-N asks for again past responses taken is known lost, as a lost run's ask
+/// is: when its answer is lost again, the answer to the next piece's ask shows it, and it is
+/// asked for once more at once, without another ACK timeout.
+#[test]
+fn a_go_back_n_answer_lost_again_is_asked_for_without_another_timeout() {
+    let (eight, _) = reads_past_a_timeout(8);
+    let (nine, _) = reads_past_a_timeout(9);
+    assert_eq!(
+        nine.completer_retry_err, eight.completer_retry_err,
+        "{nine:?}"
+    );
+    assert_eq!(nine.read_reasks, eight.read_reasks + 1, "{nine:?}");
 }
 
 /// A READ of more packets than the largest window goes out in pieces of 128 response PSNs:

@@ -46,8 +46,9 @@ const ASKS: usize = 8;
 struct Ask {
     from: Psn,
     end: Psn,
-    /// It asked only for responses known lost (responses after them were taken), so an
-    /// answer in its range is its own, not an original that was only slow.
+    /// It asked only for responses known lost (responses after them were taken) or held
+    /// (whose copies are not taken), so an answer in its range is its own, not an original
+    /// that was only slow.
     lost: bool,
 }
 

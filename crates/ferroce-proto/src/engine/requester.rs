@@ -167,6 +167,7 @@ impl Qp {
         // A READ request sent before, asked again, and the PSNs whose responses it asks for.
         let mut asked_again = false;
         let mut asked = 0;
+        let mut known_lost = false;
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
         let (repr, consumed, payload_at) = match wqe.op {
             SendOp::Read(remote) => {
@@ -183,16 +184,17 @@ impl Qp {
                 // Sending again past responses taken ahead (a go-back-N): up to the piece's
                 // last missing one, in one request (a lost answer to a first of two would go
                 // unanswered at rxe once the second was served), and on with the next piece.
-                let last_missing = (asked_again && reask.is_none() && !self.read_ahead.is_empty())
-                    .then(|| {
-                        let end = wqe.first_psn.add(piece_end);
-                        self.read_ahead.last_missing(self.comp_psn, psn, end)
-                    })
-                    .flatten();
-                let ask_end = match last_missing {
-                    Some(last) => k + psn.steps_to(last) + 1,
-                    None => piece_end,
-                };
+                // With a response taken after that one, every response it asks for and does
+                // not hold is known lost, as for `Qp::reask_read`'s requests.
+                let mut ask_end = piece_end;
+                if asked_again && reask.is_none() && !self.read_ahead.is_empty() {
+                    let (ahead, comp) = (&mut self.read_ahead, self.comp_psn);
+                    if let Some(last) = ahead.last_missing(comp, psn, wqe.first_psn.add(piece_end))
+                    {
+                        ask_end = k + psn.steps_to(last) + 1;
+                        known_lost = ahead.next_held(comp, last).is_some();
+                    }
+                }
                 asked = ask_end - k;
                 let end = (u64::from(ask_end) * u64::from(mtu)).min(u64::from(wqe.len));
                 bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
@@ -315,7 +317,7 @@ impl Qp {
 
         if asked_again {
             // Its answer comes after everything asked before it.
-            let lost = reask.is_some_and(|r| r.lost);
+            let lost = known_lost || reask.is_some_and(|r| r.lost);
             self.read_ahead.record_ask(psn, psn.add(asked), lost);
         }
         if repr.bth.ack_req {
