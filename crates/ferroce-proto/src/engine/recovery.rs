@@ -192,7 +192,8 @@ impl Backoff {
 }
 
 impl Qp {
-    /// Rewinds the requester to resend from `to` (go-back-N).
+    /// Rewinds the requester to resend from `to` (go-back-N), past READ pieces whose
+    /// responses from there on are held ([`Qp::skip_held_responses`]).
     pub(super) fn rewind(&mut self, to: Psn) {
         // The request holding `to`, or else the first one after it (which restarts whole).
         let index = self
@@ -212,6 +213,10 @@ impl Qp {
         self.rtt_sample = None;
         self.early_resume = None;
         self.read_upto = None;
+        if !self.read_ahead.is_empty() {
+            // Sending again from `to`: past what is held already.
+            self.skip_held_responses();
+        }
     }
 
     /// A retry after a timeout, a sequence NAK or an implied NAK: counts it, or gives up.

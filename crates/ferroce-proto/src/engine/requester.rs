@@ -60,7 +60,7 @@ impl Qp {
     /// because rxe's responder serves no part of a READ that starts before the part it served
     /// last: a go-back-N from a piece's start, after a later part of it was asked for again,
     /// went unanswered.
-    fn skip_held_responses(&mut self) {
+    pub(super) fn skip_held_responses(&mut self) {
         while let Some(w) = self.sq.get(self.req_index) {
             if !w.started
                 || !matches!(w.op, SendOp::Read(_))
@@ -101,9 +101,6 @@ impl Qp {
                 return None;
             }
             self.timers.rnr_wait = None;
-        }
-        if !self.read_ahead.is_empty() && self.read_upto.is_none() {
-            self.skip_held_responses();
         }
         let index = self.req_index;
         let wqe = self.sq.get(index)?;
@@ -354,6 +351,10 @@ impl Qp {
         if self.is_rc() && self.timers.retransmit.is_none() {
             self.timers.retransmit = self.timeout.map(|t| now + t);
             self.timers.early = self.early_resend_at(now);
+        }
+        if asked_again && reask.is_none() && !self.read_ahead.is_empty() {
+            // On through the pass: past the next pieces whose rest is held.
+            self.skip_held_responses();
         }
         if reask.is_some() {
             // The next run of lost responses may be asked for now.
