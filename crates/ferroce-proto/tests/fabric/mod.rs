@@ -117,18 +117,20 @@ impl PartialOrd for InFlight {
 /// Decides per packet whether to drop it: `(from node, packet)`.
 pub type Filter = Box<dyn FnMut(usize, &Packet<&[u8]>) -> bool>;
 
-/// A filter that refuses what rxe's responder refuses of node 0's READ requests: one asked
-/// again (its PSN inside an earlier request's responses) that starts before the part of that
-/// request last served, since rxe's replay moves the start of its record (`va_org`) to what it
-/// serves, and serves nothing before it. With the count of requests refused; `mtu` is the
-/// path's, which sets how many responses a request asks for. It sees requests
-/// before the link's loss, so one lost on the link counts as served: stricter than rxe.
+/// A filter that refuses what rxe's responder refuses of node 0's READ requests asked again
+/// (a PSN inside an earlier request's responses), by rxe's test of a duplicate READ: it
+/// may not start before the start of that READ's record (`va_org`), nor ask for more than
+/// the original's length, nor end past `va_org` plus that length. Each duplicate served
+/// moves `va_org` to its start ("except length"), so a part asked for again that starts
+/// before the part last served is refused. With the count of requests refused; `mtu` is the
+/// path's, which sets how many responses a request asks for. It sees requests before the
+/// link's loss, so one lost on the link counts as served: stricter than rxe.
 pub fn rxe_read_replay(mtu: u32) -> (Filter, Rc<Cell<u32>>) {
     let refused = Rc::new(Cell::new(0));
     let count = refused.clone();
-    // Each READ request sent for the first time: its first response PSN, how many, and the
-    // address of the part last served.
-    let mut served: Vec<(Psn, u32, u64)> = Vec::new();
+    // Each READ request sent for the first time: its first response PSN, how many, its
+    // length, and the address of the part last served.
+    let mut served: Vec<(Psn, u32, u32, u64)> = Vec::new();
     let filter = Box::new(move |from: usize, p: &Packet<&[u8]>| {
         if from != 0 || p.opcode().operation() != Operation::RdmaReadRequest {
             return false;
@@ -137,18 +139,20 @@ pub fn rxe_read_replay(mtu: u32) -> (Filter, Rc<Cell<u32>>) {
         let psn = p.psn();
         match served
             .iter_mut()
-            .find(|(first, n, _)| psn.in_window(*first, *n))
+            .find(|(first, n, _, _)| psn.in_window(*first, *n))
         {
-            Some((_, _, va_org)) if reth.va < *va_org => {
-                count.set(count.get() + 1);
-                true
-            }
-            Some((_, _, va_org)) => {
-                *va_org = reth.va;
+            Some((_, _, length, va_org)) => {
+                let (va, len, length) = (reth.va, u64::from(reth.len), u64::from(*length));
+                if va < *va_org || len > length || va + len > *va_org + length {
+                    count.set(count.get() + 1);
+                    return true;
+                }
+                *va_org = va;
                 false
             }
             None => {
-                served.push((psn, reth.len.div_ceil(mtu).max(1), reth.va));
+                let n = reth.len.div_ceil(mtu).max(1);
+                served.push((psn, n, reth.len, reth.va));
                 false
             }
         }
