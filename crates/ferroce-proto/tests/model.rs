@@ -93,6 +93,9 @@ fn run(ops: &[Op], faults: Faults) -> Result<(), TestCaseError> {
         ..ConnectOptions::default()
     };
     let (qa, qb) = f.connect(0, 1, QpType::Rc, &opts);
+    // The responder refuses what rxe's refuses of a READ asked again.
+    let (filter, refused) = fabric::rxe_read_replay(mtu.bytes());
+    f.filter = Some(filter);
     // Requester side: a source, one read sink per op, one atomic result per op.
     let src = f.region(0, TARGET, Access::LOCAL, 0);
     let sink = f.region(0, ops.len() * 20_000 + 1, Access::LOCAL, 0);
@@ -195,6 +198,11 @@ fn run(ops: &[Op], faults: Faults) -> Result<(), TestCaseError> {
     f.link.reorder = faults.reorder;
     f.link.corrupt = faults.corrupt;
     f.run();
+    prop_assert_eq!(
+        refused.get(),
+        0,
+        "asked again for a READ's part that rxe refuses"
+    );
 
     let done = f.completions(0);
     if done.len() != ops.len() && std::env::var_os("FERROCE_DEBUG").is_some() {
