@@ -186,14 +186,20 @@ impl ReadAhead {
         }
     }
 
-    /// The first PSN at or after `from` (not before `comp`) whose response is held.
-    pub(super) fn next_held(&mut self, comp: Psn, from: Psn) -> Option<Psn> {
+    /// [`ReadAhead::sync`]s to `comp`, and returns the bit of `from`: how far past `comp` it
+    /// is, 0 for a PSN before it.
+    fn sync_from(&mut self, comp: Psn, from: Psn) -> u32 {
         self.sync(comp);
-        let start = if from.precedes(comp) {
+        if from.precedes(comp) {
             0
         } else {
             comp.steps_to(from)
-        };
+        }
+    }
+
+    /// The first PSN at or after `from` (not before `comp`) whose response is held.
+    pub(super) fn next_held(&mut self, comp: Psn, from: Psn) -> Option<Psn> {
+        let start = self.sync_from(comp, from);
         (start..AHEAD_PSNS)
             .find(|&i| self.bit(i))
             .map(|i| comp.add(i))
@@ -201,12 +207,7 @@ impl ReadAhead {
 
     /// The first PSN at or after `from` (not before `comp`) whose response is not held.
     pub(super) fn next_missing(&mut self, comp: Psn, from: Psn) -> Psn {
-        self.sync(comp);
-        let start = if from.precedes(comp) {
-            0
-        } else {
-            comp.steps_to(from)
-        };
+        let start = self.sync_from(comp, from);
         comp.add(
             (start..AHEAD_PSNS)
                 .find(|&i| !self.bit(i))
@@ -216,12 +217,7 @@ impl ReadAhead {
 
     /// The last PSN from `from` up to `end` (not before `comp`) whose response is not held.
     pub(super) fn last_missing(&mut self, comp: Psn, from: Psn, end: Psn) -> Option<Psn> {
-        self.sync(comp);
-        let start = if from.precedes(comp) {
-            0
-        } else {
-            comp.steps_to(from)
-        };
+        let start = self.sync_from(comp, from);
         (start..comp.steps_to(end))
             .rev()
             .find(|&i| !self.bit(i))

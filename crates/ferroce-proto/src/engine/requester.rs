@@ -165,6 +165,8 @@ impl Qp {
         let mut asked_again = false;
         let mut asked = 0;
         let mut known_lost = false;
+        // A go-back-N's pass over READ pieces with responses taken ahead in them.
+        let mut past_held = false;
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, self.dest_qpn, psn);
         let (repr, consumed, payload_at) = match wqe.op {
             SendOp::Read(remote) => {
@@ -184,7 +186,8 @@ impl Qp {
                 // With a response taken after that one, every response it asks for and does
                 // not hold is known lost, as for `Qp::reask_read`'s requests.
                 let mut ask_end = piece_end;
-                if asked_again && reask.is_none() && !self.read_ahead.is_empty() {
+                past_held = asked_again && reask.is_none() && !self.read_ahead.is_empty();
+                if past_held {
                     let (ahead, comp) = (&mut self.read_ahead, self.comp_psn);
                     if let Some(last) = ahead.last_missing(comp, psn, wqe.first_psn.add(piece_end))
                     {
@@ -352,7 +355,7 @@ impl Qp {
             self.timers.retransmit = self.timeout.map(|t| now + t);
             self.timers.early = self.early_resend_at(now);
         }
-        if asked_again && reask.is_none() && !self.read_ahead.is_empty() {
+        if past_held {
             // On through the pass: past the next pieces whose rest is held.
             self.skip_held_responses();
         }
