@@ -687,6 +687,21 @@ fn long_reads_posted(
     (f, local)
 }
 
+/// A filter that loses READ responses by their place: for each `(k, times)`, the response `k`
+/// PSNs after the first packet the fabric carries (the first READ request, where its responses
+/// start), the first `times` times it is sent.
+fn lose_responses<const N: usize>(mut losses: [(u32, u32); N]) -> fabric::Filter {
+    let mut first = None;
+    Box::new(move |from, p| {
+        let first = *first.get_or_insert(p.psn());
+        let k = first.steps_to(p.psn());
+        let hit = losses
+            .iter_mut()
+            .find(|(at, times)| from == 1 && *at == k && *times > 0);
+        hit.map(|(_, times)| *times -= 1).is_some()
+    })
+}
+
 /// Checks that every READ [`long_reads_posted`] posted succeeded and brought the pattern.
 fn long_reads_landed(f: &mut Fabric, local: &RegionInfo, seed: u8) {
     let done = f.completions(0);
@@ -1794,22 +1809,7 @@ fn two_gaps_in_one_piece_are_asked_for_in_order() {
 fn an_answer_to_a_later_ask_shows_an_earlier_one_lost() {
     let (mut f, qa, local, dst) = read_setup(46, 9, 1 << 20);
     // PSN 300 is lost twice, 600 once; the two are in different pieces.
-    let mut first = None;
-    let mut lost = [2u32, 1];
-    f.filter = Some(Box::new(move |from, p| {
-        let first = *first.get_or_insert(p.psn());
-        let k = first.steps_to(p.psn());
-        if from == 0 {
-            return false;
-        }
-        for (i, at) in [300, 600].into_iter().enumerate() {
-            if k == at && lost[i] > 0 {
-                lost[i] -= 1;
-                return true;
-            }
-        }
-        false
-    }));
+    f.filter = Some(lose_responses([(300, 2), (600, 1)]));
     read_all(&mut f, qa, &local, &dst, 9);
     let a = f.nodes[0].engine.counters();
     assert_eq!((a.read_reasks, a.early_resends), (3, 0), "{a:?}");
@@ -1852,14 +1852,7 @@ fn a_response_lost_many_times_is_asked_for_while_new_requests_wait() {
     let (mut f, local) = long_reads_posted(48, 13, 16, 1_000_000_000);
     // Response PSN 10 of the first READ, and its first eight copies: the asks and early
     // resends run out, and the ACK timeout's go-back-N asks for it.
-    let mut first = None;
-    let mut lost = 9;
-    f.filter = Some(Box::new(move |from, p| {
-        let first = *first.get_or_insert(p.psn());
-        let hit = from == 1 && first.steps_to(p.psn()) == 10 && lost > 0;
-        lost -= u32::from(hit);
-        hit
-    }));
+    f.filter = Some(lose_responses([(10, 9)]));
     f.run();
     long_reads_landed(&mut f, &local, 13);
     let a = f.nodes[0].engine.counters();
@@ -1879,22 +1872,8 @@ fn a_response_lost_many_times_is_asked_for_while_new_requests_wait() {
 fn reads_past_a_timeout(losses: u32) -> (Counters, Counters) {
     let (mut f, local) = long_reads_posted(49, 15, 16, 1_000_000_000);
     let (mut rxe, refused) = fabric::rxe_read_replay(1024);
-    let mut first = None;
-    let mut lost = [losses, 2];
-    f.filter = Some(Box::new(move |from, p| {
-        if rxe(from, p) {
-            return true;
-        }
-        let first = *first.get_or_insert(p.psn());
-        let k = first.steps_to(p.psn());
-        for (i, at) in [10, 300].into_iter().enumerate() {
-            if from == 1 && k == at && lost[i] > 0 {
-                lost[i] -= 1;
-                return true;
-            }
-        }
-        false
-    }));
+    let mut lose = lose_responses([(10, losses), (300, 2)]);
+    f.filter = Some(Box::new(move |from, p| rxe(from, p) || lose(from, p)));
     f.run();
     long_reads_landed(&mut f, &local, 15);
     let (a, b) = (*f.nodes[0].engine.counters(), *f.nodes[1].engine.counters());
