@@ -77,11 +77,25 @@ const ALL_LEAVES: u32 = 1024;
 /// The longest the progress thread naps between looks at whether a polling application is
 /// still polling. Each look costs a context switch on a core that the application spins on,
 /// so the nap doubles from [`POLLER_GRACE`] to this while the application keeps polling, and
-/// from then on each poll pushes the nap's end on to this long after it (when less than half
-/// of it is left, `Driver::progress_here`): the thread wakes only once the polls have stopped.
+/// from then on each poll pushes the nap's end on to this long after it (when less than an
+/// eighth of it is left, `Driver::progress_here`: a busy poller polls every microsecond or
+/// so): the thread wakes only once the polls have stopped.
 /// A program that stops polling without arming a CQ or blocking in `Cq::wait` has what
 /// arrives next wait up to this long, once.
 const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
+
+/// The longest that nap lasts while the application holds ACKs for its next packet
+/// ([`ACK_HOLD`]): half the earliest early resend, on every scale. An application that takes
+/// a request in a poll and then stops calling into the NIC without answering (a ping-pong's
+/// last turn, a server that goes off to compute) leaves its held ACK to this thread, which
+/// sends it at the nap's end; at [`POLLER_WATCH_MAX`] that end came after the peer's early
+/// resend, and every quiet write-lat run ended with one needless resend and a duplicate
+/// (BENCHMARKS.md, the data path's thirty-third step). Each poll that pushes the nap on costs
+/// one system call, made while it waits for the peer: one in 0.44 ms of polling (one in 1.75
+/// ms at `POLLER_WATCH_MAX`), where the nap's end would otherwise have to follow every held
+/// ACK.
+const HELD_ACK_WATCH: Duration =
+    Duration::from_nanos(ferroce_proto::engine::MIN_EARLY_RESEND.as_nanos() as u64 / 2);
 
 /// A send this soon after a peer's WRITE landed answers it. An application whose sends
 /// mostly do answers the WRITEs it is sent, and watches its memory for them (`ib_write_lat`
@@ -326,6 +340,11 @@ pub(crate) struct Driver {
     /// The progress thread's looks at a polling application that found it inside the NIC
     /// (the lock taken) and began the next nap without waiting for the lock (`busy_looks`).
     pub(crate) busy_looks: AtomicU64,
+    /// When (nanoseconds after `epoch`) ACKs were last held for the application's next
+    /// packet: within [`POLLER_WATCH_MAX`] of it, the progress thread's nap lasts at most
+    /// [`HELD_ACK_WATCH`] ([`Driver::watch_max`]). Read by the progress thread without the
+    /// lock, at its looks.
+    held_acks_at: AtomicU64,
 }
 
 impl Driver {
@@ -377,6 +396,7 @@ impl Driver {
             progress_rcvd: AtomicU64::new(0),
             dry_polls: AtomicU64::new(0),
             busy_looks: AtomicU64::new(0),
+            held_acks_at: AtomicU64::new(0),
         }))
     }
 
@@ -441,6 +461,7 @@ impl Driver {
             acks_due,
             posts_held,
             posts_due,
+            thread_sleep,
             ..
         } = state;
         // Held posts are among what the engine has ready: they leave now.
@@ -466,7 +487,11 @@ impl Driver {
             && acks_due.is_none_or(|due| now < due)
             && link.next_due().is_none_or(|due| now < due)
         {
-            acks_due.get_or_insert(now + self.ack_hold());
+            if acks_due.is_none() {
+                let due = now + self.ack_hold();
+                *acks_due = Some(due);
+                self.ack_held(thread_sleep, now, due);
+            }
         } else {
             *acks_due = None;
             if link.tx.len() > 0 || link.next_due().is_some_and(|due| due <= now) {
@@ -842,10 +867,10 @@ impl Driver {
                 pushed_on: true,
             } = state.thread_sleep
             {
-                // Once a millisecond or so: one system call, where a look would be a context
-                // switch on the core this thread spins on.
-                let watch_max = self.scaled(POLLER_WATCH_MAX);
-                if until.saturating_duration_since(now) < watch_max / 2 {
+                // Once in 1.75 ms (0.44 ms while ACKs are held): one system call, where a look
+                // would be a context switch on the core this thread spins on.
+                let watch_max = self.watch_max(now);
+                if until.saturating_duration_since(now) < watch_max / 8 {
                     state.thread_sleep = ThreadSleep::Nap {
                         until: now + watch_max,
                         pushed_on: true,
@@ -993,6 +1018,38 @@ impl Driver {
         self.scaled(ACK_HOLD).min(ACK_HOLD_MAX)
     }
 
+    /// The longest nap beside a polling application at `now`: [`POLLER_WATCH_MAX`] on this
+    /// NIC's scale, or [`HELD_ACK_WATCH`] where it held ACKs within the last
+    /// `POLLER_WATCH_MAX` (a ping-pong holds them every turn).
+    fn watch_max(&self, now: Instant) -> Duration {
+        let max = self.scaled(POLLER_WATCH_MAX);
+        let held = self.held_acks_at.load(Ordering::Relaxed);
+        let since = Duration::from_nanos(self.nanos(now).saturating_sub(held));
+        if held != 0 && since < POLLER_WATCH_MAX {
+            max.min(HELD_ACK_WATCH)
+        } else {
+            max
+        }
+    }
+
+    /// ACKs are held from now until `due`: a nap beside the polling application that would
+    /// end later than [`HELD_ACK_WATCH`] after that is cut to end then, so that they still
+    /// leave before the peer's early resend if the application stops without a word. Only the
+    /// first hold after a stretch without holds finds such a nap: from then on the polls push
+    /// it on by the shorter watch ([`Driver::watch_max`]).
+    fn ack_held(&self, thread_sleep: &mut ThreadSleep, now: Instant, due: Instant) {
+        self.held_acks_at
+            .store(self.nanos(now).max(1), Ordering::Relaxed);
+        if let ThreadSleep::Nap { until, .. } = thread_sleep {
+            let end = due + HELD_ACK_WATCH;
+            if *until > end {
+                *until = end;
+                self.nap_timer
+                    .set_after(end.saturating_duration_since(Instant::now()));
+            }
+        }
+    }
+
     /// `base`, one of the timing constants, on this NIC's scale ([`REFERENCE_ROUND_TRIP`]).
     fn scaled(&self, base: Duration) -> Duration {
         base * self.time_scale.load(Ordering::Relaxed)
@@ -1111,7 +1168,7 @@ impl Driver {
                         .set_after(until.saturating_duration_since(now));
                     ThreadSleep::Nap {
                         until,
-                        pushed_on: until == look && watch >= self.scaled(POLLER_WATCH_MAX),
+                        pushed_on: until == look && watch >= self.watch_max(now),
                     }
                 };
                 state.thread_sleep = sleep;
@@ -1132,7 +1189,7 @@ impl Driver {
                         if until != look {
                             break;
                         }
-                        watch = (watch * 2).min(self.scaled(POLLER_WATCH_MAX));
+                        watch = (watch * 2).min(self.watch_max(Instant::now()));
                         // The look. An application inside the NIC right now (its lock is
                         // taken) still polls: the next, longer nap begins without waiting for
                         // the lock. Waiting woke this thread a second time on the core the
@@ -1269,14 +1326,24 @@ mod tests {
         faults: Option<tap::Faults>,
         pcap: Option<tap::PcapWriter>,
     ) -> Arc<Driver> {
+        driver_on(SocketAddr::from((ip, 0)), faults, pcap)
+    }
+
+    /// [`driver_with`] on `addr`: at the RoCE port for one that talks to another driver (the
+    /// ICRC covers the UDP ports, and the engine seals for that one).
+    fn driver_on(
+        addr: SocketAddr,
+        faults: Option<tap::Faults>,
+        pcap: Option<tap::PcapWriter>,
+    ) -> Arc<Driver> {
         let options = udp::PortOptions {
             gso: false,
             gro: false,
             buffers: 1 << 20,
         };
-        let port = udp::Port::open(SocketAddr::from((ip, 0)), options).unwrap();
+        let port = udp::Port::open(addr, options).unwrap();
         let mut engine = Engine::new(EngineConfig {
-            local_ip: ip.into(),
+            local_ip: addr.ip(),
             seed: 1,
         });
         engine.set_batch_holding(true);
@@ -1455,6 +1522,126 @@ mod tests {
         let cqs = (Arc::clone(&cq), Arc::clone(&cq));
         let qp = super::super::qp::Qp::new(driver, qpn, psn, QpCaps::default(), None, cqs);
         (qp, cq, peer)
+    }
+
+    /// A reliable-connected queue pair of `driver` facing `peer`'s, both ready to send: the
+    /// pair a ping-pong runs on.
+    fn rc_pair(
+        driver: &Arc<Driver>,
+        peer: &Arc<Driver>,
+    ) -> [(super::super::qp::Qp, Arc<super::super::cq::Cq>); 2] {
+        use ferroce_proto::memory::Access;
+        use ferroce_proto::psn::Psn;
+        use ferroce_proto::qp::{Mtu, QpCaps, QpInit, QpType};
+        use ferroce_proto::wire::RnrTimer;
+
+        let [a, b] = [driver, peer].map(|d| {
+            let cq = Arc::new(super::super::cq::Cq::new(d, 256).unwrap());
+            let mut state = d.lock();
+            let pd = state.engine.alloc_pd();
+            let qpn = state
+                .engine
+                .create_qp(QpInit {
+                    qp_type: QpType::Rc,
+                    pd,
+                    send_cq: cq.id(),
+                    recv_cq: cq.id(),
+                    caps: QpCaps::default(),
+                    sq_sig_all: false,
+                    srq: None,
+                })
+                .unwrap();
+            drop(state);
+            let psn = Psn::new(1).unwrap();
+            let cqs = (Arc::clone(&cq), Arc::clone(&cq));
+            let qp = super::super::qp::Qp::new(d, qpn, psn, QpCaps::default(), None, cqs);
+            (qp, cq)
+        });
+        for ((qp, _), (other, _), to) in [(&a, &b, peer), (&b, &a, driver)] {
+            qp.connect(&crate::attr::ConnectAttrs {
+                peer: to.local,
+                dest_qpn: other.qpn(),
+                sq_psn: qp.psn(),
+                rq_psn: other.psn(),
+                mtu: Mtu::M1024,
+                access: Access::REMOTE,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                min_rnr_timer: RnrTimer::new(1).unwrap(),
+                max_rd_atomic: 4,
+                max_dest_rd_atomic: 4,
+            })
+            .unwrap();
+        }
+        [a, b]
+    }
+
+    /// A poll that takes a request and holds its ACK for the application's reply
+    /// ([`ACK_HOLD`]) cuts the progress thread's nap beside it (published at
+    /// [`POLLER_WATCH_MAX`]) to end within [`HELD_ACK_WATCH`] of the ACK's due time, and the
+    /// polls after it push the nap on by no more than that: where the application then stops
+    /// calling into the NIC without answering (a ping-pong's last turn), the thread wakes to
+    /// send the ACK before the peer's earliest early resend. At the full watch every quiet
+    /// write-lat run ended with a needless resend and a duplicate.
+    #[test]
+    fn an_ack_held_for_a_reply_goes_before_the_peer_s_early_resend() {
+        use ferroce_proto::qp::{Payload, RecvWr, SendOp, SendWr};
+
+        use ferroce_proto::wire::ROCE_PORT;
+
+        let [responder, requester] = [21, 22].map(|host| {
+            let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 14, host), ROCE_PORT));
+            driver_on(addr, None, None)
+        });
+        let [(rqp, rcq), (qqp, qcq)] = rc_pair(&responder, &requester);
+        rqp.post_recv(RecvWr {
+            wr_id: 1,
+            sges: Vec::new(),
+        })
+        .unwrap();
+        // As the progress thread publishes its nap beside an application that kept polling.
+        let napped = Instant::now() + POLLER_WATCH_MAX;
+        responder.lock().thread_sleep = ThreadSleep::Nap {
+            until: napped,
+            pushed_on: true,
+        };
+        let wr = SendWr::new(2, SendOp::Send, Payload::Inline(Vec::new()));
+        qqp.post_send(wr).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let received = loop {
+            if let Some(c) = rcq.poll() {
+                break c;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the SEND never arrived: {:?} / {:?}",
+                responder.lock().engine.counters(),
+                requester.lock().engine.counters()
+            );
+        };
+        assert_eq!(received.wr_id, 1);
+        let state = responder.lock();
+        let due = state.acks_due.expect("the ACK waits for the reply");
+        let ThreadSleep::Nap { until, .. } = state.thread_sleep else {
+            panic!("the thread's nap was replaced: {:?}", state.thread_sleep);
+        };
+        assert!(until < napped, "the nap kept its end");
+        assert!(until <= due + HELD_ACK_WATCH, "the nap ends too late");
+        drop(state);
+        assert_eq!(responder.watch_max(Instant::now()), HELD_ACK_WATCH);
+        // The application answers nothing: the thread sends the ACK.
+        responder.start(false).unwrap();
+        requester.start(false).unwrap();
+        let sent = qcq
+            .wait(Duration::from_secs(20))
+            .expect("never acknowledged");
+        assert_eq!(
+            (sent.wr_id, sent.status),
+            (2, ferroce_proto::qp::WcStatus::Success)
+        );
+        responder.stop();
+        requester.stop();
     }
 
     /// Posts an 8-byte inline SEND with `id` on `qp`.
