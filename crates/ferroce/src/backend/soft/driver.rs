@@ -85,7 +85,7 @@ const ALL_LEAVES: u32 = 1024;
 const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 
 /// The longest that nap lasts while the application holds ACKs for its next packet
-/// ([`ACK_HOLD`]): half the earliest early resend, on every scale. An application that takes
+/// ([`ACK_HOLD`]): on this host, half the earliest early resend. An application that takes
 /// a request in a poll and then stops calling into the NIC without answering (a ping-pong's
 /// last turn, a server that goes off to compute) leaves its held ACK to this thread, which
 /// sends it at the nap's end; at [`POLLER_WATCH_MAX`] that end came after the peer's early
@@ -93,7 +93,11 @@ const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 /// (BENCHMARKS.md, the data path's thirty-third step). Each poll that pushes the nap on costs
 /// one system call, made while it waits for the peer: one in 0.44 ms of polling (one in 1.75
 /// ms at `POLLER_WATCH_MAX`), where the nap's end would otherwise have to follow every held
-/// ACK.
+/// ACK. Scaled with the round trip as the rest ([`REFERENCE_ROUND_TRIP`]): in the guests,
+/// unscaled, the polls came too far apart to push the nap on, the thread's looks took the
+/// application's CPU, and `ib_write_lat`'s typical round trip went from 1.03 to 1.55 times
+/// rxe's. There the held ACK goes within a few tens of milliseconds, not 128, and may still
+/// follow the peer's early resend.
 const HELD_ACK_WATCH: Duration =
     Duration::from_nanos(ferroce_proto::engine::MIN_EARLY_RESEND.as_nanos() as u64 / 2);
 
@@ -1018,22 +1022,22 @@ impl Driver {
         self.scaled(ACK_HOLD).min(ACK_HOLD_MAX)
     }
 
-    /// The longest nap beside a polling application at `now`: [`POLLER_WATCH_MAX`] on this
-    /// NIC's scale, or [`HELD_ACK_WATCH`] where it held ACKs within the last
-    /// `POLLER_WATCH_MAX` (a ping-pong holds them every turn).
+    /// The longest nap beside a polling application at `now`: [`POLLER_WATCH_MAX`], or
+    /// [`HELD_ACK_WATCH`] where it held ACKs within the last `POLLER_WATCH_MAX` (a ping-pong
+    /// holds them every turn), both on this NIC's scale.
     fn watch_max(&self, now: Instant) -> Duration {
         let max = self.scaled(POLLER_WATCH_MAX);
         let held = self.held_acks_at.load(Ordering::Relaxed);
         let since = Duration::from_nanos(self.nanos(now).saturating_sub(held));
-        if held != 0 && since < POLLER_WATCH_MAX {
-            max.min(HELD_ACK_WATCH)
+        if held != 0 && since < max {
+            self.scaled(HELD_ACK_WATCH)
         } else {
             max
         }
     }
 
     /// ACKs are held from now until `due`: a nap beside the polling application that would
-    /// end later than [`HELD_ACK_WATCH`] after that is cut to end then, so that they still
+    /// end later than [`HELD_ACK_WATCH`] (on this NIC's scale) after that is cut to end then, so that they still
     /// leave before the peer's early resend if the application stops without a word. Only the
     /// first hold after a stretch without holds finds such a nap: from then on the polls push
     /// it on by the shorter watch ([`Driver::watch_max`]).
@@ -1041,7 +1045,7 @@ impl Driver {
         self.held_acks_at
             .store(self.nanos(now).max(1), Ordering::Relaxed);
         if let ThreadSleep::Nap { until, .. } = thread_sleep {
-            let end = due + HELD_ACK_WATCH;
+            let end = due + self.scaled(HELD_ACK_WATCH);
             if *until > end {
                 *until = end;
                 self.nap_timer
