@@ -77,27 +77,28 @@ const ALL_LEAVES: u32 = 1024;
 /// The longest the progress thread naps between looks at whether a polling application is
 /// still polling. Each look costs a context switch on a core that the application spins on,
 /// so the nap doubles from [`POLLER_GRACE`] to this while the application keeps polling, and
-/// from then on each poll pushes the nap's end on to this long after it (when less than an
-/// eighth of it is left, `Driver::progress_here`: a busy poller polls every microsecond or
-/// so): the thread wakes only once the polls have stopped.
+/// from then on each poll pushes the nap's end on to this long after it (when less than half
+/// of it is left, `Driver::progress_here`): the thread wakes only once the polls have stopped.
 /// A program that stops polling without arming a CQ or blocking in `Cq::wait` has what
 /// arrives next wait up to this long, once.
 const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 
 /// The longest that nap lasts while the application holds ACKs for its next packet
-/// ([`ACK_HOLD`]): on this host, half the earliest early resend. An application that takes
-/// a request in a poll and then stops calling into the NIC without answering (a ping-pong's
-/// last turn, a server that goes off to compute) leaves its held ACK to this thread, which
-/// sends it at the nap's end; at [`POLLER_WATCH_MAX`] that end came after the peer's early
-/// resend, and every quiet write-lat run ended with one needless resend and a duplicate
-/// (BENCHMARKS.md, the data path's thirty-third step). Each poll that pushes the nap on costs
-/// one system call, made while it waits for the peer: one in 0.44 ms of polling (one in 1.75
-/// ms at `POLLER_WATCH_MAX`), where the nap's end would otherwise have to follow every held
-/// ACK. Scaled with the round trip as the rest ([`REFERENCE_ROUND_TRIP`]): in the guests,
-/// unscaled, the polls came too far apart to push the nap on, the thread's looks took the
-/// application's CPU, and `ib_write_lat`'s typical round trip went from 1.03 to 1.55 times
-/// rxe's. There the held ACK goes within a few tens of milliseconds, not 128, and may still
-/// follow the peer's early resend.
+/// ([`ACK_HOLD`]), at the reference round trip: half the earliest early resend. An
+/// application that takes a request in a poll and then stops calling into the NIC without
+/// answering (a ping-pong's last turn, a server that goes off to compute) leaves its held ACK
+/// to this thread, which sends it at the nap's end; at [`POLLER_WATCH_MAX`] that end came after
+/// the peer's early resend, and every quiet write-lat run ended with one needless resend and a
+/// duplicate (BENCHMARKS.md, the data path's thirty-third step). Each poll that pushes the nap
+/// on costs a system call, made while it waits for the peer: one in a quarter millisecond of
+/// polling, where the nap's end would otherwise have to follow every held ACK.
+///
+/// Only at the reference round trip (a time scale of 1, [`REFERENCE_ROUND_TRIP`]). Where the
+/// round trip is tens of times longer (a guest under emulation), the peer's early resend comes
+/// a few of those round trips after its request, sooner than any nap that spares the
+/// application a look every few turns; this unscaled, the polls came too far apart to push the
+/// nap on, the thread's looks took the application's CPU, and `ib_write_lat`'s typical round
+/// trip went from 1.03 to 1.55 times rxe's. There the full watch stays.
 const HELD_ACK_WATCH: Duration =
     Duration::from_nanos(ferroce_proto::engine::MIN_EARLY_RESEND.as_nanos() as u64 / 2);
 
@@ -346,8 +347,8 @@ pub(crate) struct Driver {
     pub(crate) busy_looks: AtomicU64,
     /// When (nanoseconds after `epoch`) ACKs were last held for the application's next
     /// packet: within [`POLLER_WATCH_MAX`] of it, the progress thread's nap lasts at most
-    /// [`HELD_ACK_WATCH`] ([`Driver::watch_max`]). Read by the progress thread without the
-    /// lock, at its looks.
+    /// [`HELD_ACK_WATCH`] at the reference round trip ([`Driver::watch_max`]). Read by the
+    /// progress thread without the lock, at its looks.
     held_acks_at: AtomicU64,
 }
 
@@ -871,10 +872,11 @@ impl Driver {
                 pushed_on: true,
             } = state.thread_sleep
             {
-                // Once in 1.75 ms (0.44 ms while ACKs are held): one system call, where a look
-                // would be a context switch on the core this thread spins on.
+                // Once a millisecond or so (a quarter of one while ACKs are held,
+                // `HELD_ACK_WATCH`): one system call, where a look would be a context switch on
+                // the core this thread spins on.
                 let watch_max = self.watch_max(now);
-                if until.saturating_duration_since(now) < watch_max / 8 {
+                if until.saturating_duration_since(now) < watch_max / 2 {
                     state.thread_sleep = ThreadSleep::Nap {
                         until: now + watch_max,
                         pushed_on: true,
@@ -1022,35 +1024,41 @@ impl Driver {
         self.scaled(ACK_HOLD).min(ACK_HOLD_MAX)
     }
 
-    /// The longest nap beside a polling application at `now`: [`POLLER_WATCH_MAX`], or
-    /// [`HELD_ACK_WATCH`] where it held ACKs within the last `POLLER_WATCH_MAX` (a ping-pong
-    /// holds them every turn), both on this NIC's scale.
+    /// The longest nap beside a polling application at `now`: [`POLLER_WATCH_MAX`] on this
+    /// NIC's scale, or [`HELD_ACK_WATCH`] where that applies and the application held ACKs
+    /// within the last `POLLER_WATCH_MAX` (a ping-pong holds them every turn).
     fn watch_max(&self, now: Instant) -> Duration {
         let max = self.scaled(POLLER_WATCH_MAX);
         let held = self.held_acks_at.load(Ordering::Relaxed);
         let since = Duration::from_nanos(self.nanos(now).saturating_sub(held));
-        if held != 0 && since < max {
-            self.scaled(HELD_ACK_WATCH)
-        } else {
-            max
+        match self.held_ack_watch() {
+            Some(watch) if held != 0 && since < max => watch,
+            _ => max,
         }
     }
 
-    /// ACKs are held from now until `due`: a nap beside the polling application that would
-    /// end later than [`HELD_ACK_WATCH`] (on this NIC's scale) after that is cut to end then, so that they still
-    /// leave before the peer's early resend if the application stops without a word. Only the
-    /// first hold after a stretch without holds finds such a nap: from then on the polls push
-    /// it on by the shorter watch ([`Driver::watch_max`]).
+    /// [`HELD_ACK_WATCH`] at the reference round trip; `None` on a slower one.
+    fn held_ack_watch(&self) -> Option<Duration> {
+        (self.time_scale.load(Ordering::Relaxed) == 1).then_some(HELD_ACK_WATCH)
+    }
+
+    /// ACKs are held from now until `due`: at the reference round trip, a nap beside the
+    /// polling application that would end later than [`HELD_ACK_WATCH`] after that is cut to
+    /// end then, so that they still leave before the peer's early resend if the application
+    /// stops without a word. Only the first hold after a stretch without holds finds such a
+    /// nap: from then on the polls push it on by the shorter watch ([`Driver::watch_max`]).
     fn ack_held(&self, thread_sleep: &mut ThreadSleep, now: Instant, due: Instant) {
         self.held_acks_at
             .store(self.nanos(now).max(1), Ordering::Relaxed);
-        if let ThreadSleep::Nap { until, .. } = thread_sleep {
-            let end = due + self.scaled(HELD_ACK_WATCH);
-            if *until > end {
-                *until = end;
-                self.nap_timer
-                    .set_after(end.saturating_duration_since(Instant::now()));
-            }
+        let (Some(watch), ThreadSleep::Nap { until, .. }) = (self.held_ack_watch(), thread_sleep)
+        else {
+            return;
+        };
+        let end = due + watch;
+        if *until > end {
+            *until = end;
+            self.nap_timer
+                .set_after(end.saturating_duration_since(Instant::now()));
         }
     }
 
