@@ -550,6 +550,16 @@ impl Driver {
         self.after_command_at(state, Instant::now());
     }
 
+    /// [`Driver::after_command`] for a command that ends a queue pair: what it owes its peer
+    /// leaves now, ACKs held for the application's next packet too. A program that destroys
+    /// the queue pair the moment its last receive completes (`ibv_rc_pingpong`) sends nothing
+    /// more on it, and may exit next.
+    pub(crate) fn after_close(&self, mut state: MutexGuard<'_, Locked>) {
+        let now = Instant::now();
+        self.transmit_ready(&mut state, now, false);
+        self.after_command_at(state, now);
+    }
+
     /// [`Driver::after_command`] at `now`, read under the lock or given by
     /// [`Driver::enter`].
     pub(crate) fn after_command_at(&self, mut state: MutexGuard<'_, Locked>, now: Instant) {
@@ -1589,40 +1599,47 @@ mod tests {
         [a, b]
     }
 
-    /// A poll that takes a request and holds its ACK for the application's reply
-    /// ([`ACK_HOLD`]) cuts the progress thread's nap beside it (published at
-    /// [`POLLER_WATCH_MAX`]) to end within [`HELD_ACK_WATCH`] of the ACK's due time, and the
-    /// polls after it push the nap on by no more than that: where the application then stops
-    /// calling into the NIC without answering (a ping-pong's last turn), the thread wakes to
-    /// send the ACK before the peer's earliest early resend. At the full watch every quiet
-    /// write-lat run ended with a needless resend and a duplicate.
-    #[test]
-    fn an_ack_held_for_a_reply_goes_before_the_peer_s_early_resend() {
+    /// A responder and a requester whose zero-length SEND the responder's application has
+    /// taken in a poll, beside the progress thread's nap (not started) at the full watch,
+    /// published when the test began; the responder's time scale `scale` as the poll ran.
+    /// Returns the two, their queue pairs and CQs (which close when dropped), and the nap's
+    /// end as published.
+    #[allow(clippy::type_complexity)]
+    fn ack_held_beside_a_nap(
+        hosts: [u8; 2],
+        scale: u32,
+    ) -> (
+        [Arc<Driver>; 2],
+        [(super::super::qp::Qp, Arc<super::super::cq::Cq>); 2],
+        Instant,
+    ) {
         use ferroce_proto::qp::{Payload, RecvWr, SendOp, SendWr};
-
         use ferroce_proto::wire::ROCE_PORT;
 
-        let [responder, requester] = [21, 22].map(|host| {
+        let [responder, requester] = hosts.map(|host| {
             let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 14, host), ROCE_PORT));
             driver_on(addr, None, None)
         });
-        let [(rqp, rcq), (qqp, qcq)] = rc_pair(&responder, &requester);
-        rqp.post_recv(RecvWr {
-            wr_id: 1,
-            sges: Vec::new(),
-        })
-        .unwrap();
+        let pair = rc_pair(&responder, &requester);
+        pair[0]
+            .0
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sges: Vec::new(),
+            })
+            .unwrap();
+        responder.time_scale.store(scale, Ordering::Relaxed);
         // As the progress thread publishes its nap beside an application that kept polling.
-        let napped = Instant::now() + POLLER_WATCH_MAX;
+        let napped = Instant::now() + responder.scaled(POLLER_WATCH_MAX);
         responder.lock().thread_sleep = ThreadSleep::Nap {
             until: napped,
             pushed_on: true,
         };
         let wr = SendWr::new(2, SendOp::Send, Payload::Inline(Vec::new()));
-        qqp.post_send(wr).unwrap();
+        pair[1].0.post_send(wr).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         let received = loop {
-            if let Some(c) = rcq.poll() {
+            if let Some(c) = pair[0].1.poll() {
                 break c;
             }
             assert!(
@@ -1633,6 +1650,19 @@ mod tests {
             );
         };
         assert_eq!(received.wr_id, 1);
+        ([responder, requester], pair, napped)
+    }
+
+    /// A poll that takes a request and holds its ACK for the application's reply
+    /// ([`ACK_HOLD`]) cuts the progress thread's nap beside it (published at
+    /// [`POLLER_WATCH_MAX`]) to end within [`HELD_ACK_WATCH`] of the ACK's due time, and the
+    /// polls after it push the nap on by no more than that: where the application then stops
+    /// calling into the NIC without answering (a ping-pong's last turn), the thread wakes to
+    /// send the ACK before the peer's earliest early resend. At the full watch every quiet
+    /// write-lat run ended with a needless resend and a duplicate.
+    #[test]
+    fn an_ack_held_for_a_reply_goes_before_the_peer_s_early_resend() {
+        let ([responder, requester], pair, napped) = ack_held_beside_a_nap([21, 22], 1);
         let state = responder.lock();
         let due = state.acks_due.expect("the ACK waits for the reply");
         let ThreadSleep::Nap { until, .. } = state.thread_sleep else {
@@ -1645,7 +1675,8 @@ mod tests {
         // The application answers nothing: the thread sends the ACK.
         responder.start(false).unwrap();
         requester.start(false).unwrap();
-        let sent = qcq
+        let sent = pair[1]
+            .1
             .wait(Duration::from_secs(20))
             .expect("never acknowledged");
         assert_eq!(
@@ -1654,6 +1685,36 @@ mod tests {
         );
         responder.stop();
         requester.stop();
+    }
+
+    /// A queue pair destroyed while it holds an ACK for the application's reply sends it at
+    /// once: nothing more will leave on it. At a guest's scale the ACK would be held for up
+    /// to a quarter millisecond more.
+    #[test]
+    fn closing_a_queue_pair_sends_the_ack_it_holds() {
+        let ([responder, _requester], [ours, _theirs], _) = ack_held_beside_a_nap([25, 26], 30);
+        assert!(
+            responder.lock().acks_due.is_some(),
+            "the ACK waits for the reply"
+        );
+        drop(ours);
+        let state = responder.lock();
+        assert_eq!(state.acks_due, None);
+        assert_eq!(state.link.tx.len(), 0, "the ACK still waits");
+    }
+
+    /// At a guest's round trip (tens of times the reference one) the nap keeps its full
+    /// watch: there a short one would not beat the peer's early resend, and cost the
+    /// application the thread's looks (`HELD_ACK_WATCH`).
+    #[test]
+    fn at_a_guest_s_round_trip_a_held_ack_leaves_the_nap_as_it_was() {
+        let ([responder, _requester], _pair, napped) = ack_held_beside_a_nap([23, 24], 30);
+        let state = responder.lock();
+        assert!(state.acks_due.is_some(), "the ACK waits for the reply");
+        let ThreadSleep::Nap { until, .. } = state.thread_sleep else {
+            panic!("the thread's nap was replaced: {:?}", state.thread_sleep);
+        };
+        assert_eq!(until, napped, "the nap was cut");
     }
 
     /// Posts an 8-byte inline SEND with `id` on `qp`.

@@ -207,6 +207,6 @@ impl Drop for Qp {
         // What the QP already owes its peer leaves now, an ACK held back for the polling
         // application's next packet above all: a program that destroys the QP the moment
         // its last receive completes (ibv_rc_pingpong) has acknowledged that receive.
-        self.driver.after_command(state);
+        self.driver.after_close(state);
     }
 }
