@@ -1485,28 +1485,15 @@ mod tests {
         peer_ip: Ipv4Addr,
         qp_type: ferroce_proto::qp::QpType,
     ) -> (super::super::qp::Qp, Arc<super::super::cq::Cq>, UdpSocket) {
-        use ferroce_proto::psn::Psn;
-        use ferroce_proto::qp::{Mtu, QpAttr, QpCaps, QpInit, QpState, QpType};
+        use ferroce_proto::qp::{Mtu, QpAttr, QpState, QpType};
         use ferroce_proto::wire::{Qpn, RnrTimer};
 
         let peer = UdpSocket::bind((peer_ip, 0)).unwrap();
-        let cq = Arc::new(super::super::cq::Cq::new(driver, 256).unwrap());
+        let (qp, cq) = new_qp(driver, qp_type);
+        let (qpn, psn) = (qp.qpn(), qp.psn());
         let rc = qp_type == QpType::Rc;
-        let psn = Psn::new(1).unwrap();
         let mut state = driver.lock();
         let engine = &mut state.engine;
-        let pd = engine.alloc_pd();
-        let qpn = engine
-            .create_qp(QpInit {
-                qp_type,
-                pd,
-                send_cq: cq.id(),
-                recv_cq: cq.id(),
-                caps: QpCaps::default(),
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
         let access = if rc {
             ferroce_proto::memory::Access::REMOTE
         } else {
@@ -1541,9 +1528,38 @@ mod tests {
             engine.modify_qp(qpn, &attr).unwrap();
         }
         drop(state);
+        (qp, cq, peer)
+    }
+
+    /// A queue pair of `driver` in RESET, its requester to start at PSN 1, and the CQ it
+    /// reports to.
+    fn new_qp(
+        driver: &Arc<Driver>,
+        qp_type: ferroce_proto::qp::QpType,
+    ) -> (super::super::qp::Qp, Arc<super::super::cq::Cq>) {
+        use ferroce_proto::psn::Psn;
+        use ferroce_proto::qp::{QpCaps, QpInit};
+
+        let cq = Arc::new(super::super::cq::Cq::new(driver, 256).unwrap());
+        let mut state = driver.lock();
+        let pd = state.engine.alloc_pd();
+        let qpn = state
+            .engine
+            .create_qp(QpInit {
+                qp_type,
+                pd,
+                send_cq: cq.id(),
+                recv_cq: cq.id(),
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+                srq: None,
+            })
+            .unwrap();
+        drop(state);
+        let psn = Psn::new(1).unwrap();
         let cqs = (Arc::clone(&cq), Arc::clone(&cq));
         let qp = super::super::qp::Qp::new(driver, qpn, psn, QpCaps::default(), None, cqs);
-        (qp, cq, peer)
+        (qp, cq)
     }
 
     /// A reliable-connected queue pair of `driver` facing `peer`'s, both ready to send: the
@@ -1553,32 +1569,10 @@ mod tests {
         peer: &Arc<Driver>,
     ) -> [(super::super::qp::Qp, Arc<super::super::cq::Cq>); 2] {
         use ferroce_proto::memory::Access;
-        use ferroce_proto::psn::Psn;
-        use ferroce_proto::qp::{Mtu, QpCaps, QpInit, QpType};
+        use ferroce_proto::qp::{Mtu, QpType};
         use ferroce_proto::wire::RnrTimer;
 
-        let [a, b] = [driver, peer].map(|d| {
-            let cq = Arc::new(super::super::cq::Cq::new(d, 256).unwrap());
-            let mut state = d.lock();
-            let pd = state.engine.alloc_pd();
-            let qpn = state
-                .engine
-                .create_qp(QpInit {
-                    qp_type: QpType::Rc,
-                    pd,
-                    send_cq: cq.id(),
-                    recv_cq: cq.id(),
-                    caps: QpCaps::default(),
-                    sq_sig_all: false,
-                    srq: None,
-                })
-                .unwrap();
-            drop(state);
-            let psn = Psn::new(1).unwrap();
-            let cqs = (Arc::clone(&cq), Arc::clone(&cq));
-            let qp = super::super::qp::Qp::new(d, qpn, psn, QpCaps::default(), None, cqs);
-            (qp, cq)
-        });
+        let [a, b] = [driver, peer].map(|d| new_qp(d, QpType::Rc));
         for ((qp, _), (other, _), to) in [(&a, &b, peer), (&b, &a, driver)] {
             qp.connect(&crate::attr::ConnectAttrs {
                 peer: to.local,
