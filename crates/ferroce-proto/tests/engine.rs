@@ -845,6 +845,87 @@ fn a_needless_early_resend_costs_a_probe_not_a_window() {
     );
 }
 
+/// A burst of 4 KiB WRITEs (four packets each) to a responder that answers slowly, as a
+/// guest's soft NIC behind a host's requester works through its socket: its first ACK comes
+/// 7 ms after the burst, and each later one half a millisecond after the one before. The
+/// first ACK after the early resend answers the first message, whose end a probe of four
+/// packets would have ended on too. The probe stops one packet short of that end, so the ACK
+/// shows that the original got there, and the rest of the window is not sent again. (A probe
+/// of four took the ACK for its own, and the stall resent the rest of the window: 264
+/// packets for 128 here, 136 of them duplicates at the responder, and the burst took 95 ms
+/// where it now takes 31; a guest's run of 300 WRITEs resent thousands.)
+#[test]
+fn a_slow_responder_s_ack_for_a_message_end_is_not_taken_for_the_probe_s() {
+    let mut f = Fabric::new(2, 28);
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
+    let (msg, n) = (4096, 32);
+    let src = f.region(0, (n + 1) * msg, Access::LOCAL, 0);
+    let dst = f.region(1, (n + 1) * msg, Access::REMOTE, 0);
+    f.bytes_mut(0, &src)
+        .copy_from_slice(&pattern((n + 1) * msg, 8));
+    let write = |f: &mut Fabric, id: u64| {
+        let at = id * msg as u64;
+        let wr = SendWr::new(
+            id,
+            SendOp::Write(remote(&dst, at)),
+            sge(&src, at, msg as u32),
+        );
+        f.nodes[0].engine.post_send(qa, wr).unwrap();
+    };
+    // Quick answers first: a round trip of about 10 µs is measured.
+    write(&mut f, 0);
+    f.run();
+    assert_eq!(only(&f.completions(0)).status, WcStatus::Success);
+    let sent_before = f.nodes[0].engine.counters().sent_pkts;
+    // Then the slow answers, behind a burst of 32 messages, 128 packets. The responder's
+    // socket hands it a packet every 50 µs (the requester's link carries them so, and
+    // what is sent later queues behind), and its ACKs leave 7 ms after the burst, then half a
+    // millisecond apart.
+    let mut acks = 0u32;
+    f.hold = Some(Box::new(move |from, p| {
+        if from == 0 {
+            return Duration::from_micros(50);
+        }
+        if p.opcode().operation() != Operation::Acknowledge {
+            return Duration::ZERO;
+        }
+        acks += 1;
+        if acks == 1 {
+            Duration::from_millis(7)
+        } else {
+            Duration::from_micros(500)
+        }
+    }));
+    for id in 1..=n as u64 {
+        write(&mut f, id);
+    }
+    f.run();
+    let done = f.completions(0);
+    assert_eq!(done.len(), n, "{done:?}");
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{done:?}"
+    );
+    assert!(
+        f.bytes(1, &dst) == &pattern((n + 1) * msg, 8)[..],
+        "bytes differ"
+    );
+    let c = f.nodes[0].engine.counters();
+    assert!(c.early_resends >= 1, "no early resend: {c:?}");
+    assert!(c.early_needless >= 1, "not found needless: {c:?}");
+    assert_eq!(c.completer_retry_err, 0);
+    let sent = c.sent_pkts - sent_before;
+    assert!(
+        sent <= 128 + 3 * c.early_resends,
+        "{sent} packets for 128 with {} early resends",
+        c.early_resends
+    );
+}
+
 /// A ping-pong of WRITEs whose peer stalls for milliseconds at a time (a busy host): each
 /// stall outlasts the early-resend delay, and the probe resends packets the peer already has.
 /// The ACK that ends the stall cannot tell original from probe, but the peer answers each

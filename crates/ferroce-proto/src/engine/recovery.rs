@@ -245,6 +245,7 @@ impl Qp {
         }
         self.retries_left -= 1;
         dev.counters.completer_retry_err += 1;
+        self.probe_psns = PROBE_PSNS;
         self.window.narrow();
         self.rewind(from);
         self.timers.retransmit = None;
@@ -383,6 +384,7 @@ impl Qp {
             });
         }
         self.probing = read.is_none();
+        self.probe_psns = self.probe_psns(from);
         self.retrying_from = Some(from);
         self.rewind(from);
         if let Some(len) = read {
@@ -395,6 +397,29 @@ impl Qp {
             }
         }
         self.timers.early = self.early_resend_at(now);
+    }
+
+    /// How many packets an early resend behind a SEND or WRITE probes with from `from`:
+    /// [`PROBE_PSNS`], or fewer where the message that holds `from` ends within that many, so
+    /// that the probe stops one packet short of its end. A responder acknowledges the end of
+    /// each message, so an ACK through a probe that ended there could answer the original as
+    /// well as the probe: a slow responder's ACK for the original was taken for the probe's
+    /// answer, and the rest of the window went again (a host's requester behind a guest's
+    /// soft NIC resent thousands of packets in a run of 300 4 KiB WRITEs; BENCHMARKS.md, the
+    /// data path's thirty-third step). An ACK through a packet inside the message is the
+    /// answer to the probe's own requests for one; an ACK past it shows that the original got
+    /// there. Where `from` is a message's last packet (one-packet messages) nothing can be
+    /// told apart this way, and the ACKs are counted instead (`Qp::early_ack_watch`).
+    pub(super) fn probe_psns(&self, from: Psn) -> u32 {
+        let before_end = self
+            .sq
+            .iter()
+            .find(|w| w.contains(from))
+            .map(|w| from.steps_to(w.last_psn()));
+        match before_end {
+            Some(n) if (1..PROBE_PSNS).contains(&n) => n,
+            _ => PROBE_PSNS,
+        }
     }
 
     /// Asks again for the next run of lost READ responses that responses taken after it show

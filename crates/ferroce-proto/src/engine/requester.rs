@@ -113,7 +113,7 @@ impl Qp {
         }
         if self.is_rc() {
             let window = if self.probing {
-                PROBE_PSNS
+                self.probe_psns
             } else {
                 self.window.psns()
             };
