@@ -409,7 +409,9 @@ impl Qp {
     /// data path's thirty-third step). An ACK through a packet inside the message is the
     /// answer to the probe's own requests for one; an ACK past it shows that the original got
     /// there. Where `from` is a message's last packet (one-packet messages) nothing can be
-    /// told apart this way, and the ACKs are counted instead (`Qp::early_ack_watch`).
+    /// told apart this way: where everything sent is answered the ACKs are counted instead
+    /// (`Qp::early_ack_watch`), and behind a longer burst such an ACK is still taken for the
+    /// probe's.
     pub(super) fn probe_psns(&self, from: Psn) -> u32 {
         let before_end = self
             .sq
