@@ -45,9 +45,6 @@ pub(super) struct Qp {
     /// instead of the whole window again: go-back-N bursts of duplicates only bury a slow
     /// responder deeper (it answers each with an ACK), until `retry_cnt` runs out.
     pub(super) probing: bool,
-    /// How many packets `probing` sends: [`PROBE_PSNS`], or fewer for an early resend's
-    /// probe that stops short of a message's end ([`Qp::probe_psns`]).
-    pub(super) probe_psns: u32,
     /// Where the last retry went back to: further signals of the same loss are ignored.
     pub(super) retrying_from: Option<Psn>,
     /// The send window.
@@ -321,7 +318,6 @@ impl Qp {
             rnr_left: 0,
             timed_out: false,
             probing: false,
-            probe_psns: PROBE_PSNS,
             retrying_from: None,
             window: Window::FULL,
             rtt: RttEstimate::default(),

@@ -245,7 +245,6 @@ impl Qp {
         }
         self.retries_left -= 1;
         dev.counters.completer_retry_err += 1;
-        self.probe_psns = PROBE_PSNS;
         self.window.narrow();
         self.rewind(from);
         self.timers.retransmit = None;
@@ -384,7 +383,6 @@ impl Qp {
             });
         }
         self.probing = read.is_none();
-        self.probe_psns = self.probe_psns(from);
         self.retrying_from = Some(from);
         self.rewind(from);
         if let Some(len) = read {

@@ -112,8 +112,11 @@ impl Qp {
             return None;
         }
         if self.is_rc() {
+            // An early resend's probe (`early_probe`) may stop short of a message's end; a
+            // timeout's, which forgets it, sends the oldest `PROBE_PSNS`.
             let window = if self.probing {
-                self.probe_psns
+                self.early_probe
+                    .map_or(PROBE_PSNS, |from| self.probe_psns(from))
             } else {
                 self.window.psns()
             };
