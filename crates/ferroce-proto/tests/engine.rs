@@ -863,17 +863,8 @@ fn a_stall_cost_only_probes(f: &Fabric, sent_before: u64, probe: u64) {
 /// where it now takes 31; a guest's run of 300 WRITEs resent thousands.)
 #[test]
 fn a_slow_responder_s_ack_for_a_message_end_is_not_taken_for_the_probe_s() {
-    let mut f = Fabric::new(2, 28);
-    let opts = ConnectOptions {
-        timeout: 14,
-        ..ConnectOptions::default()
-    };
-    let (qa, _qb) = f.connect(0, 1, QpType::Rc, &opts);
     let (msg, n) = (4096, 32);
-    let src = f.region(0, (n + 1) * msg, Access::LOCAL, 0);
-    let dst = f.region(1, (n + 1) * msg, Access::REMOTE, 0);
-    f.bytes_mut(0, &src)
-        .copy_from_slice(&pattern((n + 1) * msg, 8));
+    let (mut f, qa, src, dst) = recovery_setup(28, 8, (n + 1) * msg);
     let write = |f: &mut Fabric, id: u64| {
         let at = id * msg as u64;
         let wr = SendWr::new(
