@@ -694,11 +694,12 @@ impl Driver {
                 sys::precise_timers();
                 let own = sys::progress_scheduling(PROGRESS_SLICE, None);
                 // Before the first packet, so that it does not run the code for the first
-                // time (`rehearsal`): the engine's paths in memory, the send path to a
-                // scratch socket, and the receive path with a datagram to itself; and so
-                // that its burst does not land in receive pages never touched.
+                // time (`rehearsal`): the engine's paths in memory, the send and receive
+                // paths (a lone packet and a coalesced train) through a scratch socket, and
+                // this socket's wake-up with a datagram to itself; and so that its burst does
+                // not land in receive pages never touched.
                 rehearsal::rehearse(shared.local.ip());
-                shared.port.rehearse_send();
+                shared.port.rehearse();
                 shared.lock().link.prefault();
                 shared.poke_socket();
                 shared.progress(raise.then_some(own))
@@ -772,7 +773,7 @@ impl Driver {
                 let Locked {
                     engine, mem, link, ..
                 } = &mut *state;
-                let got = link.handle_buffer(&self.port, i, |from, bytes, index| {
+                let got = link.handle_buffer(&self.port, i, &mut |from, bytes, index| {
                     engine.handle_segment(now, from, dst, bytes, index, mem);
                     steps::mark(Step::Handled);
                 });
