@@ -278,29 +278,22 @@ impl Qp {
 
     /// When an early resend would be due if nothing is answered from `now` on: the RFC 6298
     /// timeout from the measured round trip, or before there is a measurement (a loss in the
-    /// first window leaves none) a sixteenth of the ACK timeout, a quarter for a READ that
-    /// nothing on this QP has been answered before; at least [`MIN_EARLY_RESEND`] and doubled
-    /// per early resend already made in this stall; `None` when it would not come well before
-    /// the ACK timeout.
+    /// first window leaves none) a sixteenth of the ACK timeout, a quarter while nothing on
+    /// this QP has been answered; at least [`MIN_EARLY_RESEND`] and doubled per early resend
+    /// already made in this stall; `None` when it would not come well before the ACK timeout.
     ///
-    /// A first READ waits longer because a responder's first answer on a fresh QP is its
-    /// slowest (rxe in a guest answered one 7.6 ms after it left, against a sixteenth of
-    /// perftest's ACK timeout of 4.2 ms), and asking again costs the rest of a piece where a
-    /// SEND's probe costs [`PROBE_PSNS`] packets. Once anything is answered, a READ's
-    /// responses lost before the first measurement are asked for again as soon as a SEND's.
+    /// A fresh QP waits longer because a responder's first answer on it is its slowest:
+    /// against a sixteenth of perftest's ACK timeout (4.2 ms), rxe in a guest answered a
+    /// first READ 7.6 ms after it left and a first SEND 10.1 ms after, and a guest's ferroce
+    /// a first window of WRITEs up to 9 ms after (BENCHMARKS.md, the data path's thirtieth
+    /// and thirty-fourth steps). Once anything is answered, requests lost before the first
+    /// measurement are resent after the sixteenth.
     pub(super) fn early_resend_at(&self, now: Instant) -> Option<Instant> {
         let timeout = self.timeout?;
-        let estimate = self.rtt.timeout().unwrap_or_else(|| {
-            let cold_read = !self.answered
-                && self
-                    .sq
-                    .front()
-                    .is_some_and(|w| matches!(w.op, SendOp::Read(_)));
-            if cold_read {
-                timeout / 4
-            } else {
-                timeout / 16
-            }
+        let estimate = self.rtt.timeout().unwrap_or(if self.answered {
+            timeout / 16
+        } else {
+            timeout / 4
         });
         let after = estimate
             .max(MIN_EARLY_RESEND)

@@ -1732,7 +1732,8 @@ mod tests {
         post_8(&qp, 1);
         let counters = || *driver.lock().engine.counters();
         let deadline = Instant::now() + Duration::from_secs(20);
-        // The first early resend is due a sixteenth of the 4.3 s ACK timeout after the post.
+        // The first early resend is due a quarter of the 4.3 s ACK timeout after the post
+        // (nothing on this fresh QP was answered), the next a half after that.
         while counters().early_put_off == 0 {
             assert!(Instant::now() < deadline, "never put off: {:?}", counters());
             std::thread::sleep(Duration::from_millis(10));
@@ -1767,8 +1768,9 @@ mod tests {
             "the peer read the request"
         );
         peer.send_to(b"not yet read", driver.local).unwrap();
-        // Past the first early resend (a sixteenth of the 4.3 s ACK timeout), short of it.
-        let due = Instant::now() + Duration::from_secs(1);
+        // Past the first early resend (a quarter of the 4.3 s ACK timeout, nothing on this
+        // fresh QP answered), short of it.
+        let due = Instant::now() + Duration::from_millis(1500);
         let timers = |at| {
             let mut state = driver.lock();
             state.engine.handle_timeout_with(at, |p| driver.unread(p));
@@ -1777,7 +1779,8 @@ mod tests {
         let c = timers(due);
         assert_eq!((c.early_put_off, c.early_resends), (1, 0), "{c:?}");
         assert_eq!(driver.port.socket().recv(&mut buf).unwrap(), 12);
-        let c = timers(due + Duration::from_secs(2));
+        // The next, a half of it later: past that, short of the ACK timeout.
+        let c = timers(due + Duration::from_millis(2500));
         assert_eq!((c.early_put_off, c.early_resends), (1, 1), "{c:?}");
     }
 
