@@ -1164,6 +1164,18 @@ fn a_slow_pausing_read_responder_is_not_buried_in_duplicate_requests() {
     );
 }
 
+/// Holds the responder's (node 1's) first packet for `by`: a fresh QP's first answer, late.
+fn hold_first_answer(f: &mut Fabric, by: Duration) {
+    let mut first = true;
+    f.hold = Some(Box::new(move |from, _| {
+        if from == 1 && std::mem::take(&mut first) {
+            by
+        } else {
+            Duration::ZERO
+        }
+    }));
+}
+
 /// A fresh QP's first READ, answered late: before any round trip is measured the requester
 /// has only the ACK timeout to go by, and a responder's first answer is its slowest (rxe in a
 /// guest took 7.6 ms, its code and the region it reads still cold). Asking again would cost
@@ -1174,14 +1186,7 @@ fn a_fresh_qps_first_read_answered_late_is_not_asked_again() {
     // Timeout code 14 (recovery_setup's): 67 ms; the first answer comes 8 ms late, twice a
     // sixteenth of it.
     let (mut f, qa, local, dst) = read_setup(43, 3, 64 << 10);
-    let mut first = true;
-    f.hold = Some(Box::new(move |from, _| {
-        if from == 1 && std::mem::take(&mut first) {
-            Duration::from_millis(8)
-        } else {
-            Duration::ZERO
-        }
-    }));
+    hold_first_answer(&mut f, Duration::from_millis(8));
     read_all(&mut f, qa, &local, &dst, 3);
     let a = *f.nodes[0].engine.counters();
     let b = *f.nodes[1].engine.counters();
@@ -1217,14 +1222,7 @@ fn write_all(f: &mut Fabric, qa: Qpn, src: &RegionInfo, dst: &RegionInfo, seed: 
 #[test]
 fn a_fresh_qps_first_write_answered_late_is_not_resent() {
     let (mut f, qa, src, dst) = recovery_setup(45, 6, 64);
-    let mut first = true;
-    f.hold = Some(Box::new(move |from, _| {
-        if from == 1 && std::mem::take(&mut first) {
-            Duration::from_millis(8)
-        } else {
-            Duration::ZERO
-        }
-    }));
+    hold_first_answer(&mut f, Duration::from_millis(8));
     write_all(&mut f, qa, &src, &dst, 6);
     let a = *f.nodes[0].engine.counters();
     let b = *f.nodes[1].engine.counters();
