@@ -1241,6 +1241,41 @@ fn a_fresh_qps_first_write_lost_is_resent_early() {
     assert_eq!((a.early_resends, a.completer_retry_err), (1, 0), "{a:?}");
 }
 
+/// A requester's thread descheduled after its clock read and before its send: the WRITE
+/// leaves 3 ms after the engine built it, three times the early-resend delay of a QP with a
+/// measured round trip. Timers armed from the build fire before the peer can answer (one
+/// needless early resend or two and duplicates at the responder, as a quiet host's 50,000-round
+/// `write-lat` showed once a run or so); a driver that reads its clock after the send
+/// ([`Engine::transmitted`]) runs them from the departure instead.
+#[test]
+fn a_request_that_left_late_runs_its_timers_from_when_it_left() {
+    for clock_after_send in [false, true] {
+        let (mut f, qa, src, dst) = recovery_setup(47, 8, 64);
+        f.clock_after_send = clock_after_send;
+        // Enough round trips for a measured estimate: the delay is then its 1 ms floor.
+        for _ in 0..3 {
+            write_all(&mut f, qa, &src, &dst, 8);
+        }
+        let mut first = true;
+        f.hold = Some(Box::new(move |from, _| {
+            if from == 0 && std::mem::take(&mut first) {
+                Duration::from_millis(3)
+            } else {
+                Duration::ZERO
+            }
+        }));
+        write_all(&mut f, qa, &src, &dst, 8);
+        let a = *f.nodes[0].engine.counters();
+        let b = *f.nodes[1].engine.counters();
+        let resent = (a.early_resends, b.duplicate_request);
+        if clock_after_send {
+            assert_eq!(resent, (0, 0), "{a:?} {b:?}");
+        } else {
+            assert!(resent.0 > 0 && resent.1 > 0, "{a:?} {b:?}");
+        }
+    }
+}
+
 /// An RNR NAK is the responder asking the requester to wait, not a loss: the stall while the
 /// RNR timer runs starts no early resend.
 #[test]

@@ -300,6 +300,17 @@ pub struct Engine {
     /// ([`Engine::set_batch_holding`]), and those held now.
     holding: bool,
     held: Vec<Held>,
+    /// Queue pairs whose timers a request armed from idle in [`Engine::poll_transmit`], for
+    /// [`Engine::transmitted`].
+    departures: Departures,
+}
+
+/// Queue pairs whose timers were armed by a request built at `built`, until the driver says
+/// when what it built then really left ([`Engine::transmitted`]).
+#[derive(Debug, Default)]
+struct Departures {
+    built: Option<Instant>,
+    qpns: Vec<u32>,
 }
 
 /// The most packets held at once ([`Engine::set_batch_holding`]): a GRO flush of one peer's
@@ -376,6 +387,7 @@ impl Engine {
             next_pd: 1,
             holding: false,
             held: Vec::new(),
+            departures: Departures::default(),
         }
     }
 
@@ -1255,6 +1267,7 @@ impl Engine {
             let Some(qp) = self.qps.get_mut(&key).filter(|qp| qp.sched.queued) else {
                 continue;
             };
+            let idle = qp.timers.retransmit.is_none();
             let sent = if qp.is_ud() {
                 qp.next_datagram(&mut self.dev, mem, buf)
                     .map(|(len, peer)| (len, None, false, peer))
@@ -1277,6 +1290,14 @@ impl Engine {
                 Schedule::idle(qp);
                 continue;
             };
+            if idle && qp.timers.retransmit.is_some() {
+                let d = &mut self.departures;
+                if d.built != Some(now) {
+                    d.built = Some(now);
+                    d.qpns.clear();
+                }
+                d.qpns.push(key);
+            }
             // One that certainly has nothing more leaves the line now, rather than at a turn
             // that would find so (a latency-bound exchange's one packet a message: a turn of
             // the line each, then another to find it empty).
@@ -1309,6 +1330,34 @@ impl Engine {
             });
         }
         None
+    }
+
+    /// Whether a request that [`Engine::poll_transmit`] built armed its queue pair's timers
+    /// (the first request after all were answered: a latency-bound exchange's every one). A
+    /// driver that reads its clock once what it built has left passes that time to
+    /// [`Engine::transmitted`]; one that does not loses nothing but that correction.
+    #[must_use]
+    pub fn armed_on_send(&self) -> bool {
+        !self.departures.qpns.is_empty()
+    }
+
+    /// What [`Engine::poll_transmit`] built at `built` (the `now` it was given) left at `left`:
+    /// the timers its requests armed (the ACK timeout, the early resend) and the round trip
+    /// they time run from `left` instead. A sender's thread descheduled between its clock
+    /// read and its send otherwise resent early a request its peer had not yet had time to
+    /// answer (BENCHMARKS.md, the data path's thirty-third and thirty-fifth steps).
+    pub fn transmitted(&mut self, built: Instant, left: Instant) {
+        let d = &mut self.departures;
+        if d.built.take() != Some(built) {
+            d.qpns.clear();
+            return;
+        }
+        for qpn in d.qpns.drain(..) {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.left_at(built, left);
+                self.schedule.sync(qpn, qp);
+            }
+        }
     }
 
     /// When [`Engine::handle_timeout`] should next be called, if any timer is armed: at or

@@ -315,6 +315,20 @@ impl Qp {
         };
     }
 
+    /// The requests built at `built` that armed this QP's timers left at `left`: the timers
+    /// and the round trip's sample run from then, if it still waits.
+    pub(super) fn left_at(&mut self, built: Instant, left: Instant) {
+        if left <= built || self.timers.retransmit.is_none() {
+            return;
+        }
+        self.rearm(left);
+        if let Some((_, sent)) = &mut self.rtt_sample {
+            if *sent == built {
+                *sent = left;
+            }
+        }
+    }
+
     /// The early resend is due (see [`Qp::early_at`]). It spends no `retry_cnt`. A stall
     /// can be a slow peer rather than a loss (an emulated rxe working through a window), so
     /// it costs as little as it can when it turns out needless:

@@ -176,6 +176,10 @@ pub struct Fabric {
     /// Whether each node's timers learn which peers have not read what reached them (a
     /// driver's look at a peer's socket on the same host).
     pub show_unread: bool,
+    /// Whether each node reads its clock once its sends have left, as the soft NIC's driver
+    /// does, and tells its engine ([`Engine::transmitted`]): a hold then delays the timers a
+    /// request armed along with the request, as for a sender descheduled before its send.
+    pub clock_after_send: bool,
     in_flight: BinaryHeap<InFlight>,
     seq: u64,
     pub delivered: u64,
@@ -219,6 +223,7 @@ impl Fabric {
             filter: None,
             hold: None,
             show_unread: false,
+            clock_after_send: false,
             in_flight: BinaryHeap::new(),
             seq: 0,
             delivered: 0,
@@ -434,6 +439,7 @@ impl Fabric {
         for from in 0..self.nodes.len() {
             // A node that never stops sending at one instant is a livelock: fail, not hang.
             let mut sent = 0u32;
+            let mut left = self.now;
             loop {
                 let node = &mut self.nodes[from];
                 let Some(t) = node.engine.poll_transmit(self.now, &node.mem, &mut buf) else {
@@ -463,6 +469,7 @@ impl Fabric {
                     depart += Duration::from_nanos(ns);
                 }
                 node.link_free = depart;
+                left = left.max(depart);
                 let Some(to) = self.node_of(t.dst.ip()) else {
                     self.dropped += 1;
                     continue;
@@ -499,6 +506,10 @@ impl Fabric {
                         waited: false,
                     });
                 }
+            }
+            let engine = &mut self.nodes[from].engine;
+            if self.clock_after_send && engine.armed_on_send() {
+                engine.transmitted(self.now, left);
             }
         }
         any

@@ -505,6 +505,12 @@ impl Driver {
         }
         // Nothing is lent while ACKs wait: a held batch is bare ACKs.
         drop(lender);
+        // A request that armed its QP's timers (a ping-pong's every one) runs them from when
+        // it left, not from `now`: a thread descheduled between the two would otherwise find
+        // its early resend due before the peer could answer. One clock read per such pass.
+        if engine.armed_on_send() {
+            engine.transmitted(now, Instant::now());
+        }
         // Completions the command or the packets made are signalled whether or not ACKs wait.
         self.signal(state);
     }
