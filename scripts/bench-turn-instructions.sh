@@ -8,9 +8,10 @@
 # poll's mark (10 us) lapses, and the profile is of a path the native client does not take (two
 # sends a round trip instead of one GSO send of two packets). So each REV is built, in a
 # scratch worktree, with the driver's timing constants multiplied by 50 (POLLER_WATCH_MAX 2 ms
-# -> 100 ms); the script checks the client's counters for one GSO send a round trip. The
-# count still moves with how often the client polls an empty socket while it waits (runs of
-# one build spread by 2-3 %), so each build runs ROUNDS times, builds alternating, and the
+# -> 100 ms), and the engine's LATE_DEPARTURE where it has one; the script checks the
+# client's counters for one GSO send a round trip. The count still moves with how often the
+# client polls an empty socket while it waits (runs of one build spread by 2-3 %), so each
+# build runs ROUNDS times, builds alternating, and the
 # median is what to compare. The parts that do the turn's work do not wait, and move less: per
 # round trip, inclusive, the application's post (`Qp::post_send`: the WRITE built, sealed and
 # sent with the held ACK), the two packets received (`Engine::handle_received`), and every
@@ -39,6 +40,8 @@ trap stop EXIT
 
 scale='s/^(const (POLLER_GRACE|LEAVES_AFTER|ANSWERS_WITHIN|LINGER_MAX|PROGRESS_SLICE|ACK_WITHIN|DRY_FOR|ACK_HOLD): Duration = Duration::from_micros)\(([0-9]+)\);/\1(\3 * 50);/; s/^(const POLLER_WATCH_MAX: Duration = Duration::from_millis)\(2\);/\1(100);/'
 driver=crates/ferroce/src/backend/soft/driver.rs
+late='s/^(pub const LATE_DEPARTURE: Duration = Duration::from_nanos)\(([0-9_]+)\);/\1(\2 * 50);/'
+engine=crates/ferroce-proto/src/engine/mod.rs
 i=0
 bins=()
 for rev in "$@"; do
@@ -53,6 +56,9 @@ for rev in "$@"; do
     fi
     sed -i -E "$scale" "$tree/$driver"
     [ "$(grep -c ' \* 50);' "$tree/$driver")" -eq 8 ] || { echo "$rev: driver constants not found" >&2; exit 1; }
+    # The engine's one clock-driven choice on this path (from 943ccdd on): whether a request
+    # left late enough to re-arm its timers from its departure.
+    sed -i -E "$late" "$tree/$engine"
     echo "building $rev (timing x50)..." >&2
     (cd "$tree" && CARGO_TARGET_DIR="$root/target/turn-instructions" \
         cargo build -q --release -p ferroce-cli)

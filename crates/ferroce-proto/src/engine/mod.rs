@@ -129,6 +129,11 @@ pub const MIN_WINDOW_PSNS: u32 = 16;
 /// and each spurious resend is a window of duplicates. (An early resend goes back to the
 /// oldest unanswered PSN after a stall of a few round trips, spending no `retry_cnt`.)
 pub const MIN_EARLY_RESEND: Duration = Duration::from_millis(1);
+/// How long after its build a request may leave before the timers it armed start again from
+/// its departure ([`Engine::transmitted`]): a sixteenth of the shortest early-resend delay.
+/// A usual turn sends within microseconds of its clock read, and re-arming then would cost a
+/// ping-pong's round trip about 200 of its 10,000 instructions for nothing.
+pub const LATE_DEPARTURE: Duration = Duration::from_nanos(62_500);
 /// The most doublings a QP's early-resend delay takes on after needless early resends.
 const MAX_EARLY_SHIFT: u32 = 8;
 /// A requester asks for an ACK at least every this many packets of a long message (rxe's
@@ -1346,9 +1351,11 @@ impl Engine {
     /// they time run from `left` instead. A sender's thread descheduled between its clock
     /// read and its send otherwise resent early a request its peer had not yet had time to
     /// answer (BENCHMARKS.md, the data path's thirty-third and thirty-fifth steps).
+    /// A departure within [`LATE_DEPARTURE`] of the build changes nothing.
     pub fn transmitted(&mut self, built: Instant, left: Instant) {
         let d = &mut self.departures;
-        if d.built.take() != Some(built) {
+        if d.built.take() != Some(built) || left.saturating_duration_since(built) < LATE_DEPARTURE
+        {
             d.qpns.clear();
             return;
         }
