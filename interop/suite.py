@@ -17,6 +17,7 @@ entry CI uses. Everything a run leaves (logs, captures, results.json) is under
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -1206,7 +1207,8 @@ def floor_table(results, reps):
     floor."""
     def med(impl, test, key):
         vals = [r["metrics"][key] for r in results
-                if r["impl"] == impl and r["test"] == test and r["ok"] and key in r["metrics"]]
+                if r["impl"] == impl and r["test"] == test and r["ok"] and key in r["metrics"]
+                and math.isfinite(r["metrics"][key])]  # as in bench_table
         return statistics.median(vals) if vals else None
 
     def ratio(a, b):
@@ -1266,8 +1268,10 @@ def bench_table(results, args):
         more, less = ("≥ 1.5", lambda x: x >= 1.5), ("≤ 1.2", lambda x: x <= 1.2)
         heading = "ferroce ↔ ferroce"
     def med(impl, test, key):
+        # perftest under emulation now and then prints `inf` (its clock's rate measured as
+        # 0): no measurement, not an infinitely slow run whose ratio would read as met.
         vals = [r["metrics"].get(key) for r in results[impl] if r["test"] == test and r["ok"]
-                and r["metrics"].get(key) is not None]
+                and r["metrics"].get(key) is not None and math.isfinite(r["metrics"][key])]
         return statistics.median(vals) if vals else None
 
     rows = []
