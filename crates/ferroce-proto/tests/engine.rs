@@ -1243,9 +1243,9 @@ fn a_fresh_qps_first_write_lost_is_resent_early() {
 
 /// A requester's thread descheduled after its clock read and before its send: the WRITE
 /// leaves 3 ms after the engine built it, three times the early-resend delay of a QP with a
-/// measured round trip. Timers armed from the build fire before the peer can answer (one
-/// needless early resend or two and duplicates at the responder, as a quiet host's 50,000-round
-/// `write-lat` showed once a run or so); a driver that reads its clock after the send
+/// measured round trip. Timers armed from the build fire before the peer can answer (here two
+/// needless early resends and two duplicates at the responder; a quiet host's 50,000-round
+/// `write-lat` showed one about once a run); a driver that reads its clock after the send
 /// ([`Engine::transmitted`]) runs them from the departure instead.
 #[test]
 fn a_request_that_left_late_runs_its_timers_from_when_it_left() {

@@ -131,8 +131,9 @@ pub const MIN_WINDOW_PSNS: u32 = 16;
 pub const MIN_EARLY_RESEND: Duration = Duration::from_millis(1);
 /// How long after its build a request may leave before the timers it armed start again from
 /// its departure ([`Engine::transmitted`]): a sixteenth of the shortest early-resend delay.
-/// A usual turn sends within microseconds of its clock read, and re-arming then would cost a
-/// ping-pong's round trip about 200 of its 10,000 instructions for nothing.
+/// A usual turn sends within microseconds of its clock read, and re-arming then cost a
+/// ping-pong's round trip about 300 of its 10,200 instructions for nothing (BENCHMARKS.md, the
+/// data path's thirty-fifth step).
 pub const LATE_DEPARTURE: Duration = Duration::from_nanos(62_500);
 /// The most doublings a QP's early-resend delay takes on after needless early resends.
 const MAX_EARLY_SHIFT: u32 = 8;
@@ -1354,8 +1355,7 @@ impl Engine {
     /// A departure within [`LATE_DEPARTURE`] of the build changes nothing.
     pub fn transmitted(&mut self, built: Instant, left: Instant) {
         let d = &mut self.departures;
-        if d.built.take() != Some(built) || left.saturating_duration_since(built) < LATE_DEPARTURE
-        {
+        if d.built.take() != Some(built) || left.saturating_duration_since(built) < LATE_DEPARTURE {
             d.qpns.clear();
             return;
         }
