@@ -77,8 +77,9 @@ const ALL_LEAVES: u32 = 1024;
 /// The longest the progress thread naps between looks at whether a polling application is
 /// still polling. Each look costs a context switch on a core that the application spins on,
 /// so the nap doubles from [`POLLER_GRACE`] to this while the application keeps polling, and
-/// from then on each poll pushes the nap's end on to this long after it (when less than half
-/// of it is left, `Driver::progress_here`): the thread wakes only once the polls have stopped.
+/// from then on each poll pushes the nap's end on to this long after it (when less than an
+/// eighth of it is left, `Driver::progress_here`): the thread wakes only once the polls have
+/// stopped.
 /// A program that stops polling without arming a CQ or blocking in `Cq::wait` has what
 /// arrives next wait up to this long, once.
 const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
@@ -90,8 +91,8 @@ const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 /// to this thread, which sends it at the nap's end; at [`POLLER_WATCH_MAX`] that end came after
 /// the peer's early resend, and every quiet write-lat run ended with one needless resend and a
 /// duplicate (BENCHMARKS.md, the data path's thirty-third step). Each poll that pushes the nap
-/// on costs a system call, made while it waits for the peer: one in a quarter millisecond of
-/// polling, where the nap's end would otherwise have to follow every held ACK.
+/// on costs a system call, made while it waits for the peer: one in 440 µs of polling, where
+/// the nap's end would otherwise have to follow every held ACK.
 ///
 /// Only at the reference round trip (a time scale of 1, [`REFERENCE_ROUND_TRIP`]). Where the
 /// round trip is tens of times longer (a guest under emulation), the peer's early resend comes
@@ -889,11 +890,15 @@ impl Driver {
                 pushed_on: true,
             } = state.thread_sleep
             {
-                // Once a millisecond or so (a quarter of one while ACKs are held,
-                // `HELD_ACK_WATCH`): one system call, where a look would be a context switch on
-                // the core this thread spins on.
+                // Once in 1.75 ms of polling (in 440 µs while ACKs are held, `HELD_ACK_WATCH`):
+                // one system call, where a look would be a context switch on the core this
+                // thread spins on. A push costs about 2 µs here (the timer re-armed ahead of
+                // the others, in a VM), fourteen times `getppid`; pushed at half the nap left,
+                // a ping-pong paid it every 16 round trips, now every 30 to 36 (BENCHMARKS.md,
+                // the data path's thirty-fifth step). The eighth left, 62 µs at the shorter
+                // watch, is still many polls.
                 let watch_max = self.watch_max(now);
-                if until.saturating_duration_since(now) < watch_max / 2 {
+                if until.saturating_duration_since(now) < watch_max / 8 {
                     state.thread_sleep = ThreadSleep::Nap {
                         until: now + watch_max,
                         pushed_on: true,
