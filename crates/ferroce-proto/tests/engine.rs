@@ -1164,11 +1164,12 @@ fn a_slow_pausing_read_responder_is_not_buried_in_duplicate_requests() {
     );
 }
 
-/// Holds the responder's (node 1's) first packet for `by`: a fresh QP's first answer, late.
-fn hold_first_answer(f: &mut Fabric, by: Duration) {
+/// Holds node `node`'s next packet for `by`: the responder's (node 1's) on a fresh QP is its
+/// first answer, late; the requester's (node 0's) a request that leaves late.
+fn hold_next_from(f: &mut Fabric, node: usize, by: Duration) {
     let mut first = true;
     f.hold = Some(Box::new(move |from, _| {
-        if from == 1 && std::mem::take(&mut first) {
+        if from == node && std::mem::take(&mut first) {
             by
         } else {
             Duration::ZERO
@@ -1186,7 +1187,7 @@ fn a_fresh_qps_first_read_answered_late_is_not_asked_again() {
     // Timeout code 14 (recovery_setup's): 67 ms; the first answer comes 8 ms late, twice a
     // sixteenth of it.
     let (mut f, qa, local, dst) = read_setup(43, 3, 64 << 10);
-    hold_first_answer(&mut f, Duration::from_millis(8));
+    hold_next_from(&mut f, 1, Duration::from_millis(8));
     read_all(&mut f, qa, &local, &dst, 3);
     let a = *f.nodes[0].engine.counters();
     let b = *f.nodes[1].engine.counters();
@@ -1222,7 +1223,7 @@ fn write_all(f: &mut Fabric, qa: Qpn, src: &RegionInfo, dst: &RegionInfo, seed: 
 #[test]
 fn a_fresh_qps_first_write_answered_late_is_not_resent() {
     let (mut f, qa, src, dst) = recovery_setup(45, 6, 64);
-    hold_first_answer(&mut f, Duration::from_millis(8));
+    hold_next_from(&mut f, 1, Duration::from_millis(8));
     write_all(&mut f, qa, &src, &dst, 6);
     let a = *f.nodes[0].engine.counters();
     let b = *f.nodes[1].engine.counters();
@@ -1256,14 +1257,7 @@ fn a_request_that_left_late_runs_its_timers_from_when_it_left() {
         for _ in 0..3 {
             write_all(&mut f, qa, &src, &dst, 8);
         }
-        let mut first = true;
-        f.hold = Some(Box::new(move |from, _| {
-            if from == 0 && std::mem::take(&mut first) {
-                Duration::from_millis(3)
-            } else {
-                Duration::ZERO
-            }
-        }));
+        hold_next_from(&mut f, 0, Duration::from_millis(3));
         write_all(&mut f, qa, &src, &dst, 8);
         let a = *f.nodes[0].engine.counters();
         let b = *f.nodes[1].engine.counters();
