@@ -1347,15 +1347,18 @@ impl Engine {
         !self.departures.qpns.is_empty()
     }
 
-    /// What [`Engine::poll_transmit`] built at `built` (the `now` it was given) left at `left`:
-    /// the timers its requests armed (the ACK timeout, the early resend) and the round trip
-    /// they time run from `left` instead. A sender's thread descheduled between its clock
-    /// read and its send otherwise resent early a request its peer had not yet had time to
-    /// answer (BENCHMARKS.md, the data path's thirty-third and thirty-fifth steps).
-    /// A departure within [`LATE_DEPARTURE`] of the build changes nothing.
-    pub fn transmitted(&mut self, built: Instant, left: Instant) {
+    /// What [`Engine::poll_transmit`] built since the last call (at the `now` it was last
+    /// given) left at `left`: the timers its requests armed (the ACK timeout, the early
+    /// resend) and the round trip they time run from `left` instead. A sender's thread
+    /// descheduled between its clock read and its send otherwise resent early a request its
+    /// peer had not yet had time to answer (BENCHMARKS.md, the data path's thirty-third and
+    /// thirty-fifth steps). A departure within [`LATE_DEPARTURE`] of the build changes nothing.
+    pub fn transmitted(&mut self, left: Instant) {
         let d = &mut self.departures;
-        if d.built.take() != Some(built) || left.saturating_duration_since(built) < LATE_DEPARTURE {
+        let Some(built) = d.built.take() else {
+            return;
+        };
+        if left.saturating_duration_since(built) < LATE_DEPARTURE {
             d.qpns.clear();
             return;
         }

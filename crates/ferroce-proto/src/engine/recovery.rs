@@ -315,10 +315,10 @@ impl Qp {
         };
     }
 
-    /// The requests built at `built` that armed this QP's timers left at `left`: the timers
-    /// and the round trip's sample run from then, if it still waits.
+    /// The requests built at `built` that armed this QP's timers left at `left`, later: the
+    /// timers and the round trip's sample run from then, if it still waits.
     pub(super) fn left_at(&mut self, built: Instant, left: Instant) {
-        if left <= built || self.timers.retransmit.is_none() {
+        if self.timers.retransmit.is_none() {
             return;
         }
         self.rearm(left);

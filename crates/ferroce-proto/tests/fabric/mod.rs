@@ -509,7 +509,7 @@ impl Fabric {
             }
             let engine = &mut self.nodes[from].engine;
             if self.clock_after_send && engine.armed_on_send() {
-                engine.transmitted(self.now, left);
+                engine.transmitted(left);
             }
         }
         any

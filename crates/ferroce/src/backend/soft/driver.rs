@@ -510,7 +510,7 @@ impl Driver {
         // it left, not from `now`: a thread descheduled between the two would otherwise find
         // its early resend due before the peer could answer. One clock read per such pass.
         if engine.armed_on_send() {
-            engine.transmitted(now, Instant::now());
+            engine.transmitted(Instant::now());
         }
         // Completions the command or the packets made are signalled whether or not ACKs wait.
         self.signal(state);
