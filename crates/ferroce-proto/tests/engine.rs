@@ -5,6 +5,7 @@ mod fabric;
 use std::time::Duration;
 
 use fabric::{ConnectOptions, Fabric};
+use ferroce_proto::engine::PROBE_PSNS;
 use ferroce_proto::memory::{Access, Memory, RegionId, RegionInfo};
 use ferroce_proto::qp::{
     Completion, ModifyError, Mtu, Payload, PostError, QpAttr, QpState, QpType, RemoteAddr, SendOp,
@@ -1268,6 +1269,60 @@ fn a_request_that_left_late_runs_its_timers_from_when_it_left() {
             assert!(resent.0 > 0 && resent.1 > 0, "{a:?} {b:?}");
         }
     }
+}
+
+/// Two queue pairs streaming 64 KiB WRITEs (MTU 1024, perftest's ACK timeout of 67 ms) to
+/// a peer that drains one 1 KiB packet per 125 µs and serves its queue pairs in turns, as an
+/// emulated rxe does (`ib_send_bw` over two QPs in the interop suite). The requester's window
+/// sets the queue: at the lossless 512 PSNs each, a QP waits for its turn longer than the
+/// ACK timeout and resends its whole window behind the originals (1,372 to 2,968 repeated
+/// packets in 8 of 24 suite runs; here 7 timeouts and 1,349 duplicates). Round trips past a
+/// quarter of the ACK timeout narrow the window instead: no timeout, and nothing sent twice
+/// but the early resends' probes of a few packets each (here 9, as in the suite's capture:
+/// a QP waiting for its turn stalls past its early-resend delay).
+#[test]
+fn a_peer_serving_queue_pairs_in_turns_is_not_sent_its_queue_again() {
+    const MSG: usize = 64 << 10;
+    const PER_QP: usize = 40;
+    let mut f = Fabric::new(2, 48);
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let qps = [
+        f.connect(0, 1, QpType::Rc, &opts).0,
+        f.connect(0, 1, QpType::Rc, &opts).0,
+    ];
+    let len = 2 * PER_QP * MSG;
+    let src = f.region(0, len, Access::LOCAL, 0);
+    let dst = f.region(1, len, Access::REMOTE, 0);
+    f.bytes_mut(0, &src).copy_from_slice(&pattern(len, 9));
+    f.turns = Some(fabric::Turns::new(1, Duration::from_micros(125), f.now));
+    for i in 0..2 * PER_QP {
+        let at = (i * MSG) as u64;
+        let wr = SendWr::new(
+            i as u64,
+            SendOp::Write(remote(&dst, at)),
+            sge(&src, at, MSG as u32),
+        );
+        f.nodes[0].engine.post_send(qps[i % 2], wr).unwrap();
+    }
+    f.run();
+    let done = f.completions(0);
+    assert_eq!(done.len(), 2 * PER_QP, "{done:?}");
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{done:?}"
+    );
+    assert!(f.bytes(1, &dst) == pattern(len, 9), "bytes differ");
+    let a = *f.nodes[0].engine.counters();
+    let b = *f.nodes[1].engine.counters();
+    assert!(a.queue_narrowed > 0, "{a:?}");
+    assert_eq!(a.completer_retry_err, 0, "{a:?}");
+    assert!(
+        b.duplicate_request <= a.early_resends * u64::from(PROBE_PSNS),
+        "{a:?} {b:?}"
+    );
 }
 
 /// An RNR NAK is the responder asking the requester to wait, not a loss: the stall while the

@@ -290,6 +290,10 @@ impl Qp {
         }
         if let Some(rtt) = self.sample_rtt(now) {
             dev.round_trip.sample(rtt);
+            let ceiling = self.timeout.map(|t| t / QUEUE_CEILING_DIVISOR);
+            if self.window.measured(rtt, ceiling) {
+                dev.counters.queue_narrowed += 1;
+            }
         }
         self.rearm(now);
     }

@@ -20,7 +20,8 @@ pub(super) enum RetryCause {
 /// [`MAX_UNACKED_PSNS`]), and it widens again by one PSN per window's worth acknowledged, as
 /// TCP's congestion avoidance does. Go-back-N resends everything behind a lost packet, so on a
 /// lossy path a full window multiplies each loss into up to that many packets; a window that
-/// follows the loss keeps goodput up. A path that never loses keeps the widest window.
+/// follows the loss keeps goodput up. A path that never loses keeps the widest window, unless
+/// its round trips show a queue: see [`Window::measured`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Window {
     psns: u32,
@@ -29,6 +30,9 @@ pub(super) struct Window {
     /// No retry yet: the window widens by half of what is acknowledged, past the usual full
     /// one.
     lossless: bool,
+    /// The last round trip took over three quarters of the ceiling ([`Window::measured`]):
+    /// no widening.
+    held: bool,
 }
 
 impl Window {
@@ -37,6 +41,7 @@ impl Window {
         psns: MAX_UNACKED_PSNS,
         credit: 0,
         lossless: true,
+        held: false,
     };
 
     /// How many PSNs may be outstanding now.
@@ -53,8 +58,11 @@ impl Window {
     }
 
     /// `acked` more PSNs acknowledged: half as many PSNs wider before the first retry, then
-    /// one PSN wider per window's worth.
+    /// one PSN wider per window's worth; no wider while [`Window::measured`] holds it.
     pub(super) fn acked(&mut self, acked: u32) {
+        if self.held {
+            return;
+        }
         if self.lossless {
             self.credit = self.credit.saturating_add(acked);
             self.psns = self
@@ -69,6 +77,43 @@ impl Window {
             self.credit -= self.psns;
             self.psns += 1;
         }
+    }
+}
+
+impl Window {
+    /// A round trip measured against `ceiling` ([`QUEUE_CEILING_DIVISOR`] of the ACK
+    /// timeout; none where the timeout is infinite). Past three quarters of it the window
+    /// stops widening; past all of it it narrows
+    /// to what would have taken the ceiling (`psns × ceiling / rtt`), by half at most,
+    /// whether or not anything was lost. Returns whether it narrowed.
+    ///
+    /// A window sets how long a queue its requester may build where the peer drains slower
+    /// than it sends. An emulated rxe drains about 10 MB/s and serves its queue pairs in
+    /// turns: two QPs at the lossless 512-PSN window queued a megabyte there, one waited
+    /// 96 ms for an ACK while the other was served, its 67 ms ACK timeout fired, and it sent
+    /// its whole window again behind the originals (BENCHMARKS.md, the data path's
+    /// thirty-fifth and thirty-sixth steps). The window then halved, but the queue was the
+    /// peer's pace, not a loss, and the next windows built it again. The next sample after a
+    /// narrowing is of a packet sent once the window had closed to its new width, so each
+    /// round trip narrows at most once.
+    pub(super) fn measured(&mut self, rtt: Duration, ceiling: Option<Duration>) -> bool {
+        let Some(ceiling) = ceiling else {
+            self.held = false;
+            return false;
+        };
+        self.held = rtt * 4 > ceiling * 3;
+        if rtt <= ceiling {
+            return false;
+        }
+        let scaled = u128::from(self.psns) * ceiling.as_nanos() / rtt.as_nanos().max(1);
+        let psns = u32::try_from(scaled)
+            .unwrap_or(u32::MAX)
+            .max(self.psns / 2)
+            .max(MIN_WINDOW_PSNS);
+        let narrowed = psns < self.psns;
+        self.psns = psns.min(self.psns);
+        self.credit = 0;
+        narrowed
     }
 }
 
@@ -564,6 +609,43 @@ mod tests {
         w.narrow();
         w.acked(63);
         assert_eq!(w.psns(), 64, "a retry forgets the credit");
+    }
+
+    #[test]
+    fn a_round_trip_past_the_ceiling_narrows_the_window_to_fit_it() {
+        let ms = Duration::from_millis;
+        let ceiling = Some(ms(16));
+        let mut w = Window::FULL;
+        w.acked(u32::MAX);
+        assert_eq!(w.psns(), WIDEST_UNACKED_PSNS);
+        // Under three quarters of the ceiling: nothing changes, and the window may widen.
+        assert!(!w.measured(ms(11), ceiling));
+        assert_eq!(w.psns(), WIDEST_UNACKED_PSNS);
+        // A fifth over it: a fifth narrower.
+        assert!(w.measured(ms(20), ceiling));
+        assert_eq!(w.psns(), WIDEST_UNACKED_PSNS * 16 / 20);
+        // Far over it: half at most.
+        let before = w.psns();
+        assert!(w.measured(ms(100), ceiling));
+        assert_eq!(w.psns(), before / 2);
+        // Between three quarters and all of it: held where it is.
+        assert!(!w.measured(ms(13), ceiling));
+        w.acked(1000);
+        assert_eq!(w.psns(), before / 2, "held");
+        // Quicker again: it widens as before (no retry has happened).
+        assert!(!w.measured(ms(5), ceiling));
+        w.acked(100);
+        assert_eq!(w.psns(), before / 2 + 50);
+        // Never below the floor.
+        for _ in 0..20 {
+            w.measured(ms(1000), ceiling);
+        }
+        assert_eq!(w.psns(), MIN_WINDOW_PSNS);
+        assert!(!w.measured(ms(1000), ceiling), "nothing left to narrow");
+        // An ACK timeout of 0 (wait forever) sets no ceiling.
+        assert!(!w.measured(ms(1000), None));
+        w.acked(2);
+        assert_eq!(w.psns(), MIN_WINDOW_PSNS + 1);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 use std::cell::Cell;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -165,6 +165,74 @@ pub fn rxe_read_replay(mtu: u32) -> (Filter, Rc<Cell<u32>>) {
 /// the middle of a READ's answer while its guest is descheduled.
 pub type Hold = Box<dyn FnMut(usize, &Packet<&[u8]>) -> Duration>;
 
+/// A node that handles what reaches it at a fixed pace, one queue pair's packets at a time:
+/// each turn takes what waited for one destination QP when the turn began, and what comes
+/// for it meanwhile waits for its next turn, after the other QPs'. An emulated rxe works so
+/// (in the 6.1 kernel each QP's responder task drains its queue in one softirq pass, while
+/// nothing new is received on that CPU) at about 10 MB/s: a QP whose peer is busy with
+/// another hears nothing for as long as that one's queue takes.
+pub struct Turns {
+    pub node: usize,
+    pub per_packet: Duration,
+    /// What waits, by destination QPN.
+    waiting: BTreeMap<u32, VecDeque<InFlight>>,
+    /// The QP being served, and how many of its packets this turn has left to take.
+    serving: Option<(u32, usize)>,
+    /// When the node may take its next packet.
+    free_at: Instant,
+}
+
+impl Turns {
+    pub fn new(node: usize, per_packet: Duration, now: Instant) -> Self {
+        Self {
+            node,
+            per_packet,
+            waiting: BTreeMap::new(),
+            serving: None,
+            free_at: now,
+        }
+    }
+
+    fn enqueue(&mut self, now: Instant, p: InFlight) {
+        if self.next().is_none() {
+            self.free_at = self.free_at.max(now);
+        }
+        let qpn = Packet::new_checked(&p.bytes[..]).map_or(0, |pk| pk.dest_qp().value());
+        self.waiting.entry(qpn).or_default().push_back(p);
+    }
+
+    /// When the next packet will be taken, if any waits.
+    fn next(&self) -> Option<Instant> {
+        (!self.waiting.values().all(VecDeque::is_empty)).then_some(self.free_at)
+    }
+
+    /// The next packet due by `now`, from the QP in turn.
+    fn take(&mut self, now: Instant) -> Option<InFlight> {
+        if self.next().is_none_or(|at| at > now) {
+            return None;
+        }
+        let qpn = match self.serving {
+            Some((qpn, left)) if left > 0 => qpn,
+            current => {
+                let after = current.map_or(0, |(qpn, _)| qpn);
+                let busy = |(&q, w): (&u32, &VecDeque<InFlight>)| (!w.is_empty()).then_some(q);
+                let next = self
+                    .waiting
+                    .range(after.saturating_add(1)..)
+                    .find_map(busy)
+                    .or_else(|| self.waiting.iter().find_map(busy))?;
+                self.serving = Some((next, self.waiting[&next].len()));
+                next
+            }
+        };
+        if let Some((_, left)) = &mut self.serving {
+            *left -= 1;
+        }
+        self.free_at += self.per_packet;
+        self.waiting.get_mut(&qpn)?.pop_front()
+    }
+}
+
 pub struct Fabric {
     pub nodes: Vec<Node>,
     pub now: Instant,
@@ -180,6 +248,8 @@ pub struct Fabric {
     /// does, and tells its engine ([`Engine::transmitted`]): a hold then delays the timers a
     /// request armed along with the request, as for a sender descheduled before its send.
     pub clock_after_send: bool,
+    /// A node that serves its queue pairs in turns, at a pace.
+    pub turns: Option<Turns>,
     in_flight: BinaryHeap<InFlight>,
     seq: u64,
     pub delivered: u64,
@@ -224,6 +294,7 @@ impl Fabric {
             hold: None,
             show_unread: false,
             clock_after_send: false,
+            turns: None,
             in_flight: BinaryHeap::new(),
             seq: 0,
             delivered: 0,
@@ -521,7 +592,13 @@ impl Fabric {
         let deadline = self.now + limit;
         loop {
             self.transmit();
-            let next_packet = self.in_flight.peek().map(|p| p.at);
+            let next_packet = self
+                .in_flight
+                .peek()
+                .map(|p| p.at)
+                .into_iter()
+                .chain(self.turns.as_ref().and_then(Turns::next))
+                .min();
             let next_timer = self
                 .nodes
                 .iter()
@@ -552,12 +629,14 @@ impl Fabric {
                 if p.waited {
                     node.unread -= 1;
                 }
-                let dst = node.ip;
-                node.engine
-                    .handle_datagram(self.now, p.src, dst, &p.bytes, &mut node.mem);
-                self.delivered += 1;
-                self.last_delivery = self.now;
-                let _ = p.from;
+                if let Some(turns) = self.turns.as_mut().filter(|t| t.node == p.to) {
+                    turns.enqueue(self.now, p);
+                    continue;
+                }
+                self.deliver(p);
+            }
+            while let Some(p) = self.turns.as_mut().and_then(|t| t.take(self.now)) {
+                self.deliver(p);
             }
             // The nodes holding unread packets (none looked up, nothing allocated, unless asked).
             let unread: Vec<IpAddr> = if self.show_unread {
@@ -574,6 +653,15 @@ impl Fabric {
                     .handle_timeout_with(self.now, |peer| unread.contains(&peer.ip()));
             }
         }
+    }
+
+    fn deliver(&mut self, p: InFlight) {
+        let node = &mut self.nodes[p.to];
+        let dst = node.ip;
+        node.engine
+            .handle_datagram(self.now, p.src, dst, &p.bytes, &mut node.mem);
+        self.delivered += 1;
+        self.last_delivery = self.now;
     }
 
     /// Runs until idle, failing the test if that takes more than 60 virtual seconds.
