@@ -53,9 +53,9 @@ counters! {
     /// Early resends found needless: the answers that ended the stall covered packets the
     /// resend had not sent again (a slow peer or a lost ACK, not a lost packet).
     early_needless,
-    /// Send windows narrowed because a round trip took over a quarter of the ACK timeout
-    /// ([`crate::engine::QUEUE_CEILING_DIVISOR`]): the peer was queueing what was sent.
-    /// Nothing is resent for these.
+    /// Send windows narrowed because an ACK came after the ACK timer had run over a quarter
+    /// of its timeout ([`crate::engine::QUEUE_CEILING_DIVISOR`]): the peer, serving other
+    /// queue pairs or slow, let this one wait near its timeout. Nothing is resent for these.
     queue_narrowed,
     /// Early resends put off because the driver saw datagrams still unread on the way: in
     /// its own socket (the answer may be among them) or in a peer's on the same host (its

@@ -133,6 +133,15 @@ impl Qp {
             }
             return;
         }
+        // How long the ACK timer has run (since the last progress, or the first send after
+        // none was outstanding), for the window (`Window::waited`).
+        let waited = self
+            .timers
+            .retransmit
+            .zip(self.timeout)
+            .and_then(|(at, timeout)| at.checked_sub(timeout))
+            .map(|started| now.saturating_duration_since(started));
+        let before = self.comp_psn;
         match packet.opcode().operation() {
             Operation::Acknowledge => {
                 let Some(aeth) = packet.aeth() else { return };
@@ -290,8 +299,10 @@ impl Qp {
         }
         if let Some(rtt) = self.sample_rtt(now) {
             dev.round_trip.sample(rtt);
+        }
+        if let Some(wait) = waited.filter(|_| self.comp_psn != before) {
             let ceiling = self.timeout.map(|t| t / QUEUE_CEILING_DIVISOR);
-            if self.window.measured(rtt, ceiling) {
+            if self.window.waited(wait, ceiling) {
                 dev.counters.queue_narrowed += 1;
             }
         }

@@ -118,15 +118,11 @@ pub const MAX_UNACKED_PSNS: u32 = 128;
 /// twenty-sixth step). A fixed 512 halved the goodput of the loss model's 1 % row, where each
 /// loss costs a window of go-back-N; growing only until the first retry costs it 7 %.
 pub const WIDEST_UNACKED_PSNS: u32 = 512;
-/// A requester's round trips may take up to this fraction of its ACK timeout (a quarter,
-/// 17 ms at perftest's 67 ms): a longer one narrows its send window, one over three
-/// quarters as long stops it widening (`Window::measured`). Where a peer drains slower than
-/// the requester sends, the window is what sets the queue; one near the ACK timeout leaves a
-/// queue pair whose peer serves another first waiting past it, and go-back-N then resends a
-/// queue that was never lost. The window this leaves stays well wider than the peer's pace
-/// times a round trip without the queue: in the QEMU guests 128 PSNs of 1 KiB (about 6 ms
-/// at their pace) left both ends waiting on each other, which is why a lossless window
-/// widens to [`WIDEST_UNACKED_PSNS`]. An ACK timeout of 0 (wait forever) sets no ceiling.
+/// The longest a requester lets its ACK timer run before an ACK makes progress without
+/// narrowing its send window, as a fraction of the ACK timeout (a quarter, 17 ms at perftest's
+/// 67 ms; `Window::waited`). Where a peer serves another queue pair first, the window sets
+/// how long this one waits for its turn; one that waits near the ACK timeout sends again a
+/// queue that was never lost. An ACK timeout of 0 (wait forever) sets no ceiling.
 pub const QUEUE_CEILING_DIVISOR: u32 = 4;
 /// After two retransmission timeouts in a row, the requester resends at most this many PSNs,
 /// each asking for an ACK, until an ACK makes progress.
