@@ -1276,10 +1276,10 @@ fn a_request_that_left_late_runs_its_timers_from_when_it_left() {
 /// emulated rxe does (`ib_send_bw` over two QPs in the interop suite). The requester's window
 /// sets the queue: at the lossless 512 PSNs each, a QP waits for its turn longer than the
 /// ACK timeout and resends its whole window behind the originals (1,372 to 2,968 repeated
-/// packets in 8 of 24 suite runs; here 7 timeouts and 1,349 duplicates). Round trips past a
-/// quarter of the ACK timeout narrow the window instead: no timeout, and nothing sent twice
-/// but the early resends' probes of a few packets each (here 9, as in the suite's capture:
-/// a QP waiting for its turn stalls past its early-resend delay).
+/// packets in 8 of 24 suite runs; here 7 timeouts and 1,349 duplicates). An ACK that comes
+/// after the ACK timer ran past a quarter of its timeout narrows the window instead: no
+/// timeout, and nothing sent twice but the early resends' probes of a few packets each (here
+/// 9, as in the suite's capture: a QP waiting for its turn stalls past its early-resend delay).
 #[test]
 fn a_peer_serving_queue_pairs_in_turns_is_not_sent_its_queue_again() {
     const MSG: usize = 64 << 10;

@@ -133,14 +133,6 @@ impl Qp {
             }
             return;
         }
-        // How long the ACK timer has run (since the last progress, or the first send after
-        // none was outstanding), for the window (`Window::waited`).
-        let waited = self
-            .timers
-            .retransmit
-            .zip(self.timeout)
-            .and_then(|(at, timeout)| at.checked_sub(timeout))
-            .map(|started| now.saturating_duration_since(started));
         let before = self.comp_psn;
         match packet.opcode().operation() {
             Operation::Acknowledge => {
@@ -300,9 +292,13 @@ impl Qp {
         if let Some(rtt) = self.sample_rtt(now) {
             dev.round_trip.sample(rtt);
         }
-        if let Some(wait) = waited.filter(|_| self.comp_psn != before) {
-            let ceiling = self.timeout.map(|t| t / QUEUE_CEILING_DIVISOR);
-            if self.window.waited(wait, ceiling) {
+        if let (Some(at), Some(timeout)) = (self.timers.retransmit, self.timeout) {
+            // Progress after the ACK timer had run this long (since the last progress, or the
+            // first send after nothing was outstanding). Nothing here re-arms it, and a retry
+            // this response started has stopped it and narrowed the window already.
+            let wait = timeout.saturating_sub(at.saturating_duration_since(now));
+            if self.comp_psn != before && self.window.waited(wait, timeout / QUEUE_CEILING_DIVISOR)
+            {
                 dev.counters.queue_narrowed += 1;
             }
         }
