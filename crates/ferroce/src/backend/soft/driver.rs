@@ -306,7 +306,7 @@ pub(crate) struct Driver {
     epoch: Instant,
     /// The end of the progress thread's nap beside a poller (`ThreadSleep::Nap`), set under
     /// the lock by the thread and by the polls that push it on.
-    nap_timer: sys::TimerFd,
+    nap_timer: sys::MovingTimer,
     /// Until when (nanoseconds after `epoch`) an application is taken to be polling.
     poller_until: AtomicU64,
     /// When (nanoseconds after `epoch`) a poll last returned a completion; 0 once the next
@@ -385,7 +385,7 @@ impl Driver {
                 thread_sleep: ThreadSleep::Socket(None),
             }),
             epoch: Instant::now(),
-            nap_timer: sys::TimerFd::new()?,
+            nap_timer: sys::MovingTimer::new()?,
             poller_until: AtomicU64::new(0),
             satisfied_at: AtomicU64::new(0),
             leaving: AtomicU32::new(0),
@@ -1214,9 +1214,10 @@ impl Driver {
                     // wait (`release_poller`), a post beside a poller that left, or a close
                     // gets the thread back at once.
                     // An error reads as the timer's end: the next turn looks again.
-                    let fds = [self.bell_rx.as_raw_fd(), self.nap_timer.as_raw_fd()];
+                    let [first, second] = self.nap_timer.fds();
+                    let fds = [self.bell_rx.as_raw_fd(), first, second];
                     loop {
-                        if sys::poll_readable(fds, None).is_ok_and(|[bell, _]| bell) {
+                        if sys::poll_readable(fds, None).is_ok_and(|[bell, ..]| bell) {
                             self.answer_bell();
                             break;
                         }
