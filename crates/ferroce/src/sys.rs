@@ -911,8 +911,9 @@ impl AsFd for EventFd {
 /// virtual machine each reprogramming is an exit to the hypervisor. Arming the idle timer
 /// first, then disarming the one that was armed, reprograms it once: the new deadline is not
 /// the CPU's next expiry while the old one is armed, and disarming the old one programs the
-/// new one. On the development host (a Firecracker guest) a re-arm took 15.6 µs and the pair
-/// 8.9 µs (BENCHMARKS.md, the data path's thirty-seventh step).
+/// new one. On the development host (a Firecracker guest) a re-arm took 12.1–15.7 µs and the
+/// pair 6.8–8.9 µs (`scripts/bench-timer-rearm.sh`; BENCHMARKS.md, the data path's
+/// thirty-seventh step).
 #[derive(Debug)]
 pub(crate) struct MovingTimer {
     timers: [OwnedFd; 2],
