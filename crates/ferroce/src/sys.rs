@@ -909,9 +909,10 @@ impl AsFd for EventFd {
 /// next expiry (a nap's end nearly always is: the 250 Hz tick comes later) reprograms the
 /// CPU's timer twice, once as the kernel cancels it and once as it starts it again; in a
 /// virtual machine each reprogramming is an exit to the hypervisor. Arming the idle timer
-/// first, then disarming the one that was armed, reprograms it once: the new deadline is not
-/// the CPU's next expiry while the old one is armed, and disarming the old one programs the
-/// new one. On the development host (a Firecracker guest) a re-arm took 12.1–15.7 µs and the
+/// first, then disarming the one that was armed, reprograms it once either way: a later
+/// deadline is not the CPU's next expiry while the old one is armed, so only the disarm
+/// reprograms; an earlier one reprograms as it is armed, and the old one, no longer next, goes
+/// without. On the development host (a Firecracker guest) a re-arm took 12.1–15.7 µs and the
 /// pair 6.8–8.9 µs (`scripts/bench-timer-rearm.sh`; BENCHMARKS.md, the data path's
 /// thirty-seventh step).
 #[derive(Debug)]
@@ -1250,7 +1251,11 @@ mod tests {
     #[test]
     fn a_moving_timer_fires_once_at_its_last_deadline() {
         let timer = MovingTimer::new().expect("timerfd");
-        assert_eq!(expired(&timer, Duration::ZERO), [false, false], "armed at birth");
+        assert_eq!(
+            expired(&timer, Duration::ZERO),
+            [false, false],
+            "armed at birth"
+        );
 
         timer.set_after(Duration::from_millis(1));
         timer.set_after(Duration::from_secs(60));
@@ -1267,7 +1272,11 @@ mod tests {
             1,
             "the earlier deadline did not fire alone: {fired:?}"
         );
-        assert_eq!(expired(&timer, Duration::ZERO), fired, "the expiry was cleared unread");
+        assert_eq!(
+            expired(&timer, Duration::ZERO),
+            fired,
+            "the expiry was cleared unread"
+        );
 
         timer.set_after(Duration::from_secs(60));
         assert_eq!(
