@@ -305,7 +305,8 @@ pub(crate) struct Driver {
     /// The time base of `poller_until`.
     epoch: Instant,
     /// The end of the progress thread's nap beside a poller (`ThreadSleep::Nap`), set under
-    /// the lock by the thread and by the polls that push it on.
+    /// the lock by the thread and by the polls that push it on, and by the thread without the
+    /// lock for the nap after a look that found the lock taken (`busy_looks`).
     nap_timer: sys::MovingTimer,
     /// Until when (nanoseconds after `epoch`) an application is taken to be polling.
     poller_until: AtomicU64,
