@@ -91,8 +91,9 @@ const POLLER_WATCH_MAX: Duration = Duration::from_millis(2);
 /// to this thread, which sends it at the nap's end; at [`POLLER_WATCH_MAX`] that end came after
 /// the peer's early resend, and every quiet write-lat run ended with one needless resend and a
 /// duplicate (BENCHMARKS.md, the data path's thirty-third step). Each poll that pushes the nap
-/// on costs a system call, made while it waits for the peer: one in 440 µs of polling, where
-/// the nap's end would otherwise have to follow every held ACK.
+/// on costs two system calls and one reprogramming of the CPU's timer (`sys::MovingTimer`),
+/// made while it waits for the peer: one push in 440 µs of polling, where the nap's end would
+/// otherwise have to follow every held ACK.
 ///
 /// Only at the reference round trip (a time scale of 1, [`REFERENCE_ROUND_TRIP`]). Where the
 /// round trip is tens of times longer (a guest under emulation), the peer's early resend comes
@@ -892,12 +893,15 @@ impl Driver {
             } = state.thread_sleep
             {
                 // Once in 1.75 ms of polling (in 440 µs while ACKs are held, `HELD_ACK_WATCH`):
-                // one system call, where a look would be a context switch on the core this
-                // thread spins on. A push costs about 2 µs here (the timer re-armed ahead of
-                // the others, in a VM), fourteen times `getppid`; pushed at half the nap left,
-                // a ping-pong paid it every 16 round trips, now every 30 to 36 (BENCHMARKS.md,
-                // the data path's thirty-fifth step). The eighth left, 62 µs at the shorter
-                // watch, is still many polls.
+                // two system calls and one reprogramming of the CPU's timer
+                // (`sys::MovingTimer`), where a look would be a context switch on the core this
+                // thread spins on. In a VM the reprogramming is an exit: a push cost about 2 µs
+                // on the thirty-fifth step's host, and on the thirty-seventh's 12-17 µs with
+                // one timerfd and about 7 µs with the pair, which is what sets write-lat's
+                // 99th percentile there. Pushed at half the nap left, a ping-pong paid it every
+                // 16 round trips, at an eighth every 30 to 36 (44 to 46 on the faster host)
+                // (BENCHMARKS.md, the data path's thirty-fifth and thirty-seventh steps). The
+                // eighth left, 62 µs at the shorter watch, is still many polls.
                 let watch_max = self.watch_max(now);
                 if until.saturating_duration_since(now) < watch_max / 8 {
                     state.thread_sleep = ThreadSleep::Nap {
