@@ -87,12 +87,6 @@ static int receive_turn(int fd)
     return first == 0xff ? -1 : first;
 }
 
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double median(double *v, int n)
 {
     qsort(v, n, sizeof *v, by_value);

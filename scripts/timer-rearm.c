@@ -27,32 +27,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/timerfd.h>
-#include <time.h>
 
-static long now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-static int by_value(const void *a, const void *b)
-{
-    long x = *(const long *)a, y = *(const long *)b;
-    return (x > y) - (x < y);
-}
+#include "floor.h"
 
 static void spin(long ns)
 {
-    long until = now_ns() + ns;
+    double until = now_ns() + ns;
     while (now_ns() < until) {
     }
 }
 
-static void report(const char *way, long *costs, int n)
+static void report(const char *way, double *costs, int n)
 {
     qsort(costs, n, sizeof costs[0], by_value);
-    printf("%-13s  median %6ld ns  p90 %6ld ns  p99 %6ld ns\n", way, costs[n / 2],
+    printf("%-13s  median %6.0f ns  p90 %6.0f ns  p99 %6.0f ns\n", way, costs[n / 2],
            costs[n * 9 / 10], costs[n * 99 / 100]);
 }
 
@@ -85,14 +73,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: timer-rearm [N >= 100] [after-us > 0] [gap-us] [rounds]\n");
         return 2;
     }
-    long *costs = calloc(n, sizeof costs[0]);
+    double *costs = calloc(n, sizeof costs[0]);
     int timers[2] = {new_timer(), new_timer()};
     for (int round = 1; round <= rounds; round++) {
         printf("## round %d (%d moves, %ld us ahead, %ld us apart)\n", round, n, after / 1000,
                gap / 1000);
         set(timers[0], after);
         for (int i = 0; i < n; i++) {
-            long t = now_ns();
+            double t = now_ns();
             set(timers[0], after);
             costs[i] = now_ns() - t;
             spin(gap);
@@ -100,7 +88,7 @@ int main(int argc, char **argv)
         report("one", costs, n);
         int armed = 0;
         for (int i = 0; i < n; i++) {
-            long t = now_ns();
+            double t = now_ns();
             set(timers[1 - armed], after);
             set(timers[armed], 0);
             costs[i] = now_ns() - t;
@@ -115,7 +103,7 @@ int main(int argc, char **argv)
         int kept = 0;
         set(timers[0], 4 * after);
         for (int i = 0; i < 2 * n; i++) {
-            long t = now_ns();
+            double t = now_ns();
             set(timers[0], i % 2 ? after : 4 * after);
             if (i % 2)
                 costs[kept++] = now_ns() - t;
@@ -126,7 +114,7 @@ int main(int argc, char **argv)
         armed = 0;
         set(timers[0], 4 * after);
         for (int i = 0; i < 2 * n; i++) {
-            long t = now_ns();
+            double t = now_ns();
             set(timers[1 - armed], i % 2 ? after : 4 * after);
             set(timers[armed], 0);
             if (i % 2)
