@@ -442,6 +442,8 @@ def run_pair(lab, name, kind, server, client, server_cmd, client_cmd, limit, out
             log(f"     {line}")
     if not res["ok"]:
         res["diagnostics"] = diagnostics(lab, outdir, name)
+        for line in reachability(lab):
+            log(f"     {line}")
         for tag, r in (("server", srv), ("client", cli)):
             if r is not None:
                 tail = "\n".join(r.out.strip().splitlines()[-6:])
@@ -463,6 +465,28 @@ def diagnostics(lab, outdir, name):
     with open(os.path.join(outdir, name + ".diag"), "w") as f:
         f.write(text)
     return os.path.join(outdir, name + ".diag")
+
+
+def reachability(lab):
+    """After a failure, a line per guest for the log: whether it answers a ping to every other
+    address of the bridge, what listens on TCP in it, and its kernel's last words. A run that
+    failed for the lab's sake (a guest that stopped answering, a link that went down) then says
+    so in CI's log, where only the log's tail is kept."""
+    lines = []
+    addrs = [labmod.HOST_ADDR] + [labmod.GUEST_ADDRS[n] for n in lab.guests]
+    for g in lab.guests.values():
+        others = [a for a in addrs if a != labmod.GUEST_ADDRS[g.name]]
+        script = "; ".join(f"ping -c 1 -W 2 {a} >/dev/null 2>&1 && echo -n '{a} ok ' || echo -n '{a} LOST '"
+                           for a in others)
+        script += "; echo; ss -Htln | awk '{print $4}' | tr '\\n' ' '; echo; dmesg | tail -n 3"
+        rc, out = g.sh(script, limit=15, check=False)
+        if rc is None:
+            lines.append(f"{g.name}: no answer to a job in 15 s")
+            continue
+        got = out.strip().splitlines()
+        lines.append(f"{g.name}: ping {got[0] if got else '?'}; listening: {got[1] if len(got) > 1 else ''}")
+        lines += [f"{g.name} dmesg: {line}" for line in got[2:]]
+    return lines
 
 
 def fmt_metrics(kind, m):
@@ -721,17 +745,23 @@ def cmd_test(args):
             for c in checks:
                 print(c.__name__.replace("_", "-"))
         mtu_now = None
-        for (name, kind, server, client, scmd, ccmd, limit, loss, mtu) in plan:
-            want = 1500 if mtu == 1024 else 9000
-            if want != mtu_now:
-                lab.set_mtu(want)
-                mtu_now = want
-            results.append(run_pair(lab, name, kind, server, client, scmd, ccmd, limit, outdir,
-                                    loss=loss))
-        if checks and mtu_now != 1500:
-            lab.set_mtu(1500)
-        for check in checks:
-            results.append(run_check(lab, check, outdir))
+        try:
+            for (name, kind, server, client, scmd, ccmd, limit, loss, mtu) in plan:
+                want = 1500 if mtu == 1024 else 9000
+                if want != mtu_now:
+                    lab.set_mtu(want)
+                    mtu_now = want
+                results.append(run_pair(lab, name, kind, server, client, scmd, ccmd, limit, outdir,
+                                        loss=loss))
+            if checks and mtu_now != 1500:
+                lab.set_mtu(1500)
+            for check in checks:
+                results.append(run_check(lab, check, outdir))
+        except KeyboardInterrupt:
+            # run.sh's limit: say how far the suite got and where its time went, since a CI
+            # log keeps only its tail.
+            interrupted(results, len(plan) + len(checks), t0)
+            raise
         write_results(lab.rundir, results, t0, lab.accel, "test")
     return summarize(results, t0)
 
@@ -999,6 +1029,15 @@ def write_results(rundir, results, t0, accel, mode):
     os.makedirs(keep, exist_ok=True)
     with open(os.path.join(keep, f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}.json"), "w") as f:
         json.dump(doc, f, indent=1)
+
+
+def interrupted(results, planned, t0):
+    failed = [r["name"] for r in results if not r["ok"]]
+    slowest = sorted(results, key=lambda r: -r["seconds"])[:5]
+    log(f"interrupted after {len(results)} of {planned} runs in {time.time() - t0:.0f} s "
+        f"(the runs themselves {sum(r['seconds'] for r in results):.0f} s); "
+        f"failed: {', '.join(failed) or 'none'}")
+    log("slowest: " + ", ".join(f"{r['name']} {r['seconds']} s" for r in slowest))
 
 
 def summarize(results, t0):
