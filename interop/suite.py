@@ -761,6 +761,7 @@ def cmd_test(args):
             # run.sh's limit: say how far the suite got and where its time went, since a CI
             # log keeps only its tail.
             interrupted(results, len(plan) + len(checks), t0)
+            write_results(lab.rundir, results, t0, lab.accel, "test")
             raise
         write_results(lab.rundir, results, t0, lab.accel, "test")
     return summarize(results, t0)
@@ -1032,6 +1033,8 @@ def write_results(rundir, results, t0, accel, mode):
 
 
 def interrupted(results, planned, t0):
+    """Logs how far a stopped suite got: the runs finished of those planned, the failed ones,
+    and the five slowest."""
     failed = [r["name"] for r in results if not r["ok"]]
     slowest = sorted(results, key=lambda r: -r["seconds"])[:5]
     log(f"interrupted after {len(results)} of {planned} runs in {time.time() - t0:.0f} s "
