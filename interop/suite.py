@@ -441,8 +441,8 @@ def run_pair(lab, name, kind, server, client, server_cmd, client_cmd, limit, out
         for line in pr.splitlines()[:12]:
             log(f"     {line}")
     if not res["ok"]:
-        res["diagnostics"] = diagnostics(lab, outdir, name)
-        for line in reachability(lab):
+        res["diagnostics"], lines = diagnostics(lab, outdir, name)
+        for line in lines:
             log(f"     {line}")
         for tag, r in (("server", srv), ("client", cli)):
             if r is not None:
@@ -452,41 +452,35 @@ def run_pair(lab, name, kind, server, client, server_cmd, client_cmd, limit, out
 
 
 def diagnostics(lab, outdir, name):
-    """After a failure: rxe's counters and the links' drop counters, into NAME.diag."""
-    parts = []
-    for g in lab.guests.values():
-        rc, out = g.sh("rdma statistic show link rxe0/1; ip -s link show eth0; "
-                       "cat /proc/net/softnet_stat; nstat -az 2>/dev/null | grep -i -E 'udp|drop' ",
-                       limit=20, check=False)
-        parts.append(f"== {g.name}\n{out}")
-    p = lab.nsexec(["sh", "-c", "ip -s link; nft list ruleset"], check=False)
-    parts.append(f"== host namespace\n{p.stdout}")
-    text = "\n".join(parts)
-    with open(os.path.join(outdir, name + ".diag"), "w") as f:
-        f.write(text)
-    return os.path.join(outdir, name + ".diag")
-
-
-def reachability(lab):
-    """After a failure, a line per guest for the log: whether it answers a ping to every other
-    address of the bridge, what listens on TCP in it, and its kernel's last words. A run that
-    failed for the lab's sake (a guest that stopped answering, a link that went down) then says
-    so in CI's log, where only the log's tail is kept."""
-    lines = []
+    """After a failure, one job per guest. Into NAME.diag: rxe's counters and the links' drop
+    counters. Returned for the log, a line or so per guest: whether it answers a ping to every
+    other address of the bridge, what listens on TCP in it, and its kernel's last words, so
+    that a run that failed for the lab's sake (a guest that stopped answering, a link that went
+    down) says so in CI's log, where only the log's tail is kept. Returns (path, lines)."""
+    parts, lines = [], []
     addrs = [labmod.HOST_ADDR] + [labmod.GUEST_ADDRS[n] for n in lab.guests]
     for g in lab.guests.values():
         others = [a for a in addrs if a != labmod.GUEST_ADDRS[g.name]]
-        script = "; ".join(f"ping -c 1 -W 2 {a} >/dev/null 2>&1 && echo -n '{a} ok ' || echo -n '{a} LOST '"
-                           for a in others)
-        script += "; echo; ss -Htln | awk '{print $4}' | tr '\\n' ' '; echo; dmesg | tail -n 3"
-        rc, out = g.sh(script, limit=15, check=False)
+        pings = "; ".join(f"ping -c 1 -W 2 {a} >/dev/null 2>&1 && echo -n '{a} ok ' || echo -n '{a} LOST '"
+                          for a in others)
+        rc, out = g.sh(f"{pings}; echo; ss -Htln | awk '{{print $4}}' | tr '\\n' ' '; echo; "
+                       "dmesg | tail -n 3; echo ==; "
+                       "rdma statistic show link rxe0/1; ip -s link show eth0; "
+                       "cat /proc/net/softnet_stat; nstat -az 2>/dev/null | grep -i -E 'udp|drop' ",
+                       limit=30, check=False)
+        parts.append(f"== {g.name}\n{out}")
         if rc is None:
-            lines.append(f"{g.name}: no answer to a job in 15 s")
+            lines.append(f"{g.name}: no answer to a job in 30 s")
             continue
-        got = out.strip().splitlines()
+        got = out.split("\n==\n", 1)[0].strip().splitlines()
         lines.append(f"{g.name}: ping {got[0] if got else '?'}; listening: {got[1] if len(got) > 1 else ''}")
         lines += [f"{g.name} dmesg: {line}" for line in got[2:]]
-    return lines
+    p = lab.nsexec(["sh", "-c", "ip -s link; nft list ruleset"], check=False)
+    parts.append(f"== host namespace\n{p.stdout}")
+    path = os.path.join(outdir, name + ".diag")
+    with open(path, "w") as f:
+        f.write("\n".join(parts))
+    return path, lines
 
 
 def fmt_metrics(kind, m):
